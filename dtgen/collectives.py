@@ -1,0 +1,32 @@
+"""Collectives used inside forward passes, on functional collectives (compile-friendly).
+
+Each takes its process group as an argument; nothing here reads a global.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+
+def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    return funcol.all_reduce(x.contiguous(), "sum", group)
+
+
+def all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """Concatenate every member's `x` along `dim`, in ascending group-rank order."""
+    return funcol.all_gather_tensor(x.contiguous(), dim % x.dim(), group)
+
+
+def all_gather_ordered(x: torch.Tensor, dim: int, group: dist.ProcessGroup, order: tuple[int, ...]) -> torch.Tensor:
+    """All-gather along `dim`, chunks arranged by logical rank: chunk i comes from member order[i]."""
+    gathered = all_gather(x, dim, group)
+    if order == tuple(range(len(order))):
+        return gathered
+    chunks = gathered.chunk(len(order), dim=dim)
+    return torch.cat([chunks[i] for i in order], dim=dim)
+
+
+def all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Equal-split all-to-all along dim 0: chunk j goes to member j; result chunk j came from member j."""
+    return funcol.all_to_all_single(x.contiguous(), None, None, group)

@@ -1,0 +1,55 @@
+"""Sequence sharding for sequence-parallel phases: tail padding, local chunks, gathers."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .collectives import all_gather
+
+
+class SequenceLayout:
+    """How a phase lays a sequence over its SP group (size 1: the identity).
+
+    A sequence of n rows is padded at the tail to a multiple of the SP size; rank r holds
+    chunk r. Padding rows get slots past the real sequence (`pad_slots`), where the causal
+    mask hides them from every real query and cache writes land in spare slots.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, size: int = 1, rank: int = 0):
+        self.group = group
+        self.size = size
+        self.rank = rank
+
+    def padded_length(self, n: int) -> int:
+        return -(-n // self.size) * self.size
+
+    def spare_slots(self) -> int:
+        """Cache slots to reserve past the sequence for padding rows."""
+        return self.size - 1
+
+    def pad_slots(self, slots: torch.Tensor, first_spare: int) -> torch.Tensor:
+        """Full padded slot vector: the real slots, then spare slots first_spare, first_spare+1, ..."""
+        pad = self.padded_length(slots.shape[0]) - slots.shape[0]
+        if pad == 0:
+            return slots
+        spare = torch.arange(first_spare, first_spare + pad, dtype=slots.dtype, device=slots.device)
+        return torch.cat([slots, spare])
+
+    def shard(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's chunk of `x` along `dim`, after zero tail padding."""
+        if self.size == 1:
+            return x
+        dim = dim % x.dim()
+        n = x.shape[dim]
+        pad = self.padded_length(n) - n
+        if pad:
+            widths = [0, 0] * (x.dim() - dim - 1) + [0, pad]
+            x = F.pad(x, widths)
+        return x.chunk(self.size, dim=dim)[self.rank]
+
+    def gather(self, x: torch.Tensor, dim: int, length: int) -> torch.Tensor:
+        """Inverse of `shard`: every rank's chunk, concatenated, padding removed."""
+        if self.size == 1:
+            return x
+        return all_gather(x, dim, self.group).narrow(dim % x.dim(), 0, length)

@@ -1,0 +1,189 @@
+"""Resident storage: each rank's one copy of its weight shard, packed micro-major.
+
+For storage TP degree S and `n` micros per storage shard, the finest split has S*n blocks;
+storage shard s holds blocks s*n .. s*n+n-1, packed so that any run of consecutive micros
+is a view:
+- COLUMN / COLUMN_KV_GROUPS / VOCAB: rows, block after block (contiguous views);
+- ROW: columns, block after block (a strided view; fine for a matmul);
+- PAIR and expert stacks (`micro_packed` parameters): a leading micro dim, [n, ...], where
+  a fused gate/up micro is [x1 block; x2 block] (so [h1_m0, h2_m0, h1_m1, h2_m1]).
+Only the bytes of the shard are read from the checkpoint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .checkpoint import CheckpointError, CheckpointReader
+from .plan import PlanError, Rule
+
+_SPLIT_RULES = (Rule.COLUMN, Rule.COLUMN_KV_GROUPS, Rule.VOCAB, Rule.PAIR, Rule.ROW)
+
+
+@dataclass(frozen=True)
+class StorageShard:
+    """Which storage shard this rank holds."""
+
+    storage_tp: int   # S
+    index: int        # s
+    num_micros: int   # n
+
+    @property
+    def pieces(self) -> int:
+        return self.storage_tp * self.num_micros
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """What the storage needs to know about one parameter."""
+
+    keys: tuple[str, ...]      # official checkpoint tensors
+    rule: Rule
+    official_shape: tuple[int, ...]
+    stacked: bool = False      # keys are per-expert tensors stacked on a new dim
+    micro_packed: bool = False  # leading micro dim in our layout
+    unit: int = 1              # indivisible block along the split dim (rows of one KV group)
+    unit_name: str = "rows"
+    dtype: torch.dtype | None = None  # None: the model dtype
+
+
+def _split_dim(spec: ParamSpec) -> int | None:
+    if spec.rule == Rule.REPLICATE:
+        return None
+    return len(spec.official_shape) - 1 if spec.rule == Rule.ROW else 0
+
+
+def check_divisible(name: str, spec: ParamSpec, pieces: int) -> None:
+    """A split dim must hold a whole number of units per finest block (and PAIR halves alike)."""
+    dim = _split_dim(spec)
+    if dim is None:
+        return
+    size = spec.official_shape[dim]
+    if spec.rule == Rule.PAIR:
+        if size % 2:
+            raise PlanError(f"{name}: fused gate/up rows {size} are odd; cannot split into [x1; x2]")
+        size //= 2
+    units = size // spec.unit
+    if size % spec.unit or units % pieces:
+        raise PlanError(f"{name}: {units} {spec.unit_name} along dim {dim} (size {spec.official_shape[dim]}"
+                        f"{', per half' if spec.rule == Rule.PAIR else ''}) are not divisible by the finest TP "
+                        f"split of {pieces} (storage TP x micros)")
+
+
+def resident_shape(spec: ParamSpec, shard: StorageShard) -> tuple[int, ...]:
+    shape = list(spec.official_shape)
+    dim = _split_dim(spec)
+    n, P = shard.num_micros, shard.pieces
+    if dim is None:
+        return tuple(shape)
+    if spec.micro_packed:
+        shape[dim] //= P
+        inner = ([len(spec.keys)] if spec.stacked else []) + shape
+        return tuple([n] + inner)
+    shape[dim] //= shard.storage_tp
+    return tuple(shape)
+
+
+def _read_block(reader: CheckpointReader, key: str, spec: ParamSpec, block: int, blocks: int) -> torch.Tensor:
+    """Block `block` of `blocks` along the split dim of one official tensor."""
+    dim = _split_dim(spec)
+    size = spec.official_shape[dim]
+    if spec.rule == Rule.PAIR:
+        half = size // 2
+        step = half // blocks
+        x1 = reader.read(key, dim, block * step, (block + 1) * step)
+        x2 = reader.read(key, dim, half + block * step, half + (block + 1) * step)
+        return torch.cat([x1, x2], dim=dim)
+    step = size // blocks
+    return reader.read(key, dim, block * step, (block + 1) * step)
+
+
+def load_resident(reader: CheckpointReader, spec: ParamSpec, shard: StorageShard, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """Allocate this rank's resident tensor once and fill it slice by slice."""
+    out = torch.empty(resident_shape(spec, shard), dtype=dtype, device=device)
+    dim = _split_dim(spec)
+    if dim is None:
+        out.copy_(reader.read(spec.keys[0]))
+    elif spec.micro_packed:
+        for j in range(shard.num_micros):
+            block = shard.index * shard.num_micros + j
+            for e, key in enumerate(spec.keys):
+                target = out[j, e] if spec.stacked else out[j]
+                target.copy_(_read_block(reader, key, spec, block, shard.pieces))
+    else:
+        out.copy_(_read_block(reader, spec.keys[0], spec, shard.index, shard.storage_tp))
+    return out
+
+
+def validate_checkpoint(reader: CheckpointReader, specs: dict[str, ParamSpec],
+                        ignored_prefixes: tuple[str, ...] = ()) -> None:
+    """Missing keys, unexpected keys and shape mismatches, each listed by name."""
+    expected = {k: (name, spec) for name, spec in specs.items() for k in spec.keys}
+    present = reader.keys()
+    missing = sorted(set(expected) - present)
+    unexpected = sorted(k for k in present - set(expected) if not k.startswith(ignored_prefixes))
+    problems = []
+    if missing:
+        problems.append(f"missing keys ({len(missing)}): {missing[:20]}" + (" ..." if len(missing) > 20 else ""))
+    if unexpected:
+        problems.append(f"unexpected keys ({len(unexpected)}): {unexpected[:20]}"
+                        + (" ..." if len(unexpected) > 20 else ""))
+    for key in sorted(set(expected) & present):
+        want = expected[key][1].official_shape
+        found = reader.info(key).shape
+        if tuple(found) != tuple(want):
+            problems.append(f"shape mismatch for {key}: expected {list(want)}, found {list(found)}")
+    if problems:
+        raise CheckpointError(f"checkpoint {reader.directory} does not match the model config:\n  "
+                              + "\n  ".join(problems))
+
+
+class ResidentStorage:
+    """The bytes this rank owns: one tensor per parameter, never reallocated."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], specs: dict[str, ParamSpec], shard: StorageShard,
+                 bytes_read: int):
+        self.tensors = tensors
+        self.specs = specs
+        self.shard = shard
+        self.bytes_read = bytes_read
+
+    @classmethod
+    def load(cls, reader: CheckpointReader, specs: dict[str, ParamSpec], shard: StorageShard,
+             dtype: torch.dtype, device: torch.device | str = "cpu",
+             progress: Callable[[str], None] | None = None) -> "ResidentStorage":
+        for name, spec in specs.items():
+            check_divisible(name, spec, shard.pieces)
+        start = reader.bytes_read
+        tensors = {}
+        for name, spec in specs.items():
+            if progress:
+                progress(name)
+            tensors[name] = load_resident(reader, spec, shard, spec.dtype or dtype, torch.device(device))
+        return cls(tensors, specs, shard, reader.bytes_read - start)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def checkpoint_bytes(self, reader: CheckpointReader) -> int:
+        """Size of this shard in the checkpoint's own dtypes (what reading it must cost)."""
+        total = 0
+        for name, t in self.tensors.items():
+            total += t.numel() * reader.info(self.specs[name].keys[0]).dtype.itemsize
+        return total
+
+    def phase_view(self, name: str, micros: int, group: int) -> torch.Tensor:
+        """The view of resident tensor `name` that a phase using `micros` micros (block `group`) computes with."""
+        t = self.tensors[name]
+        spec = self.specs[name]
+        dim = _split_dim(spec)
+        if dim is None or micros == self.shard.num_micros:
+            return t
+        if spec.micro_packed:
+            return t[group * micros:(group + 1) * micros]
+        per_micro = t.shape[dim] // self.shard.num_micros
+        return t.narrow(dim, group * micros * per_micro, micros * per_micro)

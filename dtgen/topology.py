@@ -1,0 +1,74 @@
+"""Process groups and device meshes of every phase, created once at start-up.
+
+Meshes are identity-ordered (the mesh tensor is arange(world) reshaped): a DeviceMesh over
+a permuted rank list does not permute communication, so data and DTensor metadata would
+silently disagree. Where a phase's logical TP order differs from physical order (the AR
+phase of an ABAB layout), the order is carried explicitly: sums need nothing, ordered
+gathers reorder by `tp_gather_order`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from .plan import PhaseLayout, ResolvedPlan
+
+
+@dataclass
+class PhaseGroups:
+    """This rank's view of one phase's topology."""
+
+    layout: PhaseLayout
+    mesh: DeviceMesh | None
+    tp_group: dist.ProcessGroup | None
+    sp_group: dist.ProcessGroup | None
+    tp_rank: int            # logical TP rank
+    sp_rank: int
+    tp_gather_order: tuple[int, ...]  # for logical rank i, the index of its chunk in a group-order gather
+
+    @property
+    def tp_size(self) -> int:
+        return self.layout.tp_size
+
+    @property
+    def sp_size(self) -> int:
+        return self.layout.sp_size
+
+
+class Topology:
+    def __init__(self, resolved: ResolvedPlan, rank: int, device_type: str = "cpu"):
+        self.resolved = resolved
+        self.rank = rank
+        self.world_size = resolved.world_size
+        self.device_type = device_type
+        distributed = self.world_size > 1
+        if distributed and not dist.is_initialized():
+            raise RuntimeError(f"plan '{resolved.plan.name}' needs {self.world_size} ranks: initialise "
+                               f"torch.distributed first (torchrun, or dtgen.launch)")
+        meshes: dict[tuple, DeviceMesh] = {}
+        self.phases: dict[str, PhaseGroups] = {}
+        # Same order on every rank: phases in plan order, mesh dims in mesh order.
+        for name, layout in resolved.phases.items():
+            mesh = None
+            if distributed:
+                key = (layout.mesh_shape, layout.mesh_dim_names)
+                if key not in meshes:
+                    meshes[key] = DeviceMesh(device_type,
+                                             torch.arange(self.world_size).reshape(layout.mesh_shape),
+                                             mesh_dim_names=layout.mesh_dim_names)
+                mesh = meshes[key]
+            names = layout.mesh_dim_names
+            tp_group = mesh.get_group("tp") if mesh is not None and "tp" in names and layout.tp_size > 1 else None
+            sp_group = mesh.get_group("sp") if mesh is not None and "sp" in names and layout.sp_size > 1 else None
+            members = layout.tp_group_of(rank)
+            logical = [layout.tp_rank[m] for m in members]
+            order = tuple(logical.index(i) for i in range(len(members)))
+            self.phases[name] = PhaseGroups(layout, mesh, tp_group, sp_group, layout.tp_rank[rank],
+                                            layout.sp_rank[rank], order)
+
+    @property
+    def storage_rank(self) -> int:
+        return self.resolved.storage_rank[self.rank]

@@ -1,0 +1,177 @@
+"""Compare a loaded model with a golden case of the official implementation.
+
+A case folder holds a tiny checkpoint in the official format plus `golden.safetensors`
+(inputs and outputs) and `golden.json` (what each tensor is, tolerances). `compare_case`
+replays every recorded computation through the project's own pipeline pieces, under
+whatever plan the model was loaded with, and returns one `GoldenCheck` per output.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .attention import rope_cos_sin, structured_mask
+from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence
+
+DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
+
+
+def discover_cases(root: Path = DEFAULT_ROOT) -> list[Path]:
+    """Case folders under `root` and under every folder in $DTGEN_GOLDEN_DIRS (os.pathsep-separated)."""
+    roots = [root] + [Path(p) for p in os.environ.get("DTGEN_GOLDEN_DIRS", "").split(os.pathsep) if p]
+    cases = []
+    for r in roots:
+        if r.is_dir():
+            cases += sorted(p for p in r.iterdir() if (p / "golden.json").is_file())
+    return cases
+
+
+@dataclass
+class GoldenCheck:
+    name: str
+    max_abs: float
+    ok: bool
+    detail: str = ""
+
+
+class GoldenCase:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.meta = json.loads((self.folder / "golden.json").read_text())
+        self.t = load_file(str(self.folder / "golden.safetensors"))
+        tol = self.meta.get("recommended_tolerances", {}).get("float32", {})
+        self.rtol = float(tol.get("rtol", 1e-4))
+        self.atol = float(tol.get("atol", 1e-5))
+
+    def has(self, *names: str) -> bool:
+        return all(n in self.t for n in names)
+
+    def check(self, name: str, ours: torch.Tensor, golden: torch.Tensor) -> GoldenCheck:
+        ours = ours.detach().float().cpu().reshape(golden.shape)
+        golden = golden.float()
+        diff = (ours - golden).abs()
+        ok = bool((diff <= self.atol + self.rtol * golden.abs()).all())
+        return GoldenCheck(name, float(diff.max()), ok)
+
+    def exact(self, name: str, ours, golden) -> GoldenCheck:
+        ours, golden = torch.as_tensor(ours).cpu(), torch.as_tensor(golden).cpu()
+        same = ours.shape == golden.shape and bool((ours == golden).all())
+        return GoldenCheck(name, 0.0 if same else float("inf"), same,
+                           "" if same else f"ours {ours.tolist()} != golden {golden.tolist()}")
+
+
+@torch.no_grad()
+def compare_case(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool = True) -> list[GoldenCheck]:
+    """Every golden output this case has; `localisation` adds single-process intermediate checks."""
+    out: list[GoldenCheck] = []
+    if case.has("ar_input_ids", "ar_prefill_logits"):
+        out += _autoregressive(case, pipe, localisation)
+    if case.has("diff_input_ids", "diff_pred_step1"):
+        out += _diffusion(case, pipe, localisation)
+    if case.has("vae_latent_in", "vae_decoded"):
+        out += _vae(case, pipe)
+    return out
+
+
+def _autoregressive(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool) -> list[GoldenCheck]:
+    t, out = case.t, []
+    rt = pipe.controller.activate("ar")
+    ids = t["ar_input_ids"][0].tolist()
+    steps = t["ar_generated_ids"].shape[1] if "ar_generated_ids" in t else 0
+    total = len(ids) + steps
+    cache = pipe._cache(rt, 1, total)
+    slots = torch.arange(len(ids), device=pipe.device)
+    embeds = pipe.model.embed_tokens(torch.tensor([ids], device=pipe.device))
+    h = pipe.forward_rows(rt, embeds, slots.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
+    out.append(case.check("ar_prefill_logits", pipe.model.logits(h), t["ar_prefill_logits"]))
+    if localisation and "ar_prefill_last_hidden_state" in t:
+        out.append(case.check("ar_prefill_last_hidden_state", h, t["ar_prefill_last_hidden_state"]))
+    if steps:
+        logits = pipe.model.logits(h[0, -1])
+        tokens, rows = [], []
+        for k in range(steps):
+            tokens.append(int(torch.argmax(logits)))
+            logits = pipe.ar_logits(rt, [tokens[-1]], len(ids) + k, cache, total)
+            rows.append(logits)
+        out.append(case.exact("ar_generated_ids", [tokens], t["ar_generated_ids"]))
+        out.append(case.check("ar_decode_logits", torch.stack(rows), t["ar_decode_logits"]))
+        if "ar_next_id_after_decode" in t:
+            out.append(case.exact("ar_next_id_after_decode", [int(torch.argmax(rows[-1]))],
+                                  t["ar_next_id_after_decode"]))
+    return out
+
+
+def _diffusion(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool) -> list[GoldenCheck]:
+    t, d, out = case.t, case.meta["diffusion"], []
+    ids = t["diff_input_ids"]
+    text_len = d["text_length"]
+    h, w = d["latent_h"], d["latent_w"]
+    ratio_id = int(ids[0, d["timestep_index"] - 1])
+    ratio = pipe.special.ratio.index(ratio_id)
+    seq = build_diffusion_sequence(ids[0, 1:1 + text_len].tolist(), pipe.special, pipe.cfg.image_base_size,
+                                   ratio, h, w)
+    # The template itself: ids, uncond ids, RoPE positions and tables, mask.
+    out.append(case.exact("diff_input_ids", torch.stack([seq.cond_ids, seq.uncond_ids]), ids))
+    out.append(case.exact("diff_rope_pos_yx", seq.rope_pos.expand(2, -1, -1), t["diff_rope_pos_yx"]))
+    cos, sin = rope_cos_sin(seq.rope_pos, pipe.cfg.head_dim, pipe.cfg.rope_theta)
+    out.append(case.check("diff_rope_cos", cos.expand(2, -1, -1), t["diff_rope_cos"]))
+    out.append(case.check("diff_rope_sin", sin.expand(2, -1, -1), t["diff_rope_sin"]))
+    slots = torch.arange(seq.length)
+    mask = structured_mask(slots, slots, (seq.image_slots,))
+    out.append(case.exact("diff_attention_mask", mask.expand(2, 1, -1, -1), t["diff_attention_mask"]))
+    if "diff_step2_position_ids" in t:
+        step_slots = t["diff_step2_position_ids"][0]
+        out.append(case.exact("diff_step2_attention_mask",
+                              structured_mask(step_slots, slots, (seq.image_slots,)).expand(2, 1, -1, -1),
+                              t["diff_step2_attention_mask"]))
+
+    rt = pipe.controller.activate("denoise")
+    dev = pipe.device
+    if localisation:
+        m = pipe.model
+        t1 = t["diff_timesteps_step1"].to(dev)
+        text = m.embed_tokens(ids.to(dev))
+        img0, img1 = seq.image_slots
+        embeds = torch.cat([text[:, :seq.timestep_slot], m.timestep_token(t1).unsqueeze(1),
+                            m.image_tokens(t["diff_latents_step1"].to(dev), t1), text[:, img1:]], dim=1)
+        out.append(case.check("diff_step1_input_embeds", embeds, t["diff_step1_input_embeds"]))
+        cos, sin = rope_cos_sin(seq.rope_pos.to(dev), pipe.cfg.head_dim, pipe.cfg.rope_theta)
+        from .attention import AttentionMeta
+        layer0 = m.model.layers[0](embeds, cos, sin, AttentionMeta(slots.to(dev), (seq.image_slots,)), None)
+        out.append(case.check("diff_step1_layer0_output", layer0, t["diff_step1_layer0_output"]))
+        hidden = pipe.forward_rows(rt, embeds, seq.rope_pos.to(dev), slots.to(dev), seq.length,
+                                   (seq.image_slots,), pipe.denoise_cache(rt, 2, seq))
+        out.append(case.check("diff_step1_final_hidden_image", hidden[:, img0:img1],
+                              t["diff_step1_final_hidden_image"]))
+
+    cache = pipe.denoise_cache(rt, 2, seq)
+    pred1 = pipe.predict_velocity(rt, seq, ids.to(dev), t["diff_latents_step1"].to(dev),
+                                  t["diff_timesteps_step1"].to(dev), cache, first_step=True)
+    out.append(case.check("diff_pred_step1", pred1, t["diff_pred_step1"]))
+    if "diff_pred_step2_cached" in t:
+        lat2, t2 = t["diff_latents_step2"].to(dev), t["diff_timesteps_step2"].to(dev)
+        pred2 = pipe.predict_velocity(rt, seq, None, lat2, t2, cache, first_step=False)
+        out.append(case.check("diff_pred_step2_cached", pred2, t["diff_pred_step2_cached"]))
+        fresh = pipe.denoise_cache(rt, 2, seq)
+        full = pipe.predict_velocity(rt, seq, ids.to(dev), lat2, t2, fresh, first_step=True)
+        out.append(case.check("diff_pred_step2_full", full, t["diff_pred_step2_full"]))
+    return out
+
+
+def _vae(case: GoldenCase, pipe: HunyuanT2IPipeline) -> list[GoldenCheck]:
+    t, vae, out = case.t, pipe.model.vae, []
+    dtype = next(vae.parameters()).dtype
+    dev = pipe.device
+    out.append(case.check("vae_decoded", vae.decode(t["vae_latent_in"].to(dev, dtype)), t["vae_decoded"]))
+    if "vae_decoder_all_frames" in t:
+        out.append(case.check("vae_decoder_all_frames", vae.decode_all_frames(t["vae_latent_in"].to(dev, dtype)),
+                              t["vae_decoder_all_frames"]))
+    if case.has("vae_latent_in_nonsquare", "vae_decoded_nonsquare"):
+        out.append(case.check("vae_decoded_nonsquare", vae.decode(t["vae_latent_in_nonsquare"].to(dev, dtype)),
+                              t["vae_decoded_nonsquare"]))
+    return out

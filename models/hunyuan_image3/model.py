@@ -1,0 +1,89 @@
+"""HunyuanImage3ForCausalMM: the whole text-to-image model as one plain module tree.
+
+Top-level children carry the checkpoint's names (`model`, `lm_head`, `timestep_emb`,
+`time_embed`, `time_embed_2`, `patch_embed`, `final_layer`, `vae`). The pipeline composes
+the methods below; parallel runtimes bind weights and collectives around them without
+changing this code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import HunyuanImage3Config
+from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
+from .transformer import HunyuanImage3Transformer
+from .vae import HunyuanVAE
+
+
+@dataclass(frozen=True)
+class ParamSource:
+    """Where a parameter's values live in the official checkpoint.
+
+    keys: one official tensor, or one per expert for parameters stacked over experts.
+    stacked: the parameter holds the `keys` tensors stacked along a new expert dim.
+    micro_packed: the parameter has a leading micro-pack dim (gate/up pairs, stacked experts).
+    """
+
+    keys: tuple[str, ...]
+    stacked: bool = False
+    micro_packed: bool = False
+
+
+class HunyuanImage3ForCausalMM(nn.Module):
+    def __init__(self, cfg: HunyuanImage3Config):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.model = HunyuanImage3Transformer(cfg)
+        self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
+        self.timestep_emb = TimestepEmbedder(H)
+        self.time_embed = TimestepEmbedder(H)
+        self.time_embed_2 = TimestepEmbedder(H)
+        self.patch_embed = PatchEmbed(cfg.vae.latent_channels, cfg.patch_embed_hidden_dim, H)
+        self.final_layer = FinalLayer(H, cfg.patch_embed_hidden_dim, cfg.vae.latent_channels)
+        self.vae = HunyuanVAE(cfg.vae)
+
+    # ---- pieces the pipeline composes ------------------------------------------------
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.wte(ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Text logits lm_head(ln_f(h)) in float32."""
+        return self.lm_head(self.model.ln_f(h)).float()
+
+    def image_tokens(self, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """patch_embed(latents, time_embed(t)): [B, C, h, w] -> [B, h*w, H]."""
+        return self.patch_embed(latents, self.time_embed(t))
+
+    def timestep_token(self, t: torch.Tensor) -> torch.Tensor:
+        """The `<timestep>` slot's embedding: timestep_emb(t), [B, H]."""
+        return self.timestep_emb(t)
+
+    def velocity(self, h_image: torch.Tensor, t: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """final_layer(last hidden at the image slots, time_embed_2(t)) -> [B, C, h, w] (no ln_f)."""
+        return self.final_layer(h_image, self.time_embed_2(t), height, width)
+
+    # ---- checkpoint layout -------------------------------------------------------------
+    def param_sources(self) -> dict[str, ParamSource]:
+        """Every parameter of this module tree and the official tensors that fill it."""
+        sources = {}
+        for name, _ in self.named_parameters():
+            if name.endswith("mlp.experts.gate_and_up_proj") or name.endswith("mlp.experts.down_proj"):
+                prefix, leaf = name.rsplit(".", 1)
+                keys = tuple(f"{prefix}.{e}.{leaf}.weight" for e in range(self.cfg.num_experts))
+                sources[name] = ParamSource(keys, stacked=True, micro_packed=True)
+            elif name.endswith("shared_mlp.gate_and_up_proj"):
+                sources[name] = ParamSource((name + ".weight",), micro_packed=True)
+            elif name.endswith("shared_mlp.down_proj"):
+                sources[name] = ParamSource((name + ".weight",))
+            else:
+                sources[name] = ParamSource((name,))
+        return sources
+
+
+# Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner
+# (image conditioning), and the VAE encoder. They may be present; they are not loaded.
+UNUSED_CHECKPOINT_PREFIXES = ("vision_model.", "vision_aligner.", "vae.encoder.")

@@ -1,0 +1,345 @@
+"""Text-to-image with HunyuanImage-3.0: AR stage, ratio choice, CFG denoising, VAE decode.
+
+The pipeline runs inside phases that a controller activates ("ar", then "denoise"); what a
+phase changes (weight views, collectives, attention core, sequence sharding) reaches this
+code only through the `PhaseRuntime` it is handed. With the `single` plan every layout is
+the identity and this is the plain single-process pipeline.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+
+from .attention import AttentionMeta, KVCache
+from .model import HunyuanImage3ForCausalMM
+from .tokenizer import SpecialTokens
+
+# ----------------------------------------------------------------------------------------
+# Resolutions and the diffusion sequence
+# ----------------------------------------------------------------------------------------
+_EXTRA_RESOLUTIONS_AT_1024 = ((1024, 768), (1280, 720), (768, 1024), (720, 1280))
+
+
+def resolution_table(base: int, align: int = 16) -> list[tuple[int, int]]:
+    """The official (height, width) table, index k <-> `<img_ratio_k>`.
+
+    From base x base, step base/16 in opposite directions until one side is base/2 and the
+    other 2*base (16 sizes each way), sorted by h/w; then the four extra resolutions whose
+    ratios the grid lacks (given at base 1024, scaled with the base here).
+    """
+    step = base // 16
+    lo, hi = base // 2, base * 2
+    sizes = [(base, base)]
+    for grow_h in (True, False):
+        h = w = base
+        while not ((h >= hi and w <= lo) if grow_h else (h <= lo and w >= hi)):
+            h, w = (min(h + step, hi), max(w - step, lo)) if grow_h else (max(h - step, lo), min(w + step, hi))
+            sizes.append((h // align * align, w // align * align))
+    sizes.sort(key=lambda s: s[0] / s[1])
+    ratios = {s[0] / s[1] for s in sizes}
+    for h, w in _EXTRA_RESOLUTIONS_AT_1024:
+        if h / w not in ratios:
+            sizes.append((h * base // 1024 // align * align, w * base // 1024 // align * align))
+    return sizes
+
+
+def parse_image_size(text: str, base: int) -> int | None:
+    """'auto' -> None (the model picks), 'HxW' -> its index in the resolution table."""
+    if text == "auto":
+        return None
+    table = resolution_table(base)
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"image size {text!r} is not 'auto' or 'HxW' (e.g. {base}x{base})") from None
+    if (h, w) in table:
+        return table.index((h, w))
+    near = sorted(table, key=lambda s: abs(s[0] / s[1] - h / w))[:3]
+    raise ValueError(f"image size {h}x{w} is not in the resolution table for base size {base}; "
+                     f"nearest ratios: {', '.join(f'{a}x{b}' for a, b in near)}")
+
+
+@dataclass(frozen=True)
+class DiffusionSequence:
+    """The pretrain template: <bos> text <boi><img_size><img_ratio_k><timestep> <img>*h*w <eoi>."""
+
+    cond_ids: torch.Tensor       # [S]
+    uncond_ids: torch.Tensor     # [S], prompt and CoT ids replaced by <cfg>
+    rope_pos: torch.Tensor       # [S, 2] (y, x)
+    timestep_slot: int
+    image_start: int
+    height: int                  # latent grid
+    width: int
+
+    @property
+    def length(self) -> int:
+        return self.cond_ids.shape[0]
+
+    @property
+    def image_slots(self) -> tuple[int, int]:
+        return self.image_start, self.image_start + self.height * self.width
+
+
+def image_rope_positions(start: int, h: int, w: int) -> torch.Tensor:
+    """(y, x) of an h x w image starting at sequence index `start`, row-major, [h*w, 2]."""
+    y0 = start + (h * w - h) // 2
+    x0 = start + (h * w - w) // 2
+    ys = torch.arange(h).repeat_interleave(w) + y0
+    xs = torch.arange(w).repeat(h) + x0
+    return torch.stack([ys, xs], dim=-1)
+
+
+def build_diffusion_sequence(text_ids: list[int], special: SpecialTokens, base: int, ratio: int,
+                             h: int, w: int) -> DiffusionSequence:
+    """`text_ids` = prompt (+ CoT) without <bos>."""
+    head = [special.bos] + list(text_ids)
+    tail = [special.boi, special.size[base], special.ratio[ratio], special.timestep]
+    image_start = len(head) + len(tail)
+    ids = head + tail + [special.img] * (h * w) + [special.eoi]
+    uncond = [special.bos] + [special.cfg] * len(text_ids) + tail + [special.img] * (h * w) + [special.eoi]
+    S = len(ids)
+    pos = torch.arange(S).unsqueeze(-1).repeat(1, 2)
+    pos[image_start:image_start + h * w] = image_rope_positions(image_start, h, w)
+    return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, image_start - 1, image_start, h, w)
+
+
+def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
+    """Dense [S, S] mask (for inspection and tests; the model builds it from slots)."""
+    from .attention import structured_mask
+    slots = torch.arange(seq.length)
+    return structured_mask(slots, slots, (seq.image_slots,))
+
+
+# ----------------------------------------------------------------------------------------
+# Sampling
+# ----------------------------------------------------------------------------------------
+def sample_token(logits: torch.Tensor, generator: torch.Generator | None, temperature: float,
+                 top_k: int, top_p: float) -> int:
+    """logits [V] float32. temperature 0 is greedy."""
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p   # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+# ----------------------------------------------------------------------------------------
+# The pipeline
+# ----------------------------------------------------------------------------------------
+@dataclass
+class T2IRequest:
+    prompt: str = "A photo of a red fox in fresh snow"
+    seed: int = 0
+    steps: int = 50
+    guidance: float = 5.0
+    flow_shift: float = 3.0
+    image_size: str = "auto"
+    max_new_tokens: int = 0       # AR tokens (CoT / recaption) before the image
+    temperature: float = 0.6
+    top_k: int = 1024
+    top_p: float = 0.95
+    stop_ids: tuple[int, ...] = ()  # besides <eos>
+    cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
+
+
+@dataclass
+class T2IResult:
+    image: torch.Tensor | None        # [H, W, 3] uint8 (main rank only)
+    latents: torch.Tensor             # final latents [1, C, h, w] float32
+    tokens: list[int]                 # AR tokens generated (CoT), without the ratio token
+    ratio_index: int
+    image_size: tuple[int, int]
+    timings_ms: dict[str, float]
+    record: dict[str, list] = field(default_factory=dict)
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+class HunyuanT2IPipeline:
+    def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
+                 is_main: bool = True):
+        self.model = model
+        self.tok = tokenizer
+        self.special: SpecialTokens = tokenizer.special
+        self.controller = controller
+        self.device = torch.device(device)
+        self.is_main = is_main
+        self.cfg = model.cfg
+
+    # ---- shared step: run rows at given slots through the stack, gather them back -------
+    def _cache(self, rt, batch: int, length: int) -> KVCache:
+        cfg = self.cfg
+        attn = self.model.model.layers[0].self_attn
+        kv_local = attn.qkv_proj.weight.shape[0] // ((attn.group + 2) * attn.head_dim)
+        kv = rt.cache_kv_heads(kv_local * attn.group, kv_local)
+        return KVCache(cfg.num_hidden_layers, batch, kv, length + rt.seq.spare_slots(), cfg.head_dim,
+                       self.model.lm_head.weight.dtype, self.device)
+
+    def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor,
+                 first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
+        """embeds [B, n, H] at `slots` [n] -> last hidden [B, n, H] (no ln_f), full rows on every rank."""
+        n = embeds.shape[1]
+        meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks))
+        h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, 0), meta, cache)
+        return rt.seq.gather(h, 1, n)
+
+    # ---- AR ---------------------------------------------------------------------------
+    def ar_logits(self, rt, ids: list[int], start: int, cache: KVCache, total: int,
+                  all_rows: bool = False) -> torch.Tensor:
+        """Feed `ids` at slots start.. through the cache; logits [V] of the last row ([n, V] with all_rows)."""
+        slots = torch.arange(start, start + len(ids), device=self.device)
+        embeds = self.model.embed_tokens(torch.tensor([ids], device=self.device))
+        h = self.forward_rows(rt, embeds, slots.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
+        return self.model.logits(h[0] if all_rows else h[0, -1])
+
+    def run_ar(self, req: T2IRequest, record: dict, timer: _Timer, timings: dict) -> tuple[list[int], int]:
+        rt = self.controller.activate("ar")
+        sp = self.special
+        ids = [sp.bos] + self.tok.encode(req.prompt)
+        budget = len(ids) + req.max_new_tokens + 2
+        self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
+        cache = self._cache(rt, 1, budget)
+        generator = torch.Generator().manual_seed(req.seed)
+        stops = {sp.eos, *req.stop_ids}
+
+        t0 = timer.now()
+        logits = self.ar_logits(rt, ids, 0, cache, budget)
+        timings["ar_prefill"] = (timer.now() - t0) * 1e3
+        record.setdefault("ar_logits", []).append(logits)
+
+        generated = []
+        t0 = timer.now()
+        for _ in tqdm(range(req.max_new_tokens), desc="AR", disable=not self.is_main, leave=False):
+            token = sample_token(logits, generator, req.temperature, req.top_k, req.top_p)
+            if token in stops:
+                break
+            generated.append(token)
+            logits = self.ar_logits(rt, [token], len(ids) + len(generated) - 1, cache, budget)
+            record["ar_logits"].append(logits)
+        if generated:
+            timings["ar_decode_per_token"] = (timer.now() - t0) * 1e3 / len(generated)
+
+        # <boi><img_size_N>, then the ratio token, restricted to the ratio vocabulary.
+        head = [sp.boi, sp.size[self.cfg.image_base_size]]
+        logits = self.ar_logits(rt, head, len(ids) + len(generated), cache, budget)
+        record["ar_logits"].append(logits)
+        ratio = int(torch.argmax(logits[list(sp.ratio)]))
+        return generated, ratio
+
+    # ---- denoise ------------------------------------------------------------------------
+    def denoise_cache(self, rt, batch: int, seq: DiffusionSequence) -> KVCache:
+        return self._cache(rt, batch, seq.length)
+
+    def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
+                         t: torch.Tensor, cache: KVCache, first_step: bool) -> torch.Tensor:
+        """One model evaluation of the denoiser: [B, C, h, w] velocity for latents at timesteps t [B].
+
+        The first step feeds the whole sequence (ids [B, S]) and fills the cache with the text
+        K/V; later steps feed only <timestep> + image rows at their own slots and reuse it.
+        """
+        m = self.model
+        S, (img0, img1) = seq.length, seq.image_slots
+        img = m.image_tokens(latents, t)
+        ts = m.timestep_token(t).unsqueeze(1)
+        rope = seq.rope_pos.to(self.device)
+        if first_step:
+            text = m.embed_tokens(ids)
+            embeds = torch.cat([text[:, :seq.timestep_slot], ts, img, text[:, img1:]], dim=1)
+            h = self.forward_rows(rt, embeds, rope, torch.arange(S, device=self.device), S,
+                              (seq.image_slots,), cache)
+            h_img = h[:, img0:img1]
+        else:
+            slots = torch.cat([torch.tensor([seq.timestep_slot]), torch.arange(img0, img1)]).to(self.device)
+            h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[slots], slots, S,
+                              (seq.image_slots,), cache)
+            h_img = h[:, 1:]
+        return m.velocity(h_img, t, seq.height, seq.width).float()
+
+    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, record: dict, timer: _Timer,
+                    timings: dict) -> torch.Tensor:
+        rt = self.controller.activate("denoise")
+        dev = self.device
+        branches = [seq.cond_ids, seq.uncond_ids]
+        groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
+        caches = [self.denoise_cache(rt, len(g), seq) for g in groups]
+        generator = torch.Generator().manual_seed(req.seed)
+        # Both CFG branches start from the same latent, as in the official pipeline.
+        latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator).to(dev)
+        sigmas = flow_match_sigmas(req.steps, req.flow_shift)
+        step_ms = []
+        for i in tqdm(range(req.steps), desc="denoise", disable=not self.is_main, leave=False):
+            t0 = timer.now()
+            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = torch.cat([
+                self.predict_velocity(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
+                                      latents.expand(len(g), -1, -1, -1),
+                                      torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
+                for g, cache in zip(groups, caches)])
+            record.setdefault("velocity", []).append(v)
+            latents = euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
+            step_ms.append((timer.now() - t0) * 1e3)
+        timings["denoise_step"] = sum(step_ms) / len(step_ms)
+        timings["denoise_first_step"] = step_ms[0]
+        record["latents"] = [latents]
+        return latents
+
+    # ---- whole request -----------------------------------------------------------------
+    def _check_budget(self, length: int, what: str) -> None:
+        if length > self.cfg.max_position_embeddings:
+            raise ValueError(f"{what} needs {length} positions; the model's max_position_embeddings is "
+                             f"{self.cfg.max_position_embeddings}")
+
+    def decode_image(self, latents: torch.Tensor) -> torch.Tensor:
+        vae = self.model.vae
+        dtype = next(vae.parameters()).dtype
+        x = vae.decode(latents.to(dtype))[0].float()
+        return ((x / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+
+    @torch.no_grad()
+    def generate(self, req: T2IRequest) -> T2IResult:
+        if req.cfg_mode not in ("serial", "batch"):
+            raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
+        table = resolution_table(self.cfg.image_base_size)
+        forced = parse_image_size(req.image_size, self.cfg.image_base_size)
+        timer = _Timer(self.device)
+        timings: dict[str, float] = {}
+        record: dict[str, list] = {}
+        t_start = timer.now()
+        tokens, ratio = self.run_ar(req, record, timer, timings)
+        if forced is not None:
+            ratio = forced
+        height, width = table[ratio]
+        down = self.cfg.vae_downsample_factor
+        h, w = height // down[0], width // down[1]
+        seq = build_diffusion_sequence(self.tok.encode(req.prompt) + tokens, self.special,
+                                       self.cfg.image_base_size, ratio, h, w)
+        self._check_budget(seq.length, f"diffusion sequence for a {height}x{width} image")
+        latents = self.run_denoise(req, seq, record, timer, timings)
+        image = None
+        if self.is_main:
+            t0 = timer.now()
+            image = self.decode_image(latents)
+            timings["vae_decode"] = (timer.now() - t0) * 1e3
+        timings["total"] = (timer.now() - t_start) * 1e3
+        timings.setdefault("ar_decode_per_token", 0.0)
+        return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)

@@ -1,0 +1,206 @@
+"""The HunyuanImage-3 decoder stack as plain modules.
+
+No module here knows about process groups. Shapes that tensor parallelism changes (local
+heads, local intermediate width, micro packs) are read off the weights, never off a world
+size: the same code runs the full model and every rank's shard of it.
+
+Parameter layouts (the loader packs the official checkpoint into these):
+- `self_attn.qkv_proj.weight` [rows, H]: the official row layout, grouped per KV head
+  (G query heads, then K, then V, for each KV group). A TP shard is a block of whole groups.
+- `mlp.shared_mlp.gate_and_up_proj` [M, 2*I_m, H] and `mlp.experts.gate_and_up_proj`
+  [M, E, 2*I_m, H]: M "micro packs", each [x1 rows; x2 rows] of one column block of the
+  intermediate dimension. Single process: M = 1 and the pack is the official [x1; x2].
+- `down_proj` weights hold the matching column blocks, micro-major.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMeta, KVCache, LayerKVCache, LocalAttention, apply_rope, rope_cos_sin
+from .config import HunyuanImage3Config
+
+
+def _empty(*shape, dtype=None) -> nn.Parameter:
+    # Built on whatever device is current (meta at load time); the loader assigns real views.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), variance in float32, cast back before the weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _empty(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: HunyuanImage3Config):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.group = cfg.num_query_groups
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.qkv_rows, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.use_qk_norm = cfg.use_qk_norm
+        if cfg.use_qk_norm:
+            self.query_layernorm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.key_layernorm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        # Swapped per phase by the parallel runtime (Ulysses, ring, ...); same signature.
+        self.core: nn.Module = LocalAttention()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMeta,
+                cache: LayerKVCache | None) -> torch.Tensor:
+        B, S, _ = x.shape
+        D, G = self.head_dim, self.group
+        # [B, S, kv_heads, G + 2, D]: whatever number of KV groups this weight holds.
+        qkv = self.qkv_proj(x).view(B, S, -1, G + 2, D)
+        q = qkv[:, :, :, :G].reshape(B, S, -1, D)  # query head index = group * G + j
+        k = qkv[:, :, :, G]
+        v = qkv[:, :, :, G + 1]
+        # RoPE first, then the per-head QK RMSNorm (the official order).
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        if self.use_qk_norm:
+            q = self.query_layernorm(q)
+            k = self.key_layernorm(k)
+        out = self.core(q, k, v, meta, cache)
+        return self.o_proj(out.reshape(B, S, -1))
+
+
+def gated_act(u: torch.Tensor) -> torch.Tensor:
+    """[..., M, 2, I] -> [..., M * I]: x1 * silu(x2); SiLU on the SECOND half."""
+    return (u[..., 0, :] * F.silu(u[..., 1, :])).flatten(-2)
+
+
+class GatedMLP(nn.Module):
+    """down(x1 * silu(x2)) with the gate/up weight held as M micro packs [M, 2*I_m, H]."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_and_up_proj = _empty(1, 2 * intermediate, hidden)
+        self.down_proj = _empty(hidden, intermediate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        packs = self.gate_and_up_proj.shape[0]
+        u = F.linear(x, self.gate_and_up_proj.flatten(0, 1)).unflatten(-1, (packs, 2, -1))
+        return F.linear(gated_act(u), self.down_proj)
+
+
+def experts_eager(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  gate_and_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Plain-torch routed experts: for each micro pack and expert, its tokens' partial sums.
+
+    x [T, H]; topk_ids/topk_weights [T, K]; gate_and_up [M, E, 2I, H]; down [M, E, H, I].
+    Accumulates in float32 and applies each routing weight to the summed micro partials.
+    """
+    M, E = gate_and_up.shape[:2]
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(E):
+        token, slot = (topk_ids == e).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        xe = x.index_select(0, token)
+        ye = torch.zeros(token.numel(), x.shape[1], dtype=torch.float32, device=x.device)
+        for m in range(M):
+            u = F.linear(xe, gate_and_up[m, e]).unflatten(-1, (1, 2, -1))
+            ye += F.linear(gated_act(u), down[m, e]).float()
+        out.index_add_(0, token, ye * topk_weights[token, slot].unsqueeze(-1))
+    return out.to(x.dtype)
+
+
+class Experts(nn.Module):
+    """Routed experts stacked as [M, E, ...] micro packs; `impl` picks the implementation."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_and_up_proj = _empty(1, num_experts, 2 * intermediate, hidden)
+        self.down_proj = _empty(1, num_experts, hidden, intermediate)
+        # A callable with experts_eager's signature; the runtime sets a kernel op here.
+        self.impl = experts_eager
+
+    def forward(self, x, topk_ids, topk_weights):
+        return self.impl(x, topk_ids, topk_weights, self.gate_and_up_proj, self.down_proj)
+
+
+class Router(nn.Module):
+    """`gate.wg`: expert logits computed in float32 (bf16 routing flips expert choices)."""
+
+    def __init__(self, hidden: int, num_experts: int):
+        super().__init__()
+        self.wg = nn.Linear(hidden, num_experts, bias=False, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.wg.weight.float())
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: HunyuanImage3Config, layer: int):
+        super().__init__()
+        self.top_k = cfg.moe_topk[layer]
+        self.norm_topk_prob = cfg.norm_topk_prob
+        self.routed_scaling_factor = cfg.routed_scaling_factor
+        self.gate = Router(cfg.hidden_size, cfg.num_experts)
+        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size[layer])
+        self.shared_mlp = (GatedMLP(cfg.hidden_size, cfg.shared_intermediate_size(layer))
+                           if cfg.use_mixed_mlp_moe else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = torch.softmax(self.gate(x), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.top_k > 1 and self.norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+        else:
+            weights = weights * self.routed_scaling_factor
+        return ids, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        ids, weights = self.route(flat)
+        out = self.experts(flat, ids, weights)
+        if self.shared_mlp is not None:
+            out = out + self.shared_mlp(flat)
+        return out.view_as(x)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x += attn(norm(x)); x += moe(norm(x))."""
+
+    def __init__(self, cfg: HunyuanImage3Config, layer: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MoE(cfg, layer)
+
+    def forward(self, h, cos, sin, meta: AttentionMeta, cache: LayerKVCache | None):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, meta, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class HunyuanImage3Transformer(nn.Module):
+    """`model.*` of the checkpoint: token embedding, decoder layers and ln_f."""
+
+    def __init__(self, cfg: HunyuanImage3Config):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.ln_f = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, rope_pos: torch.Tensor, meta: AttentionMeta,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """h: [B, S, H] input embeddings; rope_pos: [S, 2] (y, x) of these rows.
+
+        Returns the last layer's output WITHOUT ln_f (image tokens skip it).
+        """
+        cos, sin = rope_cos_sin(rope_pos, self.cfg.head_dim, self.cfg.rope_theta)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, meta, None if cache is None else cache[i])
+        return h

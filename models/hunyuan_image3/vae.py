@@ -1,0 +1,281 @@
+"""HunyuanImage-3.0 VAE decoder (the official ``AutoencoderKLConv3D`` decoder) as plain modules.
+
+Only the decoder exists: text-to-image never encodes, and the checkpoint stores just
+``vae.decoder.*``. Module and parameter names mirror the checkpoint, so
+``HunyuanVAE.state_dict()`` keys are the checkpoint keys without the ``vae.`` prefix.
+
+Shapes: the decoder is a 3-D (video) decoder. A latent image [B, C, h, w] is given a time
+axis T=1; the first log2(ffactor_temporal) upsamplers also double time, so the decoder
+returns ffactor_temporal frames [B, 3, T_out, f*h, f*w] (f = ffactor_spatial) and the
+image is the LAST frame.
+
+Every convolution is a ``VAEConv3d`` (symmetric zero padding) called as a module on a
+[B, C, T, H, W] tensor, so a spatially split decode can swap each one for a
+halo-exchanging version without touching the blocks that call it. (The GroupNorm
+statistics and the mid-block attention span the whole image, so a split decode must
+handle those too; the upsamplers' depth-to-space is per position and splits freely.)
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_GROUPS = 32
+_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """The decoder-relevant part of the official ``vae`` sub-config (same field names).
+
+    ``block_out_channels`` is listed in ENCODER order, as in the official config; the
+    decoder walks it reversed.
+    """
+
+    block_out_channels: tuple[int, ...]
+    layers_per_block: int
+    latent_channels: int
+    out_channels: int
+    ffactor_spatial: int
+    ffactor_temporal: int
+    scaling_factor: float
+    shift_factor: Optional[float] = None
+    upsample_match_channel: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VAEConfig":
+        """Read the official ``vae`` dict; unknown fields (encoder settings, tiling sizes,
+        ``_class_name``, ...) are ignored, a missing required field raises ValueError."""
+        kwargs = {}
+        for f in fields(cls):
+            if f.name in d:
+                kwargs[f.name] = d[f.name]
+            elif f.default is MISSING:
+                raise ValueError(f"VAE config is missing required field {f.name!r}")
+        kwargs["block_out_channels"] = tuple(int(c) for c in kwargs["block_out_channels"])
+        return cls(**kwargs)
+
+    @property
+    def decoder_channels(self) -> tuple[int, ...]:
+        return tuple(reversed(self.block_out_channels))
+
+
+def _log2_exact(n: int, name: str) -> int:
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"{name} must be a power of two, got {n}")
+    return n.bit_length() - 1
+
+
+class VAEConv3d(nn.Conv3d):
+    """3-D convolution with symmetric zero padding, the only convolution type in the VAE.
+
+    The official subclass splits the time axis into chunks (with a one-frame overlap) once
+    an input exceeds 2 GiB, purely to bound memory; the result is the same convolution,
+    so it is not reproduced here.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
+        super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
+
+
+def _group_norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(_GROUPS, channels, eps=_NORM_EPS, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    """norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, plus the (projected) input."""
+
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.norm1 = _group_norm(in_channels)
+        self.conv1 = VAEConv3d(in_channels, out_channels, 3)
+        self.norm2 = _group_norm(out_channels)
+        self.conv2 = VAEConv3d(out_channels, out_channels, 3)
+        # The checkpoint only has a shortcut projection where the width changes.
+        self.nin_shortcut = VAEConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        if self.nin_shortcut is not None:
+            x = self.nin_shortcut(x)
+        return x + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over every (t, h, w) position, scale 1/sqrt(C)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = _group_norm(channels)
+        self.q = VAEConv3d(channels, channels, 1)
+        self.k = VAEConv3d(channels, channels, 1)
+        self.v = VAEConv3d(channels, channels, 1)
+        self.proj_out = VAEConv3d(channels, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, t, h, w = x.shape
+        n = self.norm(x)
+
+        def tokens(y: Tensor) -> Tensor:  # [B, C, T, H, W] -> [B, 1, T*H*W, C]
+            return y.flatten(2).transpose(1, 2).unsqueeze(1)
+
+        a = F.scaled_dot_product_attention(tokens(self.q(n)), tokens(self.k(n)), tokens(self.v(n)))
+        a = a.squeeze(1).transpose(1, 2).reshape(b, c, t, h, w)
+        return x + self.proj_out(a)
+
+
+def _depth_to_space(x: Tensor, rt: int) -> Tensor:
+    """[B, (rt*2*2*C), T, H, W] -> [B, C, T*rt, H*2, W*2].
+
+    The channel index splits as (rt, rh, rw, c) with c fastest; channel (i, j, k, c) at
+    input position (t, h, w) lands at output position (t*rt + i, h*2 + j, w*2 + k).
+    """
+    b, ch, t, h, w = x.shape
+    c = ch // (rt * 4)
+    x = x.reshape(b, rt, 2, 2, c, t, h, w)
+    x = x.permute(0, 4, 5, 1, 6, 2, 7, 3)  # b, c, t, rt, h, rh, w, rw
+    return x.reshape(b, c, t * rt, h * 2, w * 2)
+
+
+class Upsample(nn.Module):
+    """DCAE-style upsampler: conv to C_out*rt*2*2 channels, depth-to-space, plus the same
+    depth-to-space of the input repeated channel-wise (a parameter-free shortcut)."""
+
+    def __init__(self, in_channels: int, out_channels: int, temporal: bool):
+        super().__init__()
+        self.rt = 2 if temporal else 1
+        factor = self.rt * 4
+        if (factor * out_channels) % in_channels:
+            raise ValueError(
+                f"upsampler {in_channels}->{out_channels} (x{factor}): "
+                f"{factor * out_channels} is not a multiple of {in_channels}"
+            )
+        self.repeats = factor * out_channels // in_channels
+        self.conv = VAEConv3d(in_channels, out_channels * factor, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        # repeat_interleave (each channel `repeats` times in a row), NOT tile: after the
+        # (rt, rh, rw, c) split, output channel c at sub-position s reads input channel
+        # (s*C_out + c) // repeats.
+        shortcut = x.repeat_interleave(self.repeats, dim=1)
+        return _depth_to_space(self.conv(x), self.rt) + _depth_to_space(shortcut, self.rt)
+
+
+class UpLevel(nn.Module):
+    """One decoder level: ``layers_per_block + 1`` ResnetBlocks, then an optional upsampler
+    (the attribute exists only on levels that upsample, as in the checkpoint)."""
+
+    def __init__(self, blocks: list[ResnetBlock], upsample: Optional[Upsample]):
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.upsample = upsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        for blk in self.block:
+            x = blk(x)
+        if self.upsample is not None:
+            x = self.upsample(x)
+        return x
+
+
+class MidBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.block_1 = ResnetBlock(channels, channels)
+        self.attn_1 = AttnBlock(channels)
+        self.block_2 = ResnetBlock(channels, channels)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.block_2(self.attn_1(self.block_1(x)))
+
+
+class VAEDecoder(nn.Module):
+    """The official ``Decoder``: z [B, latent_channels, T, h, w] -> [B, out_channels, T', H, W]."""
+
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        chans = cfg.decoder_channels
+        n_spatial = _log2_exact(cfg.ffactor_spatial, "ffactor_spatial")
+        n_temporal = _log2_exact(cfg.ffactor_temporal, "ffactor_temporal")
+        for c in chans:
+            if c % _GROUPS:
+                raise ValueError(f"block_out_channels entries must be multiples of {_GROUPS}, got {c}")
+        if chans[0] % cfg.latent_channels:
+            raise ValueError(
+                f"decoder width {chans[0]} must be a multiple of latent_channels {cfg.latent_channels}"
+            )
+        # conv_in's shortcut repeats every latent channel this many times (repeat_interleave).
+        self.in_repeats = chans[0] // cfg.latent_channels
+
+        self.conv_in = VAEConv3d(cfg.latent_channels, chans[0], 3)
+        self.mid = MidBlock(chans[0])
+
+        levels = []
+        block_in = chans[0]
+        for i, block_out in enumerate(chans):
+            blocks = []
+            for _ in range(cfg.layers_per_block + 1):
+                blocks.append(ResnetBlock(block_in, block_out))
+                block_in = block_out
+            upsample = None
+            # Upsampling levels come first; a level that doubles time also doubles space.
+            if i < n_spatial or i < n_temporal:
+                if i == len(chans) - 1:
+                    raise ValueError(
+                        f"ffactor_spatial={cfg.ffactor_spatial}/ffactor_temporal={cfg.ffactor_temporal} "
+                        f"need more than {len(chans)} levels"
+                    )
+                up_out = chans[i + 1] if cfg.upsample_match_channel else block_in
+                upsample = Upsample(block_in, up_out, temporal=i < n_temporal)
+                block_in = up_out
+            levels.append(UpLevel(blocks, upsample))
+        self.up = nn.ModuleList(levels)
+
+        self.norm_out = _group_norm(block_in)
+        self.conv_out = VAEConv3d(block_in, cfg.out_channels, 3)
+
+    def forward(self, z: Tensor) -> Tensor:
+        h = self.conv_in(z) + z.repeat_interleave(self.in_repeats, dim=1)
+        h = self.mid(h)
+        for level in self.up:
+            h = level(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class HunyuanVAE(nn.Module):
+    """Decoder-only VAE; held by the top-level model as ``vae`` (names ``vae.decoder.*``)."""
+
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.decoder = VAEDecoder(cfg)
+
+    def _to_decoder_space(self, latents: Tensor) -> Tensor:
+        """Diffusion-space [B, C, h, w] -> decoder input [B, C, 1, h, w] in the weights' dtype.
+
+        Same order and truthiness tests as the official pipeline: divide by
+        scaling_factor, then add shift_factor when it is set and non-zero; the scaling is
+        done in the latents' own precision before casting.
+        """
+        if latents.dim() != 4:
+            raise ValueError(f"expected latents [B, C, h, w], got shape {tuple(latents.shape)}")
+        z = latents
+        if self.cfg.scaling_factor:
+            z = z / self.cfg.scaling_factor
+        if self.cfg.shift_factor:
+            z = z + self.cfg.shift_factor
+        return z.to(self.decoder.conv_in.weight.dtype).unsqueeze(2)
+
+    def decode_all_frames(self, latents: Tensor) -> Tensor:
+        """[B, C, h, w] -> every decoded frame, [B, out_channels, ffactor_temporal, f*h, f*w]
+        with f = ffactor_spatial."""
+        return self.decoder(self._to_decoder_space(latents))
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """[B, C, h, w] -> raw image [B, out_channels, f*h, f*w] (f = ffactor_spatial): the LAST
+        decoded frame, unclamped (the pipeline maps it to [0, 1] with (x/2 + 0.5).clamp)."""
+        return self.decode_all_frames(latents)[:, :, -1]

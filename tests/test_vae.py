@@ -1,0 +1,181 @@
+"""HunyuanImage-3.0 VAE decoder against the official golden outputs.
+
+Cases are discovered, not named: every folder of the shared golden root that has a
+``golden.json``, plus every such folder under each entry of ``DTGEN_GOLDEN_DIRS``
+(os.pathsep-separated folders of case folders). A case takes part when its
+``golden.safetensors`` holds the VAE tensors.
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
+
+GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
+VAE_KEYS = ("vae_latent_in", "vae_decoded", "vae_decoder_all_frames")
+NONSQUARE_KEYS = ("vae_latent_in_nonsquare", "vae_decoded_nonsquare")
+DEFAULT_TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+TINY_VAE = {
+    "block_out_channels": [32, 32, 32],
+    "layers_per_block": 1,
+    "latent_channels": 32,
+    "out_channels": 3,
+    "ffactor_spatial": 4,
+    "ffactor_temporal": 2,
+    "scaling_factor": 0.5,
+    "shift_factor": None,
+    "upsample_match_channel": True,
+}
+
+
+def _case_dirs() -> list[Path]:
+    roots = [GOLDEN_ROOT] + [Path(p) for p in os.environ.get("DTGEN_GOLDEN_DIRS", "").split(os.pathsep) if p]
+    cases = []
+    for root in roots:
+        if root.is_dir():
+            cases += sorted(p for p in root.iterdir() if (p / "golden.json").is_file())
+    return cases
+
+
+def _vae_cases():
+    cases = [c for c in _case_dirs() if _has_tensors(c, VAE_KEYS)]
+    if not cases:
+        reason = f"no golden case with VAE tensors under {GOLDEN_ROOT} or DTGEN_GOLDEN_DIRS"
+        return [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason=reason))]
+    return [pytest.param(c, id=c.name) for c in cases]
+
+
+def _has_tensors(case: Path, names) -> bool:
+    path = case / "golden.safetensors"
+    if not path.is_file():
+        return False
+    with safe_open(path, "pt") as f:
+        return set(names) <= set(f.keys())
+
+
+def load_vae_weights(case: Path) -> dict[str, torch.Tensor]:
+    """The ``vae.*`` tensors of the case's sharded checkpoint, prefix stripped, as float32."""
+    weight_map = json.loads((case / "model.safetensors.index.json").read_text())["weight_map"]
+    by_shard: dict[str, list[str]] = {}
+    for key, shard in weight_map.items():
+        if key.startswith("vae."):
+            by_shard.setdefault(shard, []).append(key)
+    out = {}
+    for shard, keys in by_shard.items():
+        with safe_open(case / shard, "pt") as f:
+            for key in keys:
+                out[key.removeprefix("vae.")] = f.get_tensor(key).float()
+    return out
+
+
+_CACHE: dict[Path, tuple] = {}
+
+
+def _load_case(case: Path):
+    """(model, golden tensors, tolerances), built once per case: on meta, then assigned."""
+    if case not in _CACHE:
+        cfg = VAEConfig.from_dict(json.loads((case / "config.json").read_text())["vae"])
+        with torch.device("meta"):
+            vae = HunyuanVAE(cfg)
+        vae.load_state_dict(load_vae_weights(case), strict=True, assign=True)
+        vae.eval()
+        tol = json.loads((case / "golden.json").read_text()).get("recommended_tolerances", {})
+        _CACHE[case] = (vae, load_file(case / "golden.safetensors"), tol.get("float32", DEFAULT_TOL))
+    return _CACHE[case]
+
+
+def _check(actual, expected, tol, name):
+    dev = (actual - expected).abs().max().item()
+    print(f"{name}: max abs deviation {dev:.3e}")
+    torch.testing.assert_close(actual, expected, rtol=tol["rtol"], atol=tol["atol"], msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("case", _vae_cases())
+@torch.no_grad()
+def test_decode_matches_golden(case):
+    vae, g, tol = _load_case(case)
+    _check(vae.decode_all_frames(g["vae_latent_in"]), g["vae_decoder_all_frames"], tol, "vae_decoder_all_frames")
+    _check(vae.decode(g["vae_latent_in"]), g["vae_decoded"], tol, "vae_decoded")
+
+
+@pytest.mark.parametrize("case", _vae_cases())
+@torch.no_grad()
+def test_decode_nonsquare_matches_golden(case):
+    vae, g, tol = _load_case(case)
+    if not set(NONSQUARE_KEYS) <= set(g):
+        pytest.skip("case has no non-square VAE tensors")
+    _check(vae.decode(g["vae_latent_in_nonsquare"]), g["vae_decoded_nonsquare"], tol, "vae_decoded_nonsquare")
+
+
+@pytest.mark.parametrize("case", _vae_cases())
+def test_state_dict_names_are_checkpoint_names(case):
+    weight_map = json.loads((case / "model.safetensors.index.json").read_text())["weight_map"]
+    vae, _, _ = _load_case(case)
+    expected = {k.removeprefix("vae.") for k in weight_map if k.startswith("vae.")}
+    assert set(vae.state_dict()) == expected
+
+
+@pytest.mark.parametrize("case", _vae_cases())
+@torch.no_grad()
+def test_wrong_conventions_fail_the_comparison(case):
+    """The golden comparison is sharp: a perturbed weight, or the first frame instead of
+    the last, lands far outside the tolerance."""
+    vae, g, tol = _load_case(case)
+    latent, expected = g["vae_latent_in"], g["vae_decoded"]
+
+    first_frame = vae.decode_all_frames(latent)[:, :, 0]
+    assert (first_frame - expected).abs().max() > 1e-2
+
+    # A weight, not a bias: a per-channel constant before a GroupNorm whose groups are
+    # single channels (32 groups over 32 channels here) is normalised away exactly.
+    weight = vae.decoder.up[0].block[0].conv1.weight
+    saved = weight.clone()
+    noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(0))
+    try:
+        weight.add_(1e-2 * noise)
+        perturbed = vae.decode(latent)
+    finally:
+        weight.copy_(saved)
+    assert (perturbed - expected).abs().max() > 1e-3
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(perturbed, expected, rtol=tol["rtol"], atol=tol["atol"])
+
+
+@pytest.mark.parametrize("field", ["block_out_channels", "layers_per_block", "latent_channels",
+                                   "out_channels", "ffactor_spatial", "ffactor_temporal", "scaling_factor"])
+def test_config_missing_required_field_raises(field):
+    d = {k: v for k, v in TINY_VAE.items() if k != field}
+    with pytest.raises(ValueError, match=field):
+        VAEConfig.from_dict(d)
+
+
+def test_config_optional_and_unknown_fields():
+    d = {k: v for k, v in TINY_VAE.items() if k not in ("shift_factor", "upsample_match_channel")}
+    cfg = VAEConfig.from_dict({**d, "_class_name": "AutoencoderKLConv3D", "sample_size": 384})
+    assert cfg.shift_factor is None and cfg.upsample_match_channel is True
+    assert cfg.block_out_channels == (32, 32, 32)
+
+
+def test_builds_on_meta():
+    with torch.device("meta"):
+        vae = HunyuanVAE(VAEConfig.from_dict(TINY_VAE))
+    assert all(p.is_meta for p in vae.parameters())
+    assert list(dict(vae.named_children())) == ["decoder"]
+
+
+@torch.no_grad()
+def test_shapes_and_shift_convention():
+    """decode = last frame of the decoder run on latents / scaling_factor + shift_factor."""
+    torch.manual_seed(0)
+    shifted = HunyuanVAE(VAEConfig.from_dict({**TINY_VAE, "shift_factor": 0.25})).eval()
+    latents = torch.randn(2, 32, 3, 5)
+    frames = shifted.decode_all_frames(latents)
+    assert frames.shape == (2, 3, 2, 12, 20)
+    expected = shifted.decoder((latents / 0.5 + 0.25).unsqueeze(2))[:, :, -1]
+    torch.testing.assert_close(shifted.decode(latents), expected, rtol=0, atol=0)
