@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m examples.hunyuan_t2i --report outputs/hunyuan_t2i.json
+	$(PY) -m examples.hunyuan_t2i --world-size 4 --plan hybrid --check --report outputs/hunyuan_t2i.json
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

@@ -13,9 +13,20 @@ def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     return funcol.all_reduce(x.contiguous(), "sum", group)
 
 
+# torch 2.13 renamed all_gather_tensor to all_gather_single (same signature); 2.11 has only the old name.
+_funcol_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+_dist_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
     """Concatenate every member's `x` along `dim`, in ascending group-rank order."""
-    return funcol.all_gather_tensor(x.contiguous(), dim % x.dim(), group)
+    return _funcol_all_gather(x.contiguous(), dim % x.dim(), group)
+
+
+def all_gather_eager(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+    """Blocking all-gather into `out` (control-plane use, outside compiled regions)."""
+    assert out.is_contiguous() and x.is_contiguous()  # gloo writes wrong elements into strided views
+    _dist_all_gather(out, x, group=group)
 
 
 def all_gather_ordered(x: torch.Tensor, dim: int, group: dist.ProcessGroup, order: tuple[int, ...]) -> torch.Tensor:

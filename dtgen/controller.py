@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .attention import UlyssesAttention, ulysses_kv_heads
-from .collectives import all_gather_ordered, all_reduce_sum
+from .collectives import all_gather_eager, all_gather_ordered, all_reduce_sum
 from .plan import Output, Rule
 from .sequence import SequenceLayout
 from .storage import ResidentStorage
@@ -169,7 +169,7 @@ class PhaseController:
         device = "cuda" if self.topology.device_type == "cuda" else "cpu"
         mine = torch.tensor([names.index(phase) if phase in names else -1], dtype=torch.int64, device=device)
         everyone = torch.empty(self.topology.world_size, dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(everyone, mine)
+        all_gather_eager(everyone, mine)
         asked = everyone.tolist()
         if len(set(asked)) != 1 or asked[0] < 0:
             who = ", ".join(f"rank {r}: {names[i] if i >= 0 else 'an unknown phase'!s}" for r, i in enumerate(asked))

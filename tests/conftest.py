@@ -21,3 +21,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """The embedded tiny default, written once per session into a private cache folder."""
+    from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
+    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("dtgen-cache"))

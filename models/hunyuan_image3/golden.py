@@ -99,6 +99,8 @@ def _autoregressive(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bo
             logits = pipe.ar_logits(rt, [tokens[-1]], len(ids) + k, cache, total)
             rows.append(logits)
         out.append(case.exact("ar_generated_ids", [tokens], t["ar_generated_ids"]))
+        if "ar_decode_position_ids" in t:
+            out.append(case.exact("ar_decode_position_ids", torch.arange(len(ids), total), t["ar_decode_position_ids"]))
         out.append(case.check("ar_decode_logits", torch.stack(rows), t["ar_decode_logits"]))
         if "ar_next_id_after_decode" in t:
             out.append(case.exact("ar_next_id_after_decode", [int(torch.argmax(rows[-1]))],
@@ -124,8 +126,14 @@ def _diffusion(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool) -
     slots = torch.arange(seq.length)
     mask = structured_mask(slots, slots, (seq.image_slots,))
     out.append(case.exact("diff_attention_mask", mask.expand(2, 1, -1, -1), t["diff_attention_mask"]))
+    img_mask = torch.zeros(seq.length, dtype=torch.bool)
+    img_mask[seq.image_slots[0]:seq.image_slots[1]] = True
+    out.append(case.exact("diff_image_mask", img_mask.expand(2, -1), t["diff_image_mask"]))
+    out.append(case.exact("diff_timestep_index", [[seq.timestep_slot]] * 2, t["diff_timestep_index"]))
+    out.append(case.exact("diff_position_ids", torch.arange(seq.length).expand(2, -1), t["diff_position_ids"]))
     if "diff_step2_position_ids" in t:
-        step_slots = t["diff_step2_position_ids"][0]
+        step_slots = torch.cat([torch.tensor([seq.timestep_slot]), torch.arange(*seq.image_slots)])
+        out.append(case.exact("diff_step2_position_ids", step_slots.expand(2, -1), t["diff_step2_position_ids"]))
         out.append(case.exact("diff_step2_attention_mask",
                               structured_mask(step_slots, slots, (seq.image_slots,)).expand(2, 1, -1, -1),
                               t["diff_step2_attention_mask"]))

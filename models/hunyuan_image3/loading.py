@@ -15,7 +15,7 @@ from dtgen.attention import ulysses_kv_heads
 from dtgen.checkpoint import CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.plan import Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
-from dtgen.storage import ParamSpec, ResidentStorage, StorageShard, validate_checkpoint
+from dtgen.storage import ParamSpec, ResidentStorage, StorageShard, check_divisible, validate_checkpoint
 from dtgen.topology import Topology
 
 from .config import HunyuanImage3Config
@@ -73,6 +73,7 @@ class LoadedModel:
     storage: ResidentStorage
     tokenizer: object
     plan: Plan
+    reader: CheckpointReader
 
 
 def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
@@ -98,6 +99,8 @@ def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
     outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
     check_plan_fits(cfg, resolved)
     specs = param_specs(model, rules, dtype)
+    for name, spec in specs.items():  # before any byte is read
+        check_divisible(name, spec, resolved.storage_tp * resolved.num_micros)
     reader = CheckpointReader(checkpoint)
     validate_checkpoint(reader, specs, UNUSED_CHECKPOINT_PREFIXES)
     topology = Topology(resolved, rank, device.type)
@@ -107,4 +110,4 @@ def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
     attention = [n for n, m in model.named_modules() if isinstance(m, Attention)]
     controller = PhaseController(model, storage, topology, outputs, attention)
     controller.activate(next(iter(plan.phases)))
-    return LoadedModel(model, controller, storage, load_tokenizer(checkpoint, cfg), plan)
+    return LoadedModel(model, controller, storage, load_tokenizer(checkpoint, cfg), plan, reader)

@@ -152,11 +152,13 @@ class T2IRequest:
     top_p: float = 0.95
     stop_ids: tuple[int, ...] = ()  # besides <eos>
     cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
+    forced_tokens: tuple[int, ...] | None = None  # replay these AR tokens instead of sampling
+    forced_ratio: int | None = None               # skip the ratio choice
 
 
 @dataclass
 class T2IResult:
-    image: torch.Tensor | None        # [H, W, 3] uint8 (main rank only)
+    image: torch.Tensor | None        # [H, W, 3] float32 in [0, 1] (main rank only)
     latents: torch.Tensor             # final latents [1, C, h, w] float32
     tokens: list[int]                 # AR tokens generated (CoT), without the ratio token
     ratio_index: int
@@ -216,7 +218,8 @@ class HunyuanT2IPipeline:
         rt = self.controller.activate("ar")
         sp = self.special
         ids = [sp.bos] + self.tok.encode(req.prompt)
-        budget = len(ids) + req.max_new_tokens + 2
+        steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
+        budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
         cache = self._cache(rt, 1, budget)
         generator = torch.Generator().manual_seed(req.seed)
@@ -229,8 +232,11 @@ class HunyuanT2IPipeline:
 
         generated = []
         t0 = timer.now()
-        for _ in tqdm(range(req.max_new_tokens), desc="AR", disable=not self.is_main, leave=False):
-            token = sample_token(logits, generator, req.temperature, req.top_k, req.top_p)
+        for i in tqdm(range(steps), desc="AR", disable=not self.is_main, leave=False):
+            if req.forced_tokens is not None:
+                token = req.forced_tokens[i]
+            else:
+                token = sample_token(logits, generator, req.temperature, req.top_k, req.top_p)
             if token in stops:
                 break
             generated.append(token)
@@ -243,7 +249,7 @@ class HunyuanT2IPipeline:
         head = [sp.boi, sp.size[self.cfg.image_base_size]]
         logits = self.ar_logits(rt, head, len(ids) + len(generated), cache, budget)
         record["ar_logits"].append(logits)
-        ratio = int(torch.argmax(logits[list(sp.ratio)]))
+        ratio = int(torch.argmax(logits[list(sp.ratio)])) if req.forced_ratio is None else req.forced_ratio
         return generated, ratio
 
     # ---- denoise ------------------------------------------------------------------------
@@ -310,10 +316,11 @@ class HunyuanT2IPipeline:
                              f"{self.cfg.max_position_embeddings}")
 
     def decode_image(self, latents: torch.Tensor) -> torch.Tensor:
+        """VAE decode -> [H, W, 3] float32 in [0, 1]."""
         vae = self.model.vae
         dtype = next(vae.parameters()).dtype
         x = vae.decode(latents.to(dtype))[0].float()
-        return ((x / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+        return (x / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()
 
     @torch.no_grad()
     def generate(self, req: T2IRequest) -> T2IResult:
@@ -343,3 +350,7 @@ class HunyuanT2IPipeline:
         timings["total"] = (timer.now() - t_start) * 1e3
         timings.setdefault("ar_decode_per_token", 0.0)
         return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)
+
+
+def to_uint8(image: torch.Tensor) -> torch.Tensor:
+    return (image * 255).round().to(torch.uint8)

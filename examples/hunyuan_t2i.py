@@ -1,0 +1,168 @@
+"""HunyuanImage-3.0 text-to-image.
+
+    python -m examples.hunyuan_t2i                                  # tiny default, one process
+    python -m examples.hunyuan_t2i --world-size 4 --plan hybrid     # 4 gloo ranks spawned here (CPU)
+    torchrun --nproc-per-node 4 -m examples.hunyuan_t2i --world-size 4 --plan hybrid \\
+        --checkpoint /path/to/HunyuanImage-3                         # 4 GPUs, NCCL
+
+With no --checkpoint, a tiny random model is written once (official format) into the
+cache folder and loaded through the real loader. Writes the PNG, prints a per-stage timing
+table and, with --report, a JSON report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from dtgen.devices import parse_device, parse_dtype
+from dtgen.launch import RankContext, run_on_ranks, under_torchrun
+from models.hunyuan_image3.loading import load
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, to_uint8
+from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
+from placements.hunyuan_image3 import PLANS, get_plan
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m examples.hunyuan_t2i", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--prompt", default="A photo of a red fox in fresh snow, golden hour")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--flow-shift", type=float, default=3.0)
+    p.add_argument("--image-size", default="auto", help="'auto' (the model picks the ratio) or HxW from the table")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-k", type=int, default=1024)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--cfg-mode", choices=("serial", "batch"), default="serial")
+    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
+    p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
+    p.add_argument("--output", default="outputs/hunyuan_t2i.png")
+    p.add_argument("--report", help="write a JSON report here")
+    args = p.parse_args(argv)
+    if args.plan is None:
+        args.plan = "single" if args.world_size == 1 else "hybrid"
+    return args
+
+
+def _request(args, forced_tokens=None, forced_ratio=None) -> T2IRequest:
+    return T2IRequest(prompt=args.prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
+                      flow_shift=args.flow_shift, image_size=args.image_size,
+                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p, cfg_mode=args.cfg_mode, forced_tokens=forced_tokens,
+                      forced_ratio=forced_ratio)
+
+
+def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max((float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b)), default=0.0)
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    """One rank's whole run; returns what the report needs (the image on rank 0)."""
+    device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
+    dtype = parse_dtype(args.dtype, device)
+    torch.manual_seed(args.seed)
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0)
+    result = pipe.generate(_request(args))
+    out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "tokens": result.tokens,
+           "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
+           "storage_bytes": loaded.storage.nbytes, "device": str(device)}
+    if ctx.rank == 0:
+        out["image"] = result.image
+        if args.check:
+            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
+            ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
+            ref = ref_pipe.generate(_request(args, forced_tokens=result.tokens, forced_ratio=result.ratio_index))
+            out["check"] = {
+                "max_abs_diff_logits": _max_diff(result.record["ar_logits"], ref.record["ar_logits"]),
+                "max_abs_diff_velocity": _max_diff(result.record["velocity"], ref.record["velocity"]),
+                "max_abs_diff_latents": _max_diff([result.latents], [ref.latents]),
+                "max_abs_diff_image": _max_diff([result.image], [ref.image]),
+            }
+    return out
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        plan = get_plan(args.plan)
+        parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
+                    else torch.device("cpu"))
+    except (KeyError, ValueError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    if plan.world_size != args.world_size:
+        print(f"error: plan '{plan.name}' runs on {plan.world_size} ranks, --world-size is {args.world_size}",
+              file=sys.stderr)
+        return 2
+    if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
+        print("error: spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun", file=sys.stderr)
+        return 2
+    tiny = args.checkpoint is None
+    if tiny:
+        args.checkpoint = str(ensure_tiny_checkpoint())
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 16 if tiny else 0
+
+    results = run_on_ranks(run_rank, args.world_size, args)
+    main_result = next((r for r in results if r["rank"] == 0), None)
+    if main_result is None:  # torchrun: only rank 0 reports
+        return 0
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    from PIL import Image
+    Image.fromarray(to_uint8(main_result["image"]).numpy()).save(out)
+
+    t = main_result["timings_ms"]
+    switch = max((r["switch"] for r in results), key=lambda s: s["ms"])
+    report = {
+        "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
+        "checkpoint": "tiny-default" if tiny else args.checkpoint,
+        "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
+                                                  "vae_decode", "total")},
+        "tokens_generated": len(main_result["tokens"]), "image_size": list(main_result["image_size"]),
+        "phase_switch": switch, "storage_bytes_per_rank": [r["storage_bytes"] for r in results],
+    }
+    if "check" in main_result:
+        report["check"] = main_result["check"]
+    h, w = main_result["image_size"]
+    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}"),
+            ("AR prefill", f"{t.get('ar_prefill', 0):9.1f} ms"),
+            ("AR decode", f"{t.get('ar_decode_per_token', 0):9.1f} ms/token ({len(main_result['tokens'])} tokens)"),
+            ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}, "
+                             f"allocated {switch['allocated_bytes_delta']} B, "
+                             f"param bytes {switch['param_bytes_before']} -> {switch['param_bytes_after']}"),
+            ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {h}x{w})"),
+            ("VAE decode", f"{t.get('vae_decode', 0):9.1f} ms"),
+            ("total", f"{t.get('total', 0):9.1f} ms")]
+    if "check" in report:
+        rows += [(f"check {k}", f"{v:.3e}") for k, v in report["check"].items()]
+    print(_table(rows))
+    print(f"wrote {out}")
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

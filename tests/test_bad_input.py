@@ -1,0 +1,138 @@
+"""Bad input gets a clear error naming the problem, and leaves nothing half-written."""
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dtgen.checkpoint import CheckpointError, CheckpointReader
+from dtgen.devices import parse_device, parse_dtype
+from models.hunyuan_image3.config import ConfigError, HunyuanImage3Config
+from models.hunyuan_image3.loading import load
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, parse_image_size
+from placements.hunyuan_image3 import get_plan
+
+
+@pytest.fixture
+def ckpt(tiny_checkpoint, tmp_path):
+    """A private, writable copy of the tiny checkpoint."""
+    dst = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, dst)
+    return dst
+
+
+def _shard_with(ckpt, key):
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    return ckpt / index["weight_map"][key], index
+
+
+def _rewrite(ckpt, key, fn):
+    """Apply fn(tensors) to the shard holding `key`, keeping the index consistent."""
+    path, index = _shard_with(ckpt, key)
+    tensors = load_file(str(path))
+    fn(tensors)
+    save_file(tensors, str(path))
+    index["weight_map"] = {k: f for k, f in index["weight_map"].items() if k in tensors or f != path.name}
+    index["weight_map"].update({k: path.name for k in tensors})
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_missing_keys_are_listed(ckpt):
+    key = "model.layers.1.mlp.experts.3.down_proj.weight"
+    _rewrite(ckpt, key, lambda t: t.pop(key))
+    with pytest.raises(CheckpointError, match=r"missing keys \(1\).*experts\.3\.down_proj"):
+        load(ckpt, get_plan("single"))
+
+
+def test_unexpected_keys_are_listed(ckpt):
+    key = "model.ln_f.weight"
+    _rewrite(ckpt, key, lambda t: t.update({"model.extra_head.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match=r"unexpected keys \(1\).*model\.extra_head\.weight"):
+        load(ckpt, get_plan("single"))
+
+
+def test_unused_t2i_keys_are_ignored(ckpt):
+    """The SigLIP tower and VAE encoder of a full checkpoint are not errors."""
+    key = "model.ln_f.weight"
+    _rewrite(ckpt, key, lambda t: t.update({"vision_model.x.weight": torch.zeros(2),
+                                              "vae.encoder.conv_in.weight": torch.zeros(2)}))
+    load(ckpt, get_plan("single"))
+
+
+def test_shape_mismatch_names_key_expected_and_found(ckpt):
+    key = "model.layers.0.self_attn.o_proj.weight"
+    _rewrite(ckpt, key, lambda t: t.update({key: torch.zeros(256, 128, dtype=torch.bfloat16)}))
+    with pytest.raises(CheckpointError, match=r"shape mismatch for model\.layers\.0\.self_attn\.o_proj\.weight: "
+                                              r"expected \[256, 256\], found \[256, 128\]"):
+        load(ckpt, get_plan("single"))
+
+
+def test_truncated_safetensors(ckpt):
+    path, _ = _shard_with(ckpt, "model.ln_f.weight")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match=rf"{path.name}: truncated"):
+        CheckpointReader(ckpt)
+
+
+def test_corrupt_safetensors_header(ckpt):
+    path, _ = _shard_with(ckpt, "model.ln_f.weight")
+    data = bytearray(path.read_bytes())
+    data[8:16] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{path.name}: corrupt"):
+        CheckpointReader(ckpt)
+
+
+def test_pickle_checkpoint_refused(tmp_path):
+    torch.save({"w": torch.zeros(1)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pickle checkpoints are refused"):
+        CheckpointReader(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "pytorch_model.bin"}}))
+    with pytest.raises(CheckpointError, match="pickle checkpoints are refused"):
+        CheckpointReader(tmp_path)
+
+
+def test_single_file_checkpoint(tmp_path):
+    save_file({"a": torch.arange(6.0).view(2, 3)}, str(tmp_path / "model.safetensors"))
+    reader = CheckpointReader(tmp_path)
+    assert reader.read("a", 1, 1, 3).tolist() == [[1.0, 2.0], [4.0, 5.0]]
+    assert reader.bytes_read == 4 * 4
+
+
+def test_unsupported_rope_type(tiny_checkpoint):
+    cfg = json.loads((tiny_checkpoint / "config.json").read_text())
+    with pytest.raises(ConfigError, match="unsupported rope_type 'yarn'"):
+        HunyuanImage3Config.from_dict({**cfg, "rope_type": "yarn"})
+    with pytest.raises(ConfigError, match="unsupported rope_scaling"):
+        HunyuanImage3Config.from_dict({**cfg, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+    with pytest.raises(ConfigError, match="missing required field 'hidden_size'"):
+        HunyuanImage3Config.from_dict({k: v for k, v in cfg.items() if k != "hidden_size"})
+
+
+def test_prompt_longer_than_position_budget(tiny_checkpoint):
+    loaded = load(tiny_checkpoint, get_plan("single"))
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
+    with pytest.raises(ValueError, match=r"needs \d+ positions; the model's max_position_embeddings is 2048"):
+        pipe.generate(T2IRequest(prompt="x" * 3000, steps=1))
+
+
+def test_image_size_outside_table():
+    assert parse_image_size("auto", 1024) is None
+    assert parse_image_size("1024x1024", 1024) == 16
+    with pytest.raises(ValueError, match=r"image size 1000x1000 is not in the resolution table.*1024x1024"):
+        parse_image_size("1000x1000", 1024)
+    with pytest.raises(ValueError, match="is not 'auto' or 'HxW'"):
+        parse_image_size("big", 1024)
+
+
+def test_unknown_device_or_dtype():
+    with pytest.raises(ValueError, match="unknown device 'tpu0'"):
+        parse_device("tpu0")
+    with pytest.raises(ValueError, match="unsupported device 'mps'"):
+        parse_device("mps")
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        parse_dtype("float8", torch.device("cpu"))
+    assert parse_dtype(None, torch.device("cpu")) == torch.float32
+    assert parse_dtype("auto", torch.device("cuda")) == torch.bfloat16

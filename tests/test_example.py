@@ -1,0 +1,52 @@
+"""`python -m examples.hunyuan_t2i` end to end on the tiny default."""
+import json
+
+import pytest
+from PIL import Image
+
+from examples.hunyuan_t2i import main
+
+REPORT_KEYS = {"plan", "world_size", "device", "timings_ms", "tokens_generated", "image_size", "phase_switch"}
+TIMING_KEYS = {"ar_prefill", "ar_decode_per_token", "denoise_step", "vae_decode", "total"}
+
+
+@pytest.fixture
+def cache_env(tiny_checkpoint, monkeypatch):
+    monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
+
+
+def _run(tmp_path, *extra):
+    report = tmp_path / "r.json"
+    out = tmp_path / "img.png"
+    assert main(["--steps", "3", "--max-new-tokens", "4", "--output", str(out), "--report", str(report),
+                 *extra]) == 0
+    return json.loads(report.read_text()), Image.open(out)
+
+
+def test_single_process_run_writes_png_and_report(cache_env, tmp_path):
+    report, image = _run(tmp_path, "--image-size", "256x256")
+    assert REPORT_KEYS <= set(report) and TIMING_KEYS <= set(report["timings_ms"])
+    assert report["plan"] == "single" and report["world_size"] == 1
+    assert report["image_size"] == [256, 256] and image.size == (256, 256)
+    assert report["tokens_generated"] <= 4
+    assert all(v >= 0 for v in report["timings_ms"].values())
+
+
+def test_four_rank_hybrid_with_check(cache_env, tmp_path):
+    report, _ = _run(tmp_path, "--world-size", "4", "--plan", "hybrid", "--check")
+    switch = report["phase_switch"]
+    assert switch["weights_copied"] == 0 and switch["allocated_bytes_delta"] == 0
+    assert switch["param_bytes_before"] == switch["param_bytes_after"] > 0
+    check = report["check"]
+    # float32 on CPU; the parallel path only reorders sums (all-reduce, all-to-all).
+    assert check["max_abs_diff_logits"] < 1e-4 and check["max_abs_diff_latents"] < 1e-4
+    assert check["max_abs_diff_image"] < 1e-4
+
+
+def test_bad_arguments_exit_with_a_message(cache_env, capsys):
+    assert main(["--plan", "nope"]) == 2
+    assert "unknown plan 'nope'" in capsys.readouterr().err
+    assert main(["--world-size", "2", "--plan", "hybrid"]) == 2
+    assert "runs on 4 ranks" in capsys.readouterr().err
+    assert main(["--dtype", "int3"]) == 2
+    assert "unknown dtype 'int3'" in capsys.readouterr().err

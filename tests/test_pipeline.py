@@ -1,0 +1,83 @@
+"""Pipeline pieces: resolution table, sampling, scheduler, RoPE, mask, the tiny default."""
+import json
+
+import pytest
+import torch
+
+from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+from models.hunyuan_image3.attention import apply_rope, rope_cos_sin, structured_mask
+from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table, sample_token
+from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
+
+
+def test_resolution_table_matches_the_official_layout():
+    table = resolution_table(1024)
+    assert len(table) == 37  # 33 on the grid + 4 extras, one per <img_ratio_k>
+    assert table[0] == (512, 2048) and table[16] == (1024, 1024) and table[32] == (2048, 512)
+    assert table[33:] == [(1024, 768), (1280, 720), (768, 1024), (720, 1280)]
+    ratios = [h / w for h, w in table[:33]]
+    assert ratios == sorted(ratios)
+    assert all(h % 16 == 0 and w % 16 == 0 for h, w in table)
+
+
+def test_greedy_and_filtered_sampling():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
+    assert sample_token(logits, None, 0.0, 0, 1.0) == 1
+    g = torch.Generator().manual_seed(0)
+    # top-k 2 keeps ids 1 and 3 only
+    assert {sample_token(logits, g, 1.0, 2, 1.0) for _ in range(200)} == {1, 3}
+    # top-p keeps the smallest set reaching p: here only the top token
+    assert {sample_token(torch.tensor([0.0, 10.0, 0.0]), g, 1.0, 0, 0.5) for _ in range(50)} == {1}
+
+
+def test_flow_match_sigmas_and_euler():
+    s = flow_match_sigmas(4, 3.0)
+    assert s[0] == 1.0 and s[-1] == 0.0 and torch.all(s[:-1] > s[1:])
+    sigma = 0.5
+    assert torch.isclose(flow_match_sigmas(2, 3.0)[1], torch.tensor(3 * sigma / (1 + 2 * sigma), dtype=torch.float64))
+    x, v = torch.ones(2), torch.full((2,), 2.0)
+    assert torch.equal(euler_step(x, v, 0.8, 0.6), x + v * (0.6 - 0.8))
+    assert torch.equal(classifier_free_guidance(torch.ones(1), torch.zeros(1), 5.0), torch.full((1,), 5.0))
+
+
+def test_rope_text_is_1d_and_rotate_half_pairs():
+    pos = torch.tensor([[3, 3], [7, 7]])
+    cos, sin = rope_cos_sin(pos, 8, 10000.0)
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    assert torch.allclose(cos[1, :4], torch.cos(7 * inv)) and torch.allclose(cos[1, 4:], cos[1, :4])
+    x = torch.zeros(1, 2, 1, 8)
+    x[..., 0] = 1.0  # dim 0 pairs with dim 4
+    y = apply_rope(x, cos, sin)
+    assert torch.allclose(y[0, 1, 0, 0], torch.cos(torch.tensor(7.0))) and torch.allclose(
+        y[0, 1, 0, 4], torch.sin(torch.tensor(7.0)))
+
+
+def test_image_rope_uses_y_on_even_and_x_on_odd_frequencies():
+    pos = image_rope_positions(10, 2, 3)  # h=2, w=3
+    assert pos[:, 0].tolist() == [12, 12, 12, 13, 13, 13]   # y0 = 10 + (6 - 2) // 2
+    assert pos[:, 1].tolist() == [11, 12, 13, 11, 12, 13]   # x0 = 10 + (6 - 3) // 2
+    cos, _ = rope_cos_sin(pos, 8, 10000.0)
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    assert torch.allclose(cos[1, 0], torch.cos(12 * inv[0])) and torch.allclose(cos[1, 1], torch.cos(12 * inv[1]))
+    assert torch.allclose(cos[3, 0], torch.cos(13 * inv[0])) and torch.allclose(cos[3, 1], torch.cos(11 * inv[1]))
+
+
+def test_structured_mask():
+    slots = torch.arange(6)
+    m = structured_mask(slots, slots, ((2, 4),))
+    assert m[2, 3] and m[3, 2]          # inside the image block: bidirectional
+    assert not m[1, 2] and not m[4, 5]  # causal elsewhere
+    assert m[5, 3] and not m[3, 4]      # text after the image sees it; the image does not see it
+    # Padding rows (slots past the sequence) are invisible to every real query.
+    k = torch.arange(8)
+    assert not structured_mask(slots, k, ((2, 4),))[:, 6:].any()
+
+
+def test_tiny_checkpoint_written_once_and_atomically(tmp_path):
+    path = ensure_tiny_checkpoint(tmp_path)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 2
+    mtime = (path / "model.safetensors.index.json").stat().st_mtime_ns
+    assert ensure_tiny_checkpoint(tmp_path) == path
+    assert (path / "model.safetensors.index.json").stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
