@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .collectives import all_to_all
+from .topology import PhaseGroups
 
 
 def ulysses_kv_heads(q_heads: int, kv_heads: int, sp: int) -> list[list[int]]:
@@ -64,3 +65,19 @@ class UlyssesAttention(nn.Module):
         out = self.inner(qf, kf, vf, meta, cache)    # [B, P*S, hq, D]
         back = all_to_all(out.reshape(B, P, S, hq, D).permute(1, 0, 2, 3, 4), self.group)  # [P(head grp), B, S, hq, D]
         return back.permute(1, 2, 0, 3, 4).reshape(B, S, Hq, D)
+
+
+def make_core(kind: str, inner: nn.Module, groups: PhaseGroups) -> nn.Module:
+    """The attention core of a phase, wrapping the model's local core `inner`."""
+    if kind == "local":
+        return inner
+    if kind == "ulysses":
+        return UlyssesAttention(inner, groups.sp_group, groups.sp_size)
+    raise ValueError(f"unknown attention kind {kind!r}")
+
+
+def cache_kv_heads(kind: str, q_heads: int, kv_heads: int, sp: int) -> int:
+    """KV heads per rank that a core of this kind writes into the KV cache."""
+    if kind == "ulysses":
+        return len(ulysses_kv_heads(q_heads, kv_heads, sp)[0])
+    return kv_heads

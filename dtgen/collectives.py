@@ -1,6 +1,10 @@
 """Collectives used inside forward passes, on functional collectives (compile-friendly).
 
-Each takes its process group as an argument; nothing here reads a global.
+Each takes its process group as an argument; nothing here reads a global. Results are
+waited on before they are returned: in eager mode a functional collective hands back an
+AsyncCollectiveTensor, and one that is stored but never read (a recorded logit row, say)
+would stay unwaited. On CUDA the wait is a stream dependency, not a host sync; under
+torch.compile it is the wait the tracer would insert anyway.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import torch.distributed._functional_collectives as funcol
 
 
 def all_reduce_sum(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    return funcol.all_reduce(x.contiguous(), "sum", group)
+    return funcol.wait_tensor(funcol.all_reduce(x.contiguous(), "sum", group))
 
 
 # torch 2.13 renamed all_gather_tensor to all_gather_single (same signature); 2.11 has only the old name.
@@ -20,7 +24,7 @@ _dist_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 
 def all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
     """Concatenate every member's `x` along `dim`, in ascending group-rank order."""
-    return _funcol_all_gather(x.contiguous(), dim % x.dim(), group)
+    return funcol.wait_tensor(_funcol_all_gather(x.contiguous(), dim % x.dim(), group))
 
 
 def all_gather_eager(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
@@ -40,4 +44,4 @@ def all_gather_ordered(x: torch.Tensor, dim: int, group: dist.ProcessGroup, orde
 
 def all_to_all(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Equal-split all-to-all along dim 0: chunk j goes to member j; result chunk j came from member j."""
-    return funcol.all_to_all_single(x.contiguous(), None, None, group)
+    return funcol.wait_tensor(funcol.all_to_all_single(x.contiguous(), None, None, group))

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import UlyssesAttention, ulysses_kv_heads
+from .attention import cache_kv_heads, make_core
 from .collectives import all_gather_eager, all_gather_ordered, all_reduce_sum
 from .plan import Output, Rule
 from .sequence import SequenceLayout
@@ -50,9 +50,7 @@ class PhaseRuntime:
 
     def cache_kv_heads(self, q_heads_local: int, kv_heads_local: int) -> int:
         """KV heads per rank that this phase's attention core writes into a KV cache."""
-        if self.groups.layout.attention == "ulysses":
-            return len(ulysses_kv_heads(q_heads_local, kv_heads_local, self.sp_size)[0])
-        return kv_heads_local
+        return cache_kv_heads(self.groups.layout.attention, q_heads_local, kv_heads_local, self.sp_size)
 
 
 @dataclass
@@ -136,10 +134,7 @@ class PhaseController:
                                              layout.tp_size)
                     self.dtensors[phase][name] = DTensor.from_local(view, groups.mesh, placements, run_check=False)
             self._hooks[phase] = self._output_hooks(groups, outputs, modules)
-            if layout.attention == "ulysses":
-                self._cores[phase] = [UlyssesAttention(c, groups.sp_group, groups.sp_size) for c in self._default_cores]
-            else:
-                self._cores[phase] = list(self._default_cores)
+            self._cores[phase] = [make_core(layout.attention, c, groups) for c in self._default_cores]
             self.runtimes[phase] = PhaseRuntime(phase, groups,
                                                 SequenceLayout(groups.sp_group, groups.sp_size, groups.sp_rank))
         self.active: str | None = None

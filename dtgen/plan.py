@@ -86,6 +86,9 @@ class PhaseLayout:
     sp_rank: tuple[int, ...]             # SP rank (position in its ascending SP group)
     tp_groups: tuple[tuple[int, ...], ...]  # physical ranks, ascending, one tuple per group
     sp_groups: tuple[tuple[int, ...], ...]
+    # Each sequence axis on its own (for kinds that split SP further, e.g. Attention2D
+    # rows x cols): axis name -> its groups, in the order the plan lists the sp axes.
+    sp_axis_groups: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
 
     def micro_group(self, rank: int, storage_tp: int) -> int:
         """Which block of `micros_per_rank` micros of its storage shard `rank` uses."""
@@ -221,7 +224,8 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
             name=name, tp_size=tp_size[name], sp_size=math.prod(sizes[a] for a in ph.sp),
             attention=ph.attention, micros_per_rank=num_micros // (tp_size[name] // S),
             mesh_shape=shape, mesh_dim_names=dim_names, tp_rank=tp_rank, sp_rank=sp_rank,
-            tp_groups=_groups(world_size, plan.grid, ph.tp), sp_groups=sp_groups)
+            tp_groups=_groups(world_size, plan.grid, ph.tp), sp_groups=sp_groups,
+            sp_axis_groups=tuple((a, _groups(world_size, plan.grid, (a,))) for a in ph.sp) if len(ph.sp) > 1 else ())
     return ResolvedPlan(plan, world_size, storage_axes, S, num_micros, storage_rank, phases)
 
 

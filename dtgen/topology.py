@@ -8,7 +8,7 @@ gathers reorder by `tp_gather_order`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,8 @@ class PhaseGroups:
     tp_rank: int            # logical TP rank
     sp_rank: int
     tp_gather_order: tuple[int, ...]  # for logical rank i, the index of its chunk in a group-order gather
+    # Per sequence axis (only when the phase has several): axis -> (group, size, rank in it).
+    sp_axes: dict[str, tuple[dist.ProcessGroup, int, int]] = field(default_factory=dict)
 
     @property
     def tp_size(self) -> int:
@@ -49,6 +51,7 @@ class Topology:
             raise RuntimeError(f"plan '{resolved.plan.name}' needs {self.world_size} ranks: initialise "
                                f"torch.distributed first (torchrun, or dtgen.launch)")
         meshes: dict[tuple, DeviceMesh] = {}
+        self._extra_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self.phases: dict[str, PhaseGroups] = {}
         # Same order on every rank: phases in plan order, mesh dims in mesh order.
         for name, layout in resolved.phases.items():
@@ -66,8 +69,18 @@ class Topology:
             members = layout.tp_group_of(rank)
             logical = [layout.tp_rank[m] for m in members]
             order = tuple(logical.index(i) for i in range(len(members)))
+            sp_axes = {}
+            for axis, groups in layout.sp_axis_groups:
+                mine = next(g for g in groups if rank in g)
+                handles = [self._new_group(g) for g in groups]  # every rank creates every group, in order
+                sp_axes[axis] = (handles[groups.index(mine)], len(mine), mine.index(rank))
             self.phases[name] = PhaseGroups(layout, mesh, tp_group, sp_group, layout.tp_rank[rank],
-                                            layout.sp_rank[rank], order)
+                                            layout.sp_rank[rank], order, sp_axes)
+
+    def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
+        if ranks not in self._extra_groups:
+            self._extra_groups[ranks] = dist.new_group(list(ranks))
+        return self._extra_groups[ranks]
 
     @property
     def storage_rank(self) -> int:

@@ -83,10 +83,13 @@ class AttentionMeta:
         sequence being processed, in full (padded) order. Under sequence parallelism rank r
         holds rows chunk r of it; a core derives what it needs from this one vector.
     image_blocks: half-open slot ranges whose tokens attend bidirectionally.
+    kv_slots: slots of the k/v rows handed to a core when they differ from the query rows'
+        (a core that gathers keys from other ranks passes its own); None means `slots`.
     """
 
     slots: torch.Tensor
     image_blocks: tuple[tuple[int, int], ...] = ()
+    kv_slots: torch.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------
@@ -149,20 +152,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
 
 
-def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
-                      image_blocks: tuple[tuple[int, int], ...], cache: LayerKVCache | None) -> torch.Tensor:
-    """Attention of rows at `slots`, with keys either these rows or the whole cache.
+def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta,
+                      cache: LayerKVCache | None) -> torch.Tensor:
+    """Attention of the query rows at `meta.slots`, with keys either the given rows or the whole cache.
 
-    q: [B, S, Hq, D], k/v: [B, S, Hkv, D] -> [B, S, Hq, D].
+    q: [B, Sq, Hq, D], k/v: [B, Sk, Hkv, D] -> [B, Sq, Hq, D].
     """
+    kv_slots = meta.slots if meta.kv_slots is None else meta.kv_slots
     if cache is not None:
-        cache.write(slots, k, v)
+        cache.write(kv_slots, k, v)
         keys, values = cache.k, cache.v
-        k_slots = torch.arange(cache.length, device=slots.device)
+        k_slots = torch.arange(cache.length, device=kv_slots.device)
     else:
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
-        k_slots = slots
-    mask = structured_mask(slots, k_slots, image_blocks)
+        k_slots = kv_slots
+    mask = structured_mask(meta.slots, k_slots, meta.image_blocks)
     out = attend(q.transpose(1, 2), keys, values, mask)
     return out.transpose(1, 2)
 
@@ -171,4 +175,4 @@ class LocalAttention(nn.Module):
     """Attention over the heads and rows this process holds (single process, or TP)."""
 
     def forward(self, q, k, v, meta: AttentionMeta, cache: LayerKVCache | None):
-        return attend_with_cache(q, k, v, meta.slots, meta.image_blocks, cache)
+        return attend_with_cache(q, k, v, meta, cache)

@@ -307,6 +307,7 @@ class HunyuanT2IPipeline:
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
         record["latents"] = [latents]
+        record["denoise_length"] = [seq.length]
         return latents
 
     # ---- whole request -----------------------------------------------------------------
