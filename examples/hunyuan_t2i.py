@@ -22,6 +22,7 @@ import torch
 from dtgen.devices import parse_device, parse_dtype
 from dtgen.launch import RankContext, run_on_ranks, under_torchrun
 from models.hunyuan_image3.loading import load
+from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, to_uint8
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
 from placements.hunyuan_image3 import PLANS, get_plan
@@ -44,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cfg-mode", choices=("serial", "batch"), default="serial")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
+                   help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
     p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
@@ -74,7 +77,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0)
     result = pipe.generate(_request(args))
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "tokens": result.tokens,
@@ -83,7 +86,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     if ctx.rank == 0:
         out["image"] = result.image
         if args.check:
-            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
+            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager")
             ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
             ref = ref_pipe.generate(_request(args, forced_tokens=result.tokens, forced_ratio=result.ratio_index))
             out["check"] = {

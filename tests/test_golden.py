@@ -16,13 +16,16 @@ CASES = discover_cases()
 def _params():
     if not CASES:
         return [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason="no golden case folders found"))]
-    return [pytest.param(c, id=c.name) for c in CASES]
+    # The routed experts run through the kernel op ("auto": its torch reference on CPU) and
+    # through the model's plain loop ("eager"); both must match the official outputs.
+    return [pytest.param((c, impl), id=f"{c.name}-moe_{impl}") for c in CASES for impl in ("auto", "eager")]
 
 
 @pytest.fixture(scope="module", params=_params())
 def case_results(request):
-    case = GoldenCase(request.param)
-    loaded = load(case.folder, get_plan("single"), dtype=torch.float32)
+    folder, moe_impl = request.param
+    case = GoldenCase(folder)
+    loaded = load(case.folder, get_plan("single"), dtype=torch.float32, moe_impl=moe_impl)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
     return case, {c.name: c for c in compare_case(case, pipe)}
 

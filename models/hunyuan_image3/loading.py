@@ -19,7 +19,7 @@ from dtgen.storage import ParamSpec, ResidentStorage, StorageShard, check_divisi
 from dtgen.topology import Topology
 
 from .config import HunyuanImage3Config
-from .model import UNUSED_CHECKPOINT_PREFIXES, HunyuanImage3ForCausalMM
+from .model import UNUSED_CHECKPOINT_PREFIXES, HunyuanImage3ForCausalMM, set_moe_impl
 from .tokenizer import load_tokenizer
 from .transformer import Attention
 
@@ -89,12 +89,14 @@ def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
 
 
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
-         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> LoadedModel:
+         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+         moe_impl: str = "auto") -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views."""
     device = torch.device(device)
     cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
     resolved = resolve(plan, world_size)
     model = build_on_meta(cfg)
+    set_moe_impl(model, moe_impl)
     rules = match_rules(plan, [n for n, _ in model.named_parameters()])
     outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
     check_plan_fits(cfg, resolved)

@@ -8,13 +8,17 @@ changing this code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
 
+from kernels.moe_decode import moe_decode
+from kernels.moe_multi_micro import MULTI_MICRO_IMPLS, moe_multi_micro
+
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
-from .transformer import HunyuanImage3Transformer
+from .transformer import Experts, HunyuanImage3Transformer, experts_eager
 from .vae import HunyuanVAE
 
 
@@ -82,6 +86,34 @@ class HunyuanImage3ForCausalMM(nn.Module):
             else:
                 sources[name] = ParamSource((name,))
         return sources
+
+
+# Up to this many tokens the decode MoE (which reads only the chosen experts) beats the
+# grouped-GEMM path on a GPU.
+DECODE_MOE_MAX_TOKENS = 16
+MOE_IMPLS = ("eager",) + MULTI_MICRO_IMPLS
+
+
+def experts_op(x, topk_ids, topk_weights, gate_and_up, down, *, impl: str):
+    """Routed experts through the kernel ops (one graph node each under torch.compile)."""
+    if impl == "auto" and x.is_cuda and x.shape[0] <= DECODE_MOE_MAX_TOKENS:
+        return moe_decode(x, topk_ids, topk_weights, gate_and_up, down)
+    return moe_multi_micro(x, topk_ids, topk_weights, gate_and_up, down, impl=impl)
+
+
+def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
+    """Pick the routed-experts implementation for every MoE layer.
+
+    "eager": the plain loop in transformer.py; "auto": the kernel ops (CPU: their torch
+    reference; CUDA: decode MoE for <= 16 tokens, grouped GEMMs above); "reference",
+    "triton", "two_dispatch", "flashinfer": forced variants of the multi-micro op.
+    """
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
+    fn = experts_eager if impl == "eager" else partial(experts_op, impl=impl)
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.impl = fn
 
 
 # Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner
