@@ -165,6 +165,26 @@ class ResidentStorage:
             tensors[name] = load_resident(reader, spec, shard, spec.dtype or dtype, torch.device(device))
         return cls(tensors, specs, shard, reader.bytes_read - start)
 
+    @classmethod
+    def random(cls, specs: dict[str, ParamSpec], shard: StorageShard, dtype: torch.dtype,
+               device: torch.device | str = "cpu", seed: int = 0) -> "ResidentStorage":
+        """Random weights created directly in this rank's packed layout (no checkpoint).
+
+        For speed and memory runs where no checkpoint is at hand: N(0, 0.02) for matrices,
+        1 + N(0, 0.02) for 1-D scales, generated on the device.
+        """
+        for name, spec in specs.items():
+            check_divisible(name, spec, shard.pieces)
+        g = torch.Generator(device=device).manual_seed(seed * 1000 + shard.index)
+        tensors = {}
+        for name, spec in specs.items():
+            t = torch.randn(resident_shape(spec, shard), generator=g, device=device, dtype=spec.dtype or dtype)
+            t.mul_(0.02)
+            if t.dim() == 1 and name.endswith("weight"):
+                t.add_(1.0)
+            tensors[name] = t
+        return cls(tensors, specs, shard, 0)
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())

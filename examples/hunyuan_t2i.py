@@ -19,18 +19,25 @@ from pathlib import Path
 
 import torch
 
+from dtgen.compile import CompileOptions, CompileReport, graph_breaks, unique_graphs
 from dtgen.devices import parse_device, parse_dtype
 from dtgen.launch import RankContext, run_on_ranks, under_torchrun
+from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.model import MOE_IMPLS
+from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, to_uint8
-from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
+from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m examples.hunyuan_t2i", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
+    p.add_argument("--random-weights", choices=("full", "tiny"), default=None,
+                   help="no checkpoint: random weights made on each rank, for the released architecture "
+                        "('full') or the tiny default's ('tiny')")
+    p.add_argument("--layers", type=int, default=None, help="with --random-weights: decoder layers (default 32)")
     p.add_argument("--prompt", default="A photo of a red fox in fresh snow, golden hour")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=50)
@@ -39,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--image-size", default="auto", help="'auto' (the model picks the ratio) or HxW from the table")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
+    p.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
+    p.add_argument("--prompt-tokens", type=int, default=None,
+                   help="benchmark prompt: this many prompt tokens (fixed ids) instead of --prompt")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-k", type=int, default=1024)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -49,6 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each phase step (fullgraph); a warm-up run compiles every graph first")
+    p.add_argument("--profile", nargs="?", const="outputs/profile", default=None, metavar="DIR",
+                   help="per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
     p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
     p.add_argument("--output", default="outputs/hunyuan_t2i.png")
     p.add_argument("--report", help="write a JSON report here")
@@ -58,12 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _request(args, forced_tokens=None, forced_ratio=None) -> T2IRequest:
-    return T2IRequest(prompt=args.prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
+def _request(args, forced_tokens=None, forced_ratio=None, steps=None) -> T2IRequest:
+    return T2IRequest(prompt=args.prompt, seed=args.seed, steps=steps or args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, cfg_mode=args.cfg_mode, forced_tokens=forced_tokens,
-                      forced_ratio=forced_ratio)
+                      forced_ratio=forced_ratio, ignore_stop=args.ignore_eos,
+                      prompt_ids=None if args.prompt_tokens is None else
+                      tuple(1 + (i * 37) % 200 for i in range(args.prompt_tokens - 1)))
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -77,12 +94,32 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     torch.manual_seed(args.seed)
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl)
-    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0)
-    result = pipe.generate(_request(args))
+    random_config = {"full": lambda: full_config(args.layers or 32),
+                     "tiny": lambda: tiny_config(args.layers or 2),
+                     None: lambda: None}[args.random_weights]()
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
+                  random_config=random_config)
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
+                              compile_options=options)
+    profiler = PhaseProfiler(args.profile, ctx.rank) if args.profile else None
+    compile_report = None
+    if args.compile:
+        # Same prompt, seed and image size: the same shapes, so every graph compiles here.
+        pipe.generate(_request(args, steps=min(args.steps, 2)))
+        warm_graphs = unique_graphs()
+        result = pipe.generate(_request(args), profiler)
+        breaks = graph_breaks()
+        compile_report = CompileReport(graphs=unique_graphs(), graph_breaks=sum(breaks.values()),
+                                       break_reasons=breaks, recompiles_after_warmup=unique_graphs() - warm_graphs,
+                                       compile_s=pipe.compiler.compile_s).as_dict()
+    else:
+        result = pipe.generate(_request(args), profiler)
+    profile_summary = profiler.write(result.timings_ms, compile_report) if profiler else None
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "tokens": result.tokens,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
-           "storage_bytes": loaded.storage.nbytes, "device": str(device)}
+           "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device), "compile": compile_report,
+           "profile": profile_summary}
     if ctx.rank == 0:
         out["image"] = result.image
         if args.check:
@@ -96,6 +133,10 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                 "max_abs_diff_image": _max_diff([result.image], [ref.image]),
             }
     return out
+
+
+def _peak_memory(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
 def _table(rows: list[tuple[str, str]]) -> str:
@@ -119,7 +160,14 @@ def main(argv=None) -> int:
     if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
         print("error: spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun", file=sys.stderr)
         return 2
-    tiny = args.checkpoint is None
+    if args.random_weights and (args.checkpoint or args.check):
+        print("error: --random-weights makes its own weights: it takes no --checkpoint and no --check "
+              "(the single-process reference would have other random weights)", file=sys.stderr)
+        return 2
+    if args.layers is not None and not args.random_weights:
+        print("error: --layers applies to --random-weights only", file=sys.stderr)
+        return 2
+    tiny = args.checkpoint is None and not args.random_weights
     if tiny:
         args.checkpoint = str(ensure_tiny_checkpoint())
     if args.max_new_tokens is None:
@@ -138,14 +186,21 @@ def main(argv=None) -> int:
     switch = max((r["switch"] for r in results), key=lambda s: s["ms"])
     report = {
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
-        "checkpoint": "tiny-default" if tiny else args.checkpoint,
+        "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
+                                                   if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
                                                   "vae_decode", "total")},
         "tokens_generated": len(main_result["tokens"]), "image_size": list(main_result["image_size"]),
         "phase_switch": switch, "storage_bytes_per_rank": [r["storage_bytes"] for r in results],
+        "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in results],
     }
     if "check" in main_result:
         report["check"] = main_result["check"]
+    if main_result["compile"] is not None:
+        report["compile"] = main_result["compile"]
+    if main_result["profile"] is not None:
+        report["profile"] = {"dir": args.profile, "traces": main_result["profile"]["traces"],
+                             "top_kernels": main_result["profile"]["top_kernels"]}
     h, w = main_result["image_size"]
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}"),
             ("AR prefill", f"{t.get('ar_prefill', 0):9.1f} ms"),
@@ -156,6 +211,10 @@ def main(argv=None) -> int:
             ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {h}x{w})"),
             ("VAE decode", f"{t.get('vae_decode', 0):9.1f} ms"),
             ("total", f"{t.get('total', 0):9.1f} ms")]
+    if "compile" in report:
+        c = report["compile"]
+        rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
+                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
     if "check" in report:
         rows += [(f"check {k}", f"{v:.3e}") for k, v in report["check"].items()]
     print(_table(rows))

@@ -50,3 +50,15 @@ def test_bad_arguments_exit_with_a_message(cache_env, capsys):
     assert "runs on 4 ranks" in capsys.readouterr().err
     assert main(["--dtype", "int3"]) == 2
     assert "unknown dtype 'int3'" in capsys.readouterr().err
+
+
+def test_random_weights_fixed_length_run(cache_env, tmp_path):
+    """--random-weights: no checkpoint read; a fixed prompt length and token count for benchmarks."""
+    report = tmp_path / "r.json"
+    assert main(["--random-weights", "tiny", "--layers", "1", "--steps", "2", "--max-new-tokens", "5",
+                 "--ignore-eos", "--prompt-tokens", "40", "--image-size", "256x256",
+                 "--output", str(tmp_path / "i.png"), "--report", str(report)]) == 0
+    r = json.loads(report.read_text())
+    assert r["tokens_generated"] == 5 and r["checkpoint"] == "random:tiny:1-layers"
+    assert main(["--random-weights", "tiny", "--check"]) == 2
+    assert main(["--layers", "3"]) == 2

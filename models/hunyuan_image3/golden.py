@@ -96,7 +96,7 @@ def _autoregressive(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bo
         tokens, rows = [], []
         for k in range(steps):
             tokens.append(int(torch.argmax(logits)))
-            logits = pipe.ar_logits(rt, [tokens[-1]], len(ids) + k, cache, total)
+            logits = pipe.ar_logits(rt, torch.tensor([[tokens[-1]]]), torch.tensor([len(ids) + k]), cache, total)
             rows.append(logits)
         out.append(case.exact("ar_generated_ids", [tokens], t["ar_generated_ids"]))
         if "ar_decode_position_ids" in t:

@@ -90,6 +90,7 @@ class FinalLayer(nn.Module):
         )
 
     def forward(self, tokens: torch.Tensor, emb: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        x = tokens.transpose(1, 2).unflatten(-1, (height, width))
+        # contiguous: the native GroupNorm kernel that compiled graphs call needs it
+        x = tokens.transpose(1, 2).reshape(tokens.shape[0], -1, height, width).contiguous()
         x = self.model[0](x, emb)
         return self.model[1](x)

@@ -20,7 +20,7 @@ from dtgen.topology import Topology
 
 from .config import HunyuanImage3Config
 from .model import UNUSED_CHECKPOINT_PREFIXES, HunyuanImage3ForCausalMM, set_moe_impl
-from .tokenizer import load_tokenizer
+from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -73,7 +73,7 @@ class LoadedModel:
     storage: ResidentStorage
     tokenizer: object
     plan: Plan
-    reader: CheckpointReader
+    reader: CheckpointReader | None
 
 
 def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
@@ -88,12 +88,19 @@ def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
                                 f"SP{layout.sp_size}): {e}") from None
 
 
-def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
+def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-         moe_impl: str = "auto") -> LoadedModel:
-    """Build on meta, read this rank's storage shard, and bind the first phase's views."""
+         moe_impl: str = "auto", random_config: dict | None = None) -> LoadedModel:
+    """Build on meta, read this rank's storage shard, and bind the first phase's views.
+
+    With `random_config` (a config.json dict) no checkpoint is read: each rank creates its
+    shard with random values, directly in its packed layout.
+    """
     device = torch.device(device)
-    cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
+    if random_config is not None:
+        cfg = HunyuanImage3Config.from_dict(random_config)
+    else:
+        cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
     resolved = resolve(plan, world_size)
     model = build_on_meta(cfg)
     set_moe_impl(model, moe_impl)
@@ -103,13 +110,19 @@ def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
     specs = param_specs(model, rules, dtype)
     for name, spec in specs.items():  # before any byte is read
         check_divisible(name, spec, resolved.storage_tp * resolved.num_micros)
-    reader = CheckpointReader(checkpoint)
-    validate_checkpoint(reader, specs, UNUSED_CHECKPOINT_PREFIXES)
     topology = Topology(resolved, rank, device.type)
     shard = StorageShard(resolved.storage_tp, topology.storage_rank, resolved.num_micros)
-    storage = ResidentStorage.load(reader, specs, shard, dtype, device)
-    reader.close()
+    if random_config is not None:
+        reader = None
+        storage = ResidentStorage.random(specs, shard, dtype, device)
+        tokenizer = ByteTokenizer(cfg)
+    else:
+        reader = CheckpointReader(checkpoint)
+        validate_checkpoint(reader, specs, UNUSED_CHECKPOINT_PREFIXES)
+        storage = ResidentStorage.load(reader, specs, shard, dtype, device)
+        reader.close()
+        tokenizer = load_tokenizer(checkpoint, cfg)
     attention = [n for n, m in model.named_modules() if isinstance(m, Attention)]
     controller = PhaseController(model, storage, topology, outputs, attention)
     controller.activate(next(iter(plan.phases)))
-    return LoadedModel(model, controller, storage, load_tokenizer(checkpoint, cfg), plan, reader)
+    return LoadedModel(model, controller, storage, tokenizer, plan, reader)

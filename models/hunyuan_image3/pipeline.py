@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
+from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 
 from .attention import AttentionMeta, KVCache
@@ -153,6 +155,8 @@ class T2IRequest:
     stop_ids: tuple[int, ...] = ()  # besides <eos>
     cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
     forced_tokens: tuple[int, ...] | None = None  # replay these AR tokens instead of sampling
+    prompt_ids: tuple[int, ...] | None = None     # token ids to use instead of encoding `prompt`
+    ignore_stop: bool = False                     # always decode max_new_tokens (fixed-length benchmarks)
     forced_ratio: int | None = None               # skip the ratio choice
 
 
@@ -179,7 +183,7 @@ class _Timer:
 
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
-                 is_main: bool = True):
+                 is_main: bool = True, compile_options: CompileOptions | None = None):
         self.model = model
         self.tok = tokenizer
         self.special: SpecialTokens = tokenizer.special
@@ -187,6 +191,12 @@ class HunyuanT2IPipeline:
         self.device = torch.device(device)
         self.is_main = is_main
         self.cfg = model.cfg
+        # One compiled callable per step kind: each gets its own graphs (one per phase and
+        # shape), and the decode step may replay as a CUDA graph.
+        self.compiler = StepCompiler(compile_options or CompileOptions())
+        self._prefill_fn = self.compiler.wrap(self._ar_prefill)
+        self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.device.type == "cuda")
+        self._denoise_fn = self.compiler.wrap(self.predict_velocity)
 
     # ---- shared step: run rows at given slots through the stack, gather them back -------
     def _cache(self, rt, batch: int, length: int) -> KVCache:
@@ -194,8 +204,13 @@ class HunyuanT2IPipeline:
         attn = self.model.model.layers[0].self_attn
         kv_local = attn.qkv_proj.weight.shape[0] // ((attn.group + 2) * attn.head_dim)
         kv = rt.cache_kv_heads(kv_local * attn.group, kv_local)
-        return KVCache(cfg.num_hidden_layers, batch, kv, length + rt.seq.spare_slots(), cfg.head_dim,
-                       self.model.lm_head.weight.dtype, self.device)
+        cache = KVCache(cfg.num_hidden_layers, batch, kv, length + rt.seq.spare_slots(), cfg.head_dim,
+                        self.model.lm_head.weight.dtype, self.device)
+        if self.compiler.options.enabled:
+            for layer in cache.layers:  # written in place by the graphs: keep their addresses fixed
+                torch._dynamo.mark_static_address(layer.k)
+                torch._dynamo.mark_static_address(layer.v)
+        return cache
 
     def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor,
                  first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
@@ -206,18 +221,32 @@ class HunyuanT2IPipeline:
         return rt.seq.gather(h, 1, n)
 
     # ---- AR ---------------------------------------------------------------------------
-    def ar_logits(self, rt, ids: list[int], start: int, cache: KVCache, total: int,
+    def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor, cache: KVCache, total: int,
                   all_rows: bool = False) -> torch.Tensor:
-        """Feed `ids` at slots start.. through the cache; logits [V] of the last row ([n, V] with all_rows)."""
-        slots = torch.arange(start, start + len(ids), device=self.device)
-        embeds = self.model.embed_tokens(torch.tensor([ids], device=self.device))
+        """Feed ids [1, n] at `slots` [n] through the cache; logits [V] of the last row ([n, V] with all_rows).
+
+        Token ids and slots are tensors so that one compiled graph serves every decode step.
+        """
+        embeds = self.model.embed_tokens(ids)
         h = self.forward_rows(rt, embeds, slots.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
         return self.model.logits(h[0] if all_rows else h[0, -1])
+
+    def _ar_prefill(self, rt, ids, slots, cache, total):
+        return self.ar_logits(rt, ids, slots, cache, total)
+
+    def _ar_decode(self, rt, ids, slots, cache, total):
+        return self.ar_logits(rt, ids, slots, cache, total)
+
+    def _feed(self, fn, rt, ids: list[int], start: int, cache: KVCache, total: int) -> torch.Tensor:
+        dev = self.device
+        slots = torch.arange(start, start + len(ids), device=dev)
+        # clone: a CUDA-graph replay reuses its output buffer on the next call.
+        return fn(rt, torch.tensor([ids], device=dev), slots, cache, total).clone()
 
     def run_ar(self, req: T2IRequest, record: dict, timer: _Timer, timings: dict) -> tuple[list[int], int]:
         rt = self.controller.activate("ar")
         sp = self.special
-        ids = [sp.bos] + self.tok.encode(req.prompt)
+        ids = [sp.bos] + self._prompt_ids(req)
         steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
         budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
@@ -226,7 +255,7 @@ class HunyuanT2IPipeline:
         stops = {sp.eos, *req.stop_ids}
 
         t0 = timer.now()
-        logits = self.ar_logits(rt, ids, 0, cache, budget)
+        logits = self._feed(self._prefill_fn, rt, ids, 0, cache, budget)
         timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
 
@@ -237,17 +266,17 @@ class HunyuanT2IPipeline:
                 token = req.forced_tokens[i]
             else:
                 token = sample_token(logits, generator, req.temperature, req.top_k, req.top_p)
-            if token in stops:
+            if token in stops and not req.ignore_stop:
                 break
             generated.append(token)
-            logits = self.ar_logits(rt, [token], len(ids) + len(generated) - 1, cache, budget)
+            logits = self._feed(self._decode_fn, rt, [token], len(ids) + len(generated) - 1, cache, budget)
             record["ar_logits"].append(logits)
         if generated:
             timings["ar_decode_per_token"] = (timer.now() - t0) * 1e3 / len(generated)
 
         # <boi><img_size_N>, then the ratio token, restricted to the ratio vocabulary.
         head = [sp.boi, sp.size[self.cfg.image_base_size]]
-        logits = self.ar_logits(rt, head, len(ids) + len(generated), cache, budget)
+        logits = self._feed(self._prefill_fn, rt, head, len(ids) + len(generated), cache, budget)
         record["ar_logits"].append(logits)
         ratio = int(torch.argmax(logits[list(sp.ratio)])) if req.forced_ratio is None else req.forced_ratio
         return generated, ratio
@@ -284,6 +313,7 @@ class HunyuanT2IPipeline:
     def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, record: dict, timer: _Timer,
                     timings: dict) -> torch.Tensor:
         rt = self.controller.activate("denoise")
+        timings["phase_switch"] = self.controller.last_switch.ms
         dev = self.device
         branches = [seq.cond_ids, seq.uncond_ids]
         groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
@@ -297,7 +327,7 @@ class HunyuanT2IPipeline:
             t0 = timer.now()
             sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
             v = torch.cat([
-                self.predict_velocity(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
+                self._denoise_fn(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
                                       latents.expand(len(g), -1, -1, -1),
                                       torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
                 for g, cache in zip(groups, caches)])
@@ -311,6 +341,9 @@ class HunyuanT2IPipeline:
         return latents
 
     # ---- whole request -----------------------------------------------------------------
+    def _prompt_ids(self, req: T2IRequest) -> list[int]:
+        return list(req.prompt_ids) if req.prompt_ids is not None else self.tok.encode(req.prompt)
+
     def _check_budget(self, length: int, what: str) -> None:
         if length > self.cfg.max_position_embeddings:
             raise ValueError(f"{what} needs {length} positions; the model's max_position_embeddings is "
@@ -324,7 +357,8 @@ class HunyuanT2IPipeline:
         return (x / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()
 
     @torch.no_grad()
-    def generate(self, req: T2IRequest) -> T2IResult:
+    def generate(self, req: T2IRequest, profiler=None) -> T2IResult:
+        """The whole request. `profiler` (dtgen.profiling.PhaseProfiler) traces each phase."""
         if req.cfg_mode not in ("serial", "batch"):
             raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
         table = resolution_table(self.cfg.image_base_size)
@@ -332,22 +366,26 @@ class HunyuanT2IPipeline:
         timer = _Timer(self.device)
         timings: dict[str, float] = {}
         record: dict[str, list] = {}
+        profiler = profiler or NullProfiler()
         t_start = timer.now()
-        tokens, ratio = self.run_ar(req, record, timer, timings)
+        with profiler.phase("ar"):
+            tokens, ratio = self.run_ar(req, record, timer, timings)
         if forced is not None:
             ratio = forced
         height, width = table[ratio]
         down = self.cfg.vae_downsample_factor
         h, w = height // down[0], width // down[1]
-        seq = build_diffusion_sequence(self.tok.encode(req.prompt) + tokens, self.special,
+        seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
                                        self.cfg.image_base_size, ratio, h, w)
         self._check_budget(seq.length, f"diffusion sequence for a {height}x{width} image")
-        latents = self.run_denoise(req, seq, record, timer, timings)
+        with profiler.phase("denoise"):
+            latents = self.run_denoise(req, seq, record, timer, timings)
         image = None
         if self.is_main:
-            t0 = timer.now()
-            image = self.decode_image(latents)
-            timings["vae_decode"] = (timer.now() - t0) * 1e3
+            with profiler.phase("vae"):
+                t0 = timer.now()
+                image = self.decode_image(latents)
+                timings["vae_decode"] = (timer.now() - t0) * 1e3
         timings["total"] = (timer.now() - t_start) * 1e3
         timings.setdefault("ar_decode_per_token", 0.0)
         return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)

@@ -26,7 +26,7 @@ TINY_VERSION = 1
 _RATIO_BASE = 256
 
 
-def tiny_config() -> dict:
+def tiny_config(layers: int = 2) -> dict:
     """Official config.json fields, tiny values; special ids sit above the byte range."""
     specials = {f"<img_ratio_{k}>": 448 + k for k in range(37)}
     specials.update({"<img_size_256>": 485, "<boi>": 486, "<eoi>": 487, "<img>": 488, "<cfg>": 489,
@@ -34,10 +34,10 @@ def tiny_config() -> dict:
                      "<|startoftext|>": 494, "<|endoftext|>": 495, "<pad>": 496})
     return {
         "architectures": ["HunyuanImage3ForCausalMM"], "model_type": "hunyuan_image_3_moe",
-        "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "hidden_size": 256, "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": 8,
         "attention_head_dim": 16, "head_dim": 16, "vocab_size": 512, "num_experts": 8,
-        "moe_topk": [2, 2], "moe_intermediate_size": [64, 64], "intermediate_size": 64,
-        "num_shared_expert": [1, 1], "use_mixed_mlp_moe": True, "moe_layer_num_skipped": 0,
+        "moe_topk": [2] * layers, "moe_intermediate_size": [64] * layers, "intermediate_size": 64,
+        "num_shared_expert": [1] * layers, "use_mixed_mlp_moe": True, "moe_layer_num_skipped": 0,
         "norm_topk_prob": True, "routed_scaling_factor": 1.0, "use_qk_norm": True, "rope_type": "2d",
         "rope_theta": 10000.0, "rope_scaling": {"type": "custom", "factor": 1.0}, "rms_norm_eps": 1e-5,
         "max_position_embeddings": 2048, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,

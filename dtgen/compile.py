@@ -1,0 +1,81 @@
+"""torch.compile per phase, and what the compiler did (graphs, breaks, recompiles).
+
+Each phase step is compiled with fullgraph=True, so a graph break is an error, not a
+silent fallback. Collectives are functional collectives and kernels are custom ops, so
+both stay inside the graph. The AR decode step can replay as a CUDA graph
+("reduce-overhead"); its KV cache is marked as a static address so the in-place cache
+write does not force a copy (or a skip) in the CUDA-graph tree.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    enabled: bool = False
+    backend: str = "inductor"
+    # CUDA-graph replay for the AR decode step (one token, static shapes).
+    decode_cuda_graph: bool = True
+
+
+def _raise_recompile_limit(limit: int = 64) -> None:
+    # One graph per (phase, shape); several plans or prompt lengths in one process can
+    # exceed the default limit of 8 per function.
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), limit))
+
+
+class StepCompiler:
+    """Wraps step functions; the same options and counters for every phase."""
+
+    def __init__(self, options: CompileOptions):
+        self.options = options
+        self.compile_s = 0.0
+        if options.enabled:
+            _raise_recompile_limit()
+
+    def wrap(self, fn: Callable, cuda_graph: bool = False) -> Callable:
+        if not self.options.enabled:
+            return fn
+        mode = "reduce-overhead" if cuda_graph and self.options.backend == "inductor" else None
+        compiled = torch.compile(fn, fullgraph=True, backend=self.options.backend, mode=mode)
+
+        def run(*args, **kwargs):
+            graphs = unique_graphs()
+            start = time.perf_counter()
+            out = compiled(*args, **kwargs)
+            if unique_graphs() != graphs:  # this call compiled something: count its time
+                self.compile_s += time.perf_counter() - start
+            return out
+
+        return run
+
+
+def unique_graphs() -> int:
+    return int(counters["stats"]["unique_graphs"])
+
+
+def graph_breaks() -> dict[str, int]:
+    return {str(reason): int(n) for reason, n in counters["graph_break"].items()}
+
+
+@dataclass
+class CompileReport:
+    graphs: int = 0
+    graph_breaks: int = 0
+    break_reasons: dict[str, int] = field(default_factory=dict)
+    recompiles_after_warmup: int = 0
+    compile_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"graphs": self.graphs, "graph_breaks": self.graph_breaks, "break_reasons": self.break_reasons,
+                "recompiles_after_warmup": self.recompiles_after_warmup, "compile_s": round(self.compile_s, 3)}
