@@ -20,8 +20,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import cache_kv_heads, make_core
-from .collectives import all_gather_eager, all_gather_ordered, all_reduce_sum
+from .attention import cache_kv_heads, make_core, ulysses_size
+from .collectives import all_gather, all_gather_eager, all_gather_ordered, all_reduce_sum
 from .plan import Output, Rule
 from .sequence import SequenceLayout
 from .storage import ResidentStorage
@@ -48,9 +48,27 @@ class PhaseRuntime:
     def sp_size(self) -> int:
         return self.groups.sp_size
 
+    @property
+    def cfg_size(self) -> int:
+        return self.groups.cfg_size
+
+    @property
+    def cfg_rank(self) -> int:
+        return self.groups.cfg_rank
+
+    def gather_cfg(self, x: torch.Tensor) -> torch.Tensor:
+        """CFG-parallel phases: this rank's branch rows, concatenated with the other half's
+        along dim 0 in CFG-rank order (0: conditional, 1: unconditional)."""
+        if self.cfg_size == 1:
+            return x
+        return all_gather(x, 0, self.groups.cfg_group)
+
     def cache_kv_heads(self, q_heads_local: int, kv_heads_local: int) -> int:
         """KV heads per rank that this phase's attention core writes into a KV cache."""
-        return cache_kv_heads(self.groups.layout.attention, q_heads_local, kv_heads_local, self.sp_size)
+        kind = self.groups.layout.attention
+        if kind == "ulysses-ring":  # the cache sits inside the ring, behind the Ulysses split
+            return cache_kv_heads("ulysses", q_heads_local, kv_heads_local, ulysses_size(self.groups))
+        return cache_kv_heads(kind, q_heads_local, kv_heads_local, self.sp_size)
 
 
 @dataclass
@@ -171,13 +189,14 @@ class PhaseController:
             raise PhaseMismatchError(f"ranks disagree on the phase to enter ({who}); plan phases: {names}")
 
     def activate(self, phase: str) -> PhaseRuntime:
-        audit = SwitchAudit()
         before = self.param_bytes()
         cuda = torch.cuda.is_available() and self.topology.device_type == "cuda"
         mem0 = torch.cuda.memory_allocated() if cuda else 0
         t0 = time.perf_counter()
+        self._agree(phase)
+        # The binding itself runs under the audit: every op it dispatches is recorded.
+        audit = SwitchAudit()
         with audit:
-            self._agree(phase)
             for name, param in self.params[phase].items():
                 module, attr = self._param_slots[name]
                 module._parameters[attr] = param
@@ -189,12 +208,13 @@ class PhaseController:
         ms = (time.perf_counter() - t0) * 1e3
         self.active = phase
         collectives = [op for op in audit.ops if "gather" in op or "reduce" in op or "all_to_all" in op]
+        if self.topology.world_size > 1:
+            collectives.insert(0, "all_gather (phase agreement: one int64 per rank)")
         self.last_switch = SwitchReport(
             ms=ms, param_bytes_before=before, param_bytes_after=self.param_bytes(),
             allocated_bytes_delta=(torch.cuda.memory_allocated() - mem0) if cuda else audit.surviving_bytes(),
             weights_copied=self.weights_outside_storage() + sum(op.startswith("copy") for op in audit.ops),
-            collectives=[f"{op} (phase agreement: one int64 per rank)" for op in collectives],
-            ops=audit.ops)
+            collectives=collectives, ops=audit.ops)
         return self.runtimes[phase]
 
     @contextmanager

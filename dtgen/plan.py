@@ -44,14 +44,26 @@ class Output(str, Enum):
     VOCAB_SHARDED = "vocab_sharded"    # all-gather over the TP group, reordered by logical TP rank
 
 
-ATTENTION_KINDS = ("local", "ulysses")
+ATTENTION_KINDS = ("local", "ulysses", "ulysses-pipelined", "kv-allgather", "ring", "attn2d", "ulysses-ring")
+# Sequence axes a kind can use, when it has a limit: Attention2D lays the SP ranks out as
+# rows x cols, one grid axis each (one axis alone is 1 x P); Ulysses-ring (USP) rings over
+# its first sp axis and runs Ulysses over its second (innermost, latency-sensitive). The
+# others use the whole SP group as one ring / all-to-all / all-gather group, over any
+# number of adjacent axes.
+MAX_SP_AXES = {"attn2d": 2, "ulysses-ring": 2}
+EXACT_SP_AXES = {"ulysses-ring": 2}
 
 
 @dataclass(frozen=True)
 class PhasePlan:
+    """Grid axes of one phase: `tp` shards weights (major first), `sp` shards the sequence,
+    `cfg` (one axis of size 2) puts the conditional and unconditional rows on disjoint
+    halves. An axis plays one role per phase; every grid axis must play one."""
+
     tp: tuple[str, ...] = ()
     sp: tuple[str, ...] = ()
     attention: str = "local"
+    cfg: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class PhaseLayout:
     name: str
     tp_size: int
     sp_size: int
+    cfg_size: int
     attention: str
     micros_per_rank: int                 # micro packs each rank's phase shard spans
     mesh_shape: tuple[int, ...]          # identity-ordered mesh over the grid
@@ -86,6 +99,8 @@ class PhaseLayout:
     sp_rank: tuple[int, ...]             # SP rank (position in its ascending SP group)
     tp_groups: tuple[tuple[int, ...], ...]  # physical ranks, ascending, one tuple per group
     sp_groups: tuple[tuple[int, ...], ...]
+    cfg_rank: tuple[int, ...]
+    cfg_groups: tuple[tuple[int, ...], ...]
     # Each sequence axis on its own (for kinds that split SP further, e.g. Attention2D
     # rows x cols): axis name -> its groups, in the order the plan lists the sp axes.
     sp_axis_groups: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
@@ -174,12 +189,16 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
     if not plan.phases:
         raise PlanError(f"plan '{plan.name}' has no phases")
     for name, ph in plan.phases.items():
-        used = ph.tp + ph.sp
+        used = ph.tp + ph.sp + ph.cfg
         unknown = [a for a in used if a not in sizes]
         if unknown:
             raise PlanError(f"plan '{plan.name}', phase '{name}': axes {unknown} are not in the grid {list(sizes)}")
         if len(set(used)) != len(used):
-            raise PlanError(f"plan '{plan.name}', phase '{name}': an axis is used twice in tp={ph.tp} sp={ph.sp}")
+            raise PlanError(f"plan '{plan.name}', phase '{name}': an axis is used twice in tp={ph.tp} sp={ph.sp} "
+                            f"cfg={ph.cfg}")
+        if ph.cfg and math.prod(sizes[a] for a in ph.cfg) != 2:
+            raise PlanError(f"plan '{plan.name}', phase '{name}': the cfg axes {ph.cfg} must hold exactly 2 ranks "
+                            f"(conditional and unconditional), got {math.prod(sizes[a] for a in ph.cfg)}")
         if ph.attention not in ATTENTION_KINDS:
             raise PlanError(f"plan '{plan.name}', phase '{name}': unknown attention kind {ph.attention!r}; "
                             f"known: {ATTENTION_KINDS}")
@@ -187,6 +206,14 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
             raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} "
                             + ("needs sequence-parallel axes (sp)" if ph.attention != "local"
                                else f"cannot shard the sequence over {ph.sp}; pick a sequence-parallel kind"))
+        limit = MAX_SP_AXES.get(ph.attention)
+        if limit is not None and len(ph.sp) > limit:
+            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} takes at most {limit} "
+                            f"sp axes (rows, then cols; one axis is 1 x P), got {len(ph.sp)}: {ph.sp}")
+        exact = EXACT_SP_AXES.get(ph.attention)
+        if exact is not None and len(ph.sp) != exact:
+            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} needs exactly {exact} "
+                            f"sp axes (ring axis, then Ulysses axis), got {ph.sp}")
 
     tp_size = {n: math.prod(sizes[a] for a in ph.tp) for n, ph in plan.phases.items()}
     storage_phase = min(plan.phases, key=lambda n: tp_size[n])
@@ -201,27 +228,28 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
                 f"first, so that its shard on each rank is a sub-view of the storage shard that rank holds")
         extra = ph.tp[len(storage_axes):]
         replicas = math.prod(sizes[a] for a in extra)
-        idle = [a for a in sizes if a not in ph.tp and a not in ph.sp]
+        idle = [a for a in sizes if a not in ph.tp + ph.sp + ph.cfg]
         if idle:
             raise PlanError(
                 f"plan '{plan.name}', phase '{name}': grid axes {idle} have no role. Each storage shard has "
                 f"{copies} copies (world {world_size} / storage TP {S}); this phase uses TP_phase / TP_storage = "
-                f"{tp_size[name]} / {S} = {replicas} of them as micro shards and needs the rest on sequence axes, "
-                f"but {idle} would only hold duplicates")
+                f"{tp_size[name]} / {S} = {replicas} of them as micro shards and needs the rest on sequence or "
+                f"CFG axes, but {idle} would only hold duplicates")
     num_micros = math.lcm(*(tp_size[n] // S for n in plan.phases))
 
     storage_rank = tuple(_flat(_coords(r, plan.grid), storage_axes, sizes) for r in range(world_size))
     phases = {}
     for name, ph in plan.phases.items():
-        roles = {"tp": ph.tp, "sp": ph.sp} if ph.sp else {"tp": ph.tp}
-        if not ph.tp:
-            roles = {"sp": ph.sp} if ph.sp else {}
+        roles = {role: axes for role, axes in (("cfg", ph.cfg), ("sp", ph.sp), ("tp", ph.tp)) if axes}
         shape, dim_names = _mesh_for_roles(plan, name, roles) if roles else ((), ())
         tp_rank = tuple(_flat(_coords(r, plan.grid), ph.tp, sizes) for r in range(world_size))
         sp_groups = _groups(world_size, plan.grid, ph.sp)
         sp_rank = tuple(next(g for g in sp_groups if r in g).index(r) for r in range(world_size))
+        cfg_groups = _groups(world_size, plan.grid, ph.cfg)
+        cfg_rank = tuple(next(g for g in cfg_groups if r in g).index(r) for r in range(world_size))
         phases[name] = PhaseLayout(
             name=name, tp_size=tp_size[name], sp_size=math.prod(sizes[a] for a in ph.sp),
+            cfg_size=math.prod(sizes[a] for a in ph.cfg), cfg_rank=cfg_rank, cfg_groups=cfg_groups,
             attention=ph.attention, micros_per_rank=num_micros // (tp_size[name] // S),
             mesh_shape=shape, mesh_dim_names=dim_names, tp_rank=tp_rank, sp_rank=sp_rank,
             tp_groups=_groups(world_size, plan.grid, ph.tp), sp_groups=sp_groups,

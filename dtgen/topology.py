@@ -30,6 +30,12 @@ class PhaseGroups:
     tp_gather_order: tuple[int, ...]  # for logical rank i, the index of its chunk in a group-order gather
     # Per sequence axis (only when the phase has several): axis -> (group, size, rank in it).
     sp_axes: dict[str, tuple[dist.ProcessGroup, int, int]] = field(default_factory=dict)
+    cfg_group: dist.ProcessGroup | None = None
+    cfg_rank: int = 0
+
+    @property
+    def cfg_size(self) -> int:
+        return self.layout.cfg_size
 
     @property
     def tp_size(self) -> int:
@@ -74,8 +80,9 @@ class Topology:
                 mine = next(g for g in groups if rank in g)
                 handles = [self._new_group(g) for g in groups]  # every rank creates every group, in order
                 sp_axes[axis] = (handles[groups.index(mine)], len(mine), mine.index(rank))
+            cfg_group = mesh.get_group("cfg") if mesh is not None and layout.cfg_size > 1 else None
             self.phases[name] = PhaseGroups(layout, mesh, tp_group, sp_group, layout.tp_rank[rank],
-                                            layout.sp_rank[rank], order, sp_axes)
+                                            layout.sp_rank[rank], order, sp_axes, cfg_group, layout.cfg_rank[rank])
 
     def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         if ranks not in self._extra_groups:

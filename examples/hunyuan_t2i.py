@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, CompileReport, graph_breaks, unique_graphs
 from dtgen.devices import parse_device, parse_dtype
@@ -64,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", nargs="?", const="outputs/profile", default=None, metavar="DIR",
                    help="per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
+                   help="with several ranks, split the VAE decode over all of them (halo exchange)")
     p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
     p.add_argument("--output", default="outputs/hunyuan_t2i.png")
     p.add_argument("--report", help="write a JSON report here")
@@ -93,6 +96,11 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     """One rank's whole run; returns what the report needs (the image on rank 0)."""
     device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
+    if device.type == "cuda" and dtype == torch.float32:
+        # float32 means float32: cuDNN convolutions default to TF32 (10-bit mantissa), whose
+        # rounding turns 1e-6 input differences into 1e-3 output ones.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(args.seed)
     random_config = {"full": lambda: full_config(args.layers or 32),
                      "tiny": lambda: tiny_config(args.layers or 2),
@@ -100,8 +108,9 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=random_config)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend)
+    vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                              compile_options=options)
+                              compile_options=options, vae_group=vae_group)
     profiler = PhaseProfiler(args.profile, ctx.rank) if args.profile else None
     compile_report = None
     if args.compile:

@@ -31,7 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_multi_micro import check_moe_inputs, moe_finalize, moe_multi_micro_reference, require_triton_device
+from kernels.moe_multi_micro import (
+    check_moe_inputs,
+    dot_precision,
+    moe_finalize,
+    moe_multi_micro_reference,
+    require_triton_device,
+)
 
 DECODE_IMPLS = ("auto", "reference", "triton")
 BLOCK_T = 16  # tokens per chunk: the smallest tensor-core tile edge
@@ -85,7 +91,7 @@ def _decode_gate_up_kernel(
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
     stride_act_micro, stride_act_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(1), tl.program_id(0), TOP_K, BLOCK_T, BLOCK_K)
@@ -106,8 +112,8 @@ def _decode_gate_up_kernel(
             xt = tl.load(x_rows + cols[None, :] * stride_x_col, mask=routed[:, None] & col_ok, other=0.0)
             w1 = tl.load(w1_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
             w2 = tl.load(w2_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
-            acc1 = tl.dot(xt, tl.trans(w1), acc1)
-            acc2 = tl.dot(xt, tl.trans(w2), acc2)
+            acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
+            acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
         act = acc1 * acc2 * tl.sigmoid(acc2)
         dst = act_ptr + micro * stride_act_micro + slots[:, None] * stride_act_row + rows[None, :]
         tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=routed[:, None] & row_ok[None, :])
@@ -121,7 +127,7 @@ def _decode_down_kernel(
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
     stride_y_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr,
+    BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(2), tl.program_id(1), TOP_K, BLOCK_T, BLOCK_K)
@@ -137,7 +143,7 @@ def _decode_down_kernel(
                 i_ok = ii < inter
                 a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
                 w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = tl.dot(a, w, acc)
+                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
             act_rows += stride_act_micro
             w_rows += stride_w_micro
         dst = y_ptr + slots[:, None] * stride_y_row + cols[None, :]
@@ -162,7 +168,7 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
     _decode_gate_up_kernel[grid1](
         x, ids, w_gate_up, act, tokens, hidden, inter,
         *x.stride(), *w_gate_up.stride(), act.stride(0), act.stride(1),
-        **routing, BLOCK_I=config.block_i, BLOCK_H=config.block_h,
+        **routing, BLOCK_I=config.block_i, BLOCK_H=config.block_h, DOT_PRECISION=dot_precision(x.dtype),
         num_warps=config.stage1_warps, num_stages=config.stage1_stages)
 
     y = torch.empty((tokens * top_k, hidden), dtype=torch.float32, device=x.device)
@@ -170,7 +176,7 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
     _decode_down_kernel[grid2](
         act, ids, w_down, y, tokens, hidden, inter, micros,
         act.stride(0), act.stride(1), *w_down.stride(), y.stride(0),
-        **routing, BLOCK_HO=config.block_ho, BLOCK_I=config.block_i2,
+        **routing, BLOCK_HO=config.block_ho, BLOCK_I=config.block_i2, DOT_PRECISION=dot_precision(x.dtype),
         num_warps=config.stage2_warps, num_stages=config.stage2_stages)
     return moe_finalize(y.unsqueeze(0), None, topk_weights, x.dtype)
 

@@ -72,6 +72,70 @@ PLANS = {
 }
 
 
+# More topologies. The nesting rule decides what is valid (dtgen.plan.resolve): every
+# phase shards weights over the storage axes (the TP axes of its coarsest phase) first,
+# and spends every other grid axis on micro shards, sequence or CFG.
+PLANS.update({
+    # 4 ranks ---------------------------------------------------------------------------
+    # CFG as a mesh axis: conditional rows on ranks {0,1}, unconditional on {2,3}; one
+    # all-gather of the two velocities per step. The CFG replicas hold the AR micros.
+    "hybrid-cfg": _plan(
+        "hybrid-cfg", (("cfg", 2), ("tp", 2)),
+        {"ar": PhasePlan(tp=("tp", "cfg")),
+         "denoise": PhasePlan(tp=("tp",), cfg=("cfg",))},
+        "AR on TP4, denoise on CFG2 x TP2"),
+    # Storage TP1: every rank holds a full replica (AR TP4 uses one quarter of it). Meant
+    # for models that fit one device; Attention2D rows 'r' x cols 'c'.
+    "hybrid-attn2d": _plan(
+        "hybrid-attn2d", (("r", 2), ("c", 2)),
+        {"ar": PhasePlan(tp=("r", "c")), "denoise": PhasePlan(sp=("r", "c"), attention="attn2d")},
+        "AR on TP4, denoise on TP1 x Attention2D 2x2 (full replica per rank: for models that fit one device)"),
+    # 2 ranks ---------------------------------------------------------------------------
+    "hybrid2": _plan(
+        "hybrid2", (("sp", 2),),
+        {"ar": PhasePlan(tp=("sp",)), "denoise": PhasePlan(sp=("sp",), attention="ulysses")},
+        "AR on TP2, denoise on TP1 x Ulysses SP2 (full replica per rank)"),
+    # 8 ranks ---------------------------------------------------------------------------
+    # SP4 as a ring of 2 ('ring', outer) over Ulysses 2 ('uly', inner: adjacent ranks).
+    "hybrid8": _plan(
+        "hybrid8", (("ring", 2), ("uly", 2), ("tp", 2)),
+        {"ar": PhasePlan(tp=("tp", "ring", "uly")),
+         "denoise": PhasePlan(tp=("tp",), sp=("ring", "uly"), attention="ulysses-ring")},
+        "AR on TP8, denoise on TP2 x SP4 (ring 2 x Ulysses 2)"),
+    "hybrid8-tp4": _plan(
+        "hybrid8-tp4", (("sp", 2), ("tp", 4)),
+        {"ar": PhasePlan(tp=("tp", "sp")),
+         "denoise": PhasePlan(tp=("tp",), sp=("sp",), attention="ulysses")},
+        "AR on TP8, denoise on TP4 x Ulysses SP2"),
+    "hybrid8-cfg": _plan(
+        "hybrid8-cfg", (("cfg", 2), ("sp", 2), ("tp", 2)),
+        {"ar": PhasePlan(tp=("tp", "sp", "cfg")),
+         "denoise": PhasePlan(tp=("tp",), sp=("sp",), cfg=("cfg",), attention="ulysses")},
+        "AR on TP8, denoise on CFG2 x TP2 x Ulysses SP2"),
+})
+
+
+# The other sequence-parallel attention kinds, as 'hybrid' with another denoise kind
+# (AR TP4; denoise TP2 x SP2, ABAB). With one sp axis, attn2d is 1 x 2 there.
+def _hybrid_denoise(name, kind, summary):
+    return _plan(name, (("sp", 2), ("tp", 2)),
+                 {"ar": PhasePlan(tp=("tp", "sp")), "denoise": PhasePlan(tp=("tp",), sp=("sp",), attention=kind)},
+                 summary)
+
+
+PLANS.update({
+    "hybrid-ulysses-pipelined": _hybrid_denoise(
+        "hybrid-ulysses-pipelined", "ulysses-pipelined",
+        "AR on TP4, denoise on TP2 x Ulysses SP2 in pipelined head groups"),
+    "hybrid-kvgather": _hybrid_denoise(
+        "hybrid-kvgather", "kv-allgather", "AR on TP4, denoise on TP2 x SP2 with K/V all-gather"),
+    "hybrid-ring": _hybrid_denoise(
+        "hybrid-ring", "ring", "AR on TP4, denoise on TP2 x SP2 ring attention"),
+    "hybrid-attn2d-1x2": _hybrid_denoise(
+        "hybrid-attn2d-1x2", "attn2d", "AR on TP4, denoise on TP2 x Attention2D 1x2"),
+})
+
+
 def get_plan(name: str) -> Plan:
     try:
         return PLANS[name]

@@ -21,7 +21,8 @@ GRAPHS_PER_RUN = 5
 
 
 def _pipe(ckpt, plan, rank=0, world=1, backend=None, device="cpu"):
-    loaded = load(ckpt, get_plan(plan), rank, world, device=device)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = load(ckpt, get_plan(plan), rank, world, dtype=dtype, device=device)
     options = CompileOptions(enabled=backend is not None, backend=backend or "inductor")
     return loaded, HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
                                       is_main=rank == 0, compile_options=options)
@@ -33,17 +34,21 @@ def _compiled_run(ckpt, plan, rank, world, backend, device="cpu"):
     counters.clear()
     loaded, eager = _pipe(ckpt, plan, rank, world, device=device)
     reference = eager.generate(T2IRequest(**REQUEST))
+    # Replay the reference's tokens: in bf16 a near-tie could otherwise send the compiled run
+    # down another token path, and its logits would no longer be comparable.
+    replay = T2IRequest(**REQUEST, forced_tokens=tuple(reference.tokens), forced_ratio=reference.ratio_index)
     _, pipe = _pipe(ckpt, plan, rank, world, backend, device=device)
-    first = pipe.generate(T2IRequest(**REQUEST))
+    first = pipe.generate(replay)
     graphs = unique_graphs()
     with torch.compiler.set_stance("fail_on_recompile"):
         for _ in range(2):  # alternate phases, then run again: nothing may recompile
             pipe.controller.activate("denoise")
             pipe.controller.activate("ar")
-        again = pipe.generate(T2IRequest(**REQUEST))
-    diff = max(float((a - b).abs().max()) for a, b in zip(reference.record["velocity"], again.record["velocity"]))
-    logit_diff = max(float((a - b).abs().max()) for a, b in zip(reference.record["ar_logits"],
-                                                                  again.record["ar_logits"]))
+        again = pipe.generate(replay)
+    def rel(xs, ys):  # largest deviation relative to the largest reference value
+        return max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(xs, ys))
+    diff = rel(again.record["velocity"], reference.record["velocity"])
+    logit_diff = rel(again.record["ar_logits"], reference.record["ar_logits"])
     return {"graphs": graphs, "after": unique_graphs(), "breaks": graph_breaks(), "diff": diff,
             "logit_diff": logit_diff, "tokens": (reference.tokens, first.tokens, again.tokens),
             "repeat_equal": all(torch.equal(a, b) for a, b in zip(first.record["velocity"], again.record["velocity"]))}
@@ -96,7 +101,10 @@ def test_profile_writes_table_trace_and_chart(tiny_checkpoint, tmp_path):
 @pytest.mark.gpu
 def test_cuda_graph_decode_matches_eager(tiny_checkpoint):
     r = _compiled_run(tiny_checkpoint, "single", 0, 1, "inductor", device="cuda")
-    assert r["breaks"] == {} and r["after"] == r["graphs"]
-    assert counters["inductor"].get("cudagraph_skips", 0) == 0, dict(counters["inductor"])
-    # bf16 on GPU: compiled and eager differ by rounding only.
-    assert r["logit_diff"] < 5e-2 and r["diff"] < 5e-2
+    assert r["breaks"] == {}, r["breaks"]
+    assert r["after"] == r["graphs"], (r["graphs"], r["after"])
+    skips = counters["inductor"].get("cudagraph_skips", 0)
+    assert skips == 0, dict(counters["inductor"])
+    # bf16 on GPU: inductor keeps fused intermediates in fp32 where eager rounds each op to
+    # bf16 (2^-8 relative); a few such roundings per layer stay under 3% of the largest value.
+    assert r["logit_diff"] < 3e-2 and r["diff"] < 3e-2, (r["logit_diff"], r["diff"])

@@ -79,10 +79,13 @@ class LoadedModel:
 def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
     """Model facts the generic divisibility checks cannot see: heads per rank for SP attention."""
     for name, layout in resolved.phases.items():
-        if layout.attention == "ulysses":
+        if layout.attention in ("ulysses", "ulysses-pipelined", "ulysses-ring"):
+            span = layout.sp_size
+            if layout.attention == "ulysses-ring":  # Ulysses spans the inner sp axis only
+                span = len(layout.sp_axis_groups[1][1][0])
             try:
                 ulysses_kv_heads(cfg.num_attention_heads // layout.tp_size,
-                                 cfg.num_key_value_heads // layout.tp_size, layout.sp_size)
+                                 cfg.num_key_value_heads // layout.tp_size, span)
             except ValueError as e:
                 raise PlanError(f"plan '{resolved.plan.name}', phase '{name}' (TP{layout.tp_size} x "
                                 f"SP{layout.sp_size}): {e}") from None

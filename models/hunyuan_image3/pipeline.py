@@ -19,6 +19,7 @@ from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_si
 
 from .attention import AttentionMeta, KVCache
 from .model import HunyuanImage3ForCausalMM
+from .parallel_vae import parallel_decode
 from .tokenizer import SpecialTokens
 
 # ----------------------------------------------------------------------------------------
@@ -183,8 +184,11 @@ class _Timer:
 
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
-                 is_main: bool = True, compile_options: CompileOptions | None = None):
+                 is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None):
+        """`vae_group`: a process group to split the VAE decode over (every member decodes its
+        rows; the main rank gets the image); None decodes on the main rank alone."""
         self.model = model
+        self.vae_group = vae_group
         self.tok = tokenizer
         self.special: SpecialTokens = tokenizer.special
         self.controller = controller
@@ -316,7 +320,10 @@ class HunyuanT2IPipeline:
         timings["phase_switch"] = self.controller.last_switch.ms
         dev = self.device
         branches = [seq.cond_ids, seq.uncond_ids]
-        groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
+        if rt.cfg_size > 1:       # CFG-parallel: this half of the ranks runs one branch
+            groups = [[rt.cfg_rank]]
+        else:
+            groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
         caches = [self.denoise_cache(rt, len(g), seq) for g in groups]
         generator = torch.Generator().manual_seed(req.seed)
         # Both CFG branches start from the same latent, as in the official pipeline.
@@ -326,11 +333,11 @@ class HunyuanT2IPipeline:
         for i in tqdm(range(req.steps), desc="denoise", disable=not self.is_main, leave=False):
             t0 = timer.now()
             sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-            v = torch.cat([
+            v = rt.gather_cfg(torch.cat([
                 self._denoise_fn(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
-                                      latents.expand(len(g), -1, -1, -1),
-                                      torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
-                for g, cache in zip(groups, caches)])
+                                 latents.expand(len(g), -1, -1, -1),
+                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
+                for g, cache in zip(groups, caches)]))
             record.setdefault("velocity", []).append(v)
             latents = euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
             step_ms.append((timer.now() - t0) * 1e3)
@@ -349,12 +356,19 @@ class HunyuanT2IPipeline:
             raise ValueError(f"{what} needs {length} positions; the model's max_position_embeddings is "
                              f"{self.cfg.max_position_embeddings}")
 
-    def decode_image(self, latents: torch.Tensor) -> torch.Tensor:
-        """VAE decode -> [H, W, 3] float32 in [0, 1]."""
+    def decode_image(self, latents: torch.Tensor) -> torch.Tensor | None:
+        """VAE decode -> [H, W, 3] float32 in [0, 1] on the main rank (None on the others)."""
         vae = self.model.vae
-        dtype = next(vae.parameters()).dtype
-        x = vae.decode(latents.to(dtype))[0].float()
-        return (x / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()
+        z = latents.to(next(vae.parameters()).dtype)
+        if self.vae_group is not None:
+            # Split along the longer latent side; group rank 0 receives the image.
+            dim = "height" if z.shape[-2] >= z.shape[-1] else "width"
+            x = parallel_decode(vae, z, self.vae_group, dim=dim, output=0)
+        else:
+            x = vae.decode(z) if self.is_main else None
+        if x is None:
+            return None
+        return (x[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()
 
     @torch.no_grad()
     def generate(self, req: T2IRequest, profiler=None) -> T2IResult:
@@ -381,7 +395,7 @@ class HunyuanT2IPipeline:
         with profiler.phase("denoise"):
             latents = self.run_denoise(req, seq, record, timer, timings)
         image = None
-        if self.is_main:
+        if self.is_main or self.vae_group is not None:
             with profiler.phase("vae"):
                 t0 = timer.now()
                 image = self.decode_image(latents)
