@@ -6,7 +6,6 @@ Cases are discovered, not named: every folder of the shared golden root that has
 ``golden.safetensors`` holds the VAE tensors.
 """
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from dtgen.checkpoint import CheckpointReader
+from models.hunyuan_image3.golden import DEFAULT_ROOT as GOLDEN_ROOT
+from models.hunyuan_image3.golden import discover_cases
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
-
-GOLDEN_ROOT = Path(__file__).resolve().parents[2] / "shared" / "golden"
 VAE_KEYS = ("vae_latent_in", "vae_decoded", "vae_decoder_all_frames")
 NONSQUARE_KEYS = ("vae_latent_in_nonsquare", "vae_decoded_nonsquare")
 DEFAULT_TOL = {"rtol": 1e-4, "atol": 1e-5}
@@ -34,17 +34,8 @@ TINY_VAE = {
 }
 
 
-def _case_dirs() -> list[Path]:
-    roots = [GOLDEN_ROOT] + [Path(p) for p in os.environ.get("DTGEN_GOLDEN_DIRS", "").split(os.pathsep) if p]
-    cases = []
-    for root in roots:
-        if root.is_dir():
-            cases += sorted(p for p in root.iterdir() if (p / "golden.json").is_file())
-    return cases
-
-
 def _vae_cases():
-    cases = [c for c in _case_dirs() if _has_tensors(c, VAE_KEYS)]
+    cases = [c for c in discover_cases(GOLDEN_ROOT) if _has_tensors(c, VAE_KEYS)]
     if not cases:
         reason = f"no golden case with VAE tensors under {GOLDEN_ROOT} or DTGEN_GOLDEN_DIRS"
         return [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason=reason))]
@@ -60,18 +51,9 @@ def _has_tensors(case: Path, names) -> bool:
 
 
 def load_vae_weights(case: Path) -> dict[str, torch.Tensor]:
-    """The ``vae.*`` tensors of the case's sharded checkpoint, prefix stripped, as float32."""
-    weight_map = json.loads((case / "model.safetensors.index.json").read_text())["weight_map"]
-    by_shard: dict[str, list[str]] = {}
-    for key, shard in weight_map.items():
-        if key.startswith("vae."):
-            by_shard.setdefault(shard, []).append(key)
-    out = {}
-    for shard, keys in by_shard.items():
-        with safe_open(case / shard, "pt") as f:
-            for key in keys:
-                out[key.removeprefix("vae.")] = f.get_tensor(key).float()
-    return out
+    """The ``vae.*`` tensors of the case's checkpoint (through the project's reader), prefix stripped, fp32."""
+    reader = CheckpointReader(case)
+    return {k.removeprefix("vae."): reader.read(k).float() for k in sorted(reader.keys()) if k.startswith("vae.")}
 
 
 _CACHE: dict[Path, tuple] = {}

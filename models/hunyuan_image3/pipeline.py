@@ -135,7 +135,7 @@ def sample_token(logits: torch.Tensor, generator: torch.Generator | None, temper
         sorted_p, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p   # always keeps the top token
         probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 # ----------------------------------------------------------------------------------------
@@ -255,7 +255,9 @@ class HunyuanT2IPipeline:
         budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
         cache = self._cache(rt, 1, budget)
-        generator = torch.Generator().manual_seed(req.seed)
+        # On the logits' device: sampling never copies the vocabulary to the host. Every rank
+        # holds the same logits and the same generator state, so every rank draws the same token.
+        generator = torch.Generator(device=self.device).manual_seed(req.seed)
         stops = {sp.eos, *req.stop_ids}
 
         t0 = timer.now()
