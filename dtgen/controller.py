@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -83,7 +83,7 @@ def attention_lse_reference(q, k, v, mask, scale: float | None = None):
     """float32 scores and softmax; GQA by viewing query heads as [Hkv, group]."""
     check_attention_inputs(q, k, v, mask)
     B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
+    Hkv = k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.float().reshape(B, Hkv, Hq // Hkv, Sq, D)
     scores = scale * (qg @ k.float().unsqueeze(2).transpose(-1, -2))      # [B, Hkv, g, Sq, Sk]

@@ -1,7 +1,6 @@
 """Pipeline pieces: resolution table, sampling, scheduler, RoPE, mask, the tiny default."""
 import json
 
-import pytest
 import torch
 
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
