@@ -217,7 +217,7 @@ class HunyuanT2IPipeline:
         return cache
 
     def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor,
-                 first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
+                     first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
         """embeds [B, n, H] at `slots` [n] -> last hidden [B, n, H] (no ln_f), full rows on every rank."""
         n = embeds.shape[1]
         meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks))
