@@ -36,6 +36,16 @@ class SequenceLayout:
         spare = torch.arange(first_spare, first_spare + pad, dtype=slots.dtype, device=slots.device)
         return torch.cat([slots, spare])
 
+    def pad_runs(self, runs: tuple[tuple[int, int], ...], first_spare: int) -> tuple[tuple[int, int], ...]:
+        """`pad_slots` for a static run description of the slots (half-open (start, end) runs)."""
+        n = sum(b - a for a, b in runs)
+        pad = self.padded_length(n) - n
+        if pad == 0:
+            return tuple(runs)
+        if runs and runs[-1][1] == first_spare:   # the padding continues the last run
+            return (*runs[:-1], (runs[-1][0], first_spare + pad))
+        return (*runs, (first_spare, first_spare + pad))
+
     def shard(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """This rank's chunk of `x` along `dim`, after zero tail padding."""
         if self.size == 1:

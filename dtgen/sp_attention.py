@@ -196,7 +196,7 @@ class KVAllGatherAttention(nn.Module):
         chunks = _check_rows(meta, q, self.size, "kv-allgather")
         Hkv = k.shape[2]
         full = _bshd(_gather_seq_async(torch.cat([k, v], dim=2), self.group))  # [B, P*S_l, 2Hkv, D]
-        local = dataclasses.replace(meta, slots=chunks[self.rank], kv_slots=meta.slots)
+        local = dataclasses.replace(meta, slots=chunks[self.rank], kv_slots=meta.slots, slot_runs=None)
         return self.inner(q, full[:, :, :Hkv], full[:, :, Hkv:], local, cache)
 
 

@@ -20,24 +20,23 @@ REQUEST = dict(prompt="a lighthouse", steps=3, max_new_tokens=3, temperature=0.0
 GRAPHS_PER_RUN = 5
 
 
-def _pipe(ckpt, plan, rank=0, world=1, backend=None, device="cpu"):
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+def _pipe(ckpt, plan, rank=0, world=1, backend=None, device="cpu", dtype=torch.float32):
     loaded = load(ckpt, get_plan(plan), rank, world, dtype=dtype, device=device)
     options = CompileOptions(enabled=backend is not None, backend=backend or "inductor")
     return loaded, HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
                                       is_main=rank == 0, compile_options=options)
 
 
-def _compiled_run(ckpt, plan, rank, world, backend, device="cpu"):
+def _compiled_run(ckpt, plan, rank, world, backend, device="cpu", dtype=torch.float32):
     """Eager result, then a compiled warm-up, then compiled runs that must not recompile."""
     torch._dynamo.reset()
     counters.clear()
-    loaded, eager = _pipe(ckpt, plan, rank, world, device=device)
+    loaded, eager = _pipe(ckpt, plan, rank, world, device=device, dtype=dtype)
     reference = eager.generate(T2IRequest(**REQUEST))
     # Replay the reference's tokens: in bf16 a near-tie could otherwise send the compiled run
     # down another token path, and its logits would no longer be comparable.
     replay = T2IRequest(**REQUEST, forced_tokens=tuple(reference.tokens), forced_ratio=reference.ratio_index)
-    _, pipe = _pipe(ckpt, plan, rank, world, backend, device=device)
+    _, pipe = _pipe(ckpt, plan, rank, world, backend, device=device, dtype=dtype)
     first = pipe.generate(replay)
     graphs = unique_graphs()
     with torch.compiler.set_stance("fail_on_recompile"):
@@ -49,7 +48,9 @@ def _compiled_run(ckpt, plan, rank, world, backend, device="cpu"):
         return max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in zip(xs, ys))
     diff = rel(again.record["velocity"], reference.record["velocity"])
     logit_diff = rel(again.record["ar_logits"], reference.record["ar_logits"])
+    first_diff = rel(again.record["velocity"][:1], reference.record["velocity"][:1])
     return {"graphs": graphs, "after": unique_graphs(), "breaks": graph_breaks(), "diff": diff,
+            "first_diff": first_diff,
             "logit_diff": logit_diff, "tokens": (reference.tokens, first.tokens, again.tokens),
             "repeat_equal": all(torch.equal(a, b) for a, b in zip(first.record["velocity"], again.record["velocity"]))}
 
@@ -83,6 +84,20 @@ def test_four_rank_plans_compile_once(tiny_checkpoint, plan):
             _check(r, 1e-5)
 
 
+def test_sampled_decode_compiles_and_draws_the_eager_tokens(tiny_checkpoint):
+    """temperature > 0: top-k / top-p and the Gumbel draw run inside the compiled steps
+    (no host sync there), and the same seed draws the same tokens as eager."""
+    torch._dynamo.reset()
+    request = T2IRequest(**{**REQUEST, "temperature": 0.9, "top_k": 50, "top_p": 0.9, "max_new_tokens": 6,
+                            "steps": 1}, ignore_stop=True)
+    _, eager = _pipe(tiny_checkpoint, "single")
+    _, compiled = _pipe(tiny_checkpoint, "single", backend="aot_eager")
+    tokens = eager.generate(request).tokens
+    assert len(tokens) == 6 and len(set(tokens)) > 1     # sampled, not one repeated argmax
+    assert compiled.generate(request).tokens == tokens
+    assert graph_breaks() == {}
+
+
 def test_profile_writes_table_trace_and_chart(tiny_checkpoint, tmp_path):
     _, pipe = _pipe(tiny_checkpoint, "single")
     profiler = PhaseProfiler(tmp_path, rank=0)
@@ -99,12 +114,21 @@ def test_profile_writes_table_trace_and_chart(tiny_checkpoint, tmp_path):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_decode_matches_eager(tiny_checkpoint):
-    r = _compiled_run(tiny_checkpoint, "single", 0, 1, "inductor", device="cuda")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_decode_matches_eager(tiny_checkpoint, dtype):
+    torch.backends.cuda.matmul.allow_tf32 = False   # float32 means float32 (as the example sets it)
+    torch.backends.cudnn.allow_tf32 = False
+    r = _compiled_run(tiny_checkpoint, "single", 0, 1, "inductor", device="cuda", dtype=dtype)
     assert r["breaks"] == {}, r["breaks"]
     assert r["after"] == r["graphs"], (r["graphs"], r["after"])
     skips = counters["inductor"].get("cudagraph_skips", 0)
     assert skips == 0, dict(counters["inductor"])
-    # bf16 on GPU: inductor keeps fused intermediates in fp32 where eager rounds each op to
-    # bf16 (2^-8 relative); a few such roundings per layer stay under 3% of the largest value.
-    assert r["logit_diff"] < 3e-2 and r["diff"] < 3e-2, (r["logit_diff"], r["diff"])
+    assert r["repeat_equal"]
+    if dtype == torch.float32:
+        assert r["logit_diff"] < 1e-4 and r["diff"] < 1e-4, (r["logit_diff"], r["diff"])
+    else:
+        # bf16: inductor keeps fused intermediates in fp32 where eager rounds each op to bf16
+        # (2^-8 relative). One step's velocity and the logits stay within 6% of their largest
+        # value (measured on an H200: 1.3% and 4.0%); later steps start from latents that already differ, so only the fp32 run
+        # checks them tightly.
+        assert r["logit_diff"] < 6e-2 and r["first_diff"] < 6e-2, (r["logit_diff"], r["first_diff"])

@@ -21,12 +21,31 @@ def test_resolution_table_matches_the_official_layout():
 
 def test_greedy_and_filtered_sampling():
     logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
-    assert sample_token(logits, None, 0.0, 0, 1.0) == 1
+    assert int(sample_token(logits, None, 0.0, 0, 1.0)) == 1
     g = torch.Generator().manual_seed(0)
+
+    def draws(logits, n, top_k, top_p, temperature=1.0):
+        return [int(sample_token(logits, torch.rand(logits.shape[0], generator=g), temperature, top_k, top_p))
+                for _ in range(n)]
     # top-k 2 keeps ids 1 and 3 only
-    assert {sample_token(logits, g, 1.0, 2, 1.0) for _ in range(200)} == {1, 3}
+    assert set(draws(logits, 200, 2, 1.0)) == {1, 3}
     # top-p keeps the smallest set reaching p: here only the top token
-    assert {sample_token(torch.tensor([0.0, 10.0, 0.0]), g, 1.0, 0, 0.5) for _ in range(50)} == {1}
+    assert set(draws(torch.tensor([0.0, 10.0, 0.0]), 50, 0, 0.5)) == {1}
+    # top-p 0.9 over probabilities [0.5, 0.3, 0.15, 0.05]: keeps the first three
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    assert set(draws(probs.log(), 300, 0, 0.9)) == {0, 1, 2}
+
+
+def test_gumbel_sampling_follows_the_distribution():
+    """The Gumbel-max draw is a draw from softmax(logits / T): frequencies match."""
+    g = torch.Generator().manual_seed(1)
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    n = 4000
+    uniform = torch.rand(n, 4, generator=g)
+    counts = torch.bincount(torch.stack([sample_token(probs.log() * 2, u, 2.0, 0, 1.0) for u in uniform]),
+                            minlength=4)
+    # 4000 draws: the standard deviation of each frequency is below 0.008
+    torch.testing.assert_close(counts / n, probs, atol=0.03, rtol=0)
 
 
 def test_flow_match_sigmas_and_euler():

@@ -85,11 +85,26 @@ class AttentionMeta:
     image_blocks: half-open slot ranges whose tokens attend bidirectionally.
     kv_slots: slots of the k/v rows handed to a core when they differ from the query rows'
         (a core that gathers keys from other ranks passes its own); None means `slots`.
+    slot_runs: `slots` as static runs (SlotRuns below) when the caller knows them, else None.
+        A core that hands a different row set to an inner core must drop it (None).
     """
 
     slots: torch.Tensor
     image_blocks: tuple[tuple[int, int], ...] = ()
     kv_slots: torch.Tensor | None = None
+    slot_runs: tuple[tuple[int, int], ...] | None = None
+
+
+# Static description of `slots`: half-open runs of consecutive slots, in row order, e.g.
+# ((0, 5608),) for a whole denoise sequence. Optional; with it a core can split attention
+# into pieces that need no mask (see `plan_segments`). Being static (Python ints), it is part
+# of a compiled graph's key: leave it None where the slots move every call (AR decode).
+SlotRuns = tuple[tuple[int, int], ...]
+
+
+def slots_of_runs(runs: SlotRuns, device=None) -> torch.Tensor:
+    """The slot vector [sum of run lengths] that `runs` describes."""
+    return torch.cat([torch.arange(a, b, device=device) for a, b in runs])
 
 
 # --------------------------------------------------------------------------------------
@@ -152,6 +167,83 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
 
 
+@dataclass(frozen=True)
+class AttentionSegment:
+    """Query rows [row_lo, row_hi) attending to key rows [0, keys).
+
+    kind: "dense" (every one of those keys is allowed: no mask), "causal" (a square block,
+    query row i sees key rows <= i: flash attention's is_causal), "masked" (the structured
+    mask of those rows, built from their slots).
+    """
+
+    row_lo: int
+    row_hi: int
+    keys: int
+    kind: str
+
+
+def plan_segments(q_runs: SlotRuns, k_runs: SlotRuns, image_blocks: tuple[tuple[int, int], ...]
+                  ) -> tuple[AttentionSegment, ...]:
+    """Split the structured mask into pieces that mostly need no mask at all.
+
+    The mask has one key limit per query: a query at slot q may see keys at slots <= q, or
+    <= end - 1 when q is in an image block [start, end). So the rows of an image block see
+    a whole key prefix (dense), a text run that starts where the keys start is a causal
+    square, and anything else (a lone <timestep> row, <eoi>, padding: a few rows) keeps the
+    explicit mask. Dense and causal pieces run on flash attention, which takes no mask:
+    the image rows, almost all of a denoise step's attention FLOPs, leave the slower masked
+    kernel. Pure Python on static ints: it costs nothing at run time under torch.compile.
+    Keys must be one run (the cache, or the query rows themselves); otherwise one masked piece.
+    """
+    total_rows = sum(b - a for a, b in q_runs)
+    if len(k_runs) != 1:
+        return (AttentionSegment(0, total_rows, sum(b - a for a, b in k_runs), "masked"),)
+    k_lo, k_hi = k_runs[0]
+    segments: list[AttentionSegment] = []
+    row = 0
+    for a, b in q_runs:
+        # Cut the run at image block edges: each piece is all-image or all-text.
+        cuts = sorted({a, b, *(x for blk in image_blocks for x in blk if a < x < b)})
+        for lo, hi in zip(cuts, cuts[1:]):
+            block = next(((s, e) for s, e in image_blocks if s <= lo < e), None)
+            rows = (row + lo - a, row + hi - a)
+            if block is not None and k_lo <= block[1] <= k_hi:
+                segments.append(AttentionSegment(*rows, block[1] - k_lo, "dense"))
+            elif block is None and lo == k_lo and hi <= k_hi:
+                segments.append(AttentionSegment(*rows, hi - k_lo, "causal"))
+            else:
+                segments.append(AttentionSegment(*rows, k_hi - k_lo, "masked"))
+        row += b - a
+    return tuple(segments)
+
+
+def _attend_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], no mask (flash attention's path)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1 and q.dtype == torch.float32:
+        # float32 is not flash's: the fallback kernels need equal head counts.
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        group = 1
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
+
+
+def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_slots: torch.Tensor,
+                    k_slots: torch.Tensor, image_blocks: tuple, segments: tuple[AttentionSegment, ...]
+                    ) -> torch.Tensor:
+    """q [B, Hq, Sq, D], keys/values [B, Hkv, Sk, D] -> [B, Hq, Sq, D], piece by piece."""
+    outs = []
+    for seg in segments:
+        qs = q[:, :, seg.row_lo:seg.row_hi]
+        k, v = keys[:, :, :seg.keys], values[:, :, :seg.keys]
+        if seg.kind == "masked":
+            mask = structured_mask(q_slots[seg.row_lo:seg.row_hi], k_slots[:seg.keys], image_blocks)
+            outs.append(attend(qs, k, v, mask))
+        else:
+            outs.append(_attend_unmasked(qs, k, v, causal=seg.kind == "causal"))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
 def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta,
                       cache: LayerKVCache | None) -> torch.Tensor:
     """Attention of the query rows at `meta.slots`, with keys either the given rows or the whole cache.
@@ -166,8 +258,17 @@ def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: A
     else:
         keys, values = k.transpose(1, 2), v.transpose(1, 2)
         k_slots = kv_slots
-    mask = structured_mask(meta.slots, k_slots, meta.image_blocks)
-    out = attend(q.transpose(1, 2), keys, values, mask)
+    qt = q.transpose(1, 2)
+    if meta.slot_runs is not None and meta.kv_slots is None:
+        rows = sum(b - a for a, b in meta.slot_runs)
+        if rows != q.shape[1]:
+            raise ValueError(f"AttentionMeta.slot_runs {meta.slot_runs} describe {rows} rows, but the "
+                             f"queries have {q.shape[1]}")
+        k_runs = ((0, cache.length),) if cache is not None else meta.slot_runs
+        segments = plan_segments(meta.slot_runs, k_runs, meta.image_blocks)
+        out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments)
+    else:
+        out = attend(qt, keys, values, structured_mask(meta.slots, k_slots, meta.image_blocks))
     return out.transpose(1, 2)
 
 

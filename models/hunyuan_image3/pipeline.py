@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -17,7 +18,7 @@ from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 
-from .attention import AttentionMeta, KVCache
+from .attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
 from .model import HunyuanImage3ForCausalMM
 from .parallel_vae import parallel_decode
 from .tokenizer import SpecialTokens
@@ -121,21 +122,41 @@ def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 # Sampling
 # ----------------------------------------------------------------------------------------
-def sample_token(logits: torch.Tensor, generator: torch.Generator | None, temperature: float,
-                 top_k: int, top_p: float) -> int:
-    """logits [V] float32. temperature 0 is greedy."""
+# AR cache lengths are rounded up to a multiple of this (see `run_ar`).
+AR_CACHE_ROUND = 256
+
+
+class Sampling(NamedTuple):
+    """How the next token is drawn; static for a compiled step (part of the graph's key)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+def sample_token(logits: torch.Tensor, uniform: torch.Tensor | None, temperature: float,
+                 top_k: int, top_p: float) -> torch.Tensor:
+    """The next token id (a 0-d int64 tensor on logits' device) from logits [V] float32.
+
+    temperature 0 is greedy (`uniform` unused). Otherwise the Gumbel-max trick: with
+    u ~ U(0, 1) per vocabulary id (`uniform` [V], drawn by the caller from its generator),
+    argmax(logits / T - log(-log u)) over the ids that top-k and top-p keep is a draw from
+    softmax(logits / T) renormalised over those ids. No host sync and no random op inside,
+    so it runs in the compiled (and CUDA-graph) decode step; the caller owns the seed.
+    """
     if temperature <= 0:
-        return int(torch.argmax(logits))
-    logits = logits / temperature
-    if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        return torch.argmax(logits)
+    scaled = logits / temperature
+    k = top_k if 0 < top_k < scaled.shape[-1] else scaled.shape[-1]
+    # Descending: the top-p cut is a prefix. With top-k set, only its k values are sorted.
+    values, ids = torch.topk(scaled, k)
     if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p   # always keeps the top token
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        probs = torch.softmax(values, dim=-1)
+        keep = torch.cumsum(probs, dim=-1) - probs < top_p   # always keeps the top token
+        values = values.masked_fill(~keep, float("-inf"))
+    gumbel = -torch.log(-torch.log(uniform[ids]))
+    # gather, not ids[argmax]: indexing by a tensor value would need it on the host.
+    return ids.gather(0, torch.argmax(values + gumbel, dim=0, keepdim=True)).squeeze(0)
 
 
 # ----------------------------------------------------------------------------------------
@@ -201,51 +222,97 @@ class HunyuanT2IPipeline:
         self._prefill_fn = self.compiler.wrap(self._ar_prefill)
         self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.device.type == "cuda")
         self._denoise_fn = self.compiler.wrap(self.predict_velocity)
+        self._kept_caches: dict[str, KVCache] = {}
 
     # ---- shared step: run rows at given slots through the stack, gather them back -------
-    def _cache(self, rt, batch: int, length: int) -> KVCache:
+    def _cache(self, rt, batch: int, length: int, reuse: str | None = None) -> KVCache:
+        """A zeroed static KV cache. `reuse`: a role ("ar", "denoise0", ...) whose buffers are
+        kept and zeroed again by the next request of the same shape: compiled graphs see the
+        same addresses every request, so a CUDA-graph step is recorded once, not per request."""
         cfg = self.cfg
         attn = self.model.model.layers[0].self_attn
         kv_local = attn.qkv_proj.weight.shape[0] // ((attn.group + 2) * attn.head_dim)
         kv = rt.cache_kv_heads(kv_local * attn.group, kv_local)
-        cache = KVCache(cfg.num_hidden_layers, batch, kv, length + rt.seq.spare_slots(), cfg.head_dim,
-                        self.model.lm_head.weight.dtype, self.device)
+        length = length + rt.seq.spare_slots()
+        dtype = self.model.lm_head.weight.dtype
+        kept = self._kept_caches.get(reuse)
+        if kept is not None and (kept.layers[0].k.shape == (batch, kv, length, cfg.head_dim)
+                                 and kept.layers[0].k.dtype == dtype):
+            for layer in kept.layers:
+                layer.k.zero_()
+                layer.v.zero_()
+            return kept
+        cache = KVCache(cfg.num_hidden_layers, batch, kv, length, cfg.head_dim, dtype, self.device)
+        if reuse is not None:
+            self._kept_caches[reuse] = cache
         if self.compiler.options.enabled:
             for layer in cache.layers:  # written in place by the graphs: keep their addresses fixed
                 torch._dynamo.mark_static_address(layer.k)
                 torch._dynamo.mark_static_address(layer.v)
         return cache
 
-    def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor,
+    def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor | SlotRuns,
                      first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
-        """embeds [B, n, H] at `slots` [n] -> last hidden [B, n, H] (no ln_f), full rows on every rank."""
+        """embeds [B, n, H] at `slots` -> last hidden [B, n, H] (no ln_f), full rows on every rank.
+
+        `slots`: a tensor [n] where they move every call (AR decode: one graph for all steps),
+        or static runs ((start, end), ...) where they are fixed for the graph: then the
+        attention runs mask-free pieces (`plan_segments`) on the fast kernels.
+        """
         n = embeds.shape[1]
-        meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks))
+        runs = None
+        if isinstance(slots, tuple):
+            runs = rt.seq.pad_runs(slots, first_spare)
+            slots = slots_of_runs(slots, self.device)
+            if slots.shape[0] != n:
+                raise ValueError(f"slot runs {runs} hold {slots.shape[0]} rows, but {n} rows are fed")
+        meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks), slot_runs=runs)
         h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, 0), meta, cache)
         return rt.seq.gather(h, 1, n)
 
     # ---- AR ---------------------------------------------------------------------------
-    def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor, cache: KVCache, total: int,
+    def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor | SlotRuns, cache: KVCache, total: int,
                   all_rows: bool = False) -> torch.Tensor:
-        """Feed ids [1, n] at `slots` [n] through the cache; logits [V] of the last row ([n, V] with all_rows).
+        """Feed ids [1, n] at `slots` through the cache; logits [V] of the last row ([n, V] with all_rows).
 
-        Token ids and slots are tensors so that one compiled graph serves every decode step.
+        Token ids are a tensor, and so are the slots of a decode step, so that one compiled
+        graph serves every step; a prompt's slots are static runs (see `forward_rows`).
         """
         embeds = self.model.embed_tokens(ids)
-        h = self.forward_rows(rt, embeds, slots.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
+        slot_vec = slots_of_runs(slots, self.device) if isinstance(slots, tuple) else slots
+        h = self.forward_rows(rt, embeds, slot_vec.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
         return self.model.logits(h[0] if all_rows else h[0, -1])
 
-    def _ar_prefill(self, rt, ids, slots, cache, total):
-        return self.ar_logits(rt, ids, slots, cache, total)
+    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+        """Logits [V] of the last row and the token sampled from them (0-d, on the device)."""
+        logits = self.ar_logits(rt, ids, slots, cache, total)
+        return logits, sample_token(logits, uniform, *sampling)
 
-    def _ar_decode(self, rt, ids, slots, cache, total):
-        return self.ar_logits(rt, ids, slots, cache, total)
+    # Two functions (two code objects), two compiled callables: the prompt and the one-token
+    # step get separate graph caches, and only the decode step replays as a CUDA graph.
+    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
 
-    def _feed(self, fn, rt, ids: list[int], start: int, cache: KVCache, total: int) -> torch.Tensor:
+    def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
+
+    def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
+              sampling: Sampling, generator: torch.Generator | None,
+              static_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
+
+        static_slots: the slots are part of the graph (the prompt, always at 0); otherwise a
+        tensor, so that feeds at moving positions share one graph.
+        """
         dev = self.device
-        slots = torch.arange(start, start + len(ids), device=dev)
-        # clone: a CUDA-graph replay reuses its output buffer on the next call.
-        return fn(rt, torch.tensor([ids], device=dev), slots, cache, total).clone()
+        ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([ids], device=dev)
+        n = ids.shape[1]
+        slots = ((start, start + n),) if static_slots else torch.arange(start, start + n, device=dev)
+        uniform = (torch.rand(self.cfg.vocab_size, generator=generator, device=dev)
+                   if sampling.temperature > 0 else None)
+        logits, token = fn(rt, ids, slots, cache, total, uniform, sampling)
+        # clone: a CUDA-graph replay reuses its output buffers on the next call.
+        return logits.clone(), token.clone()
 
     def run_ar(self, req: T2IRequest, record: dict, timer: _Timer, timings: dict) -> tuple[list[int], int]:
         rt = self.controller.activate("ar")
@@ -254,42 +321,47 @@ class HunyuanT2IPipeline:
         steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
         budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
-        cache = self._cache(rt, 1, budget)
-        # On the logits' device: sampling never copies the vocabulary to the host. Every rank
-        # holds the same logits and the same generator state, so every rank draws the same token.
+        # The decode step's graph is keyed by the cache length: round it up so that prompts of
+        # similar length share one graph (the mask hides the unused slots).
+        length = min(-(-budget // AR_CACHE_ROUND) * AR_CACHE_ROUND, self.cfg.max_position_embeddings)
+        cache = self._cache(rt, 1, length, reuse="ar")
+        # Every rank holds the same logits and the same generator state, so every rank draws
+        # the same token; the draw stays on the device (`sample_token`).
         generator = torch.Generator(device=self.device).manual_seed(req.seed)
+        sampling = Sampling(req.temperature, req.top_k, req.top_p)
         stops = {sp.eos, *req.stop_ids}
 
         t0 = timer.now()
-        logits = self._feed(self._prefill_fn, rt, ids, 0, cache, budget)
+        logits, next_token = self._feed(self._prefill_fn, rt, ids, 0, cache, length, sampling, generator,
+                                        static_slots=True)
         timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
 
         generated = []
         t0 = timer.now()
         for i in tqdm(range(steps), desc="AR", disable=not self.is_main, leave=False):
-            if req.forced_tokens is not None:
-                token = req.forced_tokens[i]
-            else:
-                token = sample_token(logits, generator, req.temperature, req.top_k, req.top_p)
+            forced = req.forced_tokens is not None
+            token = req.forced_tokens[i] if forced else int(next_token)   # the one host sync per token
             if token in stops and not req.ignore_stop:
                 break
             generated.append(token)
-            logits = self._feed(self._decode_fn, rt, [token], len(ids) + len(generated) - 1, cache, budget)
+            logits, next_token = self._feed(self._decode_fn, rt, [token] if forced else next_token.view(1, 1),
+                                            len(ids) + len(generated) - 1, cache, length, sampling, generator)
             record["ar_logits"].append(logits)
         if generated:
             timings["ar_decode_per_token"] = (timer.now() - t0) * 1e3 / len(generated)
 
         # <boi><img_size_N>, then the ratio token, restricted to the ratio vocabulary.
         head = [sp.boi, sp.size[self.cfg.image_base_size]]
-        logits = self._feed(self._prefill_fn, rt, head, len(ids) + len(generated), cache, budget)
+        logits, _ = self._feed(self._prefill_fn, rt, head, len(ids) + len(generated), cache, length,
+                               Sampling(0.0, 0, 1.0), None)
         record["ar_logits"].append(logits)
         ratio = int(torch.argmax(logits[list(sp.ratio)])) if req.forced_ratio is None else req.forced_ratio
         return generated, ratio
 
     # ---- denoise ------------------------------------------------------------------------
-    def denoise_cache(self, rt, batch: int, seq: DiffusionSequence) -> KVCache:
-        return self._cache(rt, batch, seq.length)
+    def denoise_cache(self, rt, batch: int, seq: DiffusionSequence, reuse: str | None = None) -> KVCache:
+        return self._cache(rt, batch, seq.length, reuse)
 
     def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
                          t: torch.Tensor, cache: KVCache, first_step: bool) -> torch.Tensor:
@@ -306,13 +378,13 @@ class HunyuanT2IPipeline:
         if first_step:
             text = m.embed_tokens(ids)
             embeds = torch.cat([text[:, :seq.timestep_slot], ts, img, text[:, img1:]], dim=1)
-            h = self.forward_rows(rt, embeds, rope, torch.arange(S, device=self.device), S,
-                              (seq.image_slots,), cache)
+            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, (seq.image_slots,), cache)
             h_img = h[:, img0:img1]
         else:
-            slots = torch.cat([torch.tensor([seq.timestep_slot]), torch.arange(img0, img1)]).to(self.device)
-            h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[slots], slots, S,
-                              (seq.image_slots,), cache)
+            # <timestep> sits right before the image: the rows fed are one run of slots.
+            first = seq.timestep_slot
+            h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[first:img1], ((first, img1),), S,
+                                  (seq.image_slots,), cache)
             h_img = h[:, 1:]
         return m.velocity(h_img, t, seq.height, seq.width).float()
 
@@ -326,7 +398,7 @@ class HunyuanT2IPipeline:
             groups = [[rt.cfg_rank]]
         else:
             groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
-        caches = [self.denoise_cache(rt, len(g), seq) for g in groups]
+        caches = [self.denoise_cache(rt, len(g), seq, reuse=f"denoise{i}") for i, g in enumerate(groups)]
         generator = torch.Generator().manual_seed(req.seed)
         # Both CFG branches start from the same latent, as in the official pipeline.
         latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator).to(dev)
