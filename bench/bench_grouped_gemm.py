@@ -32,6 +32,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=2674)
     p.add_argument("--out", default="outputs/bench_grouped_gemm.json")
+    p.add_argument("--autotune", action="store_true", help="also inductor max-autotune (Triton templates)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         print("bench_grouped_gemm needs CUDA and torch._grouped_mm; nothing to do here.")
@@ -52,34 +53,41 @@ def main(argv=None) -> int:
     shift = torch.arange(MICROS, device=dev, dtype=torch.int32).unsqueeze(1) * rows
     down_ends = (ends.unsqueeze(0) + shift).reshape(-1)
 
+    # Each returns its result: a compiled function would drop unused work.
     def micro_gate_up():
-        for m in range(MICROS):
-            torch._grouped_mm(x, gu_micro[m].transpose(-2, -1), offs=ends)
+        return [torch._grouped_mm(x, gu_micro[m].transpose(-2, -1), offs=ends) for m in range(MICROS)]
 
     def micro_down():
-        torch._grouped_mm(act_micro.flatten(0, 1), dn_micro.flatten(0, 1).transpose(-2, -1), offs=down_ends)
+        return torch._grouped_mm(act_micro.flatten(0, 1), dn_micro.flatten(0, 1).transpose(-2, -1), offs=down_ends)
 
     def expert_gate_up():
-        torch._grouped_mm(x, gu_expert.transpose(-2, -1), offs=ends)
+        return torch._grouped_mm(x, gu_expert.transpose(-2, -1), offs=ends)
 
     def expert_down():
-        torch._grouped_mm(act_expert, dn_expert.transpose(-2, -1), offs=ends)
+        return torch._grouped_mm(act_expert, dn_expert.transpose(-2, -1), offs=ends)
 
     dense_a = torch.randn(rows, H, device=dev, dtype=bf, generator=g)
     dense_b = torch.randn(H, MICROS * 2 * INTER, device=dev, dtype=bf, generator=g)
 
     def dense():
-        torch.mm(dense_a, dense_b)
+        return torch.mm(dense_a, dense_b)
 
     gate_up_flop = 2 * rows * H * MICROS * 2 * INTER
     down_flop = 2 * rows * MICROS * INTER * H
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
               "max_rows_per_expert": int(counts.max()), "min_rows_per_expert": int(counts.min())}
-    for name, fn, flop in [("micro_major_gate_up", micro_gate_up, gate_up_flop),
-                           ("expert_major_gate_up", expert_gate_up, gate_up_flop),
-                           ("micro_major_down", micro_down, down_flop),
-                           ("expert_major_down", expert_down, down_flop),
-                           ("dense_same_flops_as_gate_up", dense, gate_up_flop)]:
+    cases = [("micro_major_gate_up", micro_gate_up, gate_up_flop),
+             ("expert_major_gate_up", expert_gate_up, gate_up_flop),
+             ("micro_major_down", micro_down, down_flop),
+             ("expert_major_down", expert_down, down_flop),
+             ("dense_same_flops_as_gate_up", dense, gate_up_flop)]
+    if args.autotune:
+        # inductor's grouped-GEMM Triton templates, tuned against the ATen (CUTLASS) kernel.
+        for name, fn, flop in list(cases[:4]):
+            tuned = torch.compile(fn, mode="max-autotune-no-cudagraphs", fullgraph=True)
+            tuned()
+            cases.append((f"{name}_max_autotune", tuned, flop))
+    for name, fn, flop in cases:
         us = _us(fn)
         result[name] = {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
         print(f"{name:<30}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")

@@ -13,10 +13,13 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"; tail -n 12 "$OUT/$name.log"; }
 
 # 1. GPU-marked tests: kernels at HunyuanImage-3 shapes (bf16), opcheck on CUDA, CUDA-graph decode.
-step gpu_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moe_kernels.py \
-    tests/test_attention_kernels.py tests/test_compile.py
-# 2. Layer benchmarks (eager / compiled / CUDA graph against the floors).
-step bench_layers 200 python3 -m bench.bench_layers --out "$OUT/bench_layers.json"
+step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moe_kernels.py \
+    tests/test_attention_kernels.py tests/test_attention_segments.py tests/test_compile.py
+# 2. Layer benchmarks (eager / compiled / CUDA graph / GEMM-autotuned against the floors),
+#    the AR decode step end to end, and the grouped GEMMs alone.
+step bench_layers 300 python3 -m bench.bench_layers --profile --out "$OUT/bench_layers.json"
+step bench_decode 120 python3 -m bench.bench_decode --out "$OUT/bench_decode.json"
+step bench_grouped_gemm 200 python3 -m bench.bench_grouped_gemm --autotune --out "$OUT/bench_grouped_gemm.json"
 # 3. Attention kernels (pack/unpack, LSE merge) bandwidth.
 step bench_attention 60 python3 -m bench.bench_attention --out "$OUT/bench_attention.json"
 # 4. Issue 7 at reduced depth: full width, 2 layers, one GPU, the seed's T2I shapes.
@@ -27,6 +30,10 @@ step t2i_full_2layers 200 python3 -m examples.hunyuan_t2i --random-weights full 
 step t2i_full_2layers_compiled 240 python3 -m examples.hunyuan_t2i --random-weights full --layers 2 --plan single \
     --prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 --compile \
     --report "$OUT/t2i_full_2layers_compiled.json" --output "$OUT/t2i_full_2layers_compiled.png"
+# 4c. The same with the GEMMs tuned by inductor (the MoE's grouped GEMMs traced).
+step t2i_full_2layers_autotune 400 python3 -m examples.hunyuan_t2i --random-weights full --layers 2 --plan single \
+    --prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 --compile \
+    --compile-autotune --report "$OUT/t2i_full_2layers_autotune.json" --output "$OUT/t2i_full_2layers_autotune.png"
 # 5. With two GPUs: the tiny model through torchrun + NCCL on the 2-rank plan, checked.
 if [ "$NGPU" -ge 2 ]; then
   step torchrun_hybrid2 120 torchrun --nproc-per-node 2 -m examples.hunyuan_t2i --world-size 2 --plan hybrid2 \

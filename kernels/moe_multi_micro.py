@@ -330,7 +330,15 @@ def _grouped_mm_usable(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.T
     hidden, inter = w_down.shape[2], w_down.shape[3]
     return (hidden % 8 == 0 and inter % 8 == 0
             and w_gate_up.is_contiguous() and w_down.is_contiguous()
-            and w_gate_up.data_ptr() % 16 == 0 and w_down.data_ptr() % 16 == 0)
+            and _aligned_16(w_gate_up) and _aligned_16(w_down))
+
+
+def _aligned_16(t: torch.Tensor) -> bool:
+    """A 16-byte aligned start. Under torch.compile no pointer exists at trace time: there
+    the check is skipped, which holds for dtgen's weights (each its own allocation, viewed
+    at micro granularity: offsets are multiples of E*I*H elements, aligned when H and I
+    are multiples of 8, which the caller checks)."""
+    return torch.compiler.is_compiling() or t.data_ptr() % 16 == 0
 
 
 def _expert_mlp_grouped_mm(routing: MoeRouting, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -427,6 +435,65 @@ def _moe_flashinfer(x, topk_ids, topk_weights, w_gate_up, w_down):
                                    w_gate_up[m].contiguous(), w_down[m].contiguous(), x.dtype, quant_scales=None)
         total += (result[0] if isinstance(result, (list, tuple)) else result).float()
     return total.to(x.dtype)
+
+
+# ---------------------------------------------------------- the fast path, traceable
+
+
+def moe_multi_micro_graph(x, topk_ids, topk_weights, w_gate_up, w_down):
+    """The grouped-GEMM fast path written as plain torch ops, for torch.compile to see inside.
+
+    Same math and the same roundings as the op (u, the activation and each micro's partial
+    in x's dtype; the micro sum and the weighted reduce in float32), but inductor gets the
+    `torch._grouped_mm` calls themselves: with GEMM autotuning on (`CompileOptions.autotune`)
+    it picks its Triton grouped-GEMM templates where they win. On an H200 at the denoise
+    shapes they beat the CUTLASS kernel by 14-18% (`bench/bench_grouped_gemm.py --autotune`).
+    The activation becomes inductor's fused kernel; the finalize is ours. No host sync.
+    The model uses it with MoE impl "graph" (`--compile-autotune` picks that).
+    """
+    dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
+    routing = moe_route(x, topk_ids, dims.experts)
+    rows = routing.x_sorted.shape[0]
+    acts = []
+    for m in range(dims.micros):
+        u = torch._grouped_mm(routing.x_sorted, w_gate_up[m].transpose(-2, -1), offs=routing.expert_ends)
+        x1, x2 = u.float().chunk(2, dim=-1)          # [x1; x2]: SiLU on the second half
+        acts.append((x1 * F.silu(x2)).to(x.dtype))
+    act = torch.stack(acts)                           # [M, rows, I]
+    # All micros' down projections in one GEMM over M*E groups, as in the op.
+    shift = torch.arange(dims.micros, device=x.device, dtype=torch.int32).unsqueeze(1) * rows
+    down_ends = (routing.expert_ends.unsqueeze(0) + shift).reshape(-1)
+    partials = torch._grouped_mm(act.flatten(0, 1), w_down.flatten(0, 1).transpose(-2, -1), offs=down_ends)
+    # The finalize stays our kernel (one graph node): inductor's fused gather-and-reduce ran
+    # at a quarter of its speed (356 us against 92 us at the denoise layer's shapes).
+    return torch.ops.dtgen.moe_finalize(partials.unflatten(0, (dims.micros, rows)), routing.slot_of_pair,
+                                        topk_weights, x.dtype)
+
+
+def moe_finalize_reference(partials: torch.Tensor, slot_of_pair: torch.Tensor, topk_weights: torch.Tensor,
+                           out_dtype: torch.dtype) -> torch.Tensor:
+    """`moe_finalize` in torch: partials [M, T*K, H] -> [T, H], float32 inside."""
+    tokens, top_k = topk_weights.shape
+    per_pair = partials[:, slot_of_pair].float().sum(0).view(tokens, top_k, -1)
+    return (topk_weights.unsqueeze(-1) * per_pair).sum(1).to(out_dtype)
+
+
+@torch.library.custom_op("dtgen::moe_finalize", mutates_args=())
+def _moe_finalize_op(partials: torch.Tensor, slot_of_pair: torch.Tensor, topk_weights: torch.Tensor,
+                     out_dtype: torch.dtype) -> torch.Tensor:
+    if partials.is_cuda or TRITON_INTERPRETED:
+        return moe_finalize(partials, slot_of_pair, topk_weights, out_dtype)
+    return moe_finalize_reference(partials, slot_of_pair, topk_weights, out_dtype)
+
+
+@_moe_finalize_op.register_fake
+def _(partials, slot_of_pair, topk_weights, out_dtype):
+    return partials.new_empty((topk_weights.shape[0], partials.shape[2]), dtype=out_dtype)
+
+
+def graph_path_usable(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> bool:
+    """Where `moe_multi_micro_graph` is the fast path: torch._grouped_mm's CUDA fast path."""
+    return _grouped_mm_usable(x, w_gate_up, w_down)
 
 
 # ------------------------------------------------------------------ op and public API

@@ -224,6 +224,40 @@ def test_grouped_mm_calling_convention_on_cpu():
     assert rel_error(out, _fp32_reference((x, ids, w, wgu, wd))) < 1e-2
 
 
+def _grouped_mm_on_cpu(dtype) -> bool:
+    try:
+        x = torch.zeros(4, 16, dtype=dtype)
+        torch._grouped_mm(x, torch.zeros(2, 16, 8, dtype=dtype), offs=torch.tensor([2, 4], dtype=torch.int32))
+        return True
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return False
+
+
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros",
+                         [(1, 16, 8, 4, 1, 1), (17, 24, 12, 7, 3, 2), (33, 48, 8, 5, 2, 3)])
+def test_traceable_fast_path_matches_reference(tokens, hidden, inter, experts, top_k, micros):
+    """moe_multi_micro_graph (the torch-level fast path inductor compiles) on torch's CPU
+    grouped GEMM: odd shapes, an expert with no token, any number of micros."""
+    if not _grouped_mm_on_cpu(torch.float32):
+        pytest.skip("torch._grouped_mm has no CPU float32 kernel in this torch")
+    args = make_moe(tokens, hidden, inter, experts, top_k, micros, seed=tokens)
+    torch.testing.assert_close(mm.moe_multi_micro_graph(*args), moe_multi_micro_reference(*args), **FP32_TOL)
+
+
+def test_traceable_fast_path_compiles_without_breaks():
+    # bf16: the dtype torch._grouped_mm's shape function accepts (the fast path's dtype).
+    if not _grouped_mm_on_cpu(torch.bfloat16):
+        pytest.skip("torch._grouped_mm has no CPU bf16 kernel in this torch")
+    args = make_moe(tokens=9, hidden=16, inter=8, experts=5, top_k=2, micros=2, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(mm.moe_multi_micro_graph)(*args)
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0
+    compiled = torch.compile(mm.moe_multi_micro_graph, fullgraph=True, backend="aot_eager")
+    out = compiled(*args)
+    torch.testing.assert_close(out, mm.moe_multi_micro_graph(*args), rtol=0, atol=0)
+    assert rel_error(out, _fp32_reference(args)) < 1e-2
+
+
 # --------------------------------------------------------------- compile and opcheck
 
 
@@ -312,6 +346,21 @@ def test_gpu_multi_micro_hunyuan_shapes(impl):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("autotune", [False, True])
+def test_gpu_traceable_fast_path_compiled(autotune):
+    """What the compiled prefill/denoise steps run: the torch-level fast path through
+    inductor, with and without its grouped-GEMM autotuning."""
+    args = make_moe(tokens=300, micros=2, dtype=torch.bfloat16, device="cuda", **HUNYUAN)
+    torch._dynamo.reset()
+    options = {"max_autotune_gemm": True} if autotune else None
+    compiled = torch.compile(mm.moe_multi_micro_graph, fullgraph=True, options=options)
+    out = compiled(*args)
+    assert out.dtype == torch.bfloat16
+    assert rel_error(out, _fp32_reference(args)) < 1e-2
+    assert rel_error(out, moe_multi_micro(*args)) < 1e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [1, 2, 8, 16])
 def test_gpu_decode_hunyuan_shapes(tokens):
     args = make_moe(tokens=tokens, micros=1, dtype=torch.bfloat16, device="cuda", seed=tokens, **HUNYUAN)
@@ -336,3 +385,57 @@ def test_gpu_decode_two_micros_and_cuda_graph_replay():
 def test_gpu_opcheck(op_name):
     args = make_moe(tokens=5, hidden=64, inter=32, experts=8, top_k=2, micros=2, dtype=torch.bfloat16, device="cuda")
     torch.library.opcheck(getattr(torch.ops.dtgen, op_name).default, (*args, "auto"))
+
+
+def test_model_dispatch_to_the_traceable_path_compiles_in_a_layer(monkeypatch):
+    """The compiled denoise/prefill layers on GPU take moe_multi_micro_graph; on CPU force
+    that branch (bf16, torch's CPU grouped GEMM) so its tracing is checked here too: the
+    usability checks themselves must trace (no data_ptr at trace time)."""
+    if not _grouped_mm_on_cpu(torch.bfloat16):
+        pytest.skip("torch._grouped_mm has no CPU bf16 kernel in this torch")
+    import models.hunyuan_image3.model as model_mod
+    from models.hunyuan_image3.attention import AttentionMeta, rope_cos_sin
+    from models.hunyuan_image3.config import HunyuanImage3Config
+    from models.hunyuan_image3.tiny import tiny_config
+    from models.hunyuan_image3.transformer import DecoderLayer
+
+    cfg = HunyuanImage3Config.from_dict(tiny_config(1))
+    torch.manual_seed(0)
+    layer = DecoderLayer(cfg, 0)
+    for name, p in layer.named_parameters():
+        p.requires_grad_(False)
+        p.data = (torch.randn_like(p, dtype=torch.float32) * 0.1).to(p.dtype if ".wg." in name else torch.bfloat16)
+    model_mod.set_moe_impl(layer, "auto")
+    calls = []
+
+    def usable_on_cpu(x, w_gate_up, w_down):  # the real checks, minus "is CUDA"
+        calls.append(1)
+        return mm._aligned_16(w_gate_up) and mm._aligned_16(w_down) and x.dtype == torch.bfloat16
+
+    monkeypatch.setattr(model_mod, "graph_path_usable", usable_on_cpu)
+    model_mod.set_moe_impl(layer, "graph")
+    S = 40
+    x = torch.randn(1, S, cfg.hidden_size, dtype=torch.bfloat16)
+    slots = torch.arange(S)
+    cos, sin = rope_cos_sin(slots.unsqueeze(-1).repeat(1, 2), cfg.head_dim, cfg.rope_theta)
+    meta = AttentionMeta(slots, ((10, 30),), slot_runs=((0, S),))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda: layer(x, cos, sin, meta, None), fullgraph=True, backend="aot_eager")
+    out = compiled()
+    assert calls, "the compiled layer did not reach the traceable-path dispatch"
+    ref = layer(x, cos, sin, meta, None)     # eager: the op (its float32 reference on CPU)
+    assert rel_error(out, ref) < 1e-2
+
+
+def test_finalize_op_matches_its_reference_and_passes_opcheck():
+    g = torch.Generator().manual_seed(0)
+    partials = torch.randn(2, 12, 16, generator=g)
+    slot_of_pair = torch.randperm(12, generator=g)
+    weights = torch.rand(4, 3, generator=g)
+    expected = mm.moe_finalize_reference(partials, slot_of_pair, weights, torch.float32)
+    manual = torch.stack([sum(weights[t, k] * partials[:, slot_of_pair[t * 3 + k]].sum(0) for k in range(3))
+                          for t in range(4)])
+    torch.testing.assert_close(expected, manual, **FP32_TOL)
+    torch.testing.assert_close(torch.ops.dtgen.moe_finalize(partials, slot_of_pair, weights, torch.float32),
+                               expected, **FP32_TOL)
+    torch.library.opcheck(torch.ops.dtgen.moe_finalize.default, (partials, slot_of_pair, weights, torch.float32))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kernels.moe_decode import moe_decode
-from kernels.moe_multi_micro import MULTI_MICRO_IMPLS, moe_multi_micro
+from kernels.moe_multi_micro import MULTI_MICRO_IMPLS, graph_path_usable, moe_multi_micro, moe_multi_micro_graph
 
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
@@ -91,13 +91,22 @@ class HunyuanImage3ForCausalMM(nn.Module):
 # Up to this many tokens the decode MoE (which reads only the chosen experts) beats the
 # grouped-GEMM path on a GPU.
 DECODE_MOE_MAX_TOKENS = 16
-MOE_IMPLS = ("eager",) + MULTI_MICRO_IMPLS
+MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS
 
 
 def experts_op(x, topk_ids, topk_weights, gate_and_up, down, *, impl: str):
-    """Routed experts through the kernel ops (one graph node each under torch.compile)."""
-    if impl == "auto" and x.is_cuda and x.shape[0] <= DECODE_MOE_MAX_TOKENS:
+    """Routed experts through the kernel ops (one graph node each under torch.compile).
+
+    "graph": under torch.compile on the grouped-GEMM fast path, the multi-micro op's
+    torch-level form instead, so that inductor sees (and, with GEMM autotuning, tunes) its
+    grouped GEMMs; everywhere else the same as "auto".
+    """
+    if impl in ("auto", "graph") and x.is_cuda and x.shape[0] <= DECODE_MOE_MAX_TOKENS:
         return moe_decode(x, topk_ids, topk_weights, gate_and_up, down)
+    if impl == "graph":
+        if torch.compiler.is_compiling() and graph_path_usable(x, gate_and_up, down):
+            return moe_multi_micro_graph(x, topk_ids, topk_weights, gate_and_up, down)
+        impl = "auto"
     return moe_multi_micro(x, topk_ids, topk_weights, gate_and_up, down, impl=impl)
 
 
@@ -105,7 +114,8 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     """Pick the routed-experts implementation for every MoE layer.
 
     "eager": the plain loop in transformer.py; "auto": the kernel ops (CPU: their torch
-    reference; CUDA: decode MoE for <= 16 tokens, grouped GEMMs above); "reference",
+    reference; CUDA: decode MoE for <= 16 tokens, grouped GEMMs above); "graph": "auto",
+    but compiled steps trace the grouped GEMMs for inductor to tune; "reference",
     "triton", "two_dispatch", "flashinfer": forced variants of the multi-micro op.
     """
     if impl not in MOE_IMPLS:
