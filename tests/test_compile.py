@@ -132,3 +132,20 @@ def test_cuda_graph_decode_matches_eager(tiny_checkpoint, dtype):
         # value (measured on an H200: 1.3% and 4.0%); later steps start from latents that already differ, so only the fp32 run
         # checks them tightly.
         assert r["logit_diff"] < 6e-2 and r["first_diff"] < 6e-2, (r["logit_diff"], r["first_diff"])
+
+
+def test_step_compiler_options(monkeypatch):
+    """What each step is compiled with: the decode step replays as a CUDA graph; with
+    autotune the other steps let inductor tune their GEMMs; other backends get neither."""
+    from dtgen.compile import StepCompiler
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: seen.append(kwargs) or fn)
+    StepCompiler(CompileOptions(enabled=True, autotune=True)).wrap(len, cuda_graph=True)
+    StepCompiler(CompileOptions(enabled=True, autotune=True)).wrap(len)
+    StepCompiler(CompileOptions(enabled=True)).wrap(len)
+    StepCompiler(CompileOptions(enabled=True, backend="aot_eager", autotune=True)).wrap(len, cuda_graph=True)
+    assert seen[0]["mode"] == "reduce-overhead" and "options" not in seen[0]
+    assert seen[1]["options"] == {"max_autotune_gemm": True}
+    assert "options" not in seen[2] and "mode" not in seen[2]
+    assert seen[3] == {"fullgraph": True, "backend": "aot_eager"}
+    assert all(kwargs["fullgraph"] for kwargs in seen)

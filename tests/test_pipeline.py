@@ -99,3 +99,31 @@ def test_tiny_checkpoint_written_once_and_atomically(tmp_path):
     assert ensure_tiny_checkpoint(tmp_path) == path
     assert (path / "model.safetensors.index.json").stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
+
+
+def _tiny_pipe(ckpt):
+    from models.hunyuan_image3.loading import load
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+    from placements.hunyuan_image3 import get_plan
+    loaded = load(ckpt, get_plan("single"))
+    return HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
+
+
+def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint):
+    """The pipeline reuses its KV caches across requests (one CUDA-graph recording): a
+    request after a longer one gives exactly what a fresh pipeline gives, and prompts in one
+    length bucket share the AR cache."""
+    from models.hunyuan_image3.pipeline import T2IRequest
+    common = dict(steps=2, max_new_tokens=3, image_size="256x256", seed=5, ignore_stop=True)
+    long_request = T2IRequest(prompt="a long prompt about a lighthouse on a cliff at dusk", **common)
+    short_request = T2IRequest(prompt="a fox", **common)
+    pipe = _tiny_pipe(tiny_checkpoint)
+    pipe.generate(long_request)
+    ar_cache = pipe._kept_caches["ar"]
+    reused = pipe.generate(short_request)
+    assert pipe._kept_caches["ar"] is ar_cache            # same length bucket: same buffers
+    fresh = _tiny_pipe(tiny_checkpoint).generate(short_request)
+    assert reused.tokens == fresh.tokens
+    for a, b in zip(reused.record["ar_logits"], fresh.record["ar_logits"]):
+        assert torch.equal(a, b)
+    assert torch.equal(reused.latents, fresh.latents)
