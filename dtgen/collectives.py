@@ -23,8 +23,16 @@ _dist_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 
 
 def all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup) -> torch.Tensor:
-    """Concatenate every member's `x` along `dim`, in ascending group-rank order."""
-    return funcol.wait_tensor(_funcol_all_gather(x.contiguous(), dim % x.dim(), group))
+    """Concatenate every member's `x` along `dim`, in ascending group-rank order.
+
+    Always gathers along dim 0 and moves the axis afterwards: torch 2.11's functional
+    all-gather with another gather dim calls a helper that dynamo refuses to trace (measured
+    on the H200 image). Moving `dim` to the front is free when the dims before it are 1
+    (the usual [1, S, H] rows); the result is a view with the gathered axis back at `dim`.
+    """
+    dim = dim % x.dim()
+    front = x.movedim(dim, 0).contiguous()
+    return funcol.wait_tensor(_funcol_all_gather(front, 0, group)).movedim(0, dim)
 
 
 def all_gather_eager(out: torch.Tensor, x: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
