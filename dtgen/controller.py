@@ -172,17 +172,32 @@ class PhaseController:
         return hooks
 
     # ---- switching ------------------------------------------------------------------
+    def agree(self, what: str, values: list[int]) -> list[list[int]]:
+        """Every rank's `values` (same length on all), over the control group; raises
+        `PhaseMismatchError` on every rank if one does not arrive within the control timeout."""
+        if self.topology.world_size == 1:
+            return [list(values)]
+        mine = torch.tensor(values, dtype=torch.int64)
+        everyone = torch.empty(self.topology.world_size * len(values), dtype=torch.int64)
+        start = time.perf_counter()
+        try:
+            all_gather_eager(everyone, mine, self.topology.control)
+        except RuntimeError as e:
+            first = (str(e).strip().splitlines() or ["?"])[0]
+            timeout = self.topology.control_timeout_s
+            why = (f"not every rank arrived within {timeout:.0f} s (a rank is stuck or failed)"
+                   if time.perf_counter() - start >= 0.9 * timeout else "a rank left (it failed; see its output)")
+            raise PhaseMismatchError(f"{what}: {why}: {first}") from None
+        return everyone.view(self.topology.world_size, len(values)).tolist()
+
     def _agree(self, phase: str) -> None:
         names = list(self.runtimes)
         if self.topology.world_size == 1:
             if phase not in names:
                 raise PhaseMismatchError(f"unknown phase {phase!r}; this plan has {names}")
             return
-        device = "cuda" if self.topology.device_type == "cuda" else "cpu"
-        mine = torch.tensor([names.index(phase) if phase in names else -1], dtype=torch.int64, device=device)
-        everyone = torch.empty(self.topology.world_size, dtype=torch.int64, device=device)
-        all_gather_eager(everyone, mine)
-        asked = everyone.tolist()
+        asked = [row[0] for row in self.agree(f"phase agreement for '{phase}'",
+                                              [names.index(phase) if phase in names else -1])]
         if len(set(asked)) != 1 or asked[0] < 0:
             who = ", ".join(f"rank {r}: {names[i] if i >= 0 else 'an unknown phase'!s}" for r, i in enumerate(asked))
             raise PhaseMismatchError(f"ranks disagree on the phase to enter ({who}); plan phases: {names}")
@@ -208,7 +223,7 @@ class PhaseController:
         self.active = phase
         collectives = [op for op in audit.ops if "gather" in op or "reduce" in op or "all_to_all" in op]
         if self.topology.world_size > 1:
-            collectives.insert(0, "all_gather (phase agreement: one int64 per rank)")
+            collectives.insert(0, "all_gather (phase agreement: one int64 per rank, gloo control group)")
         self.last_switch = SwitchReport(
             ms=ms, param_bytes_before=before, param_bytes_after=self.param_bytes(),
             allocated_bytes_delta=(torch.cuda.memory_allocated() - mem0) if cuda else audit.surviving_bytes(),

@@ -4,15 +4,25 @@ Multi-node and multi-GPU runs go through `torchrun` (its environment names the r
 world size; NCCL on GPU). For CPU work and tests, `RankPool` spawns N processes itself,
 each with one intra-op thread and a gloo process group with a timeout, and keeps them
 alive so several jobs can share one start-up. A job is a picklable function
-`fn(ctx, *args)`; every rank's return value comes back, and any rank's exception (or
-death) is raised here with every rank's story.
+`fn(ctx, *args)`; every rank's return value comes back.
+
+Failures end the whole job quickly, with the failing rank's story, under both launchers:
+- torchrun: `dtgen.watchdog.RankWatch` prints the traceback with a `[rank r]` prefix,
+  tells the other ranks through torchrun's store, aborts the communicators and exits 1;
+  the others print which rank failed and exit 1 too. Nothing waits in a teardown on a
+  peer that is gone (measured on 2 x H200: an exception followed by
+  `destroy_process_group()` blocked forever on NCCL).
+- spawned ranks: the first failure (an exception, or a rank that died) is raised here as
+  `RankFailure`; ranks still running a few seconds later are stopped, not waited for.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .watchdog import RankWatch, abort_and_exit, say
+
 
 @dataclass(frozen=True)
 class RankContext:
@@ -30,6 +42,12 @@ class RankContext:
     local_rank: int
     device: torch.device
     backend: str
+    watch: RankWatch | None = None   # under torchrun: progress reports and failure propagation
+
+    def progress(self, where: str) -> None:
+        """Tell the stall watch this rank made progress (a step, a token)."""
+        if self.watch is not None:
+            self.watch.progress(where)
 
 
 class RankFailure(RuntimeError):
@@ -41,10 +59,20 @@ def under_torchrun() -> bool:
 
 
 def init_from_torchrun(timeout_s: float = 600.0) -> RankContext:
-    """Join the process group torchrun describes (NCCL on GPU, gloo otherwise)."""
+    """Join the process group torchrun describes (NCCL on GPU, gloo otherwise).
+
+    `timeout_s` bounds every data-plane collective: it must cover the compile-time skew
+    between ranks (one rank may compile a graph while its peer already waits in the
+    graph's first collective). Control-plane agreement has its own, shorter timeout
+    (`Topology`).
+    """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local >= count:
+            raise RuntimeError(f"rank {rank} is local rank {local}, but this machine shows {count} GPU(s): "
+                               f"start at most {count} ranks per node (torchrun --nproc-per-node)")
         torch.cuda.set_device(local)
         device, backend = torch.device("cuda", local), "nccl"
     else:
@@ -109,13 +137,17 @@ class RankPool:
             q.put((fn, args))
         return self._collect(getattr(fn, "__name__", "job"), self.timeout_s + 30)
 
-    def _collect(self, what: str, deadline_s: float) -> list[Any]:
+    def _collect(self, what: str, deadline_s: float, grace_s: float = 3.0) -> list[Any]:
+        """Every rank's result; on the first failure, wait `grace_s` for the others' stories,
+        then stop the ranks still running (they are most likely blocked on the failed one)."""
         got: dict[int, tuple[bool, Any]] = {}
         end = time.monotonic() + deadline_s
         while len(got) < self.world_size:
             try:
                 rank, ok, payload = self._results.get(timeout=0.2)
                 got[rank] = (ok, payload)
+                if not ok:
+                    end = min(end, time.monotonic() + grace_s)
                 continue
             except queue.Empty:
                 pass
@@ -131,9 +163,12 @@ class RankPool:
                     pass
                 if r not in got:
                     got[r] = (False, f"rank {r} died (exit code {self._procs[r].exitcode})")
+                    end = min(end, time.monotonic() + grace_s)
             if time.monotonic() > end:
+                failed_first = any(not ok for ok, _ in got.values())
                 for r in range(self.world_size):
-                    got.setdefault(r, (False, f"rank {r} did not finish {what} within {deadline_s:.0f} s"))
+                    got.setdefault(r, (False, f"rank {r} was stopped after another rank failed" if failed_first
+                                       else f"rank {r} did not finish {what} within {deadline_s:.0f} s"))
         failures = {r: msg for r, (ok, msg) in sorted(got.items()) if not ok}
         if failures:
             self.broken = True
@@ -149,8 +184,10 @@ class RankPool:
                     q.put(None)
                 except (ValueError, OSError):
                     pass
+        # A healthy rank exits at once; one blocked in a collective on a failed peer never
+        # would: stop it rather than wait.
         for p in self._procs:
-            p.join(timeout=10)
+            p.join(timeout=0.5 if self.broken else 10)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
@@ -162,21 +199,50 @@ class RankPool:
         self.close()
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 600.0) -> list[Any]:
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 600.0,
+                 stall_s: float = 300.0) -> list[Any]:
     """fn(ctx, *args) on every rank: under torchrun this process's rank only; else spawned gloo ranks.
 
-    With world size 1 and no torchrun, fn runs here without any process group.
+    With world size 1 and no torchrun, fn runs here without any process group. Under
+    torchrun `ctx.watch` (a `RankWatch`) takes progress reports; a failure on any rank
+    ends every rank with status 1 and never returns here.
     """
     if under_torchrun():
-        ctx = init_from_torchrun(timeout_s)
-        if ctx.world_size != world_size:
-            raise ValueError(f"--world-size {world_size} but torchrun started {ctx.world_size} ranks")
         try:
-            return [fn(ctx, *args)]
-        finally:
-            dist.destroy_process_group()
+            ctx = init_from_torchrun(timeout_s)
+        except Exception:
+            say(int(os.environ.get("RANK", -1)), traceback.format_exc())
+            abort_and_exit(1)
+        if ctx.world_size != world_size:
+            say(ctx.rank, f"error: --world-size {world_size} but torchrun started {ctx.world_size} ranks")
+            abort_and_exit(2)
+        watch = RankWatch(dist.distributed_c10d._get_default_store(), ctx.rank, ctx.world_size, stall_s=stall_s)
+        ctx = dataclasses.replace(ctx, watch=watch)
+        try:
+            result = fn(ctx, *args)
+        except BaseException:
+            watch.fail(traceback.format_exc())
+        watch.finish()  # every rank is done
+        # No destroy_process_group(): measured on 2 x H200, it blocked forever once compiled
+        # steps had captured NCCL collectives in CUDA graphs. The process ends through
+        # `exit_process`, which skips every teardown; the OS releases the communicators.
+        return [result]
     if world_size == 1:
         device = torch.device("cpu")
         return [fn(RankContext(0, 1, 0, device, "none"), *args)]
     with RankPool(world_size, timeout_s=timeout_s) as pool:
         return pool.run(fn, *args)
+
+
+def exit_process(code: int) -> None:
+    """End a program that may have run under torchrun: flush and leave at once.
+
+    Under torchrun the communicators are still up (see `run_on_ranks`); interpreter
+    shutdown would destroy them, which can block on NCCL, so `os._exit` skips it. Elsewhere
+    this is `sys.exit(code)`.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if under_torchrun() and dist.is_initialized():
+        os._exit(code)
+    sys.exit(code)

@@ -8,6 +8,7 @@ gathers reorder by `tp_gather_order`.
 """
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 
 import torch
@@ -47,7 +48,12 @@ class PhaseGroups:
 
 
 class Topology:
-    def __init__(self, resolved: ResolvedPlan, rank: int, device_type: str = "cpu"):
+    """`control`: a gloo group over every rank for control-plane agreement (phase ids, run
+    facts), with its own short timeout: a rank that never arrives makes the others fail in
+    `control_timeout_s` seconds rather than wait out the data plane's long one."""
+
+    def __init__(self, resolved: ResolvedPlan, rank: int, device_type: str = "cpu",
+                 control_timeout_s: float = 60.0):
         self.resolved = resolved
         self.rank = rank
         self.world_size = resolved.world_size
@@ -56,6 +62,9 @@ class Topology:
         if distributed and not dist.is_initialized():
             raise RuntimeError(f"plan '{resolved.plan.name}' needs {self.world_size} ranks: initialise "
                                f"torch.distributed first (torchrun, or dtgen.launch)")
+        self.control_timeout_s = control_timeout_s
+        self.control = (dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=control_timeout_s))
+                        if distributed else None)
         meshes: dict[tuple, DeviceMesh] = {}
         self._extra_groups: dict[tuple[int, ...], dist.ProcessGroup] = {}
         self.phases: dict[str, PhaseGroups] = {}
@@ -92,3 +101,13 @@ class Topology:
     @property
     def storage_rank(self) -> int:
         return self.resolved.storage_rank[self.rank]
+
+    def barrier(self, what: str, timeout_s: float) -> None:
+        """Wait for every rank on the control group; name the ranks that did not arrive."""
+        if self.control is None:
+            return
+        try:
+            dist.monitored_barrier(self.control, timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+        except RuntimeError as e:
+            first = (str(e).strip().splitlines() or ["?"])[0]
+            raise RuntimeError(f"{what}: not every rank arrived within {timeout_s:.0f} s: {first}") from None
