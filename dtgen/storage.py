@@ -86,6 +86,34 @@ def resident_shape(spec: ParamSpec, shard: StorageShard) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def planned_nbytes(specs: dict[str, ParamSpec], shard: StorageShard, dtype: torch.dtype) -> int:
+    """Bytes this rank's resident storage will hold, known before any byte is allocated."""
+    total = 0
+    for spec in specs.values():
+        numel = 1
+        for d in resident_shape(spec, shard):
+            numel *= d
+        total += numel * (spec.dtype or dtype).itemsize
+    return total
+
+
+def check_fits(weight_bytes: int, device: torch.device, plan_name: str, reserve_bytes: int = 0) -> None:
+    """Raise, before loading, when this rank's weights (plus a working reserve) cannot fit
+    the device's free memory. CPU: not checked (the OS decides)."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    if weight_bytes + reserve_bytes > free:
+        raise MemoryError(f"plan '{plan_name}' needs {weight_bytes:,} bytes ({_size(weight_bytes)}) of weights per "
+                          f"rank, plus a {_size(reserve_bytes)} working reserve, but {device} has {_size(free)} free "
+                          f"of {_size(total)}: use a plan with a larger storage TP degree (more ranks share each "
+                          f"weight)")
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
 def _read_block(reader: CheckpointReader, key: str, spec: ParamSpec, block: int, blocks: int) -> torch.Tensor:
     """Block `block` of `blocks` along the split dim of one official tensor."""
     dim = _split_dim(spec)

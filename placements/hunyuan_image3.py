@@ -91,10 +91,22 @@ PLANS.update({
         {"ar": PhasePlan(tp=("r", "c")), "denoise": PhasePlan(sp=("r", "c"), attention="attn2d")},
         "AR on TP4, denoise on TP1 x Attention2D 2x2 (full replica per rank: for models that fit one device)"),
     # 2 ranks ---------------------------------------------------------------------------
+    # The fixed-topology baseline: storage TP2, so the 32-layer model fits two H200s
+    # (~80 GB of bf16 weights per rank); both phases all-reduce twice per layer.
+    "tp2": _plan(
+        "tp2", (("tp", 2),),
+        {"ar": PhasePlan(tp=("tp",)), "denoise": PhasePlan(tp=("tp",))},
+        "TP2 in both phases (fixed topology baseline; half the weights per rank)"),
     "hybrid2": _plan(
         "hybrid2", (("sp", 2),),
         {"ar": PhasePlan(tp=("sp",)), "denoise": PhasePlan(sp=("sp",), attention="ulysses")},
         "AR on TP2, denoise on TP1 x Ulysses SP2 (full replica per rank)"),
+    # Serial CFG's two branches on two ranks: no communication inside a denoise step, one
+    # all-gather of the two velocities per step.
+    "hybrid2-cfg": _plan(
+        "hybrid2-cfg", (("cfg", 2),),
+        {"ar": PhasePlan(tp=("cfg",)), "denoise": PhasePlan(cfg=("cfg",))},
+        "AR on TP2, denoise on CFG2 over a full replica per rank"),
     # 8 ranks ---------------------------------------------------------------------------
     # SP4 as a ring of 2 ('ring', outer) over Ulysses 2 ('uly', inner: adjacent ranks).
     "hybrid8": _plan(

@@ -136,3 +136,48 @@ def test_unknown_device_or_dtype():
         parse_dtype("float8", torch.device("cpu"))
     assert parse_dtype(None, torch.device("cpu")) == torch.float32
     assert parse_dtype("auto", torch.device("cuda")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be at least 0, got -5"),
+    (["--image-size", "123x45"], "image size 123x45 is not in the resolution table"),
+    (["--image-size", "big"], "image size 'big' is not 'auto' or 'HxW'"),
+    (["--checkpoint", "/nonexistent/ckpt"], "--checkpoint /nonexistent/ckpt: no config.json there"),
+    (["--inject-failure", "1:vae"], "--inject-failure '1:vae': expected RANK:PHASE:STEP[:hang]"),
+])
+def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
+    from examples.hunyuan_t2i import main
+    monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_model_that_does_not_fit_is_refused_before_loading(tiny_checkpoint, monkeypatch):
+    """The bytes per rank come from the plan before any is allocated; the error names them."""
+    from dtgen import storage
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 10 ** 6, 80 * 10 ** 9))
+    with pytest.raises(MemoryError, match=r"plan 'single' needs 20,000,000 bytes \(20\.0 MB\) of weights per rank"
+                                          r".* has 3\.0 MB free of 80\.0 GB"):
+        storage.check_fits(20 * 10 ** 6, torch.device("cuda"), "single", reserve_bytes=0)
+    storage.check_fits(2 * 10 ** 6, torch.device("cuda"), "single", reserve_bytes=0)  # fits: no error
+
+
+@pytest.mark.parametrize("plan, world", [("single", 1), ("hybrid2", 2), ("tp2", 2)])
+def test_planned_bytes_equal_what_the_storage_holds(tiny_checkpoint, plan, world):
+    from dtgen.plan import resolve
+    from dtgen.storage import StorageShard, planned_nbytes
+    from models.hunyuan_image3.loading import build_on_meta, param_specs
+    from models.hunyuan_image3.config import HunyuanImage3Config as Config
+    from dtgen.plan import match_rules
+    cfg = Config.from_json(tiny_checkpoint / "config.json")
+    resolved = resolve(get_plan(plan), world)
+    model = build_on_meta(cfg)
+    specs = param_specs(model, match_rules(get_plan(plan), [n for n, _ in model.named_parameters()]), torch.float32)
+    planned = planned_nbytes(specs, StorageShard(resolved.storage_tp, 0, resolved.num_micros), torch.float32)
+    if world == 1:
+        assert planned == load(tiny_checkpoint, get_plan(plan)).storage.nbytes
+    else:  # a storage shard of TP degree S holds 1/S of every split weight
+        full = planned_nbytes(specs, StorageShard(1, 0, 1), torch.float32)
+        assert (planned == full) == (resolved.storage_tp == 1) and planned <= full

@@ -13,7 +13,7 @@ from dtgen.plan import PhasePlan, PlanError, resolve
 from examples.hunyuan_t2i import main
 from placements.hunyuan_image3 import get_plan
 
-PLANS = [("hybrid-cfg", 4), ("hybrid-attn2d", 4), ("hybrid2", 2),
+PLANS = [("hybrid-cfg", 4), ("hybrid-attn2d", 4), ("hybrid2", 2), ("tp2", 2), ("hybrid2-cfg", 2),
          ("hybrid8", 8), ("hybrid8-tp4", 8), ("hybrid8-cfg", 8)]
 
 
@@ -34,9 +34,15 @@ def test_plan_end_to_end_matches_single_process(tiny_checkpoint, monkeypatch, tm
 
 
 def test_storage_tp1_plans_hold_a_full_replica():
-    for name in ("hybrid-attn2d", "hybrid2"):
+    for name in ("hybrid-attn2d", "hybrid2", "hybrid2-cfg"):
         r = resolve(get_plan(name), get_plan(name).world_size)
         assert r.storage_tp == 1 and r.num_micros == r.phases["ar"].tp_size
+
+
+def test_tp2_halves_every_split_weight_in_both_phases():
+    r = resolve(get_plan("tp2"), 2)
+    assert r.storage_tp == 2 and r.num_micros == 1
+    assert all(p.tp_size == 2 and p.sp_size == 1 for p in r.phases.values())
 
 
 def test_cfg_layouts():

@@ -15,7 +15,8 @@ from dtgen.attention import ulysses_kv_heads
 from dtgen.checkpoint import CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.plan import Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
-from dtgen.storage import ParamSpec, ResidentStorage, StorageShard, check_divisible, validate_checkpoint
+from dtgen.storage import (ParamSpec, ResidentStorage, StorageShard, check_divisible, check_fits, planned_nbytes,
+                           validate_checkpoint)
 from dtgen.topology import Topology
 
 from .config import HunyuanImage3Config
@@ -93,8 +94,12 @@ def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
 
 def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-         moe_impl: str = "auto", random_config: dict | None = None) -> LoadedModel:
+         moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
+         control_timeout_s: float = 60.0) -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
+
+    `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
+    `control_timeout_s` bounds every later phase agreement (see `Topology`).
 
     With `random_config` (a config.json dict) no checkpoint is read: each rank creates its
     shard with random values, directly in its packed layout.
@@ -113,7 +118,10 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     specs = param_specs(model, rules, dtype)
     for name, spec in specs.items():  # before any byte is read
         check_divisible(name, spec, resolved.storage_tp * resolved.num_micros)
-    topology = Topology(resolved, rank, device.type)
+    # Every storage shard has the same size: check the fit before any group or byte exists.
+    check_fits(planned_nbytes(specs, StorageShard(resolved.storage_tp, 0, resolved.num_micros), dtype), device,
+               plan.name, reserve_bytes=1 << 30)
+    topology = Topology(resolved, rank, device.type, control_timeout_s)
     shard = StorageShard(resolved.storage_tp, topology.storage_rank, resolved.num_micros)
     if random_config is not None:
         reader = None
@@ -126,6 +134,9 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         reader.close()
         tokenizer = load_tokenizer(checkpoint, cfg)
     attention = [n for n, m in model.named_modules() if isinstance(m, Attention)]
+    # Ranks finish reading at different times; wait for all of them with a start-up timeout
+    # before the first phase agreement (whose control timeout is short).
+    topology.barrier("start-up (every rank loaded its shard)", startup_timeout_s)
     controller = PhaseController(model, storage, topology, outputs, attention)
     controller.activate(next(iter(plan.phases)))
     return LoadedModel(model, controller, storage, tokenizer, plan, reader)
