@@ -127,3 +127,46 @@ def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint)
     for a, b in zip(reused.record["ar_logits"], fresh.record["ar_logits"]):
         assert torch.equal(a, b)
     assert torch.equal(reused.latents, fresh.latents)
+
+
+def test_stop_token_read_one_step_late_changes_nothing(tiny_checkpoint):
+    """The decode loop launches step i before the host has read token i (so host work overlaps
+    the device); a stop token's step is dropped. The result must equal a run that stops at the
+    same place: the same tokens, one logit row per fed token, the same ratio and latents."""
+    from models.hunyuan_image3.pipeline import T2IRequest
+    common = dict(prompt="a red fox", steps=2, image_size="256x256", seed=11, temperature=0.9, top_k=0)
+    pipe = _tiny_pipe(tiny_checkpoint)
+    free = pipe.generate(T2IRequest(max_new_tokens=6, ignore_stop=True, **common))
+    assert len(free.tokens) == 6
+    stop = free.tokens[3]
+    # the first stop or <eos> ends generation
+    cut = next(i for i, t in enumerate(free.tokens) if t in (stop, pipe.special.eos))
+    stopped = pipe.generate(T2IRequest(max_new_tokens=6, stop_ids=(stop,), **common))
+    assert stopped.tokens == free.tokens[:cut]
+    # prefill + one row per fed token + the image head's last row
+    assert len(stopped.record["ar_logits"]) == 1 + cut + 1
+    for a, b in zip(stopped.record["ar_logits"][:1 + cut], free.record["ar_logits"]):
+        assert torch.equal(a, b)
+    forced = pipe.generate(T2IRequest(max_new_tokens=6, forced_tokens=tuple(free.tokens[:cut]), **common))
+    assert forced.tokens == stopped.tokens and forced.ratio_index == stopped.ratio_index
+    assert torch.equal(forced.record["ar_logits"][-1], stopped.record["ar_logits"][-1])
+    assert torch.equal(forced.latents, stopped.latents)
+
+
+def test_ranks_leaving_ar_with_different_tokens_fail_instead_of_hanging(tiny_checkpoint, monkeypatch):
+    """The denoise sequence (so every collective's shape) is built from the AR tokens: ranks
+    compare count, digest and ratio before the switch, and a mismatch raises on every rank."""
+    import pytest
+
+    from models.hunyuan_image3.pipeline import T2IRequest
+    pipe = _tiny_pipe(tiny_checkpoint)
+    seen = []
+
+    def two_ranks_disagree(what, values):
+        seen.append(what)
+        return [list(values), [values[0], values[1] + 1, values[2]]]
+
+    monkeypatch.setattr(pipe.controller, "agree", two_ranks_disagree)
+    with pytest.raises(RuntimeError, match="ranks left the AR phase with different tokens"):
+        pipe.generate(T2IRequest(steps=1, max_new_tokens=2, image_size="256x256"))
+    assert seen == ["AR tokens"]

@@ -8,8 +8,9 @@ the identity and this is the plain single-process pipeline.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -193,6 +194,58 @@ class T2IResult:
     record: dict[str, list] = field(default_factory=dict)
 
 
+Progress = Callable[[str, int, int], None]
+
+
+def _no_progress(phase: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class _Run:
+    """What one request's phases share: its clock, timings, record, progress hook, profiler."""
+
+    timer: "_Timer"
+    timings: dict
+    record: dict
+    progress: Progress
+    profiler: object
+
+
+class _TokenReader:
+    """Sampled token ids to the host, one step late, without stalling the device.
+
+    `push(t)` queues a copy of the 0-d device tensor `t` into pinned memory behind the work
+    that makes it; `pop()` returns the oldest queued id, waiting (on CUDA, for an event) only
+    until that copy is done, not for work launched after the push. On the CPU both are plain.
+    """
+
+    def __init__(self, device: torch.device, slots: int = 4):
+        self.cuda = device.type == "cuda"
+        self.buffer = torch.empty(slots, dtype=torch.int64, pin_memory=self.cuda)
+        self.pending: deque = deque()
+        self.count = 0
+
+    def push(self, token: torch.Tensor) -> None:
+        if not self.cuda:
+            self.pending.append(int(token))
+            return
+        slot = self.count % self.buffer.shape[0]
+        self.count += 1
+        self.buffer[slot:slot + 1].copy_(token.view(1), non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self.pending.append((slot, done))
+
+    def pop(self) -> int:
+        item = self.pending.popleft()
+        if not self.cuda:
+            return item
+        slot, done = item
+        done.synchronize()
+        return int(self.buffer[slot])
+
+
 class _Timer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -220,7 +273,9 @@ class HunyuanT2IPipeline:
         # shape), and the decode step may replay as a CUDA graph.
         self.compiler = StepCompiler(compile_options or CompileOptions())
         self._prefill_fn = self.compiler.wrap(self._ar_prefill)
-        self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.device.type == "cuda")
+        self.decode_cuda_graph = (self.compiler.options.enabled and self.compiler.options.decode_cuda_graph
+                                  and self.device.type == "cuda")
+        self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
         self._denoise_fn = self.compiler.wrap(self.predict_velocity)
         self._kept_caches: dict[str, KVCache] = {}
 
@@ -314,8 +369,9 @@ class HunyuanT2IPipeline:
         # clone: a CUDA-graph replay reuses its output buffers on the next call.
         return logits.clone(), token.clone()
 
-    def run_ar(self, req: T2IRequest, record: dict, timer: _Timer, timings: dict) -> tuple[list[int], int]:
+    def run_ar(self, req: T2IRequest, run: "_Run") -> tuple[list[int], int]:
         rt = self.controller.activate("ar")
+        record, timer, timings = run.record, run.timer, run.timings
         sp = self.special
         ids = [sp.bos] + self._prompt_ids(req)
         steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
@@ -331,33 +387,71 @@ class HunyuanT2IPipeline:
         sampling = Sampling(req.temperature, req.top_k, req.top_p)
         stops = {sp.eos, *req.stop_ids}
 
-        t0 = timer.now()
-        logits, next_token = self._feed(self._prefill_fn, rt, ids, 0, cache, length, sampling, generator,
-                                        static_slots=True)
-        timings["ar_prefill"] = (timer.now() - t0) * 1e3
+        with run.profiler.region("ar_prefill"):
+            t0 = timer.now()
+            logits, next_token = self._feed(self._prefill_fn, rt, ids, 0, cache, length, sampling, generator,
+                                            static_slots=True)
+            timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
+        run.progress("ar", 0, steps)
 
         generated = []
-        t0 = timer.now()
-        for i in tqdm(range(steps), desc="AR", disable=not self.is_main, leave=False):
-            forced = req.forced_tokens is not None
-            token = req.forced_tokens[i] if forced else int(next_token)   # the one host sync per token
-            if token in stops and not req.ignore_stop:
-                break
-            generated.append(token)
-            logits, next_token = self._feed(self._decode_fn, rt, [token] if forced else next_token.view(1, 1),
-                                            len(ids) + len(generated) - 1, cache, length, sampling, generator)
-            record["ar_logits"].append(logits)
+        forced = req.forced_tokens is not None
+        forced_ids = torch.tensor(req.forced_tokens or [0], device=self.device) if forced else None
+        reader = _TokenReader(self.device)
+        if not forced:
+            reader.push(next_token)
+        with run.profiler.region("ar_decode") as counted:
+            t0 = timer.now()
+            for i in tqdm(range(steps), desc="AR", disable=not self.is_main, leave=False):
+                # Token i is fed before the host has read it: the step is launched first, and
+                # only then does the host wait for token i (made by the previous step), so the
+                # next step's host work overlaps this step's device time. If token i is a stop,
+                # the step is dropped: the image head below rewrites its cache slot.
+                fed = forced_ids[i].view(1, 1) if forced else next_token.view(1, 1)
+                logits, next_token = self._feed(self._decode_fn, rt, fed, len(ids) + i, cache, length, sampling,
+                                                generator)
+                token = req.forced_tokens[i] if forced else reader.pop()
+                if not forced:
+                    reader.push(next_token)
+                if token in stops and not req.ignore_stop:
+                    break
+                generated.append(token)
+                record["ar_logits"].append(logits)
+                run.progress("ar", i + 1, steps)
+            decode_s = timer.now() - t0
+            if counted is not None:
+                counted[1] = len(generated)
         if generated:
-            timings["ar_decode_per_token"] = (timer.now() - t0) * 1e3 / len(generated)
+            timings["ar_decode_per_token"] = decode_s * 1e3 / len(generated)
 
         # <boi><img_size_N>, then the ratio token, restricted to the ratio vocabulary.
+        # They go through the decode step one at a time: its graph (a CUDA graph on GPU) is
+        # there already, where a 2-token feed would cost one more full-depth compile. The
+        # step's sampled token is ignored; the ratio is the argmax over the ratio ids.
         head = [sp.boi, sp.size[self.cfg.image_base_size]]
-        logits, _ = self._feed(self._prefill_fn, rt, head, len(ids) + len(generated), cache, length,
-                               Sampling(0.0, 0, 1.0), None)
+        start = len(ids) + len(generated)
+        with run.profiler.region("ar_image_head", units=len(head)):
+            for j, token in enumerate(head):
+                logits, _ = self._feed(self._decode_fn, rt, [token], start + j, cache, length, sampling, generator)
+            chosen = int(torch.argmax(logits[list(sp.ratio)]))
         record["ar_logits"].append(logits)
-        ratio = int(torch.argmax(logits[list(sp.ratio)])) if req.forced_ratio is None else req.forced_ratio
+        ratio = chosen if req.forced_ratio is None else req.forced_ratio
+        self._check_ranks_agree(generated, ratio)
         return generated, ratio
+
+    def _check_ranks_agree(self, tokens: list[int], ratio: int) -> None:
+        """Every rank must leave AR with the same tokens: the denoise sequence (and so every
+        collective's shape) is built from them. Ranks draw from identical logits with
+        identical generators, so this holds unless a replicated computation differs between
+        ranks; then fail loudly here instead of hanging in the next collective."""
+        digest = 0
+        for i, t in enumerate(tokens):
+            digest = (digest * 1000003 + t + i) % (1 << 61)
+        rows = self.controller.agree("AR tokens", [len(tokens), digest, ratio])
+        if any(row != rows[0] for row in rows):
+            raise RuntimeError("ranks left the AR phase with different tokens (count, digest, ratio by rank: "
+                               f"{rows}); a replicated computation is not bitwise identical across ranks")
 
     # ---- denoise ------------------------------------------------------------------------
     def denoise_cache(self, rt, batch: int, seq: DiffusionSequence, reuse: str | None = None) -> KVCache:
@@ -388,9 +482,9 @@ class HunyuanT2IPipeline:
             h_img = h[:, 1:]
         return m.velocity(h_img, t, seq.height, seq.width).float()
 
-    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, record: dict, timer: _Timer,
-                    timings: dict) -> torch.Tensor:
+    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run") -> torch.Tensor:
         rt = self.controller.activate("denoise")
+        record, timer, timings = run.record, run.timer, run.timings
         timings["phase_switch"] = self.controller.last_switch.ms
         dev = self.device
         branches = [seq.cond_ids, seq.uncond_ids]
@@ -405,16 +499,20 @@ class HunyuanT2IPipeline:
         sigmas = flow_match_sigmas(req.steps, req.flow_shift)
         step_ms = []
         for i in tqdm(range(req.steps), desc="denoise", disable=not self.is_main, leave=False):
-            t0 = timer.now()
-            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-            v = rt.gather_cfg(torch.cat([
-                self._denoise_fn(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
-                                 latents.expand(len(g), -1, -1, -1),
-                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
-                for g, cache in zip(groups, caches)]))
-            record.setdefault("velocity", []).append(v)
-            latents = euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
-            step_ms.append((timer.now() - t0) * 1e3)
+            # The first step feeds the whole sequence; the later ones only the image rows.
+            with run.profiler.region("denoise_first_step" if i == 0 else "denoise_step"):
+                t0 = timer.now()
+                sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+                v = rt.gather_cfg(torch.cat([
+                    self._denoise_fn(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
+                                     latents.expand(len(g), -1, -1, -1),
+                                     torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
+                    for g, cache in zip(groups, caches)]))
+                record.setdefault("velocity", []).append(v)
+                latents = euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma,
+                                     sigma_next)
+                step_ms.append((timer.now() - t0) * 1e3)
+            run.progress("denoise", i + 1, req.steps)
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
         record["latents"] = [latents]
@@ -445,19 +543,19 @@ class HunyuanT2IPipeline:
         return (x[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()
 
     @torch.no_grad()
-    def generate(self, req: T2IRequest, profiler=None) -> T2IResult:
-        """The whole request. `profiler` (dtgen.profiling.PhaseProfiler) traces each phase."""
+    def generate(self, req: T2IRequest, profiler=None, progress: Progress | None = None) -> T2IResult:
+        """The whole request. `profiler` (dtgen.profiling.PhaseProfiler) traces each phase;
+        `progress(phase, done, total)` is called after every AR token and denoise step (a
+        stall watch, a progress bar, a fault injected for tests)."""
         if req.cfg_mode not in ("serial", "batch"):
             raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
         table = resolution_table(self.cfg.image_base_size)
         forced = parse_image_size(req.image_size, self.cfg.image_base_size)
-        timer = _Timer(self.device)
-        timings: dict[str, float] = {}
-        record: dict[str, list] = {}
-        profiler = profiler or NullProfiler()
+        run = _Run(_Timer(self.device), {}, {}, progress or _no_progress, profiler or NullProfiler())
+        timer, timings = run.timer, run.timings
         t_start = timer.now()
-        with profiler.phase("ar"):
-            tokens, ratio = self.run_ar(req, record, timer, timings)
+        with run.profiler.phase("ar"):
+            tokens, ratio = self.run_ar(req, run)
         if forced is not None:
             ratio = forced
         height, width = table[ratio]
@@ -466,16 +564,18 @@ class HunyuanT2IPipeline:
         seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
                                        self.cfg.image_base_size, ratio, h, w)
         self._check_budget(seq.length, f"diffusion sequence for a {height}x{width} image")
-        with profiler.phase("denoise"):
-            latents = self.run_denoise(req, seq, record, timer, timings)
+        with run.profiler.phase("denoise"):
+            latents = self.run_denoise(req, seq, run)
         image = None
         if self.is_main or self.vae_group is not None:
-            with profiler.phase("vae"):
+            with run.profiler.phase("vae"), run.profiler.region("vae_decode"):
                 t0 = timer.now()
                 image = self.decode_image(latents)
                 timings["vae_decode"] = (timer.now() - t0) * 1e3
+            run.progress("vae", 1, 1)
         timings["total"] = (timer.now() - t_start) * 1e3
         timings.setdefault("ar_decode_per_token", 0.0)
+        record = run.record
         return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)
 
 
