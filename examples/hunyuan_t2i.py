@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from torch._dynamo.utils import counters
+
 from dtgen.compile import CompileOptions, CompileReport, graph_breaks, unique_graphs
 from dtgen.devices import parse_device, parse_dtype
-from dtgen.launch import RankContext, run_on_ranks, under_torchrun
+from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
 from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, to_uint8
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, parse_image_size, to_uint8
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
@@ -57,13 +61,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
-    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks (default: torchrun's WORLD_SIZE under torchrun, else 1)")
     p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile each phase step (fullgraph); a warm-up run compiles every graph first")
     p.add_argument("--profile", nargs="?", const="outputs/profile", default=None, metavar="DIR",
-                   help="per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
+                   help="after the timed run, one more run under the profiler (the timed figures never are): "
+                        "per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help="denoise steps of the profiled run (default: --steps)")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --compile on GPU: replay the AR decode step as a CUDA graph")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="run a short request first (same shapes; 2 denoise steps) so that compilation and "
+                        "first-call kernel JIT stay out of the figures; its wall time is reported on its own "
+                        "(default: on with --compile or on GPU, where Triton kernels JIT on first call)")
+    p.add_argument("--stall-timeout", type=float, default=300.0,
+                   help="under torchrun: seconds without progress (while no rank compiles) before a rank prints "
+                        "every thread's stack; after twice that the job ends")
+    p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang]",
+                   help="testing the error path: raise (or hang, with ':hang') on RANK after STEP of PHASE "
+                        "(ar, denoise) of the timed run")
     p.add_argument("--compile-autotune", action="store_true",
                    help="with --compile: let inductor tune the prefill and denoise GEMMs, the MoE's grouped "
                         "GEMMs included (--moe-impl auto becomes graph); slower compile, faster MoE on GPU")
@@ -73,6 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", default="outputs/hunyuan_t2i.png")
     p.add_argument("--report", help="write a JSON report here")
     args = p.parse_args(argv)
+    if args.world_size is None:
+        args.world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
     if args.plan is None:
         args.plan = "single" if args.world_size == 1 else "hybrid"
     return args
@@ -94,6 +116,27 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b)), default=0.0)
 
 
+class InjectedFailure(RuntimeError):
+    """Raised on purpose by --inject-failure (tests of the error path)."""
+
+
+def _progress_hook(ctx: RankContext, inject: str | None):
+    """progress(phase, done, total): tells the stall watch, and raises where --inject-failure says."""
+    target, hang = None, False
+    if inject:
+        rank, phase, step, *mode = inject.split(":")
+        target, hang = (int(rank), phase, int(step)), mode == ["hang"]
+
+    def progress(phase: str, done: int, total: int) -> None:
+        ctx.progress(f"{phase} {done}/{total}")
+        if target is not None and target == (ctx.rank, phase, done):
+            while hang:  # the stall watch must notice, report and end the job
+                time.sleep(1.0)
+            raise InjectedFailure(f"--inject-failure: rank {ctx.rank} fails after {phase} step {done}")
+
+    return progress
+
+
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     """One rank's whole run; returns what the report needs (the image on rank 0)."""
     device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
@@ -104,35 +147,51 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(args.seed)
-    random_config = {"full": lambda: full_config(args.layers or 32),
-                     "tiny": lambda: tiny_config(args.layers or 2),
-                     None: lambda: None}[args.random_weights]()
     # GEMM autotuning is for the MoE's grouped GEMMs: let the compiled steps trace them.
     moe_impl = "graph" if args.compile and args.compile_autotune and args.moe_impl == "auto" else args.moe_impl
+    ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl,
-                  random_config=random_config)
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune)
+                  random_config=_random_config(args))
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
+                             decode_cuda_graph=args.cuda_graph)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group)
-    profiler = PhaseProfiler(args.profile, ctx.rank) if args.profile else None
+    profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
+    warmup_ms = None
+    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
+        # Same prompt, seed and image size: the same shapes, so every graph compiles (and every
+        # kernel is JIT-compiled) here, not in the timed run.
+        t0 = time.perf_counter()
+        pipe.generate(_request(args, steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
+        warmup_ms = (time.perf_counter() - t0) * 1e3
+    warm_graphs = unique_graphs()
+    result = pipe.generate(_request(args), progress=_progress_hook(ctx, args.inject_failure))
     compile_report = None
     if args.compile:
-        # Same prompt, seed and image size: the same shapes, so every graph compiles here.
-        pipe.generate(_request(args, steps=min(args.steps, 2)))
-        warm_graphs = unique_graphs()
-        result = pipe.generate(_request(args), profiler)
         breaks = graph_breaks()
         compile_report = CompileReport(graphs=unique_graphs(), graph_breaks=sum(breaks.values()),
                                        break_reasons=breaks, recompiles_after_warmup=unique_graphs() - warm_graphs,
                                        compile_s=pipe.compiler.compile_s).as_dict()
-    else:
-        result = pipe.generate(_request(args), profiler)
-    profile_summary = profiler.write(result.timings_ms, compile_report) if profiler else None
-    out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "tokens": result.tokens,
+        compile_report["decode_cuda_graph"] = pipe.decode_cuda_graph
+        compile_report["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
+    profile_summary = None
+    if profiler:
+        # The same request (fewer denoise steps at most): its AR tokens make the denoise
+        # sequence, so any other token count would compile new denoise graphs in here.
+        profiled = pipe.generate(_request(args, steps=args.profile_steps), profiler, progress=_progress_hook(ctx, None))
+        profile_summary = profiler.write(profiled.timings_ms, compile_report)
+    out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
-           "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device), "compile": compile_report,
-           "profile": profile_summary}
+           "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device),
+           "compile": compile_report, "profile": profile_summary}
+    # Every rank's small facts reach rank 0 (under torchrun it alone reports).
+    mine = {k: out[k] for k in ("rank", "switch", "storage_bytes", "peak_memory_bytes")}
+    out["ranks"] = [mine]
+    if ctx.world_size > 1:
+        out["ranks"] = [None] * ctx.world_size
+        dist.all_gather_object(out["ranks"], mine, group=loaded.controller.topology.control)
+    out["dtype"] = str(dtype).replace("torch.", "")
     if ctx.rank == 0:
         out["image"] = result.image
         if args.check:
@@ -148,6 +207,12 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     return out
 
 
+def _random_config(args) -> dict | None:
+    return {"full": lambda: full_config(args.layers or 32),
+            "tiny": lambda: tiny_config(args.layers or 2),
+            None: lambda: None}[args.random_weights]()
+
+
 def _peak_memory(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
@@ -157,55 +222,91 @@ def _table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
+def _check_args(args, plan) -> str | None:
+    """The first problem with the command line, as one line, or None."""
+    if plan.world_size != args.world_size:
+        return f"plan '{plan.name}' runs on {plan.world_size} ranks, --world-size is {args.world_size}"
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != args.world_size:
+        return f"--world-size {args.world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks"
+    if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
+        return "spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun"
+    if args.random_weights and (args.checkpoint or args.check):
+        return ("--random-weights makes its own weights: it takes no --checkpoint and no --check "
+                "(the single-process reference would have other random weights)")
+    if args.layers is not None and not args.random_weights:
+        return "--layers applies to --random-weights only"
+    for flag, value, least in (("--steps", args.steps, 1), ("--max-new-tokens", args.max_new_tokens, 0),
+                               ("--layers", args.layers, 1), ("--prompt-tokens", args.prompt_tokens, 1)):
+        if value is not None and value < least:
+            return f"{flag} must be at least {least}, got {value}"
+    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
+        return f"--checkpoint {args.checkpoint}: no config.json there (expected the official checkpoint folder)"
+    if args.inject_failure:
+        parts = args.inject_failure.split(":")
+        if (len(parts) not in (3, 4) or not parts[0].isdigit() or parts[1] not in ("ar", "denoise")
+                or not parts[2].isdigit() or parts[3:] not in ([], ["hang"])):
+            return f"--inject-failure {args.inject_failure!r}: expected RANK:PHASE:STEP[:hang], PHASE ar or denoise"
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Under torchrun every rank runs main(): let rank 0 alone print command-line errors.
+    quiet = under_torchrun() and int(os.environ.get("RANK", 0)) != 0
     try:
         plan = get_plan(args.plan)
         parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
                     else torch.device("cpu"))
+        problem = _check_args(args, plan)
+        tiny = args.checkpoint is None and not args.random_weights
+        if problem is None:
+            if tiny:
+                args.checkpoint = str(ensure_tiny_checkpoint())
+            base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
+            parse_image_size(args.image_size, int(base.get("image_base_size", 1024)))
     except (KeyError, ValueError) as e:
-        print(f"error: {e.args[0]}", file=sys.stderr)
+        problem = e.args[0]
+    if problem is not None:
+        if not quiet:
+            print(f"error: {problem}", file=sys.stderr)
         return 2
-    if plan.world_size != args.world_size:
-        print(f"error: plan '{plan.name}' runs on {plan.world_size} ranks, --world-size is {args.world_size}",
-              file=sys.stderr)
-        return 2
-    if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
-        print("error: spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun", file=sys.stderr)
-        return 2
-    if args.random_weights and (args.checkpoint or args.check):
-        print("error: --random-weights makes its own weights: it takes no --checkpoint and no --check "
-              "(the single-process reference would have other random weights)", file=sys.stderr)
-        return 2
-    if args.layers is not None and not args.random_weights:
-        print("error: --layers applies to --random-weights only", file=sys.stderr)
-        return 2
-    tiny = args.checkpoint is None and not args.random_weights
-    if tiny:
-        args.checkpoint = str(ensure_tiny_checkpoint())
     if args.max_new_tokens is None:
         args.max_new_tokens = 16 if tiny else 0
 
-    results = run_on_ranks(run_rank, args.world_size, args)
+    try:
+        results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout)
+    except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     main_result = next((r for r in results if r["rank"] == 0), None)
     if main_result is None:  # torchrun: only rank 0 reports
         return 0
+    write_report(args, main_result, tiny)
+    return 0
+
+
+def write_report(args, main_result: dict, tiny: bool) -> dict:
+    """The PNG, the printed table and (with --report) the JSON, from rank 0's result."""
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     from PIL import Image
     Image.fromarray(to_uint8(main_result["image"]).numpy()).save(out)
 
+    ranks = main_result["ranks"]
     t = main_result["timings_ms"]
-    switch = max((r["switch"] for r in results), key=lambda s: s["ms"])
+    switch = max((r["switch"] for r in ranks), key=lambda s: s["ms"])
     report = {
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
+        "dtype": main_result["dtype"], "torch": torch.__version__,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
                                                   "denoise_first_step", "vae_decode", "total")},
+        "warmup_ms": main_result["warmup_ms"],
         "tokens_generated": len(main_result["tokens"]), "image_size": list(main_result["image_size"]),
-        "phase_switch": switch, "storage_bytes_per_rank": [r["storage_bytes"] for r in results],
-        "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in results],
+        "steps": args.steps, "phase_switch": switch,
+        "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
+        "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks],
     }
     if "check" in main_result:
         report["check"] = main_result["check"]
@@ -213,11 +314,15 @@ def main(argv=None) -> int:
         report["compile"] = main_result["compile"]
     if main_result["profile"] is not None:
         report["profile"] = {"dir": args.profile, "traces": main_result["profile"]["traces"],
+                             "regions": main_result["profile"]["regions"],
                              "top_kernels": main_result["profile"]["top_kernels"]}
     h, w = main_result["image_size"]
-    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}"),
+    peak = [r["peak_memory_bytes"] for r in ranks]
+    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}, {main_result['dtype']}"),
+            ("warm-up run", "off (first-call compilation and JIT are inside the figures)" if main_result["warmup_ms"]
+             is None else f"{main_result['warmup_ms']:9.1f} ms (compilation and first-call JIT; not in the figures)"),
             ("AR prefill", f"{t.get('ar_prefill', 0):9.1f} ms"),
-            ("AR decode", f"{t.get('ar_decode_per_token', 0):9.1f} ms/token ({len(main_result['tokens'])} tokens)"),
+            ("AR decode", f"{t.get('ar_decode_per_token', 0):9.2f} ms/token ({len(main_result['tokens'])} tokens)"),
             ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}, "
                              f"allocated {switch['allocated_bytes_delta']} B, "
                              f"param bytes {switch['param_bytes_before']} -> {switch['param_bytes_after']}"),
@@ -225,10 +330,23 @@ def main(argv=None) -> int:
                         f"the first, whole-sequence step {t.get('denoise_first_step', 0):.1f} ms)"),
             ("VAE decode", f"{t.get('vae_decode', 0):9.1f} ms"),
             ("total", f"{t.get('total', 0):9.1f} ms")]
+    if all(p is not None for p in peak):
+        rows.append(("memory / rank", ", ".join(f"{r['storage_bytes'] / 1e9:.1f} GB weights, "
+                                                f"{r['peak_memory_bytes'] / 1e9:.1f} GB peak" for r in ranks)))
     if "compile" in report:
         c = report["compile"]
+        graph = "CUDA-graph decode" if c["decode_cuda_graph"] else "decode not CUDA-graphed"
         rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
-                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
+                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s; "
+                                f"{graph}{', %d cudagraph skips' % c['cudagraph_skips'] if c['cudagraph_skips'] else ''}"))
+    if "profile" in report:
+        for phase, regions in report["profile"]["regions"].items():
+            for r in regions:
+                u = r["per_unit_ms"]
+                wait = f", waiting {u['waiting_ms']:.3f}" if "waiting_ms" in u else ""
+                rows.append((f"profile {r['region']}", f"per unit (x{r['units']}): {u['wall_ms']:.3f} ms = compute "
+                                                       f"{u['compute_ms']:.3f} + comm {u['communication_ms']:.3f}"
+                                                       f"{wait} + idle {u['idle_ms']:.3f}"))
     if "check" in report:
         rows += [(f"check {k}", f"{v:.3e}") for k, v in report["check"].items()]
     print(_table(rows))
@@ -237,8 +355,8 @@ def main(argv=None) -> int:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.report}")
-    return 0
+    return report
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
