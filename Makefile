@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dtgen-installed
 
-.PHONY: demo test test-gpu bench clean
+.PHONY: demo test test-gpu test-gpu2 bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-test-gpu: $(STAMP)
-	$(PY) -m pytest -q -m gpu tests
+# On a GPU machine: `make test-gpu` (one GPU), `make test-gpu2` (two GPUs, torchrun + NCCL).
+# They use .venv when there is one, else the machine's python3 as it is (GPU images come
+# with torch, triton and the rest, and often with no network to install from).
+GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+
+test-gpu:
+	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" --durations=10 tests
+
+test-gpu2:
+	$(GPU_PY) -m pytest -q -m multigpu --durations=10 tests
 
 clean:
 	rm -rf $(VENV) outputs .cache

@@ -2,7 +2,8 @@
 
 Triton kernels run on the CPU under TRITON_INTERPRET=1; the variable must be set before
 triton is imported, so it is set here when no GPU is present. GPU-only tests carry the
-`gpu` marker and are skipped without CUDA.
+`gpu` marker and are skipped without CUDA; multi-GPU tests carry `multigpu` and are
+skipped with fewer than 2 GPUs.
 """
 import os
 
@@ -15,11 +16,13 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     skip_gpu = pytest.mark.skip(reason="needs CUDA (gpu marker)")
+    skip_multi = pytest.mark.skip(reason=f"needs 2 GPUs, this machine shows {gpus} (multigpu marker)")
     for item in items:
-        if "gpu" in item.keywords:
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(skip_multi)
+        elif "gpu" in item.keywords and gpus < 1:
             item.add_marker(skip_gpu)
 
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# dtgen on 2 x H200 (torchrun + NCCL). Each stage fits one 10-minute device call:
+#   bash bench/run_gpu2.sh tests      # make test-gpu2, then make test-gpu (GPU 0)
+#   bash bench/run_gpu2.sh tp2-32     # the released 32 layers on plan tp2
+#   bash bench/run_gpu2.sh cmp16      # hybrid2 vs tp2 at 16 layers, side by side
+# Full width, random bf16 weights, the seed's shapes: 1251 prompt tokens, 256 forced AR
+# tokens, 1024x1024, serial CFG, 10 steps, compiled (CUDA-graph decode), a warm-up run
+# first; each run then makes one more, profiled run (never the timed one).
+# Reports land in $OUT (default outputs/gpu2); `python -m bench.gpu2_table $OUT` prints
+# the table for docs/performance.md.
+set -u
+OUT=${OUT:-outputs/gpu2}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# NVLink multicast stays off on these machines (see the device notes); keep it so here too.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}
+PY=${PY:-python3}
+
+step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"; tail -n 25 "$OUT/$name.log"; }
+
+t2i() { local name=$1 limit=$2 plan=$3 layers=$4; shift 4
+  step "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m examples.hunyuan_t2i \
+    --plan "$plan" --random-weights full --layers "$layers" --prompt-tokens 1251 --max-new-tokens 256 \
+    --ignore-eos --image-size 1024x1024 --steps 10 --compile --profile "$OUT/profile-$name" --profile-steps 3 \
+    --report "$OUT/$name.json" --output "$OUT/$name.png" "$@"; }
+
+$PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
+torch.cuda.device_count(), 'x', torch.cuda.get_device_name())"
+case "${1:-}" in
+  tests)  # both at once: the one-GPU tests are small next to an H200, and compiling is CPU work
+    # (what `make test-gpu` and `make test-gpu2` run; some GPU images have no make)
+    step test_gpu 300 $PY -m pytest -q -m "gpu and not multigpu" --durations=10 -p no:cacheprovider tests &
+    DTGEN_TEST_LOGS=$OUT/mg step test_gpu2 420 $PY -m pytest -q -m multigpu --durations=10 -p no:cacheprovider tests
+    wait ;;
+  tests2)
+    DTGEN_TEST_LOGS=$OUT/mg step test_gpu2 420 $PY -m pytest -q -m multigpu --durations=10 -p no:cacheprovider tests
+    # the tiny model, profiled, on the graphs the tests compiled: a quick look at the profile
+    step smoke_hybrid2 120 $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m examples.hunyuan_t2i \
+      --plan hybrid2 --compile --steps 3 --prompt "a lighthouse at dusk" --max-new-tokens 6 --ignore-eos \
+      --image-size 256x256 --profile "$OUT/profile-smoke" --report "$OUT/smoke_hybrid2.json" \
+      --output "$OUT/smoke_hybrid2.png" ;;
+  tp2-32)
+    t2i tp2_32 560 tp2 32 ;;
+  tests2+tp2-32)  # one call: the 32-layer run compiles for minutes (CPU) while the tests use the
+    # GPUs lightly; the tests end long before its timed run starts
+    t2i tp2_32 540 tp2 32 &
+    sleep 5
+    DTGEN_TEST_LOGS=$OUT/mg step test_gpu2 300 $PY -m pytest -q -m multigpu --durations=10 -p no:cacheprovider tests
+    wait ;;
+  cmp16)
+    t2i tp2_16 280 tp2 16
+    t2i hybrid2_16 280 hybrid2 16 ;;
+  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16"; exit 2 ;;
+esac
+cat "$OUT/summary.txt"
+$PY -m bench.gpu2_table "$OUT" || true
+# at most 8 files come back from a device call: fold the per-job logs into one archive
+for d in "$OUT"/mg "$OUT"/profile-*; do [ -d "$d" ] && tar czf "$d.tgz" -C "$OUT" "$(basename "$d")" && rm -r "$d"; done
