@@ -75,7 +75,8 @@ def _stacks() -> str:
     return "\n".join(parts)
 
 
-def _first_line(text: str) -> str:
+def _summary_line(text: str) -> str:
+    """A traceback's last line: the exception and its message."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "unknown error"
 
@@ -109,14 +110,14 @@ class RankWatch:
         If another rank failed first, this error is most likely its consequence (a collective
         that lost its peer): one line then, naming the first failure, not a second traceback."""
         self._failing = True  # the watch thread must not announce this rank's own failure
-        mine = f"rank {self.rank} failed: {_first_line(traceback_text)}"
+        mine = f"rank {self.rank} failed: {_summary_line(traceback_text)}"
         try:
             with self._store_lock:
                 first = self.store.compare_set(FAILURE_KEY, "", mine).decode()
         except Exception:
             first = mine
         if first != mine:
-            say(self.rank, f"stopping: {first} (here: {_first_line(traceback_text)})")
+            say(self.rank, f"stopping: {first} (here: {_summary_line(traceback_text)})")
         else:
             say(self.rank, traceback_text)
         abort_and_exit(1)
