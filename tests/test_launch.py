@@ -104,3 +104,23 @@ def test_gpu_count_is_checked_before_joining(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(RuntimeError, match="local rank 1, but this machine shows 1 GPU"):
         launch.init_from_torchrun()
+
+
+def test_torchrun_success_reports_every_rank_and_exits_cleanly(tiny_checkpoint, tmp_path):
+    """The clean path under torchrun: every rank checks in and leaves with status 0; rank 0's
+    report holds both ranks' memory facts and the profile (whose NCCL kernel lists the ranks
+    exchange over the control group); bench/gpu2_table reads the report."""
+    import json
+
+    from bench.gpu2_table import main as table
+    report = tmp_path / "r.json"
+    proc, _ = _torchrun(tiny_checkpoint, tmp_path, "--plan", "tp2", *FAST, "--profile", str(tmp_path / "prof"),
+                        "--profile-steps", "2", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(report.read_text())
+    assert r["world_size"] == 2 and len(r["storage_bytes_per_rank"]) == 2
+    assert r["storage_bytes_per_rank"][0] == r["storage_bytes_per_rank"][1] > 0
+    regions = {row["region"]: row for row in r["profile"]["regions"]["denoise"]}
+    assert regions["denoise_first_step"]["units"] == 1 and regions["denoise_step"]["units"] == 1
+    assert (tmp_path / "prof" / "profile_rank1.json").is_file()
+    assert table([str(tmp_path)]) == 0
