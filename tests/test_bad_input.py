@@ -8,9 +8,15 @@ from safetensors.torch import load_file, save_file
 
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.devices import parse_device, parse_dtype
+from dtgen.plan import match_rules, resolve
+from dtgen.storage import StorageShard, planned_nbytes
 from models.hunyuan_image3.config import ConfigError, HunyuanImage3Config
-from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, parse_image_size
+from models.hunyuan_image3.loading import build_on_meta, load, param_specs
+from models.hunyuan_image3.pipeline import (
+    HunyuanT2IPipeline,
+    T2IRequest,
+    parse_image_size,
+)
 from placements.hunyuan_image3 import get_plan
 
 
@@ -166,12 +172,7 @@ def test_model_that_does_not_fit_is_refused_before_loading(tiny_checkpoint, monk
 
 @pytest.mark.parametrize("plan, world", [("single", 1), ("hybrid2", 2), ("tp2", 2)])
 def test_planned_bytes_equal_what_the_storage_holds(tiny_checkpoint, plan, world):
-    from dtgen.plan import resolve
-    from dtgen.storage import StorageShard, planned_nbytes
-    from models.hunyuan_image3.loading import build_on_meta, param_specs
-    from models.hunyuan_image3.config import HunyuanImage3Config as Config
-    from dtgen.plan import match_rules
-    cfg = Config.from_json(tiny_checkpoint / "config.json")
+    cfg = HunyuanImage3Config.from_json(tiny_checkpoint / "config.json")
     resolved = resolve(get_plan(plan), world)
     model = build_on_meta(cfg)
     specs = param_specs(model, match_rules(get_plan(plan), [n for n, _ in model.named_parameters()]), torch.float32)
