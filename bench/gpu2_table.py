@@ -37,7 +37,7 @@ def row(name: str, r: dict) -> dict:
         "ar_prefill_ms": round(t["ar_prefill"], 2), "vae_decode_ms": round(t["vae_decode"], 1),
         "nccl_share_ar_decode": _share(regions.get("ar", []), ("ar_decode",)),
         "nccl_share_denoise": _share(regions.get("denoise", []), ("denoise_step", "denoise_first_step")),
-        "phase_switch_ms": round(s["ms"], 3), "phase_switch_allocated_bytes": s["allocated_bytes_delta"],
+        "phase_switch_ms": round(s["ms"], 3), "phase_switch_agree_ms": round(s.get("agree_ms", 0.0), 3), "phase_switch_allocated_bytes": s["allocated_bytes_delta"],
         "weights_copied": s["weights_copied"],
         "weights_gb_per_rank": [round(b / 1e9, 1) for b in r["storage_bytes_per_rank"]],
         "peak_gb_per_rank": [round(b / 1e9, 1) for b in r["peak_memory_bytes_per_rank"] if b is not None],
@@ -50,6 +50,7 @@ def row(name: str, r: dict) -> dict:
 COLUMNS = [("run", "run"), ("ar_decode_ms_per_token", "AR ms/token"), ("dit_ms_per_step", "DiT ms/step"),
            ("dit_first_step_ms", "first step ms"), ("nccl_share_ar_decode", "NCCL share, AR decode"),
            ("nccl_share_denoise", "NCCL share, denoise"), ("phase_switch_ms", "switch ms"),
+           ("phase_switch_agree_ms", "of it, agreement ms"),
            ("phase_switch_allocated_bytes", "switch bytes"), ("weights_gb_per_rank", "weights GB/rank"),
            ("peak_gb_per_rank", "peak GB/rank"), ("cold_compile_s", "cold compile s")]
 

@@ -58,4 +58,9 @@ esac
 cat "$OUT/summary.txt"
 $PY -m bench.gpu2_table "$OUT" || true
 # at most 8 files come back from a device call: fold the per-job logs into one archive
+# (a 32-layer trace runs past the 16 MB a file may have: the traces get their own archive,
+# kept only when small enough, so the tables and charts always come back)
+for d in "$OUT"/profile-*/; do [ -d "$d" ] || continue; d=${d%/}
+  ls "$d"/trace_* >/dev/null 2>&1 && tar czf "$d-traces.tgz" -C "$d" $(cd "$d" && ls trace_*) && rm "$d"/trace_*
+  [ -f "$d-traces.tgz" ] && [ "$(stat -c %s "$d-traces.tgz")" -gt 15000000 ] && rm "$d-traces.tgz"; done
 for d in "$OUT"/mg "$OUT"/profile-*; do [ -d "$d" ] && tar czf "$d.tgz" -C "$OUT" "$(basename "$d")" && rm -r "$d"; done

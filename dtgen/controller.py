@@ -73,6 +73,9 @@ class PhaseRuntime:
 @dataclass
 class SwitchReport:
     ms: float = 0.0
+    # of `ms`: waiting on the control group for every rank to ask for the same phase (a rank
+    # still finishing the last phase's host work shows up here, not in the binding)
+    agree_ms: float = 0.0
     param_bytes_before: int = 0
     param_bytes_after: int = 0
     allocated_bytes_delta: int = 0
@@ -81,7 +84,7 @@ class SwitchReport:
     ops: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("ms", "param_bytes_before", "param_bytes_after",
+        return {k: getattr(self, k) for k in ("ms", "agree_ms", "param_bytes_before", "param_bytes_after",
                                               "allocated_bytes_delta", "weights_copied", "collectives")}
 
 
@@ -208,6 +211,7 @@ class PhaseController:
         mem0 = torch.cuda.memory_allocated() if cuda else 0
         t0 = time.perf_counter()
         self._agree(phase)
+        agree_ms = (time.perf_counter() - t0) * 1e3
         # The binding itself runs under the audit: every op it dispatches is recorded.
         audit = SwitchAudit()
         with audit:
@@ -225,7 +229,7 @@ class PhaseController:
         if self.topology.world_size > 1:
             collectives.insert(0, "all_gather (phase agreement: one int64 per rank, gloo control group)")
         self.last_switch = SwitchReport(
-            ms=ms, param_bytes_before=before, param_bytes_after=self.param_bytes(),
+            ms=ms, agree_ms=agree_ms, param_bytes_before=before, param_bytes_after=self.param_bytes(),
             allocated_bytes_delta=(torch.cuda.memory_allocated() - mem0) if cuda else audit.surviving_bytes(),
             weights_copied=self.weights_outside_storage() + sum(op.startswith("copy") for op in audit.ops),
             collectives=collectives, ops=audit.ops)
