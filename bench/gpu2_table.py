@@ -41,6 +41,7 @@ def row(name: str, r: dict) -> dict:
         "weights_copied": s["weights_copied"],
         "weights_gb_per_rank": [round(b / 1e9, 1) for b in r["storage_bytes_per_rank"]],
         "peak_gb_per_rank": [round(b / 1e9, 1) for b in r["peak_memory_bytes_per_rank"] if b is not None],
+        "gc_max_pause_ms": max((g["max_ms"] for g in r.get("gc_pauses_per_rank") or []), default=None),
         "cold_compile_s": c.get("compile_s"), "graphs": c.get("graphs"),
         "recompiles_after_warmup": c.get("recompiles_after_warmup"),
         "decode_cuda_graph": c.get("decode_cuda_graph"), "warmup_s": round((r.get("warmup_ms") or 0) / 1e3, 1),
@@ -52,7 +53,8 @@ COLUMNS = [("run", "run"), ("ar_decode_ms_per_token", "AR ms/token"), ("dit_ms_p
            ("nccl_share_denoise", "NCCL share, denoise"), ("phase_switch_ms", "switch ms"),
            ("phase_switch_agree_ms", "of it, agreement ms"),
            ("phase_switch_allocated_bytes", "switch bytes"), ("weights_gb_per_rank", "weights GB/rank"),
-           ("peak_gb_per_rank", "peak GB/rank"), ("cold_compile_s", "cold compile s")]
+           ("peak_gb_per_rank", "peak GB/rank"),
+           ("gc_max_pause_ms", "longest GC pause ms"), ("cold_compile_s", "cold compile s")]
 
 
 def main(argv=None) -> int:

@@ -45,7 +45,7 @@ REGION_PREFIX = "dtgen.region:"
 class NullProfiler:
     """Stands in when profiling is off."""
 
-    def phase(self, name: str):
+    def phase(self, name: str, together: bool = True):
         return nullcontext()
 
     def region(self, name: str, units: int = 1):
@@ -161,9 +161,15 @@ class PhaseProfiler:
         self._pending: list[tuple[str, int]] = []
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, together: bool = True):
+        """`together`: every rank of `group` runs this phase (False: some ranks skip it)."""
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self._pending = []
+        if together and self.group is not None and dist.get_world_size(self.group) > 1:
+            # Writing the last phase's trace takes each rank a different time (seconds at full
+            # depth); start together, or the next phase's first collective counts that as
+            # waiting for the other rank.
+            dist.barrier(group=self.group)
         with profile(activities=activities, record_shapes=False) as prof:
             yield
             if torch.cuda.is_available():

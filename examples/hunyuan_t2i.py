@@ -25,6 +25,7 @@ from torch._dynamo.utils import counters
 
 from dtgen.compile import CompileOptions, CompileReport, graph_breaks, unique_graphs
 from dtgen.devices import parse_device, parse_dtype
+from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
 from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
@@ -166,7 +167,11 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         pipe.generate(_request(args, steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
-    result = pipe.generate(_request(args), progress=_progress_hook(ctx, args.inject_failure))
+    # What compiling and loading made lives as long as the process: keep the collector off it,
+    # or a full collection pauses one rank mid-request and the others wait (dtgen/host.py).
+    settle_heap()
+    with GcPauses() as gc_pauses:
+        result = pipe.generate(_request(args), progress=_progress_hook(ctx, args.inject_failure))
     compile_report = None
     if args.compile:
         breaks = graph_breaks()
@@ -184,9 +189,10 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
            "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device),
+           "gc": gc_pauses.as_dict(),
            "compile": compile_report, "profile": profile_summary}
     # Every rank's small facts reach rank 0 (under torchrun it alone reports).
-    mine = {k: out[k] for k in ("rank", "switch", "storage_bytes", "peak_memory_bytes")}
+    mine = {k: out[k] for k in ("rank", "switch", "storage_bytes", "peak_memory_bytes", "gc")}
     out["ranks"] = [mine]
     if ctx.world_size > 1:
         out["ranks"] = [None] * ctx.world_size
@@ -307,6 +313,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "steps": args.steps, "phase_switch": switch,
         "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
         "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks],
+        "gc_pauses_per_rank": [r["gc"] for r in ranks],
     }
     if "check" in main_result:
         report["check"] = main_result["check"]
@@ -323,7 +330,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
              is None else f"{main_result['warmup_ms']:9.1f} ms (compilation and first-call JIT; not in the figures)"),
             ("AR prefill", f"{t.get('ar_prefill', 0):9.1f} ms"),
             ("AR decode", f"{t.get('ar_decode_per_token', 0):9.2f} ms/token ({len(main_result['tokens'])} tokens)"),
-            ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}, "
+            ("phase switch", f"{switch['ms']:9.2f} ms (agreement {switch['agree_ms']:.2f}), "
+                             f"weights copied {switch['weights_copied']}, "
                              f"allocated {switch['allocated_bytes_delta']} B, "
                              f"param bytes {switch['param_bytes_before']} -> {switch['param_bytes_after']}"),
             ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {h}x{w}; "
@@ -333,6 +341,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
     if all(p is not None for p in peak):
         rows.append(("memory / rank", ", ".join(f"{r['storage_bytes'] / 1e9:.1f} GB weights, "
                                                 f"{r['peak_memory_bytes'] / 1e9:.1f} GB peak" for r in ranks)))
+    rows.append(("host GC pauses", "; ".join(f"{sum(g['collections_by_generation'])} ({g['max_ms']:.1f} ms max)"
+                                              for g in report["gc_pauses_per_rank"]) + " in the timed run"))
     if "compile" in report:
         c = report["compile"]
         graph = "CUDA-graph decode" if c["decode_cuda_graph"] else "decode not CUDA-graphed"

@@ -568,7 +568,7 @@ class HunyuanT2IPipeline:
             latents = self.run_denoise(req, seq, run)
         image = None
         if self.is_main or self.vae_group is not None:
-            with run.profiler.phase("vae"), run.profiler.region("vae_decode"):
+            with run.profiler.phase("vae", together=self.vae_group is not None), run.profiler.region("vae_decode"):
                 t0 = timer.now()
                 image = self.decode_image(latents)
                 timings["vae_decode"] = (timer.now() - t0) * 1e3

@@ -1,0 +1,53 @@
+"""The host side of a warm process: Python's garbage collector after compilation.
+
+Compiling the phase steps leaves about a million long-lived Python objects per process
+(FX graphs, guards, inductor's caches, CUDA-graph trees; more with depth). Python's
+oldest-generation collection walks all of them: measured on the CPU, a full collection
+after compiling the tiny model takes 0.45 s at 4 layers and 1.1 s at 16. Such a pause
+lands at a random point of a request, on one rank at a time, and every other rank waits
+for it in the next collective (it showed up as a 2 s phase switch at 32 layers on two
+GPUs). Servers built on torch.compile freeze the heap once warm for the same reason.
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+
+def settle_heap() -> None:
+    """Collect once, then move every surviving object to the permanent generation, which
+    later collections skip. Call it after warm-up (compilation, CUDA-graph capture, model
+    load): the objects made by then live as long as the process."""
+    gc.collect()
+    gc.freeze()
+
+
+@dataclass
+class GcPauses:
+    """Garbage-collector pauses inside a `with` block, by generation (for reports)."""
+
+    count: list[int] = field(default_factory=lambda: [0, 0, 0])
+    total_ms: float = 0.0
+    max_ms: float = 0.0
+    _start: float = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._start) * 1e3
+        self.count[info["generation"]] += 1
+        self.total_ms += ms
+        self.max_ms = max(self.max_ms, ms)
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def as_dict(self) -> dict:
+        return {"collections_by_generation": list(self.count), "total_ms": round(self.total_ms, 3),
+                "max_ms": round(self.max_ms, 3), "frozen_objects": gc.get_freeze_count()}
