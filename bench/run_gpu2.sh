@@ -5,7 +5,7 @@
 #   bash bench/run_gpu2.sh cmp16      # hybrid2 vs tp2 at 16 layers, side by side
 # Full width, random bf16 weights, the seed's shapes: 1251 prompt tokens, 256 forced AR
 # tokens, 1024x1024, serial CFG, 10 steps, compiled (CUDA-graph decode), a warm-up run
-# first; each run then makes one more, profiled run (never the timed one).
+# first; each run then makes one more, profiled run (never the timed one; PROFILE=0 skips it).
 # Reports land in $OUT (default outputs/gpu2); `python -m bench.gpu2_table $OUT` prints
 # the table for docs/performance.md.
 set -u
@@ -24,7 +24,8 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
 t2i() { local name=$1 limit=$2 plan=$3 layers=$4; shift 4
   step "$name" "$limit" $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m examples.hunyuan_t2i \
     --plan "$plan" --random-weights full --layers "$layers" --prompt-tokens 1251 --max-new-tokens 256 \
-    --ignore-eos --image-size 1024x1024 --steps 10 --compile --profile "$OUT/profile-$name" --profile-steps 3 \
+    --ignore-eos --image-size 1024x1024 --steps 10 --compile \
+    $([ "${PROFILE:-1}" = 0 ] || echo --profile "$OUT/profile-$name" --profile-steps 3) \
     --report "$OUT/$name.json" --output "$OUT/$name.png" "$@"; }
 
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, \
@@ -64,3 +65,6 @@ for d in "$OUT"/profile-*/; do [ -d "$d" ] || continue; d=${d%/}
   ls "$d"/trace_* >/dev/null 2>&1 && tar czf "$d-traces.tgz" -C "$d" $(cd "$d" && ls trace_*) && rm "$d"/trace_*
   [ -f "$d-traces.tgz" ] && [ "$(stat -c %s "$d-traces.tgz")" -gt 15000000 ] && rm "$d-traces.tgz"; done
 for d in "$OUT"/mg "$OUT"/profile-*; do [ -d "$d" ] && tar czf "$d.tgz" -C "$OUT" "$(basename "$d")" && rm -r "$d"; done
+# the logs and the (random-weight) images in one more: the reports and profiles stay apart
+(cd "$OUT" && ls *.log *.png >/dev/null 2>&1 && tar czf logs.tgz $(ls *.log *.png 2>/dev/null) && rm -f *.log *.png)
+true

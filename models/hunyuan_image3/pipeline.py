@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
 import torch
@@ -255,6 +255,22 @@ class _Timer:
             torch.cuda.synchronize()
         return time.perf_counter()
 
+    def mark(self):
+        """A point in the stream, without waiting for it: a CUDA event (a time on the CPU)."""
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def wait(self, mark) -> None:
+        if self.cuda:
+            mark.synchronize()
+
+    def ms(self, start, end) -> float:
+        """Between two marks (both waited for)."""
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
 
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
@@ -497,22 +513,50 @@ class HunyuanT2IPipeline:
         # Both CFG branches start from the same latent, as in the official pipeline.
         latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator).to(dev)
         sigmas = flow_match_sigmas(req.steps, req.flow_shift)
-        step_ms = []
-        for i in tqdm(range(req.steps), desc="denoise", disable=not self.is_main, leave=False):
-            # The first step feeds the whole sequence; the later ones only the image rows.
-            with run.profiler.region("denoise_first_step" if i == 0 else "denoise_step"):
-                t0 = timer.now()
-                sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-                v = rt.gather_cfg(torch.cat([
-                    self._denoise_fn(rt, seq, torch.stack([branches[b] for b in g]).to(dev),
-                                     latents.expand(len(g), -1, -1, -1),
-                                     torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
-                    for g, cache in zip(groups, caches)]))
-                record.setdefault("velocity", []).append(v)
-                latents = euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma,
-                                     sigma_next)
-                step_ms.append((timer.now() - t0) * 1e3)
-            run.progress("denoise", i + 1, req.steps)
+        # Everything a step reads from the host goes to the device once, here: a copy from
+        # pageable memory inside the loop waits for the device to drain, and the device then
+        # idles while the host checks the next call's guards (1-2 ms per branch; more on a
+        # rank whose host is slower, which the other rank then waits for in a collective).
+        seq = replace(seq, rope_pos=seq.rope_pos.to(dev))
+        ids = [torch.stack([branches[b] for b in g]).to(dev) for g in groups]
+
+        def step(i: int, latents: torch.Tensor) -> torch.Tensor:
+            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = rt.gather_cfg(torch.cat([
+                self._denoise_fn(rt, seq, g_ids, latents.expand(len(g), -1, -1, -1),
+                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
+                for g, g_ids, cache in zip(groups, ids, caches)]))
+            record.setdefault("velocity", []).append(v)
+            return euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
+
+        bar = tqdm(total=req.steps, desc="denoise", disable=not self.is_main, leave=False)
+
+        def done(n: int) -> None:
+            bar.update(n - bar.n)
+            run.progress("denoise", n, req.steps)
+
+        # The first step feeds the whole sequence (and fills the text K/V); the later ones only
+        # the image rows. Each profiled region begins and ends on a wait (dtgen/profiling.py).
+        marks = [timer.mark()]
+        with run.profiler.region("denoise_first_step"):
+            latents = step(0, latents)
+            marks.append(timer.mark())
+            timer.wait(marks[-1])
+        done(1)
+        if req.steps > 1:
+            # The host runs one step ahead: step i is launched, then step i-1 is waited for
+            # (and reported), so a step's host work overlaps the device time of the one before.
+            with run.profiler.region("denoise_step", units=req.steps - 1):
+                for i in range(1, req.steps):
+                    latents = step(i, latents)
+                    marks.append(timer.mark())
+                    timer.wait(marks[-2])
+                    if i > 1:
+                        done(i)
+                timer.wait(marks[-1])
+            done(req.steps)
+        bar.close()
+        step_ms = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
         record["latents"] = [latents]
