@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     budget = len(ids) + 2 * args.tokens + 64
     cache = pipe._cache(rt, 1, budget)
     generator = torch.Generator(device=device).manual_seed(0)
-    sampling = Sampling(0.6, 1024, 0.95)      # the pipeline's defaults
+    sampling = Sampling(0.6, 1024, 0.95).step_args(cfg.vocab_size, device)      # the pipeline's defaults
     with torch.no_grad():
         _, token = pipe._feed(pipe._prefill_fn, rt, ids, 0, cache, budget, sampling, generator, static_slots=True)
         pos = len(ids)

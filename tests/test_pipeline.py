@@ -170,3 +170,30 @@ def test_ranks_leaving_ar_with_different_tokens_fail_instead_of_hanging(tiny_che
     with pytest.raises(RuntimeError, match="ranks left the AR phase with different tokens"):
         pipe.generate(T2IRequest(steps=1, max_new_tokens=2, image_size="256x256"))
     assert seen == ["AR tokens"]
+
+
+def test_sampling_settings_are_tensors_for_the_compiled_step():
+    """A compiled step takes temperature, top-k and top-p as tensors: new values reuse its
+    graph (only the sort width, top-k rounded up to a power of two, is static), and draw
+    exactly what the numbers draw."""
+    from models.hunyuan_image3.pipeline import Sampling
+    from dtgen.compile import unique_graphs
+
+    vocab = 300
+    assert Sampling(0.6, 0, 0.9).candidates(vocab) == vocab
+    assert Sampling(0.6, 100, 0.9).candidates(vocab) == 128 == Sampling(0.6, 65, 0.9).candidates(vocab)
+    assert Sampling(0.6, 200, 0.9).candidates(vocab) == 256
+    assert Sampling(0.6, 290, 0.9).candidates(vocab) == vocab            # 512 is capped at the vocabulary
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(vocab, generator=g) * 3
+    step = torch.compile(sample_token, fullgraph=True, backend="eager")
+    settings = [Sampling(0.6, 100, 0.95), Sampling(1.3, 70, 0.5), Sampling(0.9, 128, 1.0), Sampling(0.0, 90, 0.9)]
+    before = None
+    for s in settings:
+        args = s.step_args(vocab, torch.device("cpu"))
+        for _ in range(5):
+            u = torch.rand(vocab, generator=g)
+            expected = sample_token(logits, u, s.temperature, s.top_k, s.top_p)
+            assert int(step(logits, u, args.temperature, args.top_k, args.top_p, args.candidates)) == int(expected)
+        before = unique_graphs() if before is None else before
+    assert unique_graphs() == before, "a new sampling setting in the same top-k bucket compiled a new graph"

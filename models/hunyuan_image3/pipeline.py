@@ -128,36 +128,70 @@ AR_CACHE_ROUND = 256
 
 
 class Sampling(NamedTuple):
-    """How the next token is drawn; static for a compiled step (part of the graph's key)."""
+    """How the next token is drawn (host values; `step_args` gives what a compiled step takes)."""
 
     temperature: float
     top_k: int
     top_p: float
 
+    def candidates(self, vocab: int) -> int:
+        """How many top logits a step sorts: top-k rounded up to a power of two (all of the
+        vocabulary when top-k is off). The one static number of a sampling setting, so
+        nearby top-k values share a compiled step; the exact k is a tensor."""
+        if self.top_k <= 0 or self.top_k >= vocab:
+            return vocab
+        return min(vocab, 1 << (self.top_k - 1).bit_length())
 
-def sample_token(logits: torch.Tensor, uniform: torch.Tensor | None, temperature: float,
-                 top_k: int, top_p: float) -> torch.Tensor:
+    def step_args(self, vocab: int, device: torch.device) -> "SamplingArgs":
+        # once per request: building tensors on the device from host numbers waits for it
+        values = torch.tensor([self.temperature, self.top_p], dtype=torch.float32, device=device)
+        return SamplingArgs(values[0], torch.tensor(self.top_k, device=device), values[1],
+                            self.candidates(vocab), self.temperature > 0)
+
+
+class SamplingArgs(NamedTuple):
+    """`Sampling` as a compiled step takes it: tensors, so that a new temperature, top-k or
+    top-p reuses the step's graph; `candidates` (static) is the sort width."""
+
+    temperature: torch.Tensor      # 0-d float32
+    top_k: torch.Tensor            # 0-d int64, <= 0: off
+    top_p: torch.Tensor            # 0-d float32
+    candidates: int
+    draws: bool                    # False: greedy, the step takes no uniforms (static)
+
+
+def sample_token(logits: torch.Tensor, uniform: torch.Tensor | None, temperature, top_k, top_p,
+                 candidates: int | None = None) -> torch.Tensor:
     """The next token id (a 0-d int64 tensor on logits' device) from logits [V] float32.
 
-    temperature 0 is greedy (`uniform` unused). Otherwise the Gumbel-max trick: with
-    u ~ U(0, 1) per vocabulary id (`uniform` [V], drawn by the caller from its generator),
-    argmax(logits / T - log(-log u)) over the ids that top-k and top-p keep is a draw from
-    softmax(logits / T) renormalised over those ids. No host sync and no random op inside,
-    so it runs in the compiled (and CUDA-graph) decode step; the caller owns the seed.
+    temperature, top_k, top_p: numbers or 0-d tensors. `uniform` None is greedy (argmax);
+    so is a temperature <= 0. Otherwise the Gumbel-max trick: with u ~ U(0, 1) per
+    vocabulary id (`uniform` [V], drawn by the caller from its generator), argmax(logits / T
+    - log(-log u)) over the ids that top-k and top-p keep is a draw from softmax(logits / T)
+    renormalised over those ids. No host sync and no random op inside, so it runs in the
+    compiled (and CUDA-graph) decode step; the caller owns the seed. `candidates`: how many
+    top logits to sort (static; at least top-k; `Sampling.candidates` by default).
     """
-    if temperature <= 0:
-        return torch.argmax(logits)
-    scaled = logits / temperature
-    k = top_k if 0 < top_k < scaled.shape[-1] else scaled.shape[-1]
-    # Descending: the top-p cut is a prefix. With top-k set, only its k values are sorted.
-    values, ids = torch.topk(scaled, k)
-    if top_p < 1.0:
-        probs = torch.softmax(values, dim=-1)
-        keep = torch.cumsum(probs, dim=-1) - probs < top_p   # always keeps the top token
-        values = values.masked_fill(~keep, float("-inf"))
+    greedy = torch.argmax(logits)
+    if uniform is None:
+        return greedy
+    vocab = logits.shape[-1]
+    if candidates is None:
+        candidates = Sampling(0.0, int(top_k), 1.0).candidates(vocab)
+    t, k, p = (torch.as_tensor(x, device=logits.device) for x in (temperature, top_k, top_p))
+    scaled = logits / torch.where(t > 0, t, torch.ones_like(t))
+    # Descending: the top-k cut and the top-p cut are prefixes of the sorted candidates.
+    values, ids = torch.topk(scaled, candidates)
+    rank = torch.arange(candidates, device=logits.device)
+    keep = (k <= 0) | (rank < k)
+    values = values.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(values, dim=-1)
+    keep = keep & ((torch.cumsum(probs, dim=-1) - probs < p) | (p >= 1.0))   # always keeps the top token
+    values = values.masked_fill(~keep, float("-inf"))
     gumbel = -torch.log(-torch.log(uniform[ids]))
     # gather, not ids[argmax]: indexing by a tensor value would need it on the host.
-    return ids.gather(0, torch.argmax(values + gumbel, dim=0, keepdim=True)).squeeze(0)
+    sampled = ids.gather(0, torch.argmax(values + gumbel, dim=0, keepdim=True)).squeeze(0)
+    return torch.where(t > 0, sampled, greedy)
 
 
 # ----------------------------------------------------------------------------------------
@@ -354,21 +388,22 @@ class HunyuanT2IPipeline:
         h = self.forward_rows(rt, embeds, slot_vec.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
         return self.model.logits(h[0] if all_rows else h[0, -1])
 
-    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
         """Logits [V] of the last row and the token sampled from them (0-d, on the device)."""
         logits = self.ar_logits(rt, ids, slots, cache, total)
-        return logits, sample_token(logits, uniform, *sampling)
+        return logits, sample_token(logits, uniform, sampling.temperature, sampling.top_k, sampling.top_p,
+                                    sampling.candidates)
 
     # Two functions (two code objects), two compiled callables: the prompt and the one-token
     # step get separate graph caches, and only the decode step replays as a CUDA graph.
-    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
 
-    def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: Sampling):
+    def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
 
     def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
-              sampling: Sampling, generator: torch.Generator | None,
+              sampling: SamplingArgs, generator: torch.Generator | None,
               static_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
 
@@ -380,7 +415,7 @@ class HunyuanT2IPipeline:
         n = ids.shape[1]
         slots = ((start, start + n),) if static_slots else torch.arange(start, start + n, device=dev)
         uniform = (torch.rand(self.cfg.vocab_size, generator=generator, device=dev)
-                   if sampling.temperature > 0 else None)
+                   if sampling.draws else None)
         logits, token = fn(rt, ids, slots, cache, total, uniform, sampling)
         # clone: a CUDA-graph replay reuses its output buffers on the next call.
         return logits.clone(), token.clone()
@@ -400,7 +435,8 @@ class HunyuanT2IPipeline:
         # Every rank holds the same logits and the same generator state, so every rank draws
         # the same token; the draw stays on the device (`sample_token`).
         generator = torch.Generator(device=self.device).manual_seed(req.seed)
-        sampling = Sampling(req.temperature, req.top_k, req.top_p)
+        # Tensors in the compiled steps: another temperature, top-k or top-p reuses their graphs.
+        sampling = Sampling(req.temperature, req.top_k, req.top_p).step_args(self.cfg.vocab_size, self.device)
         stops = {sp.eos, *req.stop_ids}
 
         with run.profiler.region("ar_prefill"):
