@@ -1,13 +1,16 @@
 """HunyuanImage-3.0 text-to-image.
 
     python -m examples.hunyuan_t2i                                  # tiny default, one process
+    python -m examples.hunyuan_t2i --prompt "a fox" --prompt "a lighthouse at dusk"   # two requests, one run
     python -m examples.hunyuan_t2i --world-size 4 --plan hybrid     # 4 gloo ranks spawned here (CPU)
     torchrun --nproc-per-node 4 -m examples.hunyuan_t2i --world-size 4 --plan hybrid \\
         --checkpoint /path/to/HunyuanImage-3                         # 4 GPUs, NCCL
 
 With no --checkpoint, a tiny random model is written once (official format) into the
 cache folder and loaded through the real loader. Writes the PNG, prints a per-stage timing
-table and, with --report, a JSON report.
+table and, with --report, a JSON report. Several prompts (--prompt repeated, --prompts-file,
+or --prompt-tokens N,M,...) run one after another in the same process: the report gives
+each request's timings and the graphs each one compiled.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,6 +40,9 @@ from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
 
+DEFAULT_PROMPT = "A photo of a red fox in fresh snow, golden hour"
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m examples.hunyuan_t2i", description=__doc__.split("\n")[0])
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
@@ -43,7 +50,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no checkpoint: random weights made on each rank, for the released architecture "
                         "('full') or the tiny default's ('tiny')")
     p.add_argument("--layers", type=int, default=None, help="with --random-weights: decoder layers (default 32)")
-    p.add_argument("--prompt", default="A photo of a red fox in fresh snow, golden hour")
+    p.add_argument("--prompt", action="append", default=None,
+                   help=f"the prompt (default: {DEFAULT_PROMPT!r}); repeat it for several requests in one run")
+    p.add_argument("--prompts-file", default=None, help="one prompt per line (blank lines skipped), after any --prompt")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--guidance", type=float, default=5.0)
@@ -52,8 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
     p.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
-    p.add_argument("--prompt-tokens", type=int, default=None,
-                   help="benchmark prompt: this many prompt tokens (fixed ids) instead of --prompt")
+    p.add_argument("--prompt-tokens", default=None, metavar="N[,M,...]",
+                   help="benchmark prompts of these lengths (fixed ids), one request each, instead of --prompt")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-k", type=int, default=1024)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -101,14 +110,41 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _request(args, forced_tokens=None, forced_ratio=None, steps=None) -> T2IRequest:
-    return T2IRequest(prompt=args.prompt, seed=args.seed, steps=steps or args.steps, guidance=args.guidance,
+def _prompt_lengths(text: str | None) -> list[int] | None:
+    """--prompt-tokens "N[,M,...]" -> [N, M, ...]; ValueError naming the bad item."""
+    if text is None:
+        return None
+    lengths = []
+    for item in text.split(","):
+        if not item.strip().isdigit() or int(item) < 1:
+            raise ValueError(f"--prompt-tokens {text!r}: {item.strip()!r} is not a length of at least 1")
+        lengths.append(int(item))
+    return lengths
+
+
+def _prompts(args) -> list[str]:
+    prompts = list(args.prompt or [])
+    if args.prompts_file:
+        prompts += [line.strip() for line in Path(args.prompts_file).read_text().splitlines() if line.strip()]
+    return prompts or [DEFAULT_PROMPT]
+
+
+def _requests(args) -> list[T2IRequest]:
+    """Every request of the run, in order (all share the sampling, image and step settings)."""
+    if args.prompt_tokens is not None:
+        # Benchmark prompts: fixed ids (the <bos> comes on top of the N - 1 given here).
+        return [_request(args, prompt_ids=tuple(1 + (i * 37) % 200 for i in range(n - 1)))
+                for n in _prompt_lengths(args.prompt_tokens)]
+    return [_request(args, prompt=p) for p in _prompts(args)]
+
+
+def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None, forced_tokens=None, forced_ratio=None,
+             steps=None) -> T2IRequest:
+    return T2IRequest(prompt=prompt, seed=args.seed, steps=steps or args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, cfg_mode=args.cfg_mode, forced_tokens=forced_tokens,
-                      forced_ratio=forced_ratio, ignore_stop=args.ignore_eos,
-                      prompt_ids=None if args.prompt_tokens is None else
-                      tuple(1 + (i * 37) % 200 for i in range(args.prompt_tokens - 1)))
+                      forced_ratio=forced_ratio, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -159,19 +195,31 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group)
     profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
+    requests = _requests(args)
     warmup_ms = None
     if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
-        # Same prompt, seed and image size: the same shapes, so every graph compiles (and every
-        # kernel is JIT-compiled) here, not in the timed run.
+        # The first request's prompt, seed and image size: its shapes, so every graph it needs
+        # compiles (and every kernel is JIT-compiled) here, not in the timed run.
         t0 = time.perf_counter()
-        pipe.generate(_request(args, steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
+        pipe.generate(replace(requests[0], steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
     # What compiling and loading made lives as long as the process: keep the collector off it,
     # or a full collection pauses one rank mid-request and the others wait (dtgen/host.py).
     settle_heap()
+    results, per_request = [], []
     with GcPauses() as gc_pauses:
-        result = pipe.generate(_request(args), progress=_progress_hook(ctx, args.inject_failure))
+        for req in requests:
+            graphs, compile_s = unique_graphs(), pipe.compiler.compile_s
+            res = pipe.generate(req, progress=_progress_hook(ctx, args.inject_failure))
+            results.append(res)
+            per_request.append({
+                "prompt_tokens": len(req.prompt_ids) + 1 if req.prompt_ids is not None
+                else len(loaded.tokenizer.encode(req.prompt)) + 1,
+                "tokens_generated": len(res.tokens), "image_size": list(res.image_size),
+                "timings_ms": res.timings_ms, "new_graphs": unique_graphs() - graphs,
+                "compile_s": round(pipe.compiler.compile_s - compile_s, 3)})
+    result = results[0]
     compile_report = None
     if args.compile:
         breaks = graph_breaks()
@@ -180,13 +228,19 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                        compile_s=pipe.compiler.compile_s).as_dict()
         compile_report["decode_cuda_graph"] = pipe.decode_cuda_graph
         compile_report["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
+        # the on-disk caches (inductor's FX graph cache, AOTAutograd's): hits are graphs not compiled again
+        compile_report["cache"] = {k: int(counters[group].get(k, 0)) for group, k in (
+            ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+            ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))}
     profile_summary = None
     if profiler:
         # The same request (fewer denoise steps at most): its AR tokens make the denoise
         # sequence, so any other token count would compile new denoise graphs in here.
-        profiled = pipe.generate(_request(args, steps=args.profile_steps), profiler, progress=_progress_hook(ctx, None))
+        profiled = pipe.generate(replace(requests[0], steps=args.profile_steps or args.steps), profiler,
+                                 progress=_progress_hook(ctx, None))
         profile_summary = profiler.write(profiled.timings_ms, compile_report)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
+           "requests": per_request,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
            "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device),
            "gc": gc_pauses.as_dict(),
@@ -199,11 +253,11 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         dist.all_gather_object(out["ranks"], mine, group=loaded.controller.topology.control)
     out["dtype"] = str(dtype).replace("torch.", "")
     if ctx.rank == 0:
-        out["image"] = result.image
-        if args.check:
+        out["images"] = [r.image for r in results]
+        if args.check:  # the first request
             reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager")
             ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
-            ref = ref_pipe.generate(_request(args, forced_tokens=result.tokens, forced_ratio=result.ratio_index))
+            ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens, forced_ratio=result.ratio_index))
             out["check"] = {
                 "max_abs_diff_logits": _max_diff(result.record["ar_logits"], ref.record["ar_logits"]),
                 "max_abs_diff_velocity": _max_diff(result.record["velocity"], ref.record["velocity"]),
@@ -242,9 +296,16 @@ def _check_args(args, plan) -> str | None:
     if args.layers is not None and not args.random_weights:
         return "--layers applies to --random-weights only"
     for flag, value, least in (("--steps", args.steps, 1), ("--max-new-tokens", args.max_new_tokens, 0),
-                               ("--layers", args.layers, 1), ("--prompt-tokens", args.prompt_tokens, 1)):
+                               ("--layers", args.layers, 1)):
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
+    _prompt_lengths(args.prompt_tokens)     # raises ValueError naming a bad length
+    if args.prompt_tokens is not None and (args.prompt or args.prompts_file):
+        return "--prompt-tokens makes its own prompts: give it, or --prompt / --prompts-file, not both"
+    if args.prompts_file and not Path(args.prompts_file).is_file():
+        return f"--prompts-file {args.prompts_file}: no such file"
+    if args.prompts_file and not Path(args.prompts_file).read_text().strip():
+        return f"--prompts-file {args.prompts_file}: no prompt in it (every line is blank)"
     if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
         return f"--checkpoint {args.checkpoint}: no config.json there (expected the official checkpoint folder)"
     if args.inject_failure:
@@ -296,7 +357,10 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     from PIL import Image
-    Image.fromarray(to_uint8(main_result["image"]).numpy()).save(out)
+    images = main_result["images"]
+    paths = [out] + [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(1, len(images))]
+    for image, path in zip(images, paths):
+        Image.fromarray(to_uint8(image).numpy()).save(path)
 
     ranks = main_result["ranks"]
     t = main_result["timings_ms"]
@@ -314,6 +378,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
         "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks],
         "gc_pauses_per_rank": [r["gc"] for r in ranks],
+        "requests": main_result["requests"],
     }
     if "check" in main_result:
         report["check"] = main_result["check"]
@@ -359,8 +424,15 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
                                                        f"{wait} + idle {u['idle_ms']:.3f}"))
     if "check" in report:
         rows += [(f"check {k}", f"{v:.3e}") for k, v in report["check"].items()]
+    if len(main_result["requests"]) > 1:
+        for i, r in enumerate(main_result["requests"]):
+            rt = r["timings_ms"]
+            rows.append((f"request {i}", f"{r['prompt_tokens']} prompt tokens, AR {rt.get('ar_decode_per_token', 0):.2f} "
+                                         f"ms/token, denoise {rt.get('denoise_step', 0):.1f} ms/step, total "
+                                         f"{rt.get('total', 0):.1f} ms, {r['new_graphs']} new graphs"
+                                         + (f" ({r['compile_s']:.1f} s compiling)" if r["new_graphs"] else "")))
     print(_table(rows))
-    print(f"wrote {out}")
+    print("wrote " + ", ".join(str(p) for p in paths))
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         Path(args.report).write_text(json.dumps(report, indent=2))

@@ -151,6 +151,10 @@ def test_unknown_device_or_dtype():
     (["--image-size", "big"], "image size 'big' is not 'auto' or 'HxW'"),
     (["--checkpoint", "/nonexistent/ckpt"], "--checkpoint /nonexistent/ckpt: no config.json there"),
     (["--inject-failure", "1:vae"], "--inject-failure '1:vae': expected RANK:PHASE:STEP[:hang]"),
+    (["--prompt-tokens", "40,x"], "--prompt-tokens '40,x': 'x' is not a length of at least 1"),
+    (["--prompt-tokens", "0"], "--prompt-tokens '0': '0' is not a length of at least 1"),
+    (["--prompt-tokens", "40", "--prompt", "a fox"], "--prompt-tokens makes its own prompts"),
+    (["--prompts-file", "/nonexistent/prompts.txt"], "--prompts-file /nonexistent/prompts.txt: no such file"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main

@@ -62,3 +62,26 @@ def test_random_weights_fixed_length_run(cache_env, tmp_path):
     assert r["tokens_generated"] == 5 and r["checkpoint"] == "random:tiny:1-layers"
     assert main(["--random-weights", "tiny", "--check"]) == 2
     assert main(["--layers", "3"]) == 2
+
+
+def test_several_prompts_in_one_run(cache_env, tmp_path):
+    """--prompt repeated and --prompts-file: one process, one image and one timing row per
+    request; the report says which request compiled graphs (compile on, so it counts)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a lighthouse at dusk\n\n  a red fox in fresh snow, golden hour  \n")
+    report = tmp_path / "r.json"
+    out = tmp_path / "img.png"
+    assert main(["--steps", "2", "--max-new-tokens", "2", "--ignore-eos", "--image-size", "256x256",
+                 "--compile", "--compile-backend", "eager", "--prompt", "a fox", "--prompts-file", str(prompts),
+                 "--output", str(out), "--report", str(report)]) == 0
+    r = json.loads(report.read_text())
+    requests = r["requests"]
+    assert len(requests) == 3
+    assert len({q["prompt_tokens"] for q in requests}) == 3      # three prompt lengths, in the given order
+    assert requests[0]["prompt_tokens"] < requests[2]["prompt_tokens"]
+    assert all(TIMING_KEYS <= set(q["timings_ms"]) and q["image_size"] == [256, 256] for q in requests)
+    assert requests[0]["new_graphs"] == 0                  # the warm-up compiled the first request's shapes
+    assert r["compile"]["recompiles_after_warmup"] == sum(q["new_graphs"] for q in requests)
+    assert all(r["timings_ms"][k] == requests[0]["timings_ms"][k] for k in TIMING_KEYS)
+    for path in (out, tmp_path / "img-1.png", tmp_path / "img-2.png"):
+        assert Image.open(path).size == (256, 256)
