@@ -8,6 +8,7 @@ write does not force a copy (or a skip) in the CUDA-graph tree.
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,6 +16,8 @@ from typing import Callable
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
+
+from .caches import mentions_compile_cache, quarantine_compile_cache, use_compile_cache
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,11 @@ class StepCompiler:
     def __init__(self, options: CompileOptions):
         self.options = options
         self.compile_s = 0.0
+        self.cache_dir = None
+        self.quarantined: list[str] = []      # damaged compile-cache folders moved aside
         if options.enabled:
             _raise_recompile_limit()
+            self.cache_dir = use_compile_cache()
 
     def wrap(self, fn: Callable, cuda_graph: bool = False) -> Callable:
         """cuda_graph: replay as a CUDA graph (the decode step); otherwise GEMMs are tuned
@@ -63,7 +69,19 @@ class StepCompiler:
         def run(*args, **kwargs):
             graphs = unique_graphs()
             start = time.perf_counter()
-            out = compiled(*args, **kwargs)
+            try:
+                out = compiled(*args, **kwargs)
+            except Exception as e:
+                if not mentions_compile_cache(e):
+                    raise
+                # A damaged file in the compile cache (see dtgen/caches.py): set the folder
+                # aside and compile again from nothing. A second failure is a real one.
+                moved = quarantine_compile_cache()
+                self.quarantined.append(str(moved))
+                print(f"warning: the compile cache failed to load ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}); moved it to {moved} and compiling again",
+                      file=sys.stderr)
+                out = compiled(*args, **kwargs)
             if unique_graphs() != graphs:  # this call compiled something: count its time
                 self.compile_s += time.perf_counter() - start
             return out

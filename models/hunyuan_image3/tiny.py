@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dtgen.caches import cache_root
 from dtgen.plan import Rule
 
 from .config import HunyuanImage3Config
@@ -90,14 +91,10 @@ def write_random_checkpoint(folder: Path, config: dict, seed: int = 1234, shards
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("DTGEN_CACHE", Path.home() / ".cache" / "dtgen"))
-
-
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
     """The tiny default's checkpoint folder, written on first use (atomically: a temporary
     folder renamed into place, so an interrupted run leaves nothing half-written)."""
-    root = Path(root) if root is not None else cache_dir()
+    root = Path(root) if root is not None else cache_root()
     target = root / f"tiny-hunyuan-image3-v{TINY_VERSION}"
     if (target / "model.safetensors.index.json").exists():
         return target

@@ -1,0 +1,80 @@
+"""dtgen's cache folder, and the compile cache that lives in it.
+
+    $DTGEN_CACHE (default ~/.cache/dtgen)
+        compile/     inductor's FX graph cache, AOTAutograd's cache, generated kernels and
+                     their Triton builds (TORCHINDUCTOR_CACHE_DIR, unless that is set)
+        ...          models keep their own files here too (the tiny default's checkpoint)
+
+With the compile cache on disk, a second process that compiles the same graphs loads
+them instead (the report counts `fxgraph_cache_hit`). Entries are keyed by torch's own
+hashes of the graph, the inputs' properties, the torch version and the device, so an
+entry from another version or machine is never looked up. A damaged entry is handled
+in two ways. A cache record that fails to load is skipped by torch itself and rebuilt.
+A generated file that a valid record points to and that fails to import, however, ends
+the compile. `StepCompiler` then moves the whole folder aside (`quarantine_compile_cache`)
+and compiles again from nothing, never trusting the rest of it.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DTGEN_CACHE", Path.home() / ".cache" / "dtgen"))
+
+
+def compile_cache_dir() -> Path:
+    """Where compiled artefacts go: $TORCHINDUCTOR_CACHE_DIR if the user set it, else
+    $DTGEN_CACHE/compile."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get(INDUCTOR_ENV)
+    # inductor writes its default (a folder under /tmp) into the variable once it has
+    # looked: that one is not the user's choice
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return Path(chosen)
+    return cache_root() / "compile"
+
+
+def use_compile_cache() -> Path:
+    """Point inductor (and so Triton's builds) at the compile cache folder and turn on the
+    on-disk FX graph and AOTAutograd caches. Call before the first compile."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    folder = compile_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[INDUCTOR_ENV] = str(folder)
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    return folder
+
+
+def mentions_compile_cache(error: BaseException) -> bool:
+    """Whether an exception (or one in its chain) names a file of the compile cache."""
+    folder = str(compile_cache_dir().resolve())
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if folder in str(error) or any(folder in str(a) for a in getattr(error, "args", ())):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def quarantine_compile_cache() -> Path | None:
+    """Move the compile cache folder aside (kept for a post-mortem, never read again) so that
+    the next compile starts from an empty one; returns where it went (None: already gone,
+    e.g. another rank moved it first)."""
+    folder = compile_cache_dir()
+    target = folder.with_name(f"{folder.name}.damaged-{int(time.time())}-{os.getpid()}")
+    try:
+        folder.rename(target)
+    except FileNotFoundError:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    return target

@@ -1,0 +1,56 @@
+"""The on-disk compile cache under $DTGEN_CACHE: a second process loads what the first
+compiled, and a damaged cache is set aside and rebuilt, never trusted."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One compiled step through dtgen's StepCompiler, in a fresh process; prints the cache counters.
+PROGRAM = """
+import torch
+from torch._dynamo.utils import counters
+from dtgen.compile import CompileOptions, StepCompiler
+
+def step(x):
+    return torch.sin(x) * 2 + x.cos()
+
+compiler = StepCompiler(CompileOptions(enabled=True))
+out = compiler.wrap(step)(torch.linspace(0, 1, 8))
+assert torch.allclose(out, step(torch.linspace(0, 1, 8)))
+print("RESULT", compiler.cache_dir, int(counters["inductor"]["fxgraph_cache_hit"]),
+      int(counters["inductor"]["fxgraph_cache_miss"]), len(compiler.quarantined))
+"""
+
+
+def _compile_in_a_new_process(cache: Path):
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env.update(DTGEN_CACHE=str(cache), PYTHONPATH=str(ROOT))
+    run = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(l for l in run.stdout.splitlines() if l.startswith("RESULT"))
+    folder, hits, misses, quarantined = line.split()[1:]
+    return Path(folder), int(hits), int(misses), int(quarantined), run.stderr
+
+
+def test_second_process_loads_the_first_ones_graphs(tmp_path):
+    folder, hits, misses, _, _ = _compile_in_a_new_process(tmp_path)
+    assert folder == tmp_path / "compile" and (folder / "fxgraph").is_dir()
+    assert (hits, misses) == (0, 1)
+    _, hits, misses, _, _ = _compile_in_a_new_process(tmp_path)
+    assert (hits, misses) == (1, 0)
+
+
+def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path):
+    folder, *_ = _compile_in_a_new_process(tmp_path)
+    generated = [p for p in folder.rglob("*.py")] + [p for p in folder.rglob("*.so")]
+    assert generated
+    for p in generated:                 # what a valid cache record points to, now garbage
+        p.write_text("garbage(")
+    _, hits, misses, quarantined, err = _compile_in_a_new_process(tmp_path)
+    assert quarantined == 1 and "the compile cache failed to load" in err
+    assert len(list(tmp_path.glob("compile.damaged-*"))) == 1
+    # rebuilt: a third process finds a sound cache again
+    _, hits, misses, quarantined, _ = _compile_in_a_new_process(tmp_path)
+    assert (hits, quarantined) == (1, 0)
