@@ -3,6 +3,7 @@
 #   bash bench/run_gpu2.sh tests      # make test-gpu2, then make test-gpu (GPU 0)
 #   bash bench/run_gpu2.sh tp2-32     # the released 32 layers on plan tp2
 #   bash bench/run_gpu2.sh cmp16      # hybrid2 vs tp2 at 16 layers, side by side
+#   bash bench/run_gpu2.sh regions-32 # tp2, 32 layers, --compile-regions: cold, then on the warm cache
 # Full width, random bf16 weights, the seed's shapes: 1251 prompt tokens, 256 forced AR
 # tokens, 1024x1024, serial CFG, 10 steps, compiled (CUDA-graph decode), a warm-up run
 # first; each run then makes one more, profiled run (never the timed one; PROFILE=0 skips it).
@@ -54,7 +55,11 @@ case "${1:-}" in
   cmp16)
     t2i tp2_16 280 tp2 16
     t2i hybrid2_16 280 hybrid2 16 ;;
-  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16"; exit 2 ;;
+  regions-32)  # regional compilation, cold (empty compile cache), then a second process on the warm cache
+    export DTGEN_CACHE=$PWD/.cache/dtgen-regions; unset TORCHINDUCTOR_CACHE_DIR; rm -rf "$DTGEN_CACHE/compile"
+    t2i tp2_32_regions 330 tp2 32 --compile-regions
+    PROFILE=0 t2i tp2_32_regions_warm 240 tp2 32 --compile-regions ;;
+  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
 $PY -m bench.gpu2_table "$OUT" || true

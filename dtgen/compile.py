@@ -30,6 +30,11 @@ class CompileOptions:
     # Triton templates (`max_autotune_gemm`): the MoE's grouped GEMMs gain 14-18% on an
     # H200; compiling takes longer. The decode step (GEMVs, the decode MoE) is not tuned.
     autotune: bool = False
+    # Regional compilation: each decoder layer is one compiled region, shared by all layers,
+    # and the code between the layers (embedding, sequence-parallel shard and gather, head,
+    # sampling) runs eagerly, so compile time stays flat with depth. A CUDA-graphed decode
+    # step is still compiled whole (one graph to replay).
+    regions: bool = False
 
 
 def _raise_recompile_limit(limit: int = 64) -> None:
@@ -54,23 +59,37 @@ class StepCompiler:
             self.cache_dir = use_compile_cache()
 
     def wrap(self, fn: Callable, cuda_graph: bool = False) -> Callable:
-        """cuda_graph: replay as a CUDA graph (the decode step); otherwise GEMMs are tuned
-        when the options ask for it."""
+        """A whole step compiled as one graph. cuda_graph: replay it as a CUDA graph (the
+        decode step); otherwise GEMMs are tuned when the options ask for it."""
         if not self.options.enabled:
             return fn
+        return self.timed(self._compile(fn, cuda_graph))
+
+    def region(self, fn: Callable) -> Callable:
+        """A region (one decoder layer) compiled once and reused wherever it runs with the
+        same shapes: the layers share one graph, so compile time does not grow with depth.
+        Returned raw, so that a whole-step compile calling it traces through it."""
+        if not self.options.enabled:
+            return fn
+        return self._compile(fn, cuda_graph=False)
+
+    def _compile(self, fn: Callable, cuda_graph: bool) -> Callable:
         inductor = self.options.backend == "inductor"
         if cuda_graph and inductor:
-            compiled = torch.compile(fn, fullgraph=True, backend="inductor", mode="reduce-overhead")
-        elif self.options.autotune and inductor:
-            compiled = torch.compile(fn, fullgraph=True, backend="inductor", options={"max_autotune_gemm": True})
-        else:
-            compiled = torch.compile(fn, fullgraph=True, backend=self.options.backend)
+            return torch.compile(fn, fullgraph=True, backend="inductor", mode="reduce-overhead")
+        if self.options.autotune and inductor:
+            return torch.compile(fn, fullgraph=True, backend="inductor", options={"max_autotune_gemm": True})
+        return torch.compile(fn, fullgraph=True, backend=self.options.backend)
+
+    def timed(self, fn: Callable) -> Callable:
+        """fn (compiled, or eager code calling compiled regions) with the time of every call
+        that compiled something added to `compile_s`, and a damaged compile cache set aside."""
 
         def run(*args, **kwargs):
             graphs = unique_graphs()
             start = time.perf_counter()
             try:
-                out = compiled(*args, **kwargs)
+                out = fn(*args, **kwargs)
             except Exception as e:
                 if not mentions_compile_cache(e):
                     raise
@@ -81,7 +100,7 @@ class StepCompiler:
                 print(f"warning: the compile cache failed to load ({type(e).__name__}: "
                       f"{str(e).splitlines()[0] if str(e) else ''}); moved it to {moved} and compiling again",
                       file=sys.stderr)
-                out = compiled(*args, **kwargs)
+                out = fn(*args, **kwargs)
             if unique_graphs() != graphs:  # this call compiled something: count its time
                 self.compile_s += time.perf_counter() - start
             return out

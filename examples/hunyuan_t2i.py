@@ -94,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang]",
                    help="testing the error path: raise (or hang, with ':hang') on RANK after STEP of PHASE "
                         "(ar, denoise) of the timed run")
+    p.add_argument("--compile-regions", action="store_true",
+                   help="with --compile: compile one decoder layer once for all layers (regional compilation: "
+                        "compile time flat with depth) and run the code between layers eagerly; a CUDA-graphed "
+                        "decode step is still compiled whole")
     p.add_argument("--compile-autotune", action="store_true",
                    help="with --compile: let inductor tune the prefill and denoise GEMMs, the MoE's grouped "
                         "GEMMs included (--moe-impl auto becomes graph); slower compile, faster MoE on GPU")
@@ -190,7 +194,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl,
                   random_config=_random_config(args))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
-                             decode_cuda_graph=args.cuda_graph)
+                             decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group)
@@ -227,6 +231,9 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                        break_reasons=breaks, recompiles_after_warmup=unique_graphs() - warm_graphs,
                                        compile_s=pipe.compiler.compile_s).as_dict()
         compile_report["decode_cuda_graph"] = pipe.decode_cuda_graph
+        compile_report["regions"] = options.regions
+        # operations dynamo traced into graphs: grows with depth unless the layers share a region
+        compile_report["ops_traced"] = int(counters["stats"].get("calls_captured", 0))
         compile_report["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
         # the on-disk caches (inductor's FX graph cache, AOTAutograd's): hits are graphs not compiled again
         compile_report["cache"] = {k: int(counters[group].get(k, 0)) for group, k in (

@@ -21,6 +21,7 @@ from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_si
 
 from .attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
 from .model import HunyuanImage3ForCausalMM
+from .transformer import run_layer
 from .parallel_vae import parallel_decode
 from .tokenizer import SpecialTokens
 
@@ -322,11 +323,21 @@ class HunyuanT2IPipeline:
         # One compiled callable per step kind: each gets its own graphs (one per phase and
         # shape), and the decode step may replay as a CUDA graph.
         self.compiler = StepCompiler(compile_options or CompileOptions())
-        self._prefill_fn = self.compiler.wrap(self._ar_prefill)
-        self.decode_cuda_graph = (self.compiler.options.enabled and self.compiler.options.decode_cuda_graph
-                                  and self.device.type == "cuda")
-        self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
-        self._denoise_fn = self.compiler.wrap(self.predict_velocity)
+        options = self.compiler.options
+        self.decode_cuda_graph = options.enabled and options.decode_cuda_graph and self.device.type == "cuda"
+        if options.enabled and options.regions:
+            # One compiled region per decoder layer, shared by all of them; the steps run
+            # eagerly around it. The CUDA-graphed decode step is compiled whole (it traces
+            # through the region), since a CUDA graph replays one callable.
+            self.model.model.run_layer = self.compiler.region(run_layer)
+            self._prefill_fn = self.compiler.timed(self._ar_prefill)
+            self._denoise_fn = self.compiler.timed(self.predict_velocity)
+            self._decode_fn = (self.compiler.wrap(self._ar_decode, cuda_graph=True) if self.decode_cuda_graph
+                               else self.compiler.timed(self._ar_decode))
+        else:
+            self._prefill_fn = self.compiler.wrap(self._ar_prefill)
+            self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
+            self._denoise_fn = self.compiler.wrap(self.predict_velocity)
         self._kept_caches: dict[str, KVCache] = {}
 
     # ---- shared step: run rows at given slots through the stack, gather them back -------

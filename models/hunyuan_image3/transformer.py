@@ -193,6 +193,9 @@ class HunyuanImage3Transformer(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.ln_f = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # How a layer is called: `run_layer`, or what a runtime puts here instead (the same
+        # function compiled once for all layers: regional compilation).
+        self.run_layer = run_layer
 
     def forward(self, h: torch.Tensor, rope_pos: torch.Tensor, meta: AttentionMeta,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -202,5 +205,12 @@ class HunyuanImage3Transformer(nn.Module):
         """
         cos, sin = rope_cos_sin(rope_pos, self.cfg.head_dim, self.cfg.rope_theta)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, meta, None if cache is None else cache[i])
+            h = self.run_layer(layer, h, cos, sin, meta, None if cache is None else cache[i])
         return h
+
+
+def run_layer(layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMeta,
+              cache: LayerKVCache | None) -> torch.Tensor:
+    """One decoder layer, as a free function: the unit a runtime may compile once and reuse
+    for every layer (the layer's weights are its inputs, not its constants)."""
+    return layer(h, cos, sin, meta, cache)
