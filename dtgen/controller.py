@@ -165,12 +165,14 @@ class PhaseController:
     def _output_hooks(groups: PhaseGroups, outputs: dict[str, Output], modules) -> list:
         if groups.tp_size == 1:
             return []
-        # One hook object per kind, shared by every module: a layer compiled once for all
-        # layers (regional compilation) guards on its hooks, which must then be the same.
-        reduce_fn = partial(_reduce_hook, group=groups.tp_group)
-        vocab_fn = partial(_vocab_hook, group=groups.tp_group, order=groups.tp_gather_order)
-        return [(modules[name], reduce_fn if layout == Output.PARTIAL_SUM else vocab_fn)
-                for name, layout in outputs.items()]
+        hooks = []
+        for name, layout in outputs.items():
+            if layout == Output.PARTIAL_SUM:
+                fn = partial(_reduce_hook, group=groups.tp_group)
+            else:
+                fn = partial(_vocab_hook, group=groups.tp_group, order=groups.tp_gather_order)
+            hooks.append((modules[name], fn))
+        return hooks
 
     # ---- switching ------------------------------------------------------------------
     def agree(self, what: str, values: list[int]) -> list[list[int]]:

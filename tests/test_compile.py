@@ -151,7 +151,7 @@ def test_step_compiler_options(monkeypatch):
     assert all(kwargs["fullgraph"] for kwargs in seen)
 
 
-def _compile_counters(tmp_path, layers: int, regions: bool) -> dict:
+def _compile_counters(tmp_path, layers: int, regions: bool, plan_args=()) -> dict:
     import json
 
     import torch._dynamo
@@ -164,7 +164,8 @@ def _compile_counters(tmp_path, layers: int, regions: bool) -> dict:
     report = tmp_path / f"r{layers}{regions}.json"
     argv = ["--random-weights", "tiny", "--layers", str(layers), "--steps", "2", "--max-new-tokens", "2",
             "--ignore-eos", "--image-size", "256x256", "--compile", "--compile-backend", "eager",
-            "--output", str(tmp_path / "i.png"), "--report", str(report)] + (["--compile-regions"] if regions else [])
+            "--output", str(tmp_path / "i.png"), "--report", str(report), *plan_args] + (
+                ["--compile-regions"] if regions else [])
     assert main(argv) == 0
     return json.loads(report.read_text())["compile"]
 
@@ -178,3 +179,12 @@ def test_regional_compilation_does_not_grow_with_depth(tmp_path):
     assert all(c["graph_breaks"] == 0 and c["recompiles_after_warmup"] == 0 for c in flat)
     whole = [_compile_counters(tmp_path, n, regions=False) for n in (2, 5)]
     assert whole[1]["ops_traced"] > 2 * whole[0]["ops_traced"] * 0.9
+
+
+def test_regional_compilation_is_shared_by_the_layers_of_a_parallel_plan(tmp_path):
+    """4 gloo ranks, plan hybrid (AR TP4 with its all-reduce hooks, denoise TP2 x Ulysses-2):
+    every layer passes the same guards (shared hooks, same core types), so depth adds no graph
+    and nothing traced."""
+    shallow, deep = (_compile_counters(tmp_path, n, True, ("--world-size", "4", "--plan", "hybrid")) for n in (2, 4))
+    assert (shallow["graphs"], shallow["ops_traced"]) == (deep["graphs"], deep["ops_traced"])
+    assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
