@@ -98,6 +98,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="with --compile: compile one decoder layer once for all layers (regional compilation: "
                         "compile time flat with depth) and run the code between layers eagerly; a CUDA-graphed "
                         "decode step is still compiled whole")
+    p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
+                   help="pad AR prompts to a multiple of N rows (exact: the padding is never attended), so that "
+                        "prompts of similar length share the compiled prefill; 0 = exact lengths "
+                        "(default: 256 with --compile, else 0)")
     p.add_argument("--compile-autotune", action="store_true",
                    help="with --compile: let inductor tune the prefill and denoise GEMMs, the MoE's grouped "
                         "GEMMs included (--moe-impl auto becomes graph); slower compile, faster MoE on GPU")
@@ -197,7 +201,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                              compile_options=options, vae_group=vae_group)
+                              compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
     profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
     requests = _requests(args)
     warmup_ms = None
@@ -303,7 +307,7 @@ def _check_args(args, plan) -> str | None:
     if args.layers is not None and not args.random_weights:
         return "--layers applies to --random-weights only"
     for flag, value, least in (("--steps", args.steps, 1), ("--max-new-tokens", args.max_new_tokens, 0),
-                               ("--layers", args.layers, 1)):
+                               ("--layers", args.layers, 1), ("--prompt-bucket", args.prompt_bucket, 0)):
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
     _prompt_lengths(args.prompt_tokens)     # raises ValueError naming a bad length

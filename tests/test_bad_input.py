@@ -155,6 +155,7 @@ def test_unknown_device_or_dtype():
     (["--prompt-tokens", "0"], "--prompt-tokens '0': '0' is not a length of at least 1"),
     (["--prompt-tokens", "40", "--prompt", "a fox"], "--prompt-tokens makes its own prompts"),
     (["--prompts-file", "/nonexistent/prompts.txt"], "--prompts-file /nonexistent/prompts.txt: no such file"),
+    (["--prompt-bucket", "-1"], "--prompt-bucket must be at least 0, got -1"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main

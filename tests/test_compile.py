@@ -188,3 +188,31 @@ def test_regional_compilation_is_shared_by_the_layers_of_a_parallel_plan(tmp_pat
     shallow, deep = (_compile_counters(tmp_path, n, True, ("--world-size", "4", "--plan", "hybrid")) for n in (2, 4))
     assert (shallow["graphs"], shallow["ops_traced"]) == (deep["graphs"], deep["ops_traced"])
     assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
+
+
+def test_prompts_in_one_bucket_share_the_prefill_and_match_exact_lengths(tiny_checkpoint):
+    """Prompts pad to a bucket for the compiled prefill. The padding is exact: the AR logits
+    and tokens equal the unpadded eager run's. Prompts of other lengths within the bucket
+    reuse the AR graphs (the denoise sequence still follows the prompt's length)."""
+    from dataclasses import replace as dc_replace
+
+    from dtgen.profiling import NullProfiler
+    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer
+
+    torch._dynamo.reset()
+    counters.clear()
+    _, eager = _pipe(tiny_checkpoint, "single")
+    assert eager.prompt_bucket == 0
+    _, compiled = _pipe(tiny_checkpoint, "single", backend="eager")
+    assert compiled.prompt_bucket == 256
+    base = dc_replace(T2IRequest(**REQUEST), max_new_tokens=3, ignore_stop=True)
+    graphs = []
+    for n in (20, 33, 47):
+        req = dc_replace(base, prompt_ids=tuple(5 + (i * 7) % 90 for i in range(n)))
+        runs = [_Run(_Timer(torch.device("cpu")), {}, {}, _no_progress, NullProfiler()) for _ in range(2)]
+        want, got = eager.run_ar(req, runs[0]), compiled.run_ar(req, runs[1])
+        assert want == got
+        for a, b in zip(runs[0].record["ar_logits"], runs[1].record["ar_logits"], strict=True):
+            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+    assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 2, graphs

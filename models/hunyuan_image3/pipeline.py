@@ -309,9 +309,13 @@ class _Timer:
 
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
-                 is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None):
+                 is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
+                 prompt_bucket: int | None = None):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
-        rows; the main rank gets the image); None decodes on the main rank alone."""
+        rows; the main rank gets the image); None decodes on the main rank alone.
+        `prompt_bucket`: AR prompts pad to a multiple of this many rows, so that prompts of
+        similar length share the compiled prefill (0: exact lengths; default: 256 when
+        compiling, else 0, since padding only pays where shapes key graphs)."""
         self.model = model
         self.vae_group = vae_group
         self.tok = tokenizer
@@ -339,6 +343,10 @@ class HunyuanT2IPipeline:
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
             self._denoise_fn = self.compiler.wrap(self.predict_velocity)
         self._kept_caches: dict[str, KVCache] = {}
+        if prompt_bucket is not None and prompt_bucket < 0:
+            raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
+        self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
+            AR_CACHE_ROUND if self.compiler.options.enabled else 0)
 
     # ---- shared step: run rows at given slots through the stack, gather them back -------
     def _cache(self, rt, batch: int, length: int, reuse: str | None = None) -> KVCache:
@@ -388,38 +396,42 @@ class HunyuanT2IPipeline:
 
     # ---- AR ---------------------------------------------------------------------------
     def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor | SlotRuns, cache: KVCache, total: int,
-                  all_rows: bool = False) -> torch.Tensor:
+                  all_rows: bool = False, last: torch.Tensor | None = None) -> torch.Tensor:
         """Feed ids [1, n] at `slots` through the cache; logits [V] of the last row ([n, V] with all_rows).
 
         Token ids are a tensor, and so are the slots of a decode step, so that one compiled
         graph serves every step; a prompt's slots are static runs (see `forward_rows`).
+        `last` ([1] int64): the row whose logits are wanted, when rows after it are padding.
         """
         embeds = self.model.embed_tokens(ids)
         slot_vec = slots_of_runs(slots, self.device) if isinstance(slots, tuple) else slots
         h = self.forward_rows(rt, embeds, slot_vec.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
-        return self.model.logits(h[0] if all_rows else h[0, -1])
+        if all_rows:
+            return self.model.logits(h[0])
+        return self.model.logits(h[0, -1] if last is None else h[0].index_select(0, last)[0])
 
-    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
-        """Logits [V] of the last row and the token sampled from them (0-d, on the device)."""
-        logits = self.ar_logits(rt, ids, slots, cache, total)
+    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None):
+        """Logits [V] of the last row (or row `last`) and the token sampled from them (0-d, on the device)."""
+        logits = self.ar_logits(rt, ids, slots, cache, total, last=last)
         return logits, sample_token(logits, uniform, sampling.temperature, sampling.top_k, sampling.top_p,
                                     sampling.candidates)
 
     # Two functions (two code objects), two compiled callables: the prompt and the one-token
     # step get separate graph caches, and only the decode step replays as a CUDA graph.
-    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
-        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
+    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None):
+        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling, last)
 
     def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
 
     def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
               sampling: SamplingArgs, generator: torch.Generator | None,
-              static_slots: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              static_slots: bool = False, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
 
         static_slots: the slots are part of the graph (the prompt, always at 0); otherwise a
-        tensor, so that feeds at moving positions share one graph.
+        tensor, so that feeds at moving positions share one graph. rows: how many of the ids
+        are real (the rest pad the prompt to its bucket); the logits are row rows - 1's.
         """
         dev = self.device
         ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([ids], device=dev)
@@ -427,9 +439,17 @@ class HunyuanT2IPipeline:
         slots = ((start, start + n),) if static_slots else torch.arange(start, start + n, device=dev)
         uniform = (torch.rand(self.cfg.vocab_size, generator=generator, device=dev)
                    if sampling.draws else None)
-        logits, token = fn(rt, ids, slots, cache, total, uniform, sampling)
+        extra = () if rows is None else (torch.tensor([rows - 1], device=dev),)
+        logits, token = fn(rt, ids, slots, cache, total, uniform, sampling, *extra)
         # clone: a CUDA-graph replay reuses its output buffers on the next call.
         return logits.clone(), token.clone()
+
+    def _bucket(self, n: int) -> int:
+        """Rows the prefill runs for an n-row prompt: n rounded up to its bucket, within the
+        model's positions."""
+        if not self.prompt_bucket:
+            return n
+        return max(n, min(-(-n // self.prompt_bucket) * self.prompt_bucket, self.cfg.max_position_embeddings))
 
     def run_ar(self, req: T2IRequest, run: "_Run") -> tuple[list[int], int]:
         rt = self.controller.activate("ar")
@@ -439,6 +459,12 @@ class HunyuanT2IPipeline:
         steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
         budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
+        # The prefill's graph is keyed by the prompt length: pad it to its bucket. Exact: the
+        # padding rows sit at the slots right after the prompt, which no real row sees
+        # (causal), and each decode step rewrites the next of them before any query can see
+        # it (a query at slot q sees slots <= q, and slot q is written by that same step).
+        padded = ids + [sp.eos] * (self._bucket(len(ids)) - len(ids))
+        budget = max(budget, len(padded))
         # The decode step's graph is keyed by the cache length: round it up so that prompts of
         # similar length share one graph (the mask hides the unused slots).
         length = min(-(-budget // AR_CACHE_ROUND) * AR_CACHE_ROUND, self.cfg.max_position_embeddings)
@@ -452,8 +478,8 @@ class HunyuanT2IPipeline:
 
         with run.profiler.region("ar_prefill"):
             t0 = timer.now()
-            logits, next_token = self._feed(self._prefill_fn, rt, ids, 0, cache, length, sampling, generator,
-                                            static_slots=True)
+            logits, next_token = self._feed(self._prefill_fn, rt, padded, 0, cache, length, sampling, generator,
+                                            static_slots=True, rows=len(ids) if self.prompt_bucket else None)
             timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
         run.progress("ar", 0, steps)
