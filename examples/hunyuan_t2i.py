@@ -146,13 +146,11 @@ def _requests(args) -> list[T2IRequest]:
     return [_request(args, prompt=p) for p in _prompts(args)]
 
 
-def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None, forced_tokens=None, forced_ratio=None,
-             steps=None) -> T2IRequest:
-    return T2IRequest(prompt=prompt, seed=args.seed, steps=steps or args.steps, guidance=args.guidance,
+def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
+    return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, cfg_mode=args.cfg_mode, forced_tokens=forced_tokens,
-                      forced_ratio=forced_ratio, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids)
+                      top_p=args.top_p, cfg_mode=args.cfg_mode, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
