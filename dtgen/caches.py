@@ -17,6 +17,7 @@ and compiles again from nothing, never trusting the rest of it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def use_compile_cache() -> Path:
     import torch._inductor.config as inductor_config
 
     folder = compile_cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        # not worth failing a run over: compile where inductor would have by itself
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        fallback = Path(default_cache_dir())
+        print(f"warning: compile cache {folder} cannot be created ({e.strerror or e}); using {fallback}",
+              file=sys.stderr)
+        folder = fallback
+        folder.mkdir(parents=True, exist_ok=True)
     os.environ[INDUCTOR_ENV] = str(folder)
     inductor_config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True

@@ -54,3 +54,16 @@ def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path):
     # rebuilt: a third process finds a sound cache again
     _, hits, misses, quarantined, _ = _compile_in_a_new_process(tmp_path)
     assert (hits, quarantined) == (1, 0)
+
+
+def test_an_unusable_cache_folder_falls_back_to_inductors_default(tmp_path, monkeypatch, capsys):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from dtgen.caches import use_compile_cache
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("DTGEN_CACHE", str(blocker))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)   # restored after the test
+    assert use_compile_cache() == Path(default_cache_dir())
+    assert "cannot be created" in capsys.readouterr().err
