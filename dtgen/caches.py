@@ -28,15 +28,19 @@ def cache_root() -> Path:
     return Path(os.environ.get("DTGEN_CACHE", Path.home() / ".cache" / "dtgen"))
 
 
+def _inductor_default() -> Path:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(os.path.abspath(default_cache_dir()))
+
+
 def compile_cache_dir() -> Path:
     """Where compiled artefacts go: $TORCHINDUCTOR_CACHE_DIR if the user set it, else
     $DTGEN_CACHE/compile."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     chosen = os.environ.get(INDUCTOR_ENV)
     # inductor writes its default (a folder under /tmp) into the variable once it has
     # looked: that one is not the user's choice
-    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+    if chosen and Path(os.path.abspath(chosen)) != _inductor_default():
         return Path(chosen)
     return cache_root() / "compile"
 
@@ -52,8 +56,7 @@ def use_compile_cache() -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         # not worth failing a run over: compile where inductor would have by itself
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        fallback = Path(default_cache_dir())
+        fallback = _inductor_default()
         print(f"warning: compile cache {folder} cannot be created ({e.strerror or e}); using {fallback}",
               file=sys.stderr)
         folder = fallback
