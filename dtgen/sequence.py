@@ -1,11 +1,32 @@
 """Sequence sharding for sequence-parallel phases: tail padding, local chunks, gathers."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from .collectives import all_gather
+
+
+class SlotHole(NamedTuple):
+    """Slots [start, end) of bucket padding inside a sequence: no query may see a key there.
+
+    A prompt padded to its bucket puts its padding rows between the text and what follows it
+    (the image head), so that everything after the text sits at fixed slots. Those rows are
+    hidden by this rule rather than by causality. `start` is a 0-d int64 tensor (it moves
+    with the prompt length: data, so prompts of one bucket share a graph); `end` is a static
+    int (the bucket's edge), which tells attention planners which rows lie past the hole.
+    Rows inside the hole are padding too: what they compute is never read.
+    """
+
+    start: torch.Tensor
+    end: int
+
+    def visible(self, k_slots: torch.Tensor) -> torch.Tensor:
+        """[Sk] bool: False for keys in the hole."""
+        return (k_slots < self.start) | (k_slots >= self.end)
 
 
 class SequenceLayout:

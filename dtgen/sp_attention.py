@@ -102,6 +102,7 @@ from kernels.lse_merge import lse_merge
 from kernels.ulysses_pack import ulysses_pack, ulysses_pack_out, ulysses_unpack, ulysses_unpack_out
 
 from .attention import ulysses_kv_heads
+from .sequence import SlotHole
 from .topology import PhaseGroups
 
 SP_KINDS = ("ulysses-pipelined", "kv-allgather", "ring", "attn2d")
@@ -113,8 +114,10 @@ _all_gather_async = getattr(funcol, "all_gather_single", None) or funcol.all_gat
 # ------------------------------------------------------------------------------ helpers
 
 
-def slot_mask(q_slots: torch.Tensor, k_slots: torch.Tensor, image_blocks: tuple) -> torch.Tensor:
-    """[Sq, Sk] bool, True = may attend: causal over slots, each image block bidirectional.
+def slot_mask(q_slots: torch.Tensor, k_slots: torch.Tensor, image_blocks: tuple,
+              hole: SlotHole | None = None) -> torch.Tensor:
+    """[Sq, Sk] bool, True = may attend: causal over slots, each image block bidirectional,
+    keys in the `hole` (bucket padding inside the sequence) hidden from every query.
 
     The rule the attention-meta contract states (`AttentionMeta.image_blocks`); tests check it
     against the model's own `structured_mask`.
@@ -124,6 +127,8 @@ def slot_mask(q_slots: torch.Tensor, k_slots: torch.Tensor, image_blocks: tuple)
         q_in = (q_slots >= start) & (q_slots < end)
         k_in = (k_slots >= start) & (k_slots < end)
         allowed = allowed | (q_in.unsqueeze(1) & k_in.unsqueeze(0))
+    if hole is not None:
+        allowed = allowed & hole.visible(k_slots).unsqueeze(0)
     return allowed
 
 
@@ -159,7 +164,7 @@ def _merge(parts_out: list[torch.Tensor], parts_lse: list[torch.Tensor], out_dty
 
 
 def _static_part(q: torch.Tensor, q_slots: torch.Tensor, fresh_slots: torch.Tensor, image_blocks: tuple,
-                 cache_k: torch.Tensor, cache_v: torch.Tensor):
+                 cache_k: torch.Tensor, cache_v: torch.Tensor, hole: SlotHole | None):
     """Local queries against the cache slots this call does not rewrite: (out, lse) in
     [B, S_l, Hq, D] / [B, S_l, Hq] layout, or None when every slot is fresh.
 
@@ -178,7 +183,7 @@ def _static_part(q: torch.Tensor, q_slots: torch.Tensor, fresh_slots: torch.Tens
     static = torch.sort(fresh, stable=True).indices[:count]
     keys = cache_k.index_select(2, static).to(q.dtype)
     values = cache_v.index_select(2, static).to(q.dtype)
-    out, lse = attention_lse(q.transpose(1, 2), keys, values, slot_mask(q_slots, static, image_blocks))
+    out, lse = attention_lse(q.transpose(1, 2), keys, values, slot_mask(q_slots, static, image_blocks, hole))
     return out.transpose(1, 2), lse.transpose(1, 2)
 
 
@@ -203,8 +208,8 @@ class KVAllGatherAttention(nn.Module):
 # ------------------------------------------------------------------------------------ ring
 
 
-def _ring_attention(q, k, v, slots, cache_k, cache_v, image_blocks: tuple, group: dist.ProcessGroup,
-                    rank: int, size: int) -> torch.Tensor:
+def _ring_attention(q, k, v, slots, cache_k, cache_v, image_blocks: tuple, hole: SlotHole | None,
+                    group: dist.ProcessGroup, rank: int, size: int) -> torch.Tensor:
     """The ring (module docstring); q [B, S_l, Hq, D] -> [B, S_l, Hq, D], cache written in place."""
     P, r = size, rank
     chunks = slots.view(P, q.shape[1])
@@ -214,7 +219,7 @@ def _ring_attention(q, k, v, slots, cache_k, cache_v, image_blocks: tuple, group
     q_slots, qh = chunks[r], q.transpose(1, 2)
     outs, lses = [], []
     if cache_k is not None:
-        static = _static_part(q, q_slots, slots, image_blocks, cache_k, cache_v)
+        static = _static_part(q, q_slots, slots, image_blocks, cache_k, cache_v, hole)
         if static is not None:
             outs, lses = [static[0]], [static[1]]
     block = torch.cat([k, v], dim=2)                              # [B, S_l, 2Hkv, D], contiguous
@@ -229,7 +234,7 @@ def _ring_attention(q, k, v, slots, cache_k, cache_v, image_blocks: tuple, group
         if cache_k is not None:  # every block passes through: the cache fills at no extra cost
             cache_k.index_copy_(2, chunks[source], kb.transpose(1, 2).to(cache_k.dtype))
             cache_v.index_copy_(2, chunks[source], vb.transpose(1, 2).to(cache_v.dtype))
-        mask = slot_mask(q_slots, chunks[source], image_blocks)
+        mask = slot_mask(q_slots, chunks[source], image_blocks, hole)
         out, lse = attention_lse(qh, kb.transpose(1, 2), vb.transpose(1, 2), mask)
         outs.append(out.transpose(1, 2))
         lses.append(lse.transpose(1, 2))
@@ -246,14 +251,16 @@ def _ring_attention(q, k, v, slots, cache_k, cache_v, image_blocks: tuple, group
 @torch.library.custom_op("dtgen::ring_attention", mutates_args=("cache_k", "cache_v"))
 def _ring_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
                        cache_k: torch.Tensor | None, cache_v: torch.Tensor | None, image_blocks: list[int],
-                       group_name: str, rank: int, size: int) -> torch.Tensor:
+                       hole_start: torch.Tensor | None, hole_end: int, group_name: str, rank: int,
+                       size: int) -> torch.Tensor:
     group = _resolve_process_group(group_name)
     blocks = tuple(zip(image_blocks[0::2], image_blocks[1::2]))
-    return _ring_attention(q, k, v, slots, cache_k, cache_v, blocks, group, rank, size)
+    hole = None if hole_start is None else SlotHole(hole_start, hole_end)
+    return _ring_attention(q, k, v, slots, cache_k, cache_v, blocks, hole, group, rank, size)
 
 
 @_ring_attention_op.register_fake
-def _(q, k, v, slots, cache_k, cache_v, image_blocks, group_name, rank, size):
+def _(q, k, v, slots, cache_k, cache_v, image_blocks, hole_start, hole_end, group_name, rank, size):
     return q.new_empty(q.shape)
 
 
@@ -271,8 +278,11 @@ class RingAttention(nn.Module):
     def forward(self, q, k, v, meta, cache):
         _check_rows(meta, q, self.size, "ring")
         blocks = [int(x) for block in meta.image_blocks for x in block]
+        hole = getattr(meta, "hole", None)
         return torch.ops.dtgen.ring_attention(q, k, v, meta.slots, None if cache is None else cache.k,
-                                              None if cache is None else cache.v, blocks, self.group_name,
+                                              None if cache is None else cache.v, blocks,
+                                              None if hole is None else hole.start,
+                                              -1 if hole is None else hole.end, self.group_name,
                                               self.rank, self.size)
 
 
@@ -337,14 +347,15 @@ class Attention2D(nn.Module):
         kv_all = _gather_seq_async(kv, self.cols.group) if C > 1 else None
         static = None
         if cache is not None:
-            static = _static_part(q, chunks[self.my_chunk], meta.slots, meta.image_blocks, cache.k, cache.v)
+            static = _static_part(q, chunks[self.my_chunk], meta.slots, meta.image_blocks, cache.k, cache.v,
+                                  getattr(meta, "hole", None))
         qg = _bshd(q_all) if R > 1 else q                                 # [B, R*S_l, Hq, D]
         kvg = _bshd(kv_all) if C > 1 else kv                              # [B, C*S_l, 2Hkv, D]
         persist = None
         if cache is not None and R > 1:  # the rest of the fresh K/V, for the cache only; before the attention
             persist = _gather_seq_async(kvg, self.rows.group)
         mask = slot_mask(self._slots(chunks, self.q_chunks), self._slots(chunks, self.kv_chunks),
-                         meta.image_blocks)
+                         meta.image_blocks, getattr(meta, "hole", None))
         out, lse = attention_lse(qg.transpose(1, 2), kvg[:, :, :Hkv].transpose(1, 2),
                                  kvg[:, :, Hkv:].transpose(1, 2), mask)   # [B, Hq, R*S_l, D]
         if R > 1:

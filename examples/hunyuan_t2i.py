@@ -35,7 +35,7 @@ from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, parse_image_size, to_uint8
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size, to_uint8
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
@@ -88,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run a short request first (same shapes; 2 denoise steps) so that compilation and "
                         "first-call kernel JIT stay out of the figures; its wall time is reported on its own "
                         "(default: on with --compile or on GPU, where Triton kernels JIT on first call)")
+    p.add_argument("--warmup-shapes", default=None, metavar="TOKENS:HxW[,...]",
+                   help="the warm-up compiles these shapes instead of the first request's: prompt tokens "
+                        "(<bos> included) and image size, each run with --max-new-tokens AR tokens "
+                        "(e.g. 256:1024x1024,512:1024x1024; a server warms up its buckets before traffic)")
     p.add_argument("--stall-timeout", type=float, default=300.0,
                    help="under torchrun: seconds without progress (while no rank compiles) before a rank prints "
                         "every thread's stack; after twice that the job ends")
@@ -130,6 +134,21 @@ def _prompt_lengths(text: str | None) -> list[int] | None:
     return lengths
 
 
+def _warmup_shapes(text: str | None, base: int) -> list[tuple[int, str]] | None:
+    """--warmup-shapes "TOKENS:HxW[,...]" -> [(tokens, "HxW"), ...]; ValueError naming the bad item."""
+    if text is None:
+        return None
+    shapes = []
+    for item in text.split(","):
+        tokens, _, size = item.strip().partition(":")
+        if not tokens.isdigit() or int(tokens) < 1 or not size:
+            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} is not TOKENS:HxW with TOKENS >= 1")
+        if size == "auto" or parse_image_size(size, base) is None:
+            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} needs an image size HxW, not 'auto'")
+        shapes.append((int(tokens), size))
+    return shapes
+
+
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompts_file:
@@ -141,8 +160,7 @@ def _requests(args) -> list[T2IRequest]:
     """Every request of the run, in order (all share the sampling, image and step settings)."""
     if args.prompt_tokens is not None:
         # Benchmark prompts: fixed ids (the <bos> comes on top of the N - 1 given here).
-        return [_request(args, prompt_ids=tuple(1 + (i * 37) % 200 for i in range(n - 1)))
-                for n in _prompt_lengths(args.prompt_tokens)]
+        return [_request(args, prompt_ids=filler_ids(n - 1)) for n in _prompt_lengths(args.prompt_tokens)]
     return [_request(args, prompt=p) for p in _prompts(args)]
 
 
@@ -203,11 +221,16 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
     requests = _requests(args)
     warmup_ms = None
-    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
+    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda" or args.warmup_shapes):
         # The first request's prompt, seed and image size: its shapes, so every graph it needs
-        # compiles (and every kernel is JIT-compiled) here, not in the timed run.
+        # compiles (and every kernel is JIT-compiled) here, not in the timed run. Or the shapes
+        # given (a server's buckets): requests in their buckets then compile nothing.
         t0 = time.perf_counter()
-        pipe.generate(replace(requests[0], steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
+        shapes = _warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size)
+        if shapes:
+            pipe.warm_up(shapes, requests[0], progress=_progress_hook(ctx, None))
+        else:
+            pipe.generate(replace(requests[0], steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
     # What compiling and loading made lives as long as the process: keep the collector off it,
@@ -340,6 +363,9 @@ def main(argv=None) -> int:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
             parse_image_size(args.image_size, int(base.get("image_base_size", 1024)))
+            _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024)))
+            if args.warmup_shapes and args.warmup is False:
+                problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
     except (KeyError, ValueError) as e:
         problem = e.args[0]
     if problem is not None:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from dtgen.sequence import SequenceLayout
+from dtgen.sequence import SequenceLayout, SlotHole
 from models.hunyuan_image3.attention import (AttentionMeta, AttentionSegment, LayerKVCache, LocalAttention,
                                              plan_segments, slots_of_runs)
 
@@ -16,6 +16,13 @@ def test_plan_of_a_denoise_sequence():
     segs = plan_segments(((9, 30), (31, 33)), ((0, 40),), ((10, 30),))
     assert [s.kind for s in segs] == ["masked", "dense", "masked"]
     assert segs[1] == AttentionSegment(1, 21, 30, "dense")
+
+
+def test_plan_with_a_hole_masks_the_rows_past_it():
+    # bos + text [0, 5), bucket padding [5, 8) (the hole), head [8, 10), image [10, 30), <eoi> 30
+    segs = plan_segments(((0, 31),), ((0, 40),), ((10, 30),), hole_end=8)
+    assert segs == (AttentionSegment(0, 8, 8, "causal"), AttentionSegment(8, 10, 40, "masked"),
+                    AttentionSegment(10, 30, 30, "dense-hole"), AttentionSegment(30, 31, 40, "masked"))
 
 
 def test_plan_falls_back_to_one_mask_when_keys_are_not_one_run():
@@ -33,9 +40,13 @@ CASES = [
 ]
 
 
+HOLES = [None, (2, 5)]   # bucket padding at slots [2, 5) (start given as a tensor)
+
+
 @pytest.mark.parametrize("runs,blocks,cache_len", CASES)
 @pytest.mark.parametrize("kv_heads", [1, 3])
-def test_segments_match_the_masked_attention(runs, blocks, cache_len, kv_heads):
+@pytest.mark.parametrize("hole", HOLES, ids=["no-hole", "hole"])
+def test_segments_match_the_masked_attention(runs, blocks, cache_len, kv_heads, hole):
     g = torch.Generator().manual_seed(0)
     n, hq, d = sum(b - a for a, b in runs), 6, 16
     q = torch.randn(2, n, hq, d, generator=g)
@@ -50,9 +61,14 @@ def test_segments_match_the_masked_attention(runs, blocks, cache_len, kv_heads):
         return LayerKVCache(prefill.clone(), prefill.clone() * 0.5)
 
     ref_cache, seg_cache = cache(), cache()
-    ref = LocalAttention()(q, k, v, AttentionMeta(slots, blocks), ref_cache)
-    out = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, slot_runs=runs), seg_cache)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    hole = None if hole is None else SlotHole(torch.tensor(hole[0]), hole[1])
+    ref = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, hole=hole), ref_cache)
+    out = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, slot_runs=runs, hole=hole), seg_cache)
+    real = slots.new_ones(n, dtype=torch.bool) if hole is None else hole.visible(slots)
+    torch.testing.assert_close(out[:, real], ref[:, real], rtol=1e-5, atol=1e-5)  # rows in the hole are padding
+    if hole is not None:   # the hole must matter: rows past it would see those keys otherwise
+        unholed = LocalAttention()(q, k, v, AttentionMeta(slots, blocks), cache())
+        assert (unholed - ref)[:, slots >= 5].abs().max() > 1e-2
     if cache_len is not None:
         assert torch.equal(seg_cache.k, ref_cache.k) and torch.equal(seg_cache.v, ref_cache.v)
 
@@ -72,9 +88,11 @@ def test_pad_runs_follow_pad_slots():
 
 
 @pytest.mark.gpu
-def test_flash_pieces_match_the_masked_kernel_on_cuda():
+@pytest.mark.parametrize("hole", [None, (250, 290)], ids=["no-hole", "hole"])
+def test_flash_pieces_match_the_masked_kernel_on_cuda(hole):
     """bf16 on CUDA: the dense and causal pieces run flash attention (GQA without copying
-    K/V); they must agree with the masked kernel at bf16 precision, with a cache."""
+    K/V); they must agree with the masked kernel at bf16 precision, with a cache. With a
+    hole (bucket padding in the text), the image rows run the key-prefix flash path."""
     g = torch.Generator(device="cuda").manual_seed(0)
     text, image, pad = 301, 1024, 3
     n = text + image + 1 + pad
@@ -88,8 +106,10 @@ def test_flash_pieces_match_the_masked_kernel_on_cuda():
         return LayerKVCache(torch.zeros(1, 2, n + 8, 128, device="cuda", dtype=torch.bfloat16),
                             torch.zeros(1, 2, n + 8, 128, device="cuda", dtype=torch.bfloat16))
 
-    ref = LocalAttention()(q.float(), k.float(), v.float(), AttentionMeta(slots, blocks), None)
-    out = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, slot_runs=runs), cache())
-    masked = LocalAttention()(q, k, v, AttentionMeta(slots, blocks), cache())
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(masked.float(), ref, rtol=2e-2, atol=2e-2)
+    hole = None if hole is None else SlotHole(torch.tensor(hole[0], device="cuda"), hole[1])
+    ref = LocalAttention()(q.float(), k.float(), v.float(), AttentionMeta(slots, blocks, hole=hole), None)
+    out = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, slot_runs=runs, hole=hole), cache())
+    masked = LocalAttention()(q, k, v, AttentionMeta(slots, blocks, hole=hole), cache())
+    real = torch.ones(n, dtype=torch.bool, device="cuda") if hole is None else hole.visible(slots)
+    torch.testing.assert_close(out.float()[:, real], ref[:, real], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(masked.float()[:, real], ref[:, real], rtol=2e-2, atol=2e-2)

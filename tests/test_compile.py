@@ -190,14 +190,12 @@ def test_regional_compilation_is_shared_by_the_layers_of_a_parallel_plan(tmp_pat
     assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
 
 
-def test_prompts_in_one_bucket_share_the_prefill_and_match_exact_lengths(tiny_checkpoint):
-    """Prompts pad to a bucket for the compiled prefill. The padding is exact: the AR logits
-    and tokens equal the unpadded eager run's. Prompts of other lengths within the bucket
-    reuse the AR graphs (the denoise sequence still follows the prompt's length)."""
+def test_prompts_in_one_bucket_share_every_graph_and_match_exact_lengths(tiny_checkpoint):
+    """Prompts pad to a bucket, in AR (rows after the prompt) and in denoise (rows between the
+    text and the image head, hidden by the attention's `SlotHole`). The padding is exact: AR
+    logits, tokens and every velocity equal the unpadded eager run's. Prompts of other
+    lengths within the bucket reuse every graph of the first."""
     from dataclasses import replace as dc_replace
-
-    from dtgen.profiling import NullProfiler
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer
 
     torch._dynamo.reset()
     counters.clear()
@@ -205,14 +203,46 @@ def test_prompts_in_one_bucket_share_the_prefill_and_match_exact_lengths(tiny_ch
     assert eager.prompt_bucket == 0
     _, compiled = _pipe(tiny_checkpoint, "single", backend="eager")
     assert compiled.prompt_bucket == 256
-    base = dc_replace(T2IRequest(**REQUEST), max_new_tokens=3, ignore_stop=True)
+    base = dc_replace(T2IRequest(**REQUEST), max_new_tokens=3, ignore_stop=True, steps=2)
     graphs = []
     for n in (20, 33, 47):
         req = dc_replace(base, prompt_ids=tuple(5 + (i * 7) % 90 for i in range(n)))
-        runs = [_Run(_Timer(torch.device("cpu")), {}, {}, _no_progress, NullProfiler()) for _ in range(2)]
-        want, got = eager.run_ar(req, runs[0]), compiled.run_ar(req, runs[1])
-        assert want == got
-        for a, b in zip(runs[0].record["ar_logits"], runs[1].record["ar_logits"], strict=True):
-            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
+        want, got = eager.generate(req), compiled.generate(req)
+        assert want.tokens == got.tokens
+        assert got.record["denoise_length"] == want.record["denoise_length"]
+        for key in ("ar_logits", "velocity"):
+            for a, b in zip(want.record[key], got.record[key], strict=True):
+                torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
         graphs.append(int(counters["stats"]["unique_graphs"]))
-    assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 2, graphs
+    assert graphs[0] == GRAPHS_PER_RUN and graphs[1:] == [graphs[0]] * 2, graphs
+
+
+def _example_report(tmp_path, *args) -> dict:
+    import json
+
+    from examples.hunyuan_t2i import main
+
+    torch._dynamo.reset()
+    counters.clear()
+    report = tmp_path / "report.json"
+    assert main(["--random-weights", "tiny", "--steps", "2", "--max-new-tokens", "2", "--ignore-eos",
+                 "--image-size", "256x256", "--compile", "--compile-backend", "eager",
+                 "--output", str(tmp_path / "i.png"), "--report", str(report), *args]) == 0
+    return json.loads(report.read_text())
+
+
+def test_five_prompt_lengths_in_one_bucket_compile_once(tmp_path):
+    """The CPU target of docs/performance.md: 5 prompts of different lengths in one bucket,
+    one image size, one run, no warm-up: only the first request compiles."""
+    report = _example_report(tmp_path, "--prompt-tokens", "20,33,47,61,90", "--no-warmup")
+    new = [r["new_graphs"] for r in report["requests"]]
+    assert new[0] == GRAPHS_PER_RUN and new[1:] == [0, 0, 0, 0], new
+    assert report["compile"]["graph_breaks"] == 0
+
+
+def test_warmup_shapes_compile_the_buckets_ahead(tmp_path):
+    """--warmup-shapes compiles given buckets before any request: requests of other lengths in
+    those buckets (two prompt buckets here) compile nothing."""
+    report = _example_report(tmp_path, "--prompt-tokens", "300,40,260", "--warmup-shapes", "10:256x256,400:256x256")
+    assert [r["new_graphs"] for r in report["requests"]] == [0, 0, 0]
+    assert report["compile"]["recompiles_after_warmup"] == 0 and report["compile"]["graphs"] == 2 * GRAPHS_PER_RUN

@@ -34,7 +34,7 @@ import torch
 from dtgen.attention import cache_kv_heads, make_core, ulysses_kv_heads
 from dtgen.launch import RankPool
 from dtgen.plan import PhasePlan, Plan, PlanError, resolve
-from dtgen.sequence import SequenceLayout
+from dtgen.sequence import SequenceLayout, SlotHole
 from dtgen.sp_attention import UlyssesPipelinedAttention, pipeline_groups, slot_mask
 from dtgen.topology import Topology
 from models.hunyuan_image3.attention import AttentionMeta, LayerKVCache, LocalAttention, structured_mask
@@ -112,12 +112,14 @@ def job_core(ctx, kind, layout_name, min_group_bytes=0):
             ref_cache = LayerKVCache(torch.zeros(B, Hkv, length, D), torch.zeros(B, Hkv, length, D)) \
                 if cached else None
             calls = _calls(S, ts, image) if cached else [torch.arange(S)]
+            # With a cache, the text also holds bucket padding (a hole) before the <timestep>.
+            hole = SlotHole(torch.tensor(2), ts - 1) if cached else None
             for i, slots in enumerate(calls):
                 n = slots.shape[0]
                 q, k, v = _rows(gen, B, n, Hq, D), _rows(gen, B, n, Hkv, D), _rows(gen, B, n, Hkv, D)
-                ref = LocalAttention()(q, k, v, AttentionMeta(slots, (image,)), ref_cache)
+                ref = LocalAttention()(q, k, v, AttentionMeta(slots, (image,), hole=hole), ref_cache)
                 causal_only = LocalAttention()(q, k, v, AttentionMeta(slots, ()), None) if i == 0 else None
-                meta = AttentionMeta(seq.pad_slots(slots, S), (image,))
+                meta = AttentionMeta(seq.pad_slots(slots, S), (image,), hole=hole)
                 local = core(seq.shard(q, 1), seq.shard(k, 1), seq.shard(v, 1), meta, cache)
                 out = seq.gather(local, 1, n)
                 fact = {"err": float((out - ref).abs().max()), "shape_ok": tuple(out.shape) == tuple(ref.shape)}
@@ -241,9 +243,11 @@ def single_process(tiny_checkpoint):
 def test_slot_mask_is_the_models_structured_mask():
     gen = torch.Generator().manual_seed(0)
     for blocks in ((), ((3, 9),), ((2, 5), (8, 12))):
-        q_slots = torch.randint(0, 16, (11,), generator=gen)
-        k_slots = torch.randperm(16, generator=gen)[:13]
-        assert torch.equal(slot_mask(q_slots, k_slots, blocks), structured_mask(q_slots, k_slots, blocks))
+        for hole in (None, SlotHole(torch.tensor(1), 3)):
+            q_slots = torch.randint(0, 16, (11,), generator=gen)
+            k_slots = torch.randperm(16, generator=gen)[:13]
+            assert torch.equal(slot_mask(q_slots, k_slots, blocks, hole),
+                               structured_mask(q_slots, k_slots, blocks, hole))
 
 
 def test_pipeline_group_rule():

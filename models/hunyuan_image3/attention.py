@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtgen.sequence import SlotHole
+from kernels.attention_key_prefix import attention_key_prefix
+
 
 # --------------------------------------------------------------------------------------
 # RoPE
@@ -58,20 +61,22 @@ def _image_block_id(slots: torch.Tensor, image_blocks: tuple[tuple[int, int], ..
 
 
 def structured_mask(q_slots: torch.Tensor, k_slots: torch.Tensor,
-                    image_blocks: tuple[tuple[int, int], ...]) -> torch.Tensor:
+                    image_blocks: tuple[tuple[int, int], ...], hole: SlotHole | None = None) -> torch.Tensor:
     """Boolean mask [Sq, Sk], True = may attend.
 
     Causal over sequence slots, except that every image block is bidirectional within
     itself. Built from slot indices rather than stored, so every sequence-parallel layout
     (local rows, gathered rows, ring blocks, cache slots) builds exactly the rows it needs.
     Padding rows live in slots past the real sequence, so the causal rule already hides
-    them from every real query.
+    them from every real query; bucket padding inside the sequence (`hole`) is hidden from all.
     """
     allowed = k_slots.unsqueeze(0) <= q_slots.unsqueeze(1)
     if image_blocks:
         qb = _image_block_id(q_slots, image_blocks)
         kb = _image_block_id(k_slots, image_blocks)
         allowed = allowed | ((qb.unsqueeze(1) == kb.unsqueeze(0)) & (qb.unsqueeze(1) >= 0))
+    if hole is not None:
+        allowed = allowed & hole.visible(k_slots).unsqueeze(0)
     return allowed
 
 
@@ -87,12 +92,14 @@ class AttentionMeta:
         (a core that gathers keys from other ranks passes its own); None means `slots`.
     slot_runs: `slots` as static runs (SlotRuns below) when the caller knows them, else None.
         A core that hands a different row set to an inner core must drop it (None).
+    hole: bucket padding inside the sequence (`dtgen.sequence.SlotHole`): keys no query sees.
     """
 
     slots: torch.Tensor
     image_blocks: tuple[tuple[int, int], ...] = ()
     kv_slots: torch.Tensor | None = None
     slot_runs: tuple[tuple[int, int], ...] | None = None
+    hole: SlotHole | None = None
 
 
 # Static description of `slots`: half-open runs of consecutive slots, in row order, e.g.
@@ -171,9 +178,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 class AttentionSegment:
     """Query rows [row_lo, row_hi) attending to key rows [0, keys).
 
-    kind: "dense" (every one of those keys is allowed: no mask), "causal" (a square block,
-    query row i sees key rows <= i: flash attention's is_causal), "masked" (the structured
-    mask of those rows, built from their slots).
+    kind: "dense" (every one of those keys is allowed: no mask), "dense-hole" (every one but
+    a `SlotHole`'s: flash attention over a key prefix of data-dependent length), "causal" (a
+    square block, query row i sees key rows <= i: flash attention's is_causal), "masked" (the
+    structured mask of those rows, built from their slots).
     """
 
     row_lo: int
@@ -182,8 +190,8 @@ class AttentionSegment:
     kind: str
 
 
-def plan_segments(q_runs: SlotRuns, k_runs: SlotRuns, image_blocks: tuple[tuple[int, int], ...]
-                  ) -> tuple[AttentionSegment, ...]:
+def plan_segments(q_runs: SlotRuns, k_runs: SlotRuns, image_blocks: tuple[tuple[int, int], ...],
+                  hole_end: int | None = None) -> tuple[AttentionSegment, ...]:
     """Split the structured mask into pieces that mostly need no mask at all.
 
     The mask has one key limit per query: a query at slot q may see keys at slots <= q, or
@@ -194,6 +202,10 @@ def plan_segments(q_runs: SlotRuns, k_runs: SlotRuns, image_blocks: tuple[tuple[
     the image rows, almost all of a denoise step's attention FLOPs, leave the slower masked
     kernel. Pure Python on static ints: it costs nothing at run time under torch.compile.
     Keys must be one run (the cache, or the query rows themselves); otherwise one masked piece.
+    `hole_end`: the end of a `SlotHole` in the keys. A dense piece (image rows) over it
+    becomes "dense-hole"; text rows past it are masked (a few: the image head, <eoi>); a causal
+    text piece before it stays, since causality hides the hole from every real row there
+    (only the padding rows inside it see it, and what they compute is never read).
     """
     total_rows = sum(b - a for a, b in q_runs)
     if len(k_runs) != 1:
@@ -203,12 +215,19 @@ def plan_segments(q_runs: SlotRuns, k_runs: SlotRuns, image_blocks: tuple[tuple[
     row = 0
     for a, b in q_runs:
         # Cut the run at image block edges: each piece is all-image or all-text.
-        cuts = sorted({a, b, *(x for blk in image_blocks for x in blk if a < x < b)})
+        edges = [x for blk in image_blocks for x in blk] + ([hole_end] if hole_end is not None else [])
+        cuts = sorted({a, b, *(x for x in edges if a < x < b)})
         for lo, hi in zip(cuts, cuts[1:]):
             block = next(((s, e) for s, e in image_blocks if s <= lo < e), None)
             rows = (row + lo - a, row + hi - a)
+            sees_hole = hole_end is not None and k_lo < hole_end and (lo >= hole_end or block is not None)
             if block is not None and k_lo <= block[1] <= k_hi:
-                segments.append(AttentionSegment(*rows, block[1] - k_lo, "dense"))
+                # (keys counted from slot 0: the hole's slots index them directly)
+                kind = ("dense" if not sees_hole else
+                        "dense-hole" if k_lo == 0 and hole_end <= block[1] else "masked")
+                segments.append(AttentionSegment(*rows, block[1] - k_lo, kind))
+            elif sees_hole:
+                segments.append(AttentionSegment(*rows, k_hi - k_lo, "masked"))
             elif block is None and lo == k_lo and hi <= k_hi:
                 segments.append(AttentionSegment(*rows, hi - k_lo, "causal"))
             else:
@@ -229,16 +248,22 @@ def _attend_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 
 def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_slots: torch.Tensor,
-                    k_slots: torch.Tensor, image_blocks: tuple, segments: tuple[AttentionSegment, ...]
-                    ) -> torch.Tensor:
+                    k_slots: torch.Tensor, image_blocks: tuple, segments: tuple[AttentionSegment, ...],
+                    hole: SlotHole | None = None) -> torch.Tensor:
     """q [B, Hq, Sq, D], keys/values [B, Hkv, Sk, D] -> [B, Hq, Sq, D], piece by piece."""
     outs = []
     for seg in segments:
         qs = q[:, :, seg.row_lo:seg.row_hi]
         k, v = keys[:, :, :seg.keys], values[:, :, :seg.keys]
         if seg.kind == "masked":
-            mask = structured_mask(q_slots[seg.row_lo:seg.row_hi], k_slots[:seg.keys], image_blocks)
+            mask = structured_mask(q_slots[seg.row_lo:seg.row_hi], k_slots[:seg.keys], image_blocks, hole)
             outs.append(attend(qs, k, v, mask))
+        elif seg.kind == "dense-hole":
+            # The hole's keys move to the end (attention without a causal mask does not care
+            # about key order); the rows then see a prefix whose length is data.
+            k = torch.cat([keys[:, :, hole.end:seg.keys], keys[:, :, :hole.end]], dim=2)
+            v = torch.cat([values[:, :, hole.end:seg.keys], values[:, :, :hole.end]], dim=2)
+            outs.append(attention_key_prefix(qs, k, v, (seg.keys - hole.end) + hole.start))
         else:
             outs.append(_attend_unmasked(qs, k, v, causal=seg.kind == "causal"))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
@@ -265,10 +290,11 @@ def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: A
             raise ValueError(f"AttentionMeta.slot_runs {meta.slot_runs} describe {rows} rows, but the "
                              f"queries have {q.shape[1]}")
         k_runs = ((0, cache.length),) if cache is not None else meta.slot_runs
-        segments = plan_segments(meta.slot_runs, k_runs, meta.image_blocks)
-        out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments)
+        hole_end = None if meta.hole is None else meta.hole.end
+        segments = plan_segments(meta.slot_runs, k_runs, meta.image_blocks, hole_end)
+        out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments, meta.hole)
     else:
-        out = attend(qt, keys, values, structured_mask(meta.slots, k_slots, meta.image_blocks))
+        out = attend(qt, keys, values, structured_mask(meta.slots, k_slots, meta.image_blocks, meta.hole))
     return out.transpose(1, 2)
 
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+from dtgen.sequence import SlotHole
 
 from .attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
 from .model import HunyuanImage3ForCausalMM
@@ -72,19 +73,32 @@ def parse_image_size(text: str, base: int) -> int | None:
 
 @dataclass(frozen=True)
 class DiffusionSequence:
-    """The pretrain template: <bos> text <boi><img_size><img_ratio_k><timestep> <img>*h*w <eoi>."""
+    """The pretrain template: <bos> text <boi><img_size><img_ratio_k><timestep> <img>*h*w <eoi>.
 
-    cond_ids: torch.Tensor       # [S]
+    Bucketed (`build_diffusion_sequence(bucket=...)`), padding rows follow the text, so that
+    the image head and the image sit at the same slots for every text length of a bucket;
+    `hole` hides them from every query, and the RoPE positions skip them: the model sees the
+    official sequence.
+    """
+
+    cond_ids: torch.Tensor       # [S], S counting padding rows
     uncond_ids: torch.Tensor     # [S], prompt and CoT ids replaced by <cfg>
     rope_pos: torch.Tensor       # [S, 2] (y, x)
     timestep_slot: int
     image_start: int
     height: int                  # latent grid
     width: int
+    pad: int = 0                 # padding rows after the text (host only: no graph reads it)
+    hole: SlotHole | None = None  # where they sit; None when not bucketed
 
     @property
     def length(self) -> int:
         return self.cond_ids.shape[0]
+
+    @property
+    def real_length(self) -> int:
+        """Rows of the official sequence (padding left out)."""
+        return self.length - self.pad
 
     @property
     def image_slots(self) -> tuple[int, int]:
@@ -101,17 +115,26 @@ def image_rope_positions(start: int, h: int, w: int) -> torch.Tensor:
 
 
 def build_diffusion_sequence(text_ids: list[int], special: SpecialTokens, base: int, ratio: int,
-                             h: int, w: int) -> DiffusionSequence:
-    """`text_ids` = prompt (+ CoT) without <bos>."""
+                             h: int, w: int, bucket: int = 0) -> DiffusionSequence:
+    """`text_ids` = prompt (+ CoT) without <bos>. `bucket` > 0: <bos> + text pad to a
+    multiple of that many rows (see `DiffusionSequence`), so that every text length of a
+    bucket gives the same shapes and slots, and so the same compiled graphs."""
     head = [special.bos] + list(text_ids)
+    pad = -(-len(head) // bucket) * bucket - len(head) if bucket else 0
     tail = [special.boi, special.size[base], special.ratio[ratio], special.timestep]
-    image_start = len(head) + len(tail)
-    ids = head + tail + [special.img] * (h * w) + [special.eoi]
-    uncond = [special.bos] + [special.cfg] * len(text_ids) + tail + [special.img] * (h * w) + [special.eoi]
+    image_start = len(head) + pad + len(tail)
+    image = [special.img] * (h * w) + [special.eoi]
+    ids = head + [special.eos] * pad + tail + image
+    uncond = [special.bos] + [special.cfg] * (len(text_ids) + pad) + tail + image
     S = len(ids)
-    pos = torch.arange(S).unsqueeze(-1).repeat(1, 2)
-    pos[image_start:image_start + h * w] = image_rope_positions(image_start, h, w)
-    return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, image_start - 1, image_start, h, w)
+    # Positions of the official sequence: the rows after the padding move back over it
+    # (the padding rows keep their slot as position: nothing reads what they compute).
+    official = torch.arange(S) - torch.where(torch.arange(S) >= len(head) + pad, pad, 0)
+    pos = official.unsqueeze(-1).repeat(1, 2)
+    pos[image_start:image_start + h * w] = image_rope_positions(image_start - pad, h, w)
+    hole = SlotHole(torch.tensor(len(head)), len(head) + pad) if bucket else None
+    return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, image_start - 1, image_start, h, w,
+                             pad, hole)
 
 
 def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
@@ -376,12 +399,13 @@ class HunyuanT2IPipeline:
         return cache
 
     def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor | SlotRuns,
-                     first_spare: int, image_blocks, cache: KVCache) -> torch.Tensor:
+                     first_spare: int, image_blocks, cache: KVCache, hole: SlotHole | None = None) -> torch.Tensor:
         """embeds [B, n, H] at `slots` -> last hidden [B, n, H] (no ln_f), full rows on every rank.
 
         `slots`: a tensor [n] where they move every call (AR decode: one graph for all steps),
         or static runs ((start, end), ...) where they are fixed for the graph: then the
         attention runs mask-free pieces (`plan_segments`) on the fast kernels.
+        `hole`: bucket padding inside the rows, hidden from every query (`DiffusionSequence`).
         """
         n = embeds.shape[1]
         runs = None
@@ -390,7 +414,7 @@ class HunyuanT2IPipeline:
             slots = slots_of_runs(slots, self.device)
             if slots.shape[0] != n:
                 raise ValueError(f"slot runs {runs} hold {slots.shape[0]} rows, but {n} rows are fed")
-        meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks), slot_runs=runs)
+        meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks), slot_runs=runs, hole=hole)
         h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, 0), meta, cache)
         return rt.seq.gather(h, 1, n)
 
@@ -561,13 +585,13 @@ class HunyuanT2IPipeline:
         if first_step:
             text = m.embed_tokens(ids)
             embeds = torch.cat([text[:, :seq.timestep_slot], ts, img, text[:, img1:]], dim=1)
-            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, (seq.image_slots,), cache)
+            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, (seq.image_slots,), cache, seq.hole)
             h_img = h[:, img0:img1]
         else:
             # <timestep> sits right before the image: the rows fed are one run of slots.
             first = seq.timestep_slot
             h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[first:img1], ((first, img1),), S,
-                                  (seq.image_slots,), cache)
+                                  (seq.image_slots,), cache, seq.hole)
             h_img = h[:, 1:]
         return m.velocity(h_img, t, seq.height, seq.width).float()
 
@@ -590,7 +614,8 @@ class HunyuanT2IPipeline:
         # pageable memory inside the loop waits for the device to drain, and the device then
         # idles while the host checks the next call's guards (1-2 ms per branch; more on a
         # rank whose host is slower, which the other rank then waits for in a collective).
-        seq = replace(seq, rope_pos=seq.rope_pos.to(dev))
+        seq = replace(seq, rope_pos=seq.rope_pos.to(dev),
+                      hole=None if seq.hole is None else seq.hole._replace(start=seq.hole.start.to(dev)))
         ids = [torch.stack([branches[b] for b in g]).to(dev) for g in groups]
 
         def step(i: int, latents: torch.Tensor) -> torch.Tensor:
@@ -633,7 +658,7 @@ class HunyuanT2IPipeline:
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
         record["latents"] = [latents]
-        record["denoise_length"] = [seq.length]
+        record["denoise_length"] = [seq.real_length]
         return latents
 
     # ---- whole request -----------------------------------------------------------------
@@ -679,8 +704,8 @@ class HunyuanT2IPipeline:
         down = self.cfg.vae_downsample_factor
         h, w = height // down[0], width // down[1]
         seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
-                                       self.cfg.image_base_size, ratio, h, w)
-        self._check_budget(seq.length, f"diffusion sequence for a {height}x{width} image")
+                                       self.cfg.image_base_size, ratio, h, w, bucket=self.prompt_bucket)
+        self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
         with run.profiler.phase("denoise"):
             latents = self.run_denoise(req, seq, run)
         image = None
@@ -694,6 +719,39 @@ class HunyuanT2IPipeline:
         timings.setdefault("ar_decode_per_token", 0.0)
         record = run.record
         return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)
+
+
+    def warm_up(self, shapes: list[tuple[int, str]], template: T2IRequest,
+                progress: Progress | None = None) -> list[float]:
+        """Compile ahead of traffic: one short request (2 denoise steps) per (prompt tokens,
+        image size) in `shapes`, with `template`'s other settings. Every prompt whose AR
+        prompt, AR cache and denoise text land in the same buckets then runs on graphs made
+        here. The AR phase replays `template.max_new_tokens` filler tokens, so the denoise
+        text is prompt + max_new_tokens long: requests that stop earlier may fall into a
+        smaller denoise bucket (warm that one up too, as a shorter prompt). Returns the
+        seconds each shape took."""
+        base = self.cfg.image_base_size
+        for tokens, size in shapes:   # all checked before any compiles
+            if size == "auto" or parse_image_size(size, base) is None:
+                raise ValueError(f"warm-up shape {tokens}:{size}: give the image size as HxW from the table "
+                                 "(with 'auto' the model picks it, so the shape is not known ahead)")
+            if tokens < 1:
+                raise ValueError(f"warm-up shape {tokens}:{size}: the prompt needs at least 1 token (<bos>)")
+            self._check_budget(tokens + template.max_new_tokens + 2,
+                               f"warm-up shape {tokens}:{size} (prompt + max_new_tokens + <boi><img_size>)")
+        seconds = []
+        for tokens, size in shapes:
+            t0 = time.perf_counter()
+            self.generate(replace(template, prompt_ids=filler_ids(tokens - 1), image_size=size,
+                                  steps=min(template.steps, 2), forced_tokens=filler_ids(template.max_new_tokens)),
+                          progress=progress)
+            seconds.append(time.perf_counter() - t0)
+        return seconds
+
+
+def filler_ids(n: int) -> tuple[int, ...]:
+    """n fixed token ids, for benchmarks and warm-ups, where only the length matters."""
+    return tuple(1 + (i * 37) % 200 for i in range(n))
 
 
 def to_uint8(image: torch.Tensor) -> torch.Tensor:
