@@ -149,6 +149,20 @@ def _warmup_shapes(text: str | None, base: int) -> list[tuple[int, str]] | None:
     return shapes
 
 
+def _longest_prompt_problem(args, warmup_tokens: list[int], context: int) -> str | None:
+    """The one-line refusal of a prompt length (--prompt-tokens, --warmup-shapes) whose AR
+    sequence would not fit the model's positions, or None. Text prompts are checked by the
+    pipeline, once tokenized."""
+    new = args.max_new_tokens or 0
+    for flag, tokens in (("--prompt-tokens", _prompt_lengths(args.prompt_tokens) or []),
+                         ("--warmup-shapes", warmup_tokens)):
+        for n in tokens:
+            if context and n + new + 2 > context:
+                return (f"{flag}: a prompt of {n} tokens + {new} new tokens + 2 image-head tokens needs "
+                        f"{n + new + 2} positions; the model has {context} (max_position_embeddings)")
+    return None
+
+
 def _prompts(args) -> list[str]:
     prompts = list(args.prompt or [])
     if args.prompts_file:
@@ -179,6 +193,30 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 class InjectedFailure(RuntimeError):
     """Raised on purpose by --inject-failure (tests of the error path)."""
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere: since this module loaded)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.perf_counter() - _MODULE_LOADED_AT
+
+
+_MODULE_LOADED_AT = time.perf_counter()
+
+
+def _first_denoise_step_clock(hook, ready_s: list[float]):
+    """`hook`, which also notes the process age when a denoise step first completes: how long
+    a process takes to be ready (loading, compiling or reading the compile cache, first AR)."""
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "denoise" and done == 1 and not ready_s:
+            ready_s.append(round(_process_age_s(), 2))
+        hook(phase, done, total)
+    return progress
 
 
 def _progress_hook(ctx: RankContext, inject: str | None):
@@ -220,7 +258,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
     profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
     requests = _requests(args)
-    warmup_ms = None
+    warmup_ms, ready_s = None, []
     if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda" or args.warmup_shapes):
         # The first request's prompt, seed and image size: its shapes, so every graph it needs
         # compiles (and every kernel is JIT-compiled) here, not in the timed run. Or the shapes
@@ -228,9 +266,10 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         shapes = _warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size)
         if shapes:
-            pipe.warm_up(shapes, requests[0], progress=_progress_hook(ctx, None))
+            pipe.warm_up(shapes, requests[0], progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
         else:
-            pipe.generate(replace(requests[0], steps=min(args.steps, 2)), progress=_progress_hook(ctx, None))
+            pipe.generate(replace(requests[0], steps=min(args.steps, 2)),
+                          progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
     # What compiling and loading made lives as long as the process: keep the collector off it,
@@ -240,7 +279,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     with GcPauses() as gc_pauses:
         for req in requests:
             graphs, compile_s = unique_graphs(), pipe.compiler.compile_s
-            res = pipe.generate(req, progress=_progress_hook(ctx, args.inject_failure))
+            res = pipe.generate(req, progress=_first_denoise_step_clock(_progress_hook(ctx, args.inject_failure),
+                                                                        ready_s))
             results.append(res)
             per_request.append({
                 "prompt_tokens": len(req.prompt_ids) + 1 if req.prompt_ids is not None
@@ -272,6 +312,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                  progress=_progress_hook(ctx, None))
         profile_summary = profiler.write(profiled.timings_ms, compile_report)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
+           "first_denoise_step_done_s": ready_s[0] if ready_s else None,
            "requests": per_request,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
            "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device),
@@ -358,22 +399,24 @@ def main(argv=None) -> int:
                     else torch.device("cpu"))
         problem = _check_args(args, plan)
         tiny = args.checkpoint is None and not args.random_weights
+        if args.max_new_tokens is None:
+            args.max_new_tokens = 16 if tiny else 0
         if problem is None:
             if tiny:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
             parse_image_size(args.image_size, int(base.get("image_base_size", 1024)))
-            _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024)))
+            shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
             if args.warmup_shapes and args.warmup is False:
                 problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
+            problem = problem or _longest_prompt_problem(args, [t for t, _ in shapes],
+                                                         int(base.get("max_position_embeddings", 0)))
     except (KeyError, ValueError) as e:
         problem = e.args[0]
     if problem is not None:
         if not quiet:
             print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.max_new_tokens is None:
-        args.max_new_tokens = 16 if tiny else 0
 
     try:
         results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout)
@@ -408,6 +451,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
                                                   "denoise_first_step", "vae_decode", "total")},
         "warmup_ms": main_result["warmup_ms"],
+        # process start (this rank's) to the end of the first denoise step of the run (warm-up included)
+        "first_denoise_step_done_s": main_result["first_denoise_step_done_s"],
         "tokens_generated": len(main_result["tokens"]), "image_size": list(main_result["image_size"]),
         "steps": args.steps, "phase_switch": switch,
         "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],

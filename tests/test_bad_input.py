@@ -156,6 +156,13 @@ def test_unknown_device_or_dtype():
     (["--prompt-tokens", "40", "--prompt", "a fox"], "--prompt-tokens makes its own prompts"),
     (["--prompts-file", "/nonexistent/prompts.txt"], "--prompts-file /nonexistent/prompts.txt: no such file"),
     (["--prompt-bucket", "-1"], "--prompt-bucket must be at least 0, got -1"),
+    (["--prompt-tokens", "100000"], "--prompt-tokens: a prompt of 100000 tokens + 16 new tokens + 2 image-head "
+                                    "tokens needs 100018 positions; the model has 2048"),
+    (["--warmup-shapes", "5000:256x256"], "--warmup-shapes: a prompt of 5000 tokens"),
+    (["--warmup-shapes", "0:256x256"], "'0:256x256' is not TOKENS:HxW with TOKENS >= 1"),
+    (["--warmup-shapes", "64:auto"], "'64:auto' needs an image size HxW, not 'auto'"),
+    (["--warmup-shapes", "64:123x45"], "image size 123x45 is not in the resolution table"),
+    (["--warmup-shapes", "64:256x256", "--no-warmup"], "--warmup-shapes needs the warm-up"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main
