@@ -57,8 +57,9 @@ case "${1:-}" in
     t2i hybrid2_16 280 hybrid2 16 ;;
   regions-32)  # regional compilation, cold (empty compile cache), then a second process on the warm cache
     export DTGEN_CACHE=$PWD/.cache/dtgen-regions; unset TORCHINDUCTOR_CACHE_DIR; rm -rf "$DTGEN_CACHE/compile"
-    t2i tp2_32_regions 330 tp2 32 --compile-regions
-    PROFILE=0 t2i tp2_32_regions_warm 240 tp2 32 --compile-regions ;;
+    # two prompt lengths in one bucket: the second request must compile nothing
+    PROFILE=0 t2i tp2_32_regions 300 tp2 32 --compile-regions --prompt-tokens 1251,1200
+    PROFILE=0 t2i tp2_32_regions_warm 200 tp2 32 --compile-regions --prompt-tokens 1251,1200 ;;
   *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
