@@ -103,8 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "compile time flat with depth) and run the code between layers eagerly; a CUDA-graphed "
                         "decode step is still compiled whole")
     p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
-                   help="pad AR prompts to a multiple of N rows (exact: the padding is never attended), so that "
-                        "prompts of similar length share the compiled prefill; 0 = exact lengths "
+                   help="pad the AR prompt and the denoise text to a multiple of N rows (exact: no real row "
+                        "attends to the padding), so that prompts of similar length share every compiled "
+                        "graph; 0 = exact lengths "
                         "(default: 256 with --compile, else 0)")
     p.add_argument("--compile-autotune", action="store_true",
                    help="with --compile: let inductor tune the prefill and denoise GEMMs, the MoE's grouped "

@@ -336,9 +336,10 @@ class HunyuanT2IPipeline:
                  prompt_bucket: int | None = None):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
         rows; the main rank gets the image); None decodes on the main rank alone.
-        `prompt_bucket`: AR prompts pad to a multiple of this many rows, so that prompts of
-        similar length share the compiled prefill (0: exact lengths; default: 256 when
-        compiling, else 0, since padding only pays where shapes key graphs)."""
+        `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
+        rows, so that prompts of similar length share every compiled graph (0: exact
+        lengths; default: 256 when compiling, else 0, since padding only pays where shapes
+        key graphs)."""
         self.model = model
         self.vae_group = vae_group
         self.tok = tokenizer
