@@ -196,6 +196,9 @@ class InjectedFailure(RuntimeError):
     """Raised on purpose by --inject-failure (tests of the error path)."""
 
 
+_MODULE_LOADED_AT = time.perf_counter()
+
+
 def _process_age_s() -> float:
     """Seconds since this process started (Linux: from /proc; elsewhere: since this module loaded)."""
     try:
@@ -205,9 +208,6 @@ def _process_age_s() -> float:
         return time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError, StopIteration):
         return time.perf_counter() - _MODULE_LOADED_AT
-
-
-_MODULE_LOADED_AT = time.perf_counter()
 
 
 def _first_denoise_step_clock(hook, ready_s: list[float]):
