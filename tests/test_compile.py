@@ -246,3 +246,4 @@ def test_warmup_shapes_compile_the_buckets_ahead(tmp_path):
     report = _example_report(tmp_path, "--prompt-tokens", "300,40,260", "--warmup-shapes", "10:256x256,400:256x256")
     assert [r["new_graphs"] for r in report["requests"]] == [0, 0, 0]
     assert report["compile"]["recompiles_after_warmup"] == 0 and report["compile"]["graphs"] == 2 * GRAPHS_PER_RUN
+    assert report["first_denoise_step_done_s"] > 0   # process start to the warm-up's first denoise step
