@@ -92,7 +92,7 @@ def test_pad_runs_follow_pad_slots():
 def test_flash_pieces_match_the_masked_kernel_on_cuda(hole):
     """bf16 on CUDA: the dense and causal pieces run flash attention (GQA without copying
     K/V); they must agree with the masked kernel at bf16 precision, with a cache. With a
-    hole (bucket padding in the text), the image rows run the key-prefix flash path."""
+    hole (bucket padding in the text), the image rows run the key-prefix op instead."""
     g = torch.Generator(device="cuda").manual_seed(0)
     text, image, pad = 301, 1024, 3
     n = text + image + 1 + pad

@@ -179,7 +179,8 @@ class AttentionSegment:
     """Query rows [row_lo, row_hi) attending to key rows [0, keys).
 
     kind: "dense" (every one of those keys is allowed: no mask), "dense-hole" (every one but
-    a `SlotHole`'s: flash attention over a key prefix of data-dependent length), "causal" (a
+    a `SlotHole`'s: attention over a key prefix of data-dependent length, after moving the
+    hole's keys to the end; `kernels/attention_key_prefix.py`), "causal" (a
     square block, query row i sees key rows <= i: flash attention's is_causal), "masked" (the
     structured mask of those rows, built from their slots).
     """
