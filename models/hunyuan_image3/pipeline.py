@@ -114,13 +114,18 @@ def image_rope_positions(start: int, h: int, w: int) -> torch.Tensor:
     return torch.stack([ys, xs], dim=-1)
 
 
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple` (bucket and cache lengths)."""
+    return -(-n // multiple) * multiple
+
+
 def build_diffusion_sequence(text_ids: list[int], special: SpecialTokens, base: int, ratio: int,
                              h: int, w: int, bucket: int = 0) -> DiffusionSequence:
     """`text_ids` = prompt (+ CoT) without <bos>. `bucket` > 0: <bos> + text pad to a
     multiple of that many rows (see `DiffusionSequence`), so that every text length of a
     bucket gives the same shapes and slots, and so the same compiled graphs."""
     head = [special.bos] + list(text_ids)
-    pad = -(-len(head) // bucket) * bucket - len(head) if bucket else 0
+    pad = round_up(len(head), bucket) - len(head) if bucket else 0
     tail = [special.boi, special.size[base], special.ratio[ratio], special.timestep]
     image_start = len(head) + pad + len(tail)
     image = [special.img] * (h * w) + [special.eoi]
@@ -474,7 +479,7 @@ class HunyuanT2IPipeline:
         model's positions."""
         if not self.prompt_bucket:
             return n
-        return max(n, min(-(-n // self.prompt_bucket) * self.prompt_bucket, self.cfg.max_position_embeddings))
+        return max(n, min(round_up(n, self.prompt_bucket), self.cfg.max_position_embeddings))
 
     def run_ar(self, req: T2IRequest, run: "_Run") -> tuple[list[int], int]:
         rt = self.controller.activate("ar")
@@ -492,7 +497,7 @@ class HunyuanT2IPipeline:
         budget = max(budget, len(padded))
         # The decode step's graph is keyed by the cache length: round it up so that prompts of
         # similar length share one graph (the mask hides the unused slots).
-        length = min(-(-budget // AR_CACHE_ROUND) * AR_CACHE_ROUND, self.cfg.max_position_embeddings)
+        length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
         cache = self._cache(rt, 1, length, reuse="ar")
         # Every rank holds the same logits and the same generator state, so every rank draws
         # the same token; the draw stays on the device (`sample_token`).
