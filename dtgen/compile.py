@@ -32,8 +32,9 @@ class CompileOptions:
     autotune: bool = False
     # Regional compilation: each decoder layer is one compiled region, shared by all layers,
     # and the code between the layers (embedding, sequence-parallel shard and gather, head,
-    # sampling) runs eagerly, so compile time stays flat with depth. A CUDA-graphed decode
-    # step is still compiled whole (one graph to replay).
+    # sampling) runs eagerly, so compile time stays flat with depth. The decode step is
+    # still compiled whole (one graph, a CUDA graph on GPU), around the region, which dynamo
+    # traces once for all layers (a nested compile region).
     regions: bool = False
 
 
@@ -68,10 +69,12 @@ class StepCompiler:
     def region(self, fn: Callable) -> Callable:
         """A region (one decoder layer) compiled once and reused wherever it runs with the
         same shapes: the layers share one graph, so compile time does not grow with depth.
-        Returned raw, so that a whole-step compile calling it traces through it."""
+        Called eagerly, it runs its compiled graph; inside a whole-step compile (the decode
+        step) it is a nested compile region, traced once and called by every layer. Returned
+        raw (not `timed`): the step that calls it counts the compile time."""
         if not self.options.enabled:
             return fn
-        return self._compile(fn, cuda_graph=False)
+        return self._compile(torch.compiler.nested_compile_region(fn), cuda_graph=False)
 
     def _compile(self, fn: Callable, cuda_graph: bool) -> Callable:
         inductor = self.options.backend == "inductor"

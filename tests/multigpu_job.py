@@ -44,8 +44,9 @@ def _rel(xs, ys) -> float:
                for a, b in zip(xs, ys))
 
 
-def _pipe(loaded, device, compiled: bool, is_main: bool, backend: str = "inductor") -> HunyuanT2IPipeline:
-    options = CompileOptions(enabled=compiled, backend=backend, decode_cuda_graph=True)
+def _pipe(loaded, device, compiled: bool, is_main: bool, backend: str = "inductor",
+          regions: bool = False) -> HunyuanT2IPipeline:
+    options = CompileOptions(enabled=compiled, backend=backend, decode_cuda_graph=True, regions=regions)
     return HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=is_main,
                               compile_options=options)
 
@@ -76,7 +77,7 @@ def job(ctx, args) -> dict:
             single = load(ckpt, get_plan("single"), 0, 1, dtype, ctx.device, "eager")
             reference = _pipe(single, ctx.device, False, True).generate(replay)
         _say(ctx, t0, f"{plan}: eager done; compiling")
-        compiled = _pipe(loaded, ctx.device, True, ctx.rank == 0, args.backend)
+        compiled = _pipe(loaded, ctx.device, True, ctx.rank == 0, args.backend, args.regions)
         sampled = compiled.generate(T2IRequest(**REQUEST))             # warm-up: compiles, samples freely
         graphs = unique_graphs()
         _say(ctx, t0, f"{plan}: compiled ({graphs} graphs); timed runs")
@@ -114,6 +115,7 @@ def main() -> int:
     p.add_argument("--plans", default="tp2,hybrid2,hybrid2-cfg")
     p.add_argument("--out", required=True)
     p.add_argument("--backend", default="inductor", help="torch.compile backend (aot_eager: a quick CPU check)")
+    p.add_argument("--regions", action="store_true", help="regional compilation (--compile-regions)")
     args = p.parse_args()
     result = run_on_ranks(job, 2, args, stall_s=60.0)[0]
     if os.environ.get("RANK", "0") == "0":  # rank 0 holds the single-process comparison

@@ -171,22 +171,24 @@ def _compile_counters(tmp_path, layers: int, regions: bool, plan_args=()) -> dic
 
 
 def test_regional_compilation_does_not_grow_with_depth(tmp_path):
-    """With --compile-regions the decoder layer is traced once for all layers: the graphs and
-    the operations traced at 5 layers equal those at 2 (compile time follows what is traced;
-    the benchmark in docs/performance.md gives the seconds). Whole-step graphs grow."""
+    """With --compile-regions the decoder layer is traced once for all layers: the graphs at 5
+    layers equal those at 2, and what is traced grows by at most 2 operations a layer (the
+    decode step, compiled whole, calls the layer's subgraph once per layer), where whole-step
+    graphs grow by a whole layer each (compile time follows what is traced; the benchmark in
+    docs/performance.md gives the seconds)."""
     flat = [_compile_counters(tmp_path, n, regions=True) for n in (2, 5)]
-    assert flat[0]["graphs"] == flat[1]["graphs"] and flat[0]["ops_traced"] == flat[1]["ops_traced"] > 0
+    assert flat[0]["graphs"] == flat[1]["graphs"] and 0 < flat[1]["ops_traced"] - flat[0]["ops_traced"] <= 2 * 3
     assert all(c["graph_breaks"] == 0 and c["recompiles_after_warmup"] == 0 for c in flat)
     whole = [_compile_counters(tmp_path, n, regions=False) for n in (2, 5)]
-    assert whole[1]["ops_traced"] > 2 * whole[0]["ops_traced"] * 0.9
+    assert whole[1]["ops_traced"] - whole[0]["ops_traced"] > 50 * (flat[1]["ops_traced"] - flat[0]["ops_traced"])
 
 
 def test_regional_compilation_is_shared_by_the_layers_of_a_parallel_plan(tmp_path):
     """4 gloo ranks, plan hybrid (AR TP4 with its all-reduce hooks, denoise TP2 x Ulysses-2):
     every layer passes the same guards (shared hooks, same core types), so depth adds no graph
-    and nothing traced."""
+    and nothing traced but the decode step's call of the layer subgraph (2 operations a layer)."""
     shallow, deep = (_compile_counters(tmp_path, n, True, ("--world-size", "4", "--plan", "hybrid")) for n in (2, 4))
-    assert (shallow["graphs"], shallow["ops_traced"]) == (deep["graphs"], deep["ops_traced"])
+    assert shallow["graphs"] == deep["graphs"] and 0 < deep["ops_traced"] - shallow["ops_traced"] <= 2 * 2
     assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
 
 

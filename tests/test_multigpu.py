@@ -1,7 +1,8 @@
 """Two GPUs through torchrun and NCCL (marker `multigpu`; skipped with fewer than 2 GPUs).
 
 What this covers, on the GPU stack (torch 2.11 + NCCL on the H200 machines):
-- every 2-rank plan (`tp2`, `hybrid2`, `hybrid2-cfg`), compiled with inductor and the
+- every 2-rank plan (`tp2`, `hybrid2`, `hybrid2-cfg`; `tp2` also with regional compilation,
+  the decode step's layers one nested region), compiled with inductor and the
   decode step replayed as a CUDA graph with its collectives inside, equals eager on the
   same plan and the single-process model: float32 as strictly as the CPU suite, bfloat16
   relative to the largest value; the compiled run replays identically, nothing recompiles
@@ -25,7 +26,8 @@ import pytest
 pytestmark = pytest.mark.multigpu
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = ["tp2", "hybrid2", "hybrid2-cfg"]
+# "+regions": the plan with regional compilation (--compile-regions)
+PLANS = ["tp2", "hybrid2", "hybrid2-cfg", "tp2+regions"]
 # float32: the parallel plans regroup sums; inductor reorders float32 math (as on the CPU).
 # (Measured on 2 x H200, 2026-11-30: 0.0 for every plan, compiled and eager.)
 # bfloat16, relative to the largest value: the reference is the plain single-process model
@@ -71,8 +73,9 @@ def parity(tiny_checkpoint, tmp_path_factory):
     for dtype in DTYPES:
         for plan in PLANS:
             out, log = folder / f"{plan}-{dtype}.json", folder / f"{plan}-{dtype}.log"
-            cmd = _torchrun(str(ROOT / "tests" / "multigpu_job.py"), "--dtype", dtype, "--plans", plan,
-                            "--out", str(out))
+            name, _, regions = plan.partition("+")
+            cmd = _torchrun(str(ROOT / "tests" / "multigpu_job.py"), "--dtype", dtype, "--plans", name,
+                            "--out", str(out), *(["--regions"] if regions else []))
             jobs[(plan, dtype)] = (out, log, subprocess.Popen(cmd, env=env, stdout=log.open("w"),
                                                               stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 400
@@ -83,7 +86,7 @@ def parity(tiny_checkpoint, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        results[key] = (json.loads(out.read_text())["plans"][key[0]] if proc.returncode == 0
+        results[key] = (json.loads(out.read_text())["plans"][key[0].partition("+")[0]] if proc.returncode == 0
                         else f"exit code {proc.returncode}; log {log}:\n" + log.read_text()[-8000:])
     return results
 

@@ -359,14 +359,14 @@ class HunyuanT2IPipeline:
         options = self.compiler.options
         self.decode_cuda_graph = options.enabled and options.decode_cuda_graph and self.device.type == "cuda"
         if options.enabled and options.regions:
-            # One compiled region per decoder layer, shared by all of them; the steps run
-            # eagerly around it. The CUDA-graphed decode step is compiled whole (it traces
-            # through the region), since a CUDA graph replays one callable.
+            # One compiled region per decoder layer, shared by all of them; prefill and denoise
+            # run eagerly around it. The decode step is compiled whole, since a CUDA graph
+            # replays one callable and one token's eager code would cost more than its GPU
+            # time; the region inside it is traced once for all layers.
             self.model.model.run_layer = self.compiler.region(run_layer)
             self._prefill_fn = self.compiler.timed(self._ar_prefill)
             self._denoise_fn = self.compiler.timed(self.predict_velocity)
-            self._decode_fn = (self.compiler.wrap(self._ar_decode, cuda_graph=True) if self.decode_cuda_graph
-                               else self.compiler.timed(self._ar_decode))
+            self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
         else:
             self._prefill_fn = self.compiler.wrap(self._ar_prefill)
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
