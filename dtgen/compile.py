@@ -33,8 +33,8 @@ class CompileOptions:
     # Regional compilation: each decoder layer is one compiled region, shared by all layers,
     # and the code between the layers (embedding, sequence-parallel shard and gather, head,
     # sampling) runs eagerly, so compile time stays flat with depth. The decode step is
-    # still compiled whole (one graph, a CUDA graph on GPU), around the region, which dynamo
-    # traces once for all layers (a nested compile region).
+    # still compiled whole (one graph, a CUDA graph on GPU), around the region: a nested
+    # compile region, one subgraph for all layers (torch 2.11 traces each call, then dedupes).
     regions: bool = False
 
 
@@ -70,7 +70,7 @@ class StepCompiler:
         """A region (one decoder layer) compiled once and reused wherever it runs with the
         same shapes: the layers share one graph, so compile time does not grow with depth.
         Called eagerly, it runs its compiled graph; inside a whole-step compile (the decode
-        step) it is a nested compile region, traced once and called by every layer. Returned
+        step) it is a nested compile region: one subgraph that every layer calls. Returned
         raw (not `timed`): the step that calls it counts the compile time."""
         if not self.options.enabled:
             return fn

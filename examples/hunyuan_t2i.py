@@ -101,7 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-regions", action="store_true",
                    help="with --compile: compile one decoder layer once for all layers (regional compilation: "
                         "compile time flat with depth) and run the code between layers eagerly; the decode "
-                        "step is still one graph (a CUDA graph on GPU) around the layer, traced once")
+                        "step is still one graph (a CUDA graph on GPU) around the layer's one subgraph")
     p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
                    help="pad the AR prompt and the denoise text to a multiple of N rows (exact: no real row "
                         "attends to the padding), so that prompts of similar length share every compiled "

@@ -362,7 +362,8 @@ class HunyuanT2IPipeline:
             # One compiled region per decoder layer, shared by all of them; prefill and denoise
             # run eagerly around it. The decode step is compiled whole, since a CUDA graph
             # replays one callable and one token's eager code would cost more than its GPU
-            # time; the region inside it is traced once for all layers.
+            # time; the region inside it is one subgraph for all layers (torch 2.11 still traces
+            # each layer's call before it dedupes them: see docs/design.md).
             self.model.model.run_layer = self.compiler.region(run_layer)
             self._prefill_fn = self.compiler.timed(self._ar_prefill)
             self._denoise_fn = self.compiler.timed(self.predict_velocity)
