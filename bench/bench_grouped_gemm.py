@@ -1,6 +1,6 @@
-"""torch._grouped_mm on the denoise MoE's shapes: how much the expert weights' layout costs.
+"""The MoE's grouped GEMMs on the denoise shapes: torch._grouped_mm, inductor, and ours.
 
-    python -m bench.bench_grouped_gemm [--tokens 2674] [--out outputs/bench_grouped_gemm.json]
+    python -m bench.bench_grouped_gemm [--tokens 2674] [--autotune] [--sweep] [--out outputs/bench_grouped_gemm.json]
 
 One TP2 rank of HunyuanImage-3's denoise (64 experts, top-8, hidden 4096, two micros of
 intermediate 768 each), random routing. Two layouts of the same weights:
@@ -10,6 +10,13 @@ intermediate 768 each), random routing. Two layouts of the same weights:
   GEMM with K = M*I (the micro sum happens inside the GEMM).
 TFLOP/s against 694 (a dense bf16 GEMM on an H200). Decides whether the storage layout
 change is worth its cost.
+
+Then the fused kernels of `kernels.moe_grouped_gemm` on the same inputs (micro-major
+layout): the gate/up GEMM reading x through the routing index with the activation in its
+epilogue (against the CUTLASS path's gather + two gate/up GEMMs + activation), and the down
+GEMM with the micro sum in its K loop (against CUTLASS's M*E-group down GEMM). Each is
+checked against the CUTLASS result (relative Frobenius error). `--sweep` times a set of
+tiles besides the default.
 """
 from __future__ import annotations
 
@@ -20,7 +27,35 @@ from pathlib import Path
 
 import torch
 
+from kernels.fp8_quant import quantize_row_groups, quantize_weight_blocks
+from kernels.moe_grouped_gemm import DEFAULT_FUSED_CONFIG, FP8_FUSED_CONFIG, GemmTiles, down_sum, gate_up_act
+from kernels.moe_routing import moe_route
+
 H, E, TOPK, MICROS, INTER = 4096, 64, 8, 2, 768
+TARGET_TFLOPS, TARGET_FP8_TFLOPS = 620.0, 1100.0
+
+T = dict(weights_tma=True)
+TT = dict(weights_tma=True, rows_tma=True)
+GATE_UP_SWEEP = [
+    GemmTiles(128, 128, 64, 8, 3), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 64, 8, 3, **T),
+    GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT), GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
+    GemmTiles(128, 64, 64, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 4, **TT), GemmTiles(64, 256, 64, 8, 3, **TT),
+]
+DOWN_SWEEP = [
+    GemmTiles(128, 256, 64, 8, 3), GemmTiles(128, 256, 64, 8, 3, **T), GemmTiles(128, 256, 64, 8, 4, **T),
+    GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
+    GemmTiles(128, 128, 64, 4, 4, **TT), GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(64, 256, 64, 4, 4, **TT),
+]
+FP8_GATE_UP_SWEEP = [
+    GemmTiles(64, 128, 128, 4, 3, **T), GemmTiles(64, 128, 128, 4, 5, **T), GemmTiles(64, 128, 128, 8, 4, **T),
+    GemmTiles(64, 128, 128, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 5, **T), GemmTiles(64, 128, 128, 4, 4, persistent=False, **T),
+    GemmTiles(128, 128, 128, 8, 4, **TT),
+]
+FP8_DOWN_SWEEP = [
+    GemmTiles(128, 128, 128, 8, 3, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(64, 128, 128, 4, 4, **TT),
+    GemmTiles(128, 128, 128, 4, 4, **TT), GemmTiles(64, 256, 128, 4, 3, **TT), GemmTiles(128, 128, 64, 8, 5, **TT),
+    GemmTiles(64, 128, 128, 4, 5, **TT),
+]
 
 
 def _us(fn) -> float:
@@ -33,6 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=2674)
     p.add_argument("--out", default="outputs/bench_grouped_gemm.json")
     p.add_argument("--autotune", action="store_true", help="also inductor max-autotune (Triton templates)")
+    p.add_argument("--sweep", action="store_true", help="time the fused kernels' tile sweep, not only the default")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         print("bench_grouped_gemm needs CUDA and torch._grouped_mm; nothing to do here.")
@@ -91,9 +127,126 @@ def main(argv=None) -> int:
         us = _us(fn)
         result[name] = {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
         print(f"{name:<30}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")
+    result["fused"] = _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop)
+    result["fused_fp8"] = _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def _rel(a, b) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _label(kind: str, tiles: GemmTiles) -> str:
+    return (f"{kind} {tiles.block_r}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
+            f"{' persistent' if tiles.persistent else ''}{f' x{tiles.programs_per_sm}' if tiles.programs_per_sm > 1 else ''}"
+            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}")
+
+
+def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
+    """Check fn's result (through as_float) against expected, then time fn alone."""
+    row = {}
+    try:
+        row["rel_err"] = _rel(as_float(fn()), expected)
+        us = _us(fn)
+        row.update(us=round(us, 1), tflops=round(flop / us / 1e6, 1))
+    except Exception as err:  # a tile that does not fit must not hide the others
+        row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
+    return row
+
+
+def _print_row(label: str, row: dict) -> None:
+    if "us" in row:
+        print(f"{label:<60}{row['us']:>9.1f} us {row['tflops']:>7.1f} TFLOP/s  err {row['rel_err']:.1e}")
+    else:
+        print(f"{label:<60} failed: {row['error']}")
+
+
+def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop) -> dict:
+    """The same GEMMs on e4m3 experts (128 x 128 block scales) and e4m3 activations (per row
+    and 128 columns): gate/up with the activation quantized in its epilogue, down reading it.
+    Errors are against the bf16 results (CUTLASS), so they include the FP8 rounding."""
+    dev, bf = "cuda", torch.bfloat16
+    x_tok = torch.randn(ids.shape[0], H, device=dev, dtype=bf, generator=g)
+    routing = moe_route(x_tok, ids, E, gather=False)
+    ends = routing.expert_ends
+    token_of_slot = (routing.pair_of_slot // TOPK).to(torch.int32)
+    gu_q, gu_s = quantize_weight_blocks(gu_micro)
+    dn_q, dn_s = quantize_weight_blocks(dn_micro)
+    x_q, x_s = quantize_row_groups(x_tok)
+    act_q, act_s = quantize_row_groups(act_micro.flatten(0, 1))
+    act_q, act_s = act_q.view(act_micro.shape), act_s.view(*act_micro.shape[:2], -1)
+    act_expected, _ = gate_up_act(x_tok, token_of_slot, gu_micro, ends, DEFAULT_FUSED_CONFIG.gate_up)
+    y_expected = down_sum(act_micro, dn_micro, ends, DEFAULT_FUSED_CONFIG.down)
+    report = {"target_tflops": TARGET_FP8_TFLOPS, "gate_up": [], "down": []}
+    us = _us(lambda: quantize_row_groups(x_tok))
+    report["quantize_x_us"] = round(us, 1)
+    print(f"{'fp8 quantize x (T x H, per 128 columns)':<60}{us:>9.1f} us")
+    gate_up_tiles = [FP8_FUSED_CONFIG.gate_up] + (FP8_GATE_UP_SWEEP if args.sweep else [])
+    down_tiles = [FP8_FUSED_CONFIG.down] + (FP8_DOWN_SWEEP if args.sweep else [])
+    for tiles in dict.fromkeys(gate_up_tiles):
+        fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
+                                             x_scale=x_s, w_scale=gu_s, quantize_out=True)
+        row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0].float() * out[1].repeat_interleave(128, -1))
+        report["gate_up"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fp8 gate_up", tiles), row)
+    for tiles in dict.fromkeys(down_tiles):
+        fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
+        row = _time_row(fn, y_expected, down_flop)
+        report["down"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fp8 down", tiles), row)
+    return report
+
+
+def _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop) -> dict:
+    """Our fused gate/up (+gather +activation) and down (+micro sum) against CUTLASS doing
+    the same work: gather, per-micro gate/up, activation; and the M*E-group down GEMM."""
+    dev, bf = "cuda", torch.bfloat16
+    tokens = ids.shape[0]
+    x_tok = torch.randn(tokens, H, device=dev, dtype=bf, generator=g)
+    routing = moe_route(x_tok, ids, E, gather=False)
+    ends = routing.expert_ends
+    token_of_slot = (routing.pair_of_slot // TOPK).to(torch.int32)
+    rows = token_of_slot.shape[0]
+    shift = torch.arange(MICROS, device=dev, dtype=torch.int32).unsqueeze(1) * rows
+    down_ends = (ends.unsqueeze(0) + shift).reshape(-1)
+
+    def cutlass_gate_up():  # what the op's CUTLASS path does for the same result
+        x_sorted = x_tok.index_select(0, routing.pair_of_slot // TOPK)
+        acts = []
+        for m in range(MICROS):
+            u = torch._grouped_mm(x_sorted, gu_micro[m].transpose(-2, -1), offs=ends).float()
+            acts.append((u[:, :INTER] * torch.nn.functional.silu(u[:, INTER:])).to(bf))
+        return torch.stack(acts)
+
+    def cutlass_down():  # M partials per slot; the op sums them in its finalize
+        out = torch._grouped_mm(act_micro.flatten(0, 1), dn_micro.flatten(0, 1).transpose(-2, -1), offs=down_ends)
+        return out.unflatten(0, (MICROS, rows))
+
+    act_expected = cutlass_gate_up()
+    y_expected = cutlass_down().float().sum(0)
+    report = {"target_tflops": TARGET_TFLOPS, "gate_up": [], "down": []}
+    us = _us(cutlass_gate_up)
+    report["cutlass_gate_up_with_gather_and_act"] = {"us": round(us, 1), "tflops": round(gate_up_flop / us / 1e6, 1)}
+    us = _us(cutlass_down)
+    report["cutlass_down"] = {"us": round(us, 1), "tflops": round(down_flop / us / 1e6, 1)}
+    print(f"{'cutlass gate/up + gather + act':<44}{report['cutlass_gate_up_with_gather_and_act']['us']:>9.1f} us "
+          f"{report['cutlass_gate_up_with_gather_and_act']['tflops']:>7.1f} TFLOP/s")
+    print(f"{'cutlass down (M*E groups)':<44}{report['cutlass_down']['us']:>9.1f} us {report['cutlass_down']['tflops']:>7.1f} TFLOP/s")
+    gate_up_tiles = [DEFAULT_FUSED_CONFIG.gate_up] + (GATE_UP_SWEEP if args.sweep else [])
+    down_tiles = [DEFAULT_FUSED_CONFIG.down] + (DOWN_SWEEP if args.sweep else [])
+    for tiles in dict.fromkeys(gate_up_tiles):
+        fn = lambda tiles=tiles: gate_up_act(x_tok, token_of_slot, gu_micro, ends, tiles)[0]  # noqa: E731
+        row = _time_row(fn, act_expected, gate_up_flop)
+        report["gate_up"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fused gate_up", tiles), row)
+    for tiles in dict.fromkeys(down_tiles):
+        fn = lambda tiles=tiles: down_sum(act_micro, dn_micro, ends, tiles)  # noqa: E731
+        row = _time_row(fn, y_expected, down_flop)
+        report["down"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fused down", tiles), row)
+    return report
 
 
 if __name__ == "__main__":

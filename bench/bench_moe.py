@@ -8,8 +8,10 @@ softmax over random logits (uneven expert loads, as in the model), fixed seed.
 
 Multi-micro, T = 2048, 4096, 8192: the op vs two dispatches (each micro routed and
 combined on its own) vs one dispatch over concatenated weights (the concat is a copy
-made before timing and NOT timed), plus the op with the Triton grouped GEMM and the op
-under torch.compile (one opaque node, so compile should change nothing). Floor: FLOPs
+made before timing and NOT timed), plus the op with the Triton grouped GEMM, with the
+fused kernels (`impl="fused"`), on e4m3 experts (`moe_multi_micro_fp8`; its rel_err is
+the FP8 error against bf16) and under torch.compile (one opaque node, so compile should
+change nothing). Floor: FLOPs
 T*K*(2*H*2I + 2*I*H) with I = 1536 (both micros) at 694 TFLOP/s (dense bf16 GEMM
 measured on this H200). Targets: <= 2.4 ms at T=4096 and >= 1.2x vs two dispatches.
 
@@ -33,7 +35,8 @@ import triton
 import triton.testing
 
 from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, moe_decode_triton
-from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_reference
+from kernels.fp8_quant import quantize_weight_blocks
+from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_reference
 
 HIDDEN, EXPERTS, TOP_K, INTER = 4096, 64, 8, 768
 PEAK_TFLOPS, PEAK_TBPS = 694.0, 4.3
@@ -79,10 +82,13 @@ def bench_prefill(gen):
     w_gate_up, w_down = make_weights(2, gen)
     cat_gate_up, cat_down = concat_micros(w_gate_up, w_down)  # the copy, outside the timing
     compiled = torch.compile(moe_multi_micro, fullgraph=True)
+    fp8_experts = (*quantize_weight_blocks(w_gate_up), *quantize_weight_blocks(w_down))  # at load, not timed
     variants = {
         "multi_micro": lambda *a: moe_multi_micro(*a, w_gate_up, w_down),
         "multi_micro_compiled": lambda *a: compiled(*a, w_gate_up, w_down),
         "multi_micro_triton_gemm": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="triton"),
+        "multi_micro_fused": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="fused"),
+        "multi_micro_fp8": lambda *a: moe_multi_micro_fp8(*a, *fp8_experts),
         "two_dispatch": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="two_dispatch"),
         "one_dispatch_concat": lambda *a: moe_multi_micro(*a, cat_gate_up, cat_down),
     }
@@ -173,12 +179,13 @@ def print_table(prefill, decode):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/bench_moe.json")
+    parser.add_argument("--part", choices=("both", "prefill", "decode"), default="both")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_moe needs a CUDA GPU (it measures the H200 kernels); none is visible here.")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    prefill = bench_prefill(gen)
-    decode = bench_decode(gen)
+    prefill = bench_prefill(gen) if args.part != "decode" else []
+    decode = bench_decode(gen) if args.part != "prefill" else []
     report = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),

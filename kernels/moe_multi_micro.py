@@ -41,9 +41,18 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
+from kernels.fp8_quant import FP8_DTYPE, fp8_supported, quantize_row_groups, quantize_row_groups_reference
+from kernels.fp8_quant import GROUP as FP8_GROUP
+from kernels.moe_grouped_gemm import (
+    down_sum,
+    down_sum_fp8_reference,
+    fused_config_for,
+    gate_up_act,
+    gate_up_act_fp8_reference,
+)
 from kernels.moe_routing import MoeRouting, moe_route
 
-MULTI_MICRO_IMPLS = ("auto", "reference", "triton", "two_dispatch", "flashinfer")
+MULTI_MICRO_IMPLS = ("auto", "reference", "triton", "fused", "two_dispatch", "flashinfer")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ID_DTYPES = (torch.int32, torch.int64)
 
@@ -60,9 +69,10 @@ class MoeDims(NamedTuple):
     inter: int  # I: intermediate size of one micro
 
 
-def check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down) -> MoeDims:
+def check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype: torch.dtype | None = None) -> MoeDims:
     """Check shapes, dtypes and devices; raise ValueError naming the tensor. No sync:
-    expert ids are not range-checked (ids outside [0, E) give undefined rows)."""
+    expert ids are not range-checked (ids outside [0, E) give undefined rows).
+    weight_dtype: the experts' dtype when it differs from x's (FP8 experts)."""
 
     def fail(message: str):
         raise ValueError(f"MoE inputs: {message}")
@@ -86,7 +96,10 @@ def check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down) -> MoeDims:
         fail(f"top-k K = {top_k} must be between 1 and the number of experts E = {experts}")
     if x.dtype not in _FLOAT_DTYPES:
         fail(f"x dtype must be one of {_FLOAT_DTYPES}, got {x.dtype}")
-    if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+    if weight_dtype is not None:
+        if w_gate_up.dtype != weight_dtype or w_down.dtype != weight_dtype:
+            fail(f"w_gate_up {w_gate_up.dtype} and w_down {w_down.dtype} must both be {weight_dtype}")
+    elif w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
         fail(f"dtype mismatch: x {x.dtype}, w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype} must be equal")
     if topk_ids.dtype not in _ID_DTYPES:
         fail(f"topk_ids dtype must be int32 or int64, got {topk_ids.dtype}")
@@ -376,9 +389,24 @@ def _expert_mlp_triton(routing: MoeRouting, w_gate_up: torch.Tensor, w_down: tor
     return partials
 
 
+def _moe_fused(x, topk_ids, topk_weights, w_gate_up, w_down, out_dtype: torch.dtype) -> torch.Tensor:
+    """`kernels.moe_grouped_gemm`: the gate/up GEMM reads x through the routing index and
+    applies the activation in its epilogue, the down GEMM sums the micros in its K loop;
+    then the finalize over one partial per slot."""
+    routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
+    config = fused_config_for(x.dtype)
+    token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
+    act, _ = gate_up_act(x, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up)
+    y = down_sum(act, w_down, routing.expert_ends, config.down)
+    return moe_finalize(y.unsqueeze(0), routing.slot_of_pair, topk_weights, out_dtype)
+
+
 def _moe_pass(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str, out_dtype: torch.dtype) -> torch.Tensor:
-    """Route once, run every micro's expert MLPs, finalize. gemm: "grouped_mm" or "triton"."""
+    """Route once, run every micro's expert MLPs, finalize. gemm: "grouped_mm", "triton"
+    or "fused" (`kernels.moe_grouped_gemm`)."""
     require_triton_device(x)
+    if gemm == "fused":
+        return _moe_fused(x, topk_ids, topk_weights, w_gate_up, w_down, out_dtype)
     routing = moe_route(x, topk_ids, w_gate_up.shape[1])
     expert_mlp = _expert_mlp_grouped_mm if gemm == "grouped_mm" else _expert_mlp_triton
     partials = expert_mlp(routing, w_gate_up, w_down)
@@ -508,7 +536,7 @@ def _moe_multi_micro_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         return moe_two_dispatch(x, topk_ids, topk_weights, w_gate_up, w_down)
     if impl == "flashinfer":
         return _moe_flashinfer(x, topk_ids, topk_weights, w_gate_up, w_down)
-    gemm = _default_gemm(x, w_gate_up, w_down) if impl == "auto" else "triton"
+    gemm = _default_gemm(x, w_gate_up, w_down) if impl == "auto" else impl
     return _moe_pass(x, topk_ids, topk_weights, w_gate_up, w_down, gemm, x.dtype)
 
 
@@ -522,7 +550,8 @@ def moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl: str = "a
 
     impl: "auto" (CPU: reference; CUDA: the fast path, `torch._grouped_mm` where its fast
     path applies, else Triton), "reference", "triton" (forces the Triton kernels; on CPU
-    only under TRITON_INTERPRET=1), "two_dispatch" (ablation baseline), "flashinfer"
+    only under TRITON_INTERPRET=1), "fused" (`kernels.moe_grouped_gemm`: gather and
+    activation inside the gate/up GEMM, micro sum inside the down GEMM), "two_dispatch" (ablation baseline), "flashinfer"
     (optional backend, `pip install dtgen[flashinfer]`; its first call JIT-builds a module
     for more than 9 minutes on an H200 with 16 cores). Every impl is ONE node of
     dtgen::moe_multi_micro under torch.compile.
@@ -530,6 +559,84 @@ def moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl: str = "a
     if impl not in MULTI_MICRO_IMPLS:
         raise ValueError(f"impl must be one of {MULTI_MICRO_IMPLS}, got {impl!r}")
     check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
-    if impl in ("triton", "two_dispatch"):
+    if impl in ("triton", "fused", "two_dispatch"):
         require_triton_device(x)
     return torch.ops.dtgen.moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl)
+
+
+# ---------------------------------------------------------------- FP8 (e4m3) experts
+
+
+def check_fp8_scales(dims: MoeDims, w_gate_up_scale: torch.Tensor, w_down_scale: torch.Tensor) -> None:
+    """The block scales' shapes: one per 128 x 128 block of each micro's expert matrix."""
+    blocks = lambda n: triton.cdiv(n, FP8_GROUP)  # noqa: E731
+    want_gate_up = (dims.micros, dims.experts, blocks(2 * dims.inter), blocks(dims.hidden))
+    want_down = (dims.micros, dims.experts, blocks(dims.hidden), blocks(dims.inter))
+    for name, scale, want in (("w_gate_up_scale", w_gate_up_scale, want_gate_up),
+                              ("w_down_scale", w_down_scale, want_down)):
+        if tuple(scale.shape) != want or scale.dtype != torch.float32:
+            raise ValueError(f"MoE inputs: {name} must be float32 {want} (one scale per {FP8_GROUP}x{FP8_GROUP} "
+                             f"block), got {scale.dtype} {tuple(scale.shape)}")
+
+
+def moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
+    """The FP8 path emulated in torch: x quantized per token and 128 columns, the weights
+    dequantized from their blocks, float32 math, the activation quantized per slot and 128
+    columns before the down projection; the finalize as in the bf16 op."""
+    dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
+    routing = moe_route(x, topk_ids, dims.experts, gather=False)
+    token_of_slot = (routing.pair_of_slot // dims.top_k).to(torch.int32)
+    x_q, x_scale = quantize_row_groups_reference(x)
+    act_q, act_scale = gate_up_act_fp8_reference(x_q, x_scale, token_of_slot, w_gate_up, w_gate_up_scale,
+                                                 routing.expert_ends, quantize_out=True)
+    y = down_sum_fp8_reference(act_q, act_scale, w_down, w_down_scale, routing.expert_ends, torch.float32)
+    return moe_finalize_reference(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
+
+
+def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
+    routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
+    config = fused_config_for(FP8_DTYPE)
+    token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
+    x_q, x_scale = quantize_row_groups(x)
+    act_q, act_scale = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
+                                   x_scale=x_scale, w_scale=w_gate_up_scale, quantize_out=True)
+    y = down_sum(act_q, w_down, routing.expert_ends, config.down, act_scale=act_scale, w_scale=w_down_scale,
+                 out_dtype=x.dtype)
+    return moe_finalize(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
+
+
+@torch.library.custom_op("dtgen::moe_multi_micro_fp8", mutates_args=())
+def _moe_multi_micro_fp8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                            w_gate_up: torch.Tensor, w_gate_up_scale: torch.Tensor, w_down: torch.Tensor,
+                            w_down_scale: torch.Tensor, impl: str) -> torch.Tensor:
+    if impl == "reference" or (impl == "auto" and not x.is_cuda):
+        return moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
+    return _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
+
+
+@_moe_multi_micro_fp8_op.register_fake
+def _(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, impl):
+    return x.new_empty(x.shape)
+
+
+FP8_IMPLS = ("auto", "reference", "fused")
+
+
+def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale,
+                        impl: str = "auto") -> torch.Tensor:
+    """The multi-micro MoE over e4m3 experts (`kernels.fp8_quant`: 128 x 128 block scales,
+    or per-matrix scales expanded to that grid). x stays bf16 (or fp16/fp32) and is quantized
+    per token and 128 columns inside; the activation likewise, in the gate/up GEMM's epilogue.
+    impl: "auto" (CUDA: the fused kernels; CPU: the emulating reference), "reference",
+    "fused" (on CPU only under TRITON_INTERPRET=1). ONE node of dtgen::moe_multi_micro_fp8."""
+    if impl not in FP8_IMPLS:
+        raise ValueError(f"impl must be one of {FP8_IMPLS}, got {impl!r}")
+    dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
+    check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
+    if x.is_cuda and not fp8_supported(x.device):
+        raise RuntimeError(f"FP8 experts need FP8 tensor cores (compute capability 8.9 or 9.0+); "
+                           f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}")
+    if impl == "fused":
+        require_triton_device(x)
+    return torch.ops.dtgen.moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale,
+                                               w_down, w_down_scale, impl)

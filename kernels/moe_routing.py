@@ -23,16 +23,17 @@ class MoeRouting(NamedTuple):
         ``[expert_ends[e-1], expert_ends[e])`` (with ``expert_ends[-1] == 0``), so
         ``expert_ends[E-1] == T*K``. Length E, end offsets only: exactly the ``offs``
         argument that `torch._grouped_mm` expects.
-    x_sorted: [T*K, H]. ``x[pair_of_slot // K]``: each slot's token row, one gather.
+    x_sorted: [T*K, H]. ``x[pair_of_slot // K]``: each slot's token row, one gather;
+        None when the caller asked for no gather (its GEMM reads x through the index).
     """
 
     pair_of_slot: torch.Tensor
     slot_of_pair: torch.Tensor
     expert_ends: torch.Tensor
-    x_sorted: torch.Tensor
+    x_sorted: torch.Tensor | None
 
 
-def moe_route(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoeRouting:
+def moe_route(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, gather: bool = True) -> MoeRouting:
     """Sort the pairs of ``topk_ids`` ([T, K], expert ids in [0, E)) by expert.
 
     ids outside [0, E) are not checked (that would need a device sync); such pairs fall
@@ -50,5 +51,5 @@ def moe_route(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> MoeR
     expert_ends = torch.searchsorted(sorted_ids, experts, right=True, out_int32=True)
     slots = torch.arange(flat_ids.numel(), device=flat_ids.device)
     slot_of_pair = torch.empty_like(pair_of_slot).scatter_(0, pair_of_slot, slots)
-    x_sorted = x.index_select(0, pair_of_slot // top_k)
+    x_sorted = x.index_select(0, pair_of_slot // top_k) if gather else None
     return MoeRouting(pair_of_slot, slot_of_pair, expert_ends, x_sorted)

@@ -1,0 +1,129 @@
+"""FP8 (e4m3) quantization for the MoE: weights in 128 x 128 blocks, activations per token
+and per group of 128 columns (the DeepSeek-V3 recipe, also what vLLM and SGLang serve).
+
+A quantized tensor is a pair ``(q, scale)`` with ``q`` in float8_e4m3fn and ``scale``
+float32, and ``value ~= q * scale`` block by block:
+- weights ``[..., N, K]`` -> scales ``[..., ceil(N/128), ceil(K/128)]``, one per block
+  (`quantize_weight_blocks`, run once at load, plain torch); or one per matrix
+  (`quantize_weight_per_matrix`: scales ``[..., 1, 1]`` expanded to the same block grid
+  with stride 0, so the kernels read both forms the same way);
+- activations ``[T, K]`` -> scales ``[T, ceil(K/128)]`` (`quantize_row_groups`, a Triton
+  kernel on the hot path; `quantize_row_groups_reference` beside it).
+
+Each scale is amax / 448 (e4m3's largest finite value), so every block uses the full
+range; an all-zero block gets scale 1 (its q is 0 either way).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import JITFunction
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+GROUP = 128  # block edge for weights, group width for activations
+
+
+def fp8_supported(device: torch.device) -> bool:
+    """FP8 tensor-core matmuls: CUDA compute capability 8.9 (Ada) or 9.0+ (Hopper); the
+    CPU under the Triton interpreter (tests)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cpu"
+
+
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def quantize_weight_blocks(w: torch.Tensor, block: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [..., N, K] -> (q [..., N, K] fp8, scale [..., ceil(N/block), ceil(K/block)] float32).
+    Float32 math; edge blocks cover what is left."""
+    *lead, n, k = w.shape
+    nb, kb = triton.cdiv(n, block), triton.cdiv(k, block)
+    padded = torch.zeros(*lead, nb * block, kb * block, dtype=torch.float32, device=w.device)
+    padded[..., :n, :k] = w.float()
+    blocks = padded.unflatten(-1, (kb, block)).unflatten(-3, (nb, block))  # [..., nb, B, kb, B]
+    scale = _scale_of(blocks.abs().amax(dim=(-3, -1)))                     # [..., nb, kb]
+    q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
+    q = q.flatten(-4, -3).flatten(-2, -1)[..., :n, :k].to(FP8_DTYPE)
+    return q.contiguous(), scale.contiguous()
+
+
+def quantize_weight_per_matrix(w: torch.Tensor, block: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """One scale per [N, K] matrix, returned as a stride-0 view with the block grid's shape
+    [..., ceil(N/block), ceil(K/block)] (its storage is [..., 1, 1])."""
+    *lead, n, k = w.shape
+    scale = _scale_of(w.float().abs().amax(dim=(-2, -1), keepdim=True))
+    q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale.expand(*lead, triton.cdiv(n, block), triton.cdiv(k, block))
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int = GROUP) -> torch.Tensor:
+    """float32 ``q * scale``, each scale spread over its block_rows x block_cols block
+    (weights: 128 x 128; activation rows: 1 x 128)."""
+    n, k = q.shape[-2:]
+    full = scale.repeat_interleave(block_rows, dim=-2)[..., :n, :].repeat_interleave(block_cols, dim=-1)[..., :k]
+    return q.float() * full
+
+
+def quantize_row_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (q [T, K] fp8, scale [T, ceil(K/group)] float32), float32 math."""
+    t, k = x.shape
+    groups = triton.cdiv(k, group)
+    padded = torch.zeros(t, groups * group, dtype=torch.float32, device=x.device)
+    padded[:, :k] = x.float()
+    scale = _scale_of(padded.view(t, groups, group).abs().amax(-1))
+    q = (padded.view(t, groups, group) / scale[..., None]).clamp(-FP8_MAX, FP8_MAX)
+    return q.flatten(1)[:, :k].to(FP8_DTYPE), scale
+
+
+@triton.jit
+def to_fp8(v, dtype: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """Cast float32 values in [-448, 448] to e4m3. ROUND_FIRST: round to the e4m3 grid
+    (nearest, ties to even) in float32 first, so that the cast itself is exact. Triton's
+    interpreter needs it: its cast rounds ties away from zero and drops the carry into the
+    exponent (126.7 -> 64, not 128; seen with triton 3.9). The GPU cast is right as it is."""
+    if ROUND_FIRST:
+        exponent = tl.floor(tl.log2(tl.maximum(tl.abs(v), 0.015625)))  # 2^-6: subnormals share one spacing
+        spacing = tl.exp2(exponent - 3.0)                                # 3 mantissa bits
+        v = ((v / spacing + 12582912.0) - 12582912.0) * spacing          # 1.5 * 2^23: float32 round-to-even
+    return v.to(dtype)
+
+
+@triton.jit
+def _quantize_row_groups_kernel(x_ptr, q_ptr, scale_ptr, k_dim, num_groups, stride_x, stride_q, stride_s,
+                                GROUP_K: tl.constexpr, GROUPS: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """One program per (row, GROUPS groups): a [GROUPS, GROUP_K] tile, amax per group."""
+    row = tl.cast(tl.program_id(0), tl.int64)
+    groups = tl.program_id(1) * GROUPS + tl.arange(0, GROUPS)
+    cols = groups[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]
+    ok = cols < k_dim
+    x = tl.load(x_ptr + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    q = to_fp8(tl.clamp(x / scale[:, None], -448.0, 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+    tl.store(q_ptr + row * stride_q + cols, q, mask=ok)
+    tl.store(scale_ptr + row * stride_s + groups, scale, mask=groups < num_groups)
+
+
+def quantize_row_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (bf16/fp16/fp32, unit stride along K) -> (q fp8, scale [T, ceil(K/group)])."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"quantize_row_groups needs a [T, K] tensor with unit stride along K, got "
+                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    t, k = x.shape
+    groups = triton.cdiv(k, group)
+    q = torch.empty((t, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((t, groups), dtype=torch.float32, device=x.device)
+    per_program = min(8, triton.next_power_of_2(groups))  # 8 x 128 columns: 2 KiB of bf16 a program
+    if t:
+        _quantize_row_groups_kernel[(t, triton.cdiv(groups, per_program))](
+            x, q, scale, k, groups, x.stride(0), q.stride(0), scale.stride(0),
+            GROUP_K=group, GROUPS=per_program, ROUND_FIRST=INTERPRETED)
+    return q, scale
+
+
+# The decorator picked the interpreter or the compiler when this module was imported.
+INTERPRETED = not isinstance(_quantize_row_groups_kernel, JITFunction)
