@@ -27,8 +27,21 @@ from pathlib import Path
 
 import torch
 
-from kernels.fp8_quant import quantize_row_groups, quantize_weight_blocks
-from kernels.moe_grouped_gemm import DEFAULT_FUSED_CONFIG, FP8_FUSED_CONFIG, GemmTiles, down_sum, gate_up_act
+from kernels.fp8_quant import (
+    quantize_row_groups,
+    quantize_rows,
+    quantize_rows_by_amax,
+    quantize_weight_blocks,
+    quantize_weight_channels,
+)
+from kernels.moe_grouped_gemm import (
+    DEFAULT_FUSED_CONFIG,
+    FP8_CHANNELS_CONFIG,
+    FP8_FUSED_CONFIG,
+    GemmTiles,
+    down_sum,
+    gate_up_act,
+)
 from kernels.moe_routing import moe_route
 
 H, E, TOPK, MICROS, INTER = 4096, 64, 8, 2, 768
@@ -49,6 +62,14 @@ DOWN_SWEEP = [
 FP8_GATE_UP_SWEEP = [
     GemmTiles(64, 128, 128, 4, 3, **T), GemmTiles(64, 128, 128, 4, 5, **T), GemmTiles(64, 128, 128, 8, 4, **T),
     GemmTiles(64, 128, 128, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 5, **T), GemmTiles(64, 128, 128, 4, 4, persistent=False, **T),
+    GemmTiles(128, 128, 128, 8, 4, **TT),
+]
+FP8_CHANNELS_GATE_UP_SWEEP = [
+    GemmTiles(128, 128, 128, 8, 3, **T), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 128, 8, 4, **TT),
+    GemmTiles(64, 256, 128, 8, 3, **TT), GemmTiles(128, 128, 128, 8, 4, persistent=False, **T),
+]
+FP8_CHANNELS_DOWN_SWEEP = [
+    GemmTiles(128, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **T),
     GemmTiles(128, 128, 128, 8, 4, **TT),
 ]
 FP8_DOWN_SWEEP = [
@@ -196,6 +217,40 @@ def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, 
         row = _time_row(fn, y_expected, down_flop)
         report["down"].append({"tiles": vars(tiles), **row})
         _print_row(_label("fp8 down", tiles), row)
+    report["channels"] = _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro,
+                                             act_expected, y_expected, gate_up_flop, down_flop)
+    return report
+
+
+def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro, act_expected, y_expected,
+                        gate_up_flop, down_flop) -> dict:
+    """The channel-scale recipe: one scale per weight row (per output channel over all
+    micros for down) and per activation row, applied after the K loop. gate/up writes a bf16
+    activation and its row maxima; a pass quantizes it; down reads e4m3."""
+    gu_q, gu_s = quantize_weight_channels(gu_micro)
+    dn_q, dn_s = quantize_weight_channels(dn_micro, reduce_dims=(0, -1))
+    x_q, x_s = quantize_rows(x_tok)
+    act_q, act_s = quantize_rows_by_amax(act_micro, act_micro.float().abs().amax(dim=(0, 2))[:, None].contiguous())
+    report = {"gate_up": [], "down": []}
+    _, amax = gate_up_act(x_q, token_of_slot, gu_q, ends, FP8_CHANNELS_CONFIG.gate_up, x_scale=x_s, w_scale=gu_s,
+                          row_amax=True)
+    act_bf16 = act_micro
+    for name, fn in (("quantize x per row", lambda: quantize_rows(x_tok)),
+                     ("quantize act per row from amax", lambda: quantize_rows_by_amax(act_bf16, amax))):
+        us = _us(fn)
+        report[name.replace(" ", "_") + "_us"] = round(us, 1)
+        print(f"{'fp8 channels ' + name:<60}{us:>9.1f} us")
+    for tiles in dict.fromkeys([FP8_CHANNELS_CONFIG.gate_up] + (FP8_CHANNELS_GATE_UP_SWEEP if args.sweep else [])):
+        fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
+                                             x_scale=x_s, w_scale=gu_s, row_amax=True)
+        row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0])
+        report["gate_up"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fp8 channels gate_up", tiles), row)
+    for tiles in dict.fromkeys([FP8_CHANNELS_CONFIG.down] + (FP8_CHANNELS_DOWN_SWEEP if args.sweep else [])):
+        fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
+        row = _time_row(fn, y_expected, down_flop)
+        report["down"].append({"tiles": vars(tiles), **row})
+        _print_row(_label("fp8 channels down", tiles), row)
     return report
 
 

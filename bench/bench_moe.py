@@ -9,8 +9,8 @@ softmax over random logits (uneven expert loads, as in the model), fixed seed.
 Multi-micro, T = 2048, 4096, 8192: the op vs two dispatches (each micro routed and
 combined on its own) vs one dispatch over concatenated weights (the concat is a copy
 made before timing and NOT timed), plus the op with the Triton grouped GEMM, with the
-fused kernels (`impl="fused"`), on e4m3 experts (`moe_multi_micro_fp8`; its rel_err is
-the FP8 error against bf16) and under torch.compile (one opaque node, so compile should
+fused kernels (`impl="fused"`), on e4m3 experts (`moe_multi_micro_fp8`, block and channel
+scales; their rel_err is the FP8 error against bf16) and under torch.compile (one opaque node, so compile should
 change nothing). Floor: FLOPs
 T*K*(2*H*2I + 2*I*H) with I = 1536 (both micros) at 694 TFLOP/s (dense bf16 GEMM
 measured on this H200). Targets: <= 2.4 ms at T=4096 and >= 1.2x vs two dispatches.
@@ -35,7 +35,7 @@ import triton
 import triton.testing
 
 from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, moe_decode_triton
-from kernels.fp8_quant import quantize_weight_blocks
+from kernels.fp8_quant import quantize_weight_blocks, quantize_weight_channels
 from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_reference
 
 HIDDEN, EXPERTS, TOP_K, INTER = 4096, 64, 8, 768
@@ -83,12 +83,14 @@ def bench_prefill(gen):
     cat_gate_up, cat_down = concat_micros(w_gate_up, w_down)  # the copy, outside the timing
     compiled = torch.compile(moe_multi_micro, fullgraph=True)
     fp8_experts = (*quantize_weight_blocks(w_gate_up), *quantize_weight_blocks(w_down))  # at load, not timed
+    fp8_channel_experts = (*quantize_weight_channels(w_gate_up), *quantize_weight_channels(w_down, reduce_dims=(0, -1)))
     variants = {
         "multi_micro": lambda *a: moe_multi_micro(*a, w_gate_up, w_down),
         "multi_micro_compiled": lambda *a: compiled(*a, w_gate_up, w_down),
         "multi_micro_triton_gemm": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="triton"),
         "multi_micro_fused": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="fused"),
         "multi_micro_fp8": lambda *a: moe_multi_micro_fp8(*a, *fp8_experts),
+        "multi_micro_fp8_channels": lambda *a: moe_multi_micro_fp8(*a, *fp8_channel_experts),
         "two_dispatch": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="two_dispatch"),
         "one_dispatch_concat": lambda *a: moe_multi_micro(*a, cat_gate_up, cat_down),
     }

@@ -108,8 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "graph; 0 = exact lengths "
                         "(default: 256 with --compile, else 0)")
     p.add_argument("--compile-autotune", action="store_true",
-                   help="with --compile: let inductor tune the prefill and denoise GEMMs, the MoE's grouped "
-                        "GEMMs included (--moe-impl auto becomes graph); slower compile, faster MoE on GPU")
+                   help="with --compile: let inductor tune the prefill and denoise GEMMs (the dense ones; "
+                        "--moe-impl graph lets it tune the MoE's too, slower than the default fused kernels "
+                        "on an H200); slower compile")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them (halo exchange)")
     p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
@@ -248,7 +249,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(args.seed)
     # GEMM autotuning is for the MoE's grouped GEMMs: let the compiled steps trace them.
-    moe_impl = "graph" if args.compile and args.compile_autotune and args.moe_impl == "auto" else args.moe_impl
+    moe_impl = args.moe_impl
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl,
                   random_config=_random_config(args))

@@ -1,5 +1,11 @@
-"""FP8 (e4m3) quantization for the MoE: weights in 128 x 128 blocks, activations per token
-and per group of 128 columns (the DeepSeek-V3 recipe, also what vLLM and SGLang serve).
+"""FP8 (e4m3) quantization for the MoE, in two recipes.
+
+- Blocks (the DeepSeek-V3 recipe, also what vLLM and SGLang serve): weights in 128 x 128
+  blocks, activations per token and group of 128 columns. The scales change along K, so a
+  GEMM scales each K step's product before adding it.
+- Channels: weights per output channel, activations per row. The scales are constant
+  along K, so a GEMM accumulates plain products and scales once in its epilogue, which
+  keeps the tensor cores' accumulate chain unbroken (see kernels/moe_grouped_gemm.py).
 
 A quantized tensor is a pair ``(q, scale)`` with ``q`` in float8_e4m3fn and ``scale``
 float32, and ``value ~= q * scale`` block by block:
@@ -60,6 +66,18 @@ def quantize_weight_per_matrix(w: torch.Tensor, block: int = GROUP) -> tuple[tor
     return q, scale.expand(*lead, triton.cdiv(n, block), triton.cdiv(k, block))
 
 
+def quantize_weight_channels(w: torch.Tensor, reduce_dims: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel scales: amax over ``reduce_dims`` (the K dim, -1, always among them).
+    w_gate_up [M, E, 2I, H] -> scale [M, E, 2I]; w_down [M, E, H, I] with reduce_dims
+    (0, -1) -> scale [E, H], one per output channel over all of its micros."""
+    if -1 not in reduce_dims and w.dim() - 1 not in reduce_dims:
+        raise ValueError(f"per-channel scales reduce over the last (K) dim; got reduce_dims {reduce_dims}")
+    amax = w.float().abs().amax(dim=reduce_dims, keepdim=True)
+    scale = _scale_of(amax)
+    q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale.squeeze(reduce_dims).contiguous()
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int = GROUP) -> torch.Tensor:
     """float32 ``q * scale``, each scale spread over its block_rows x block_cols block
     (weights: 128 x 128; activation rows: 1 x 128)."""
@@ -117,11 +135,59 @@ def quantize_row_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tens
     groups = triton.cdiv(k, group)
     q = torch.empty((t, k), dtype=FP8_DTYPE, device=x.device)
     scale = torch.empty((t, groups), dtype=torch.float32, device=x.device)
+    # One group per row (group >= K): the whole row in one tile.
+    group_tile = triton.next_power_of_2(k) if groups == 1 else group
     per_program = min(8, triton.next_power_of_2(groups))  # 8 x 128 columns: 2 KiB of bf16 a program
     if t:
         _quantize_row_groups_kernel[(t, triton.cdiv(groups, per_program))](
             x, q, scale, k, groups, x.stride(0), q.stride(0), scale.stride(0),
-            GROUP_K=group, GROUPS=per_program, ROUND_FIRST=INTERPRETED)
+            GROUP_K=group_tile, GROUPS=per_program, ROUND_FIRST=INTERPRETED)
+    return q, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] -> (q fp8, scale [T]): one scale per row."""
+    q, scale = quantize_row_groups(x, group=x.shape[1])
+    return q, scale[:, 0]
+
+
+@triton.jit
+def _quantize_rows_by_amax_kernel(act_ptr, amax_ptr, q_ptr, scale_ptr, num_parts, inter, num_slots,
+                                  stride_act_micro, stride_act_row, stride_amax_row, stride_q_micro, stride_q_row,
+                                  NUM_MICROS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_I: tl.constexpr,
+                                  ROUND_FIRST: tl.constexpr):
+    """One program per slot: its scale from the amax partials, then every micro's row."""
+    row = tl.cast(tl.program_id(0), tl.int64)
+    parts = tl.arange(0, BLOCK_P)
+    amax = tl.max(tl.load(amax_ptr + row * stride_amax_row + parts, mask=parts < num_parts, other=0.0), axis=0)
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    tl.store(scale_ptr + row, scale)
+    for m in tl.static_range(NUM_MICROS):
+        for i0 in range(0, inter, BLOCK_I):
+            cols = i0 + tl.arange(0, BLOCK_I)
+            v = tl.load(act_ptr + m * stride_act_micro + row * stride_act_row + cols, mask=cols < inter, other=0.0)
+            q = to_fp8(tl.clamp(v.to(tl.float32) / scale, -448.0, 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+            tl.store(q_ptr + m * stride_q_micro + row * stride_q_row + cols, q, mask=cols < inter)
+
+
+def quantize_rows_by_amax(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """act [M, S, I] (bf16) and amax_parts [S, P] (per-tile |act| maxima, from the GEMM that
+    wrote act) -> (q [M, S, I] fp8, scale [S]): one scale per slot over all micros."""
+    micros, slots, inter = act.shape
+    q = torch.empty(act.shape, dtype=FP8_DTYPE, device=act.device)
+    scale = torch.empty((slots,), dtype=torch.float32, device=act.device)
+    if slots:
+        _quantize_rows_by_amax_kernel[(slots,)](
+            act, amax_parts, q, scale, amax_parts.shape[1], inter, slots,
+            act.stride(0), act.stride(1), amax_parts.stride(0), q.stride(0), q.stride(1),
+            NUM_MICROS=micros, BLOCK_P=triton.next_power_of_2(amax_parts.shape[1]),
+            BLOCK_I=min(1024, triton.next_power_of_2(inter)), ROUND_FIRST=INTERPRETED)
+    return q, scale
+
+
+def quantize_rows_by_amax_reference(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scale = _scale_of(amax_parts.float().amax(dim=1))
+    q = (act.float() / scale[None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 
 

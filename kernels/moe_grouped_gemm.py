@@ -35,7 +35,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels.fp8_quant import FP8_DTYPE, GROUP, INTERPRETED, dequantize, quantize_row_groups_reference, to_fp8
+from kernels.fp8_quant import (
+    FP8_DTYPE,
+    GROUP,
+    INTERPRETED,
+    dequantize,
+    quantize_row_groups_reference,
+    quantize_rows_by_amax_reference,
+    to_fp8,
+)
 
 
 @dataclass(frozen=True)
@@ -72,13 +80,18 @@ class FusedMoeConfig:
 DEFAULT_FUSED_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=128, block_n=128, block_k=64, num_warps=8, num_stages=4, weights_tma=True),
     down=GemmTiles(block_r=128, block_n=256, block_k=64, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True))
-# e4m3: K steps of one scale group; gate/up's block_n is the activation's scale group.
-# Each K step's product is scaled before it is added, so a program holds a second
-# accumulator-sized temporary: 128-row gate/up tiles (two halves) spill registers and
-# run at 80 TFLOP/s on an H200; 64-row tiles do not.
+# e4m3 with block scales: K steps of one scale group; gate/up's block_n is the activation's
+# scale group. Each K step's product is scaled before it is added, so a program holds a
+# second accumulator-sized temporary and waits for every MMA: 128-row gate/up tiles spill
+# registers (80-200 TFLOP/s on an H200), and the best tiles run at bf16's rate (459/474).
 FP8_FUSED_CONFIG = FusedMoeConfig(
-    gate_up=GemmTiles(block_r=64, block_n=128, block_k=128, num_warps=4, num_stages=4, weights_tma=True),
-    down=GemmTiles(block_r=128, block_n=128, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True))
+    gate_up=GemmTiles(block_r=64, block_n=128, block_k=128, num_warps=8, num_stages=4, weights_tma=True),
+    down=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True))
+# e4m3 with channel scales: plain accumulate chains, scaled once in the epilogue; the best of
+# bench/bench_grouped_gemm.py's sweep on an H200: gate/up 844 TFLOP/s, down 812.
+FP8_CHANNELS_CONFIG = FusedMoeConfig(
+    gate_up=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True),
+    down=GemmTiles(block_r=128, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True))
 # float32 operands (tests; the interpreter) need twice the shared memory per stage.
 FP32_FUSED_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=64, block_n=64, block_k=32, num_warps=4, num_stages=2),
@@ -138,22 +151,26 @@ def _work_item(work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles,
 
 @triton.jit
 def _gate_up_act_kernel(
-    x_ptr, x_scale_ptr, token_ptr, w_ptr, w_scale_ptr, act_ptr, act_scale_ptr, expert_ends_ptr, tile_ends_ptr,
+    x_ptr, x_scale_ptr, token_ptr, w_ptr, w_scale_ptr, act_ptr, act_scale_ptr, amax_ptr, expert_ends_ptr, tile_ends_ptr,
     x_desc, w_desc, hidden, inter, num_experts,
     stride_x_row, stride_xs_row, stride_w_micro, stride_w_expert, stride_w_row,
     stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
-    stride_act_micro, stride_act_row, stride_as_micro, stride_as_row,
+    stride_act_micro, stride_act_row, stride_as_micro, stride_as_row, stride_amax_row,
     NUM_MICROS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ROWS_TMA: tl.constexpr, WEIGHTS_TMA: tl.constexpr,
-    FP8: tl.constexpr, OUT_FP8: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+    FP8: tl.constexpr, CHANNEL_SCALES: tl.constexpr, OUT_FP8: tl.constexpr, OUT_AMAX: tl.constexpr,
+    GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
 ):
     """x_desc (ROWS_TMA): the gathered rows [S, H]; w_desc (WEIGHTS_TMA): w_gate_up as
     [M*E*2I, H]. TMA zero-fills past the end and the clamped rows are dropped at the store.
     FP8: x and the weights are e4m3 with scales per row and GROUP columns (x_scale, [T, H/G],
     or [S, H/G] when ROWS_TMA) and per GROUP x GROUP block (w_scale, [M, E, 2I/G, H/G]);
-    each K step's product is scaled before it is added. OUT_FP8: act is stored as e4m3 with
-    one scale per row and GROUP columns (BLOCK_N == GROUP)."""
+    each K step's product is scaled before it is added. FP8 with CHANNEL_SCALES: one scale
+    per x row (x_scale [T] or [S]) and per weight row (w_scale [M, E, 2I]), applied once
+    after the K loop. OUT_FP8: act is stored as e4m3 with one scale per row and GROUP
+    columns (BLOCK_N == GROUP). OUT_AMAX: act in bf16, plus each tile row's max |act| in
+    amax [S, M * column tiles] for the quantization that follows."""
     col_tiles_per_micro = tl.cdiv(inter, BLOCK_N)
     col_tiles = NUM_MICROS * col_tiles_per_micro
     total = tl.load(tile_ends_ptr + num_experts - 1) * col_tiles
@@ -180,8 +197,12 @@ def _gate_up_act_kernel(
             scale_rows = tl.where(row_ok, rows, row_start) if ROWS_TMA else tokens
             a_scales = x_scale_ptr + tl.cast(scale_rows, tl.int64) * stride_xs_row
             ws_expert = w_scale_ptr + micro * stride_ws_micro + expert * stride_ws_expert
-            b1_scales = ws_expert + (w_rows // GROUP) * stride_ws_row
-            b2_scales = ws_expert + ((w_rows + inter) // GROUP) * stride_ws_row
+            if CHANNEL_SCALES:
+                b1_scales = ws_expert + w_rows * stride_ws_row
+                b2_scales = ws_expert + (w_rows + inter) * stride_ws_row
+            else:
+                b1_scales = ws_expert + (w_rows // GROUP) * stride_ws_row
+                b2_scales = ws_expert + ((w_rows + inter) // GROUP) * stride_ws_row
         acc1 = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -203,19 +224,29 @@ def _gate_up_act_kernel(
                 if not WEIGHTS_TMA:
                     b1 = tl.load(b1_ptrs, mask=k_ok[:, None], other=0.0)
                     b2 = tl.load(b2_ptrs, mask=k_ok[:, None], other=0.0)
-            if FP8:
+            if FP8 and not CHANNEL_SCALES:
                 k_group = k0 // GROUP
                 a_scale = tl.load(a_scales + k_group)[:, None]
                 acc1 += tl.dot(a, b1) * (a_scale * tl.load(b1_scales + k_group * stride_ws_col)[None, :])
                 acc2 += tl.dot(a, b2) * (a_scale * tl.load(b2_scales + k_group * stride_ws_col)[None, :])
+            elif FP8:
+                acc1 = tl.dot(a, b1, acc1)
+                acc2 = tl.dot(a, b2, acc2)
             else:
                 acc1 = tl.dot(a, b1, acc1, input_precision=DOT_PRECISION)
                 acc2 = tl.dot(a, b2, acc2, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b1_ptrs += BLOCK_K
             b2_ptrs += BLOCK_K
+        if CHANNEL_SCALES:
+            a_scale = tl.load(a_scales)[:, None]
+            acc1 = acc1 * (a_scale * tl.load(b1_scales)[None, :])
+            acc2 = acc2 * (a_scale * tl.load(b2_scales)[None, :])
         act = acc1 * acc2 * tl.sigmoid(acc2)  # x1 * silu(x2), on the float32 accumulators
         dst = act_ptr + tl.cast(micro, tl.int64) * stride_act_micro + tl.cast(rows, tl.int64)[:, None] * stride_act_row + cols[None, :]
+        if OUT_AMAX:
+            tile_amax = tl.max(tl.abs(tl.where(col_ok[None, :], act, 0.0)), axis=1)
+            tl.store(amax_ptr + tl.cast(rows, tl.int64) * stride_amax_row + col_tile, tile_amax, mask=row_ok)
         if OUT_FP8:
             act = tl.where(col_ok[None, :], act, 0.0)
             amax = tl.max(tl.abs(act), axis=1)
@@ -237,10 +268,13 @@ def _down_sum_kernel(
     stride_y_row,
     NUM_MICROS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROWS_TMA: tl.constexpr, WEIGHTS_TMA: tl.constexpr, FP8: tl.constexpr, GROUP: tl.constexpr,
+    ROWS_TMA: tl.constexpr, WEIGHTS_TMA: tl.constexpr, FP8: tl.constexpr, CHANNEL_SCALES: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     """act_desc (ROWS_TMA): act as [M*S, I]; w_desc (WEIGHTS_TMA): w_down as [M*E*H, I].
-    FP8: act and the weights are e4m3, act_scale [M, S, I/G], w_scale [M, E, H/G, I/G]."""
+    FP8: act and the weights are e4m3, act_scale [M, S, I/G], w_scale [M, E, H/G, I/G].
+    FP8 with CHANNEL_SCALES: act_scale [S] (one per slot over all micros) and w_scale [E, H]
+    (one per output channel over all micros), applied once after the K loop."""
     col_tiles = tl.cdiv(hidden, BLOCK_N)
     k_tiles = tl.cdiv(inter, BLOCK_K)
     total = tl.load(tile_ends_ptr + num_experts - 1) * col_tiles
@@ -256,7 +290,7 @@ def _down_sum_kernel(
         safe_cols = tl.where(col_ok, cols, 0)
         a_rows = act_ptr + safe_rows[:, None] * stride_act_row
         b_rows = w_ptr + tl.cast(expert, tl.int64) * stride_w_expert + safe_cols[None, :] * stride_w_row
-        if FP8:
+        if FP8 and not CHANNEL_SCALES:
             a_scale_rows = act_scale_ptr + safe_rows * stride_as_row
             b_scale_cols = w_scale_ptr + expert * stride_ws_expert + (safe_cols // GROUP) * stride_ws_row
         acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
@@ -279,13 +313,19 @@ def _down_sum_kernel(
             else:
                 b = tl.load(b_rows + tl.cast(micro, tl.int64) * stride_w_micro + kk[:, None],
                             mask=kk[:, None] < inter, other=0.0)
-            if FP8:
+            if FP8 and not CHANNEL_SCALES:
                 k_group = k0 // GROUP
                 a_scale = tl.load(a_scale_rows + micro * stride_as_micro + k_group)
                 b_scale = tl.load(b_scale_cols + micro * stride_ws_micro + k_group * stride_ws_col)
                 acc += tl.dot(a, b) * (a_scale[:, None] * b_scale[None, :])
+            elif FP8:
+                acc = tl.dot(a, b, acc)
             else:
                 acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if CHANNEL_SCALES:
+            a_scale = tl.load(act_scale_ptr + safe_rows * stride_as_row)
+            b_scale = tl.load(w_scale_ptr + expert * stride_ws_expert + safe_cols * stride_ws_row)
+            acc = acc * (a_scale[:, None] * b_scale[None, :])
         dst = y_ptr + tl.cast(rows, tl.int64)[:, None] * stride_y_row + cols[None, :]
         tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -322,34 +362,45 @@ def _check_fp8(tiles: GemmTiles, operands: dict[str, torch.Tensor | None]) -> bo
     if len(given) != len(operands):
         missing = sorted(set(operands) - set(given))
         raise ValueError(f"FP8 MoE GEMM: {', '.join(given)} given but {', '.join(missing)} missing")
-    if GROUP % tiles.block_k:
-        raise ValueError(f"FP8 MoE GEMM: block_k {tiles.block_k} must divide the scale group {GROUP}")
     return True
+
+
+def _check_block_k(tiles: GemmTiles) -> None:
+    if GROUP % tiles.block_k:
+        raise ValueError(f"FP8 MoE GEMM with block scales: block_k {tiles.block_k} must divide the scale group {GROUP}")
 
 
 def gate_up_act(x: torch.Tensor, token_of_slot: torch.Tensor, w_gate_up: torch.Tensor, expert_ends: torch.Tensor,
                 tiles: GemmTiles, *, x_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
-                quantize_out: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                quantize_out: bool = False, row_amax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """act [M, S, I]: ``act[m, s] = x1 * silu(x2)``, ``[x1; x2] = w_gate_up[m, e(s)] @ x[token_of_slot[s]]``.
     x [T, H]; token_of_slot [S] int32; w_gate_up [M, E, 2I, H]; expert_ends [E] int32.
 
-    bf16/fp16/fp32: act in x's dtype. FP8: x and w_gate_up in e4m3 with x_scale [T, H/128]
-    and w_scale [M, E, 2I/128, H/128] (`kernels.fp8_quant`); act in bf16, or with
-    ``quantize_out`` in e4m3 with per-row, per-128-column scales. Returns (act, its scale or None).
+    bf16/fp16/fp32: act in x's dtype. FP8 (`kernels.fp8_quant`): x and w_gate_up in e4m3,
+    with block scales (x_scale [T, H/128], w_scale [M, E, 2I/128, H/128]) or channel scales
+    (x_scale [T], w_scale [M, E, 2I]); act in bf16, or with ``quantize_out`` (block scales)
+    in e4m3 with per-row, per-128-column scales. ``row_amax``: act in bf16 plus each tile
+    row's max |act|, [S, M * ceil(I / block_n)], for `quantize_rows_by_amax`.
+    Returns (act, its scale or amax partials or None).
     """
     micros, experts, two_inter, hidden = w_gate_up.shape
     inter = two_inter // 2
     slots = token_of_slot.shape[0]
     _unit_stride_last(x, w_gate_up)
     fp8 = _check_fp8(tiles, {"x_scale": x_scale, "w_scale": w_scale})
-    if quantize_out and tiles.block_n != GROUP:
-        raise ValueError(f"an FP8 activation needs block_n == {GROUP} (one scale per tile row), got {tiles.block_n}")
+    channel = fp8 and w_scale.dim() == 3
+    if fp8 and not channel:
+        _check_block_k(tiles)
+    if quantize_out and (channel or tiles.block_n != GROUP):
+        raise ValueError(f"an FP8 activation needs block scales and block_n == {GROUP} (one scale per tile row), "
+                         f"got {'channel scales' if channel else f'block_n {tiles.block_n}'}")
     act_dtype = FP8_DTYPE if quantize_out else (torch.bfloat16 if fp8 else x.dtype)
     act = torch.empty((micros, slots, inter), dtype=act_dtype, device=x.device)
     act_scale = (torch.empty((micros, slots, triton.cdiv(inter, GROUP)), dtype=torch.float32, device=x.device)
                  if quantize_out else None)
-    tile_ends = row_tile_ends(expert_ends, tiles.block_r)
     col_tiles = micros * triton.cdiv(inter, tiles.block_n)
+    amax = torch.empty((slots, col_tiles), dtype=torch.float32, device=x.device) if row_amax else None
+    tile_ends = row_tile_ends(expert_ends, tiles.block_r)
     x_desc = w_desc = None
     rows_tma = tiles.rows_tma and _tma_ok(x)
     if rows_tma:
@@ -359,32 +410,42 @@ def gate_up_act(x: torch.Tensor, token_of_slot: torch.Tensor, w_gate_up: torch.T
     weights_tma = tiles.weights_tma and _tma_ok(w_gate_up)
     if weights_tma:
         w_desc = _descriptor(w_gate_up.view(-1, hidden), (tiles.block_n, tiles.block_k))
-    ws_strides = w_scale.stride() if fp8 else (0, 0, 0, 0)
+    ws_strides = (*w_scale.stride(), 0)[:4] if fp8 else (0, 0, 0, 0)
     _gate_up_act_kernel[_grid(tiles, slots, experts, col_tiles, x.device)](
-        x, x_scale, token_of_slot, w_gate_up, w_scale, act, act_scale, expert_ends, tile_ends, x_desc, w_desc,
+        x, x_scale, token_of_slot, w_gate_up, w_scale, act, act_scale, amax, expert_ends, tile_ends, x_desc, w_desc,
         hidden, inter, experts,
         x.stride(0), x_scale.stride(0) if fp8 else 0, w_gate_up.stride(0), w_gate_up.stride(1), w_gate_up.stride(2),
         *ws_strides, act.stride(0), act.stride(1),
         act_scale.stride(0) if quantize_out else 0, act_scale.stride(1) if quantize_out else 0,
+        amax.stride(0) if row_amax else 0,
         NUM_MICROS=micros, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         BLOCK_E=triton.next_power_of_2(experts), EVEN_K=hidden % tiles.block_k == 0,
         DOT_PRECISION=_dot_precision(x.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
-        FP8=fp8, OUT_FP8=quantize_out, GROUP=GROUP, ROUND_FIRST=INTERPRETED,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    return act, act_scale
+        FP8=fp8, CHANNEL_SCALES=channel, OUT_FP8=quantize_out, OUT_AMAX=row_amax, GROUP=GROUP,
+        ROUND_FIRST=INTERPRETED, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return act, act_scale if quantize_out else amax
 
 
 def down_sum(act: torch.Tensor, w_down: torch.Tensor, expert_ends: torch.Tensor, tiles: GemmTiles, *,
              act_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None,
              out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y [S, H]: ``y[s] = sum_m w_down[m, e(s)] @ act[m, s]``, float32 inside.
-    act [M, S, I]; w_down [M, E, H, I]; expert_ends [E] int32. FP8: act and w_down in e4m3
-    with act_scale [M, S, I/128] and w_scale [M, E, H/128, I/128]. y in out_dtype (default:
-    act's dtype, bf16 for FP8)."""
+    act [M, S, I]; w_down [M, E, H, I]; expert_ends [E] int32. FP8: act and w_down in e4m3,
+    with block scales (act_scale [M, S, I/128], w_scale [M, E, H/128, I/128]) or channel
+    scales (act_scale [S], w_scale [E, H]: one per slot and per output channel, each over
+    all micros). y in out_dtype (default: act's dtype, bf16 for FP8)."""
     micros, experts, hidden, inter = w_down.shape
     slots = act.shape[1]
     _unit_stride_last(act, w_down)
     fp8 = _check_fp8(tiles, {"act_scale": act_scale, "w_scale": w_scale})
+    channel = fp8 and w_scale.dim() == 2
+    if fp8 and not channel:
+        _check_block_k(tiles)
+    if channel:  # no micro dim in the scales: strides (micro, row) for act, (micro, expert, row, col) for w
+        as_strides, ws_strides = (0, act_scale.stride(0)), (0, *w_scale.stride(), 0)
+    else:
+        as_strides = act_scale.stride()[:2] if fp8 else (0, 0)
+        ws_strides = w_scale.stride() if fp8 else (0, 0, 0, 0)
     y = torch.empty((slots, hidden), dtype=out_dtype or (torch.bfloat16 if fp8 else act.dtype), device=act.device)
     tile_ends = row_tile_ends(expert_ends, tiles.block_r)
     col_tiles = triton.cdiv(hidden, tiles.block_n)
@@ -394,13 +455,12 @@ def down_sum(act: torch.Tensor, w_down: torch.Tensor, expert_ends: torch.Tensor,
     w_desc = _descriptor(w_down.view(-1, inter), (tiles.block_n, tiles.block_k)) if weights_tma else None
     _down_sum_kernel[_grid(tiles, slots, experts, col_tiles, act.device)](
         act, act_scale, w_down, w_scale, y, expert_ends, tile_ends, act_desc, w_desc, hidden, inter, experts, slots,
-        act.stride(0), act.stride(1), act_scale.stride(0) if fp8 else 0, act_scale.stride(1) if fp8 else 0,
-        w_down.stride(0), w_down.stride(1), w_down.stride(2), *(w_scale.stride() if fp8 else (0, 0, 0, 0)),
+        act.stride(0), act.stride(1), *as_strides, w_down.stride(0), w_down.stride(1), w_down.stride(2), *ws_strides,
         y.stride(0),
         NUM_MICROS=micros, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         BLOCK_E=triton.next_power_of_2(experts), EVEN_K=inter % tiles.block_k == 0,
         DOT_PRECISION=_dot_precision(act.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
-        FP8=fp8, GROUP=GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        FP8=fp8, CHANNEL_SCALES=channel, GROUP=GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
 
@@ -457,3 +517,16 @@ def gate_up_act_fp8_reference(x_q, x_scale, token_of_slot, w_q, w_scale, expert_
 def down_sum_fp8_reference(act_q, act_scale, w_q, w_scale, expert_ends, out_dtype=torch.bfloat16):
     """`down_sum` on e4m3 operands in torch: dequantize, float32 math."""
     return down_sum_reference(dequantize(act_q, act_scale, 1), dequantize(w_q, w_scale, GROUP), expert_ends).to(out_dtype)
+
+
+def moe_experts_fp8_channels_reference(x_q, x_scale, token_of_slot, w_gate_up, w_gate_up_scale, w_down,
+                                       w_down_scale, expert_ends, out_dtype=torch.bfloat16):
+    """Both GEMMs on e4m3 operands with channel scales, in torch: x per token ([T]), gate/up
+    weights per row ([M, E, 2I]), the activation per slot over all micros (from its float32
+    row maxima, stored as bf16 first, as the kernels do), down weights per output channel ([E, H])."""
+    x = x_q.float() * x_scale[:, None]
+    act = gate_up_act_reference(x, token_of_slot, w_gate_up.float() * w_gate_up_scale[..., None], expert_ends)
+    amax = act.abs().amax(dim=(0, 2))[:, None]
+    act_q, act_scale = quantize_rows_by_amax_reference(act.to(torch.bfloat16), amax)
+    w = w_down.float() * w_down_scale[None, :, :, None]
+    return down_sum_reference(act_q.float() * act_scale[None, :, None], w, expert_ends).to(out_dtype)

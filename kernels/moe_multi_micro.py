@@ -11,27 +11,25 @@ Conventions (fixed; the model calls exactly these):
   [T, H] in x's dtype; partials are summed in float32 and each routing weight is applied
   once, after the micro partials are summed.
 
-The fast path (CUDA, or CPU under TRITON_INTERPRET=1):
-1. routing once (`kernels.moe_routing`): sort the T*K pairs by expert, gather x once;
-2. per micro, the gate/up grouped GEMM, then the ``x1 * silu(x2)`` Triton kernel writing
-   that micro's slice of one activation buffer [M, T*K, I];
-3. the down projections of all micros: with `torch._grouped_mm`, ONE grouped GEMM over
-   M*E groups (group (m, e) is expert e of micro m; a free view of w_down); the Triton
-   grouped GEMM covers the micros with a grid axis;
-4. ONE Triton finalize kernel: for each token, add the micro partials in float32, apply
-   each routing weight once, sum over k (un-permute and weighted reduce, fused; gathers
-   by slot, so no atomics and a deterministic result).
+The fast path (impl "fused", the default on CUDA; CPU under TRITON_INTERPRET=1):
+1. routing once (`kernels.moe_routing`): sort the T*K pairs by expert (no gather);
+2. ONE gate/up launch for all micros (`kernels.moe_grouped_gemm`): A rows read from x
+   through the slot -> token index, ``x1 * silu(x2)`` in the epilogue, the activation
+   [M, T*K, I] stored in x's dtype;
+3. ONE down launch whose K loop runs over (micro, I): the micro sum in the accumulator,
+   one partial per slot, rounded once;
+4. ONE Triton finalize kernel: for each token, apply each routing weight once and sum
+   over k (un-permute and weighted reduce, fused; gathers by slot, so no atomics and a
+   deterministic result).
 
-`torch._grouped_mm` (CUDA bf16, sm90+, int32 end offsets) is used when the shapes meet
-its fast path (see `_grouped_mm_usable`); otherwise a Triton grouped GEMM runs (also the
-path tested on CPU under the interpreter). The intermediates (u, the activation, each
-micro's partial) are stored in x's dtype: _grouped_mm's fast path writes bf16 only (a
-float32 out_dtype drops to a per-group loop), so each partial is rounded once before the
-float32 sum in the finalize.
+Measured on an H200 (torch 2.11, HunyuanImage-3 denoise shapes, two micros of 768):
+2.46 ms at T=4096 (gate/up ~500 TFLOP/s, down ~510); the previous default ("grouped_mm":
+gather, `torch._grouped_mm` per micro, an activation kernel, one M*E-group down GEMM, M
+partials per slot summed in the finalize) took 2.70 ms. `bench/bench_moe.py` and
+`bench/bench_grouped_gemm.py` have the rest.
 
-Measured on an H200 (torch 2.11, HunyuanImage-3 denoise shapes, T=4096, two micros):
-about 2.8 ms: routing 0.21, gate/up GEMMs 2 x 0.76, activation 2 x 0.04, down GEMM
-0.81, finalize 0.14. `bench/bench_moe.py` has the rest.
+FP8 experts (`moe_multi_micro_fp8`, bottom of this file): the same pipeline on e4m3 in
+either recipe of `kernels.fp8_quant`.
 """
 from typing import NamedTuple
 
@@ -41,18 +39,27 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
-from kernels.fp8_quant import FP8_DTYPE, fp8_supported, quantize_row_groups, quantize_row_groups_reference
+from kernels.fp8_quant import (
+    FP8_DTYPE,
+    fp8_supported,
+    quantize_row_groups,
+    quantize_row_groups_reference,
+    quantize_rows,
+    quantize_rows_by_amax,
+)
 from kernels.fp8_quant import GROUP as FP8_GROUP
 from kernels.moe_grouped_gemm import (
+    FP8_CHANNELS_CONFIG,
     down_sum,
     down_sum_fp8_reference,
     fused_config_for,
     gate_up_act,
     gate_up_act_fp8_reference,
+    moe_experts_fp8_channels_reference,
 )
 from kernels.moe_routing import MoeRouting, moe_route
 
-MULTI_MICRO_IMPLS = ("auto", "reference", "triton", "fused", "two_dispatch", "flashinfer")
+MULTI_MICRO_IMPLS = ("auto", "reference", "fused", "grouped_mm", "triton", "two_dispatch", "flashinfer")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ID_DTYPES = (torch.int32, torch.int64)
 
@@ -414,7 +421,9 @@ def _moe_pass(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str, out_dtype
 
 
 def _default_gemm(x, w_gate_up, w_down) -> str:
-    return "grouped_mm" if _grouped_mm_usable(x, w_gate_up, w_down) else "triton"
+    # The fused kernels beat torch._grouped_mm at every measured size (H200, T = 2048 to
+    # 8192: 8-10% on the op, 15% on the denoise layer) and need no bf16 or sm90.
+    return "fused"
 
 
 def moe_two_dispatch(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str | None = None):
@@ -548,10 +557,12 @@ def _(x, topk_ids, topk_weights, w_gate_up, w_down, impl):
 def moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl: str = "auto") -> torch.Tensor:
     """MoE over experts stored as M micros (module docstring: conventions and fast path).
 
-    impl: "auto" (CPU: reference; CUDA: the fast path, `torch._grouped_mm` where its fast
-    path applies, else Triton), "reference", "triton" (forces the Triton kernels; on CPU
-    only under TRITON_INTERPRET=1), "fused" (`kernels.moe_grouped_gemm`: gather and
-    activation inside the gate/up GEMM, micro sum inside the down GEMM), "two_dispatch" (ablation baseline), "flashinfer"
+    impl: "auto" (CPU: reference; CUDA: "fused"), "reference", "fused"
+    (`kernels.moe_grouped_gemm`: gather and activation inside the gate/up GEMM, micro sum
+    inside the down GEMM; on CPU only under TRITON_INTERPRET=1), "grouped_mm" (the
+    previous default: routing with a gather, `torch._grouped_mm` per micro, the activation
+    kernel; CUDA bf16 on sm90+), "triton" (that pipeline with the older straddling Triton
+    grouped GEMM), "two_dispatch" (ablation baseline), "flashinfer"
     (optional backend, `pip install dtgen[flashinfer]`; its first call JIT-builds a module
     for more than 9 minutes on an H200 with 16 cores). Every impl is ONE node of
     dtgen::moe_multi_micro under torch.compile.
@@ -561,45 +572,74 @@ def moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl: str = "a
     check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
     if impl in ("triton", "fused", "two_dispatch"):
         require_triton_device(x)
+    if impl == "grouped_mm" and not _grouped_mm_usable(x, w_gate_up, w_down):
+        raise ValueError("impl 'grouped_mm' needs torch._grouped_mm's fast path: CUDA bf16 tensors on sm90+, "
+                         "H and I multiples of 8, contiguous 16-byte aligned weights")
     return torch.ops.dtgen.moe_multi_micro(x, topk_ids, topk_weights, w_gate_up, w_down, impl)
 
 
 # ---------------------------------------------------------------- FP8 (e4m3) experts
 
 
-def check_fp8_scales(dims: MoeDims, w_gate_up_scale: torch.Tensor, w_down_scale: torch.Tensor) -> None:
-    """The block scales' shapes: one per 128 x 128 block of each micro's expert matrix."""
+def fp8_recipe(w_gate_up_scale: torch.Tensor) -> str:
+    """"blocks" (scales [M, E, 2I/128, H/128] and [M, E, H/128, I/128]) or "channels"
+    ([M, E, 2I] and [E, H]): `kernels.fp8_quant` has both."""
+    return "channels" if w_gate_up_scale.dim() == 3 else "blocks"
+
+
+def check_fp8_scales(dims: MoeDims, w_gate_up_scale: torch.Tensor, w_down_scale: torch.Tensor) -> str:
+    """The scales' shapes for either recipe; returns the recipe."""
     blocks = lambda n: triton.cdiv(n, FP8_GROUP)  # noqa: E731
-    want_gate_up = (dims.micros, dims.experts, blocks(2 * dims.inter), blocks(dims.hidden))
-    want_down = (dims.micros, dims.experts, blocks(dims.hidden), blocks(dims.inter))
+    recipe = fp8_recipe(w_gate_up_scale)
+    if recipe == "channels":
+        want_gate_up = (dims.micros, dims.experts, 2 * dims.inter)
+        want_down = (dims.experts, dims.hidden)
+        what = "one scale per output channel"
+    else:
+        want_gate_up = (dims.micros, dims.experts, blocks(2 * dims.inter), blocks(dims.hidden))
+        want_down = (dims.micros, dims.experts, blocks(dims.hidden), blocks(dims.inter))
+        what = f"one scale per {FP8_GROUP}x{FP8_GROUP} block"
     for name, scale, want in (("w_gate_up_scale", w_gate_up_scale, want_gate_up),
                               ("w_down_scale", w_down_scale, want_down)):
         if tuple(scale.shape) != want or scale.dtype != torch.float32:
-            raise ValueError(f"MoE inputs: {name} must be float32 {want} (one scale per {FP8_GROUP}x{FP8_GROUP} "
-                             f"block), got {scale.dtype} {tuple(scale.shape)}")
+            raise ValueError(f"MoE inputs: {name} must be float32 {want} ({what}, FP8 recipe {recipe!r}), "
+                             f"got {scale.dtype} {tuple(scale.shape)}")
+    return recipe
 
 
 def moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
-    """The FP8 path emulated in torch: x quantized per token and 128 columns, the weights
-    dequantized from their blocks, float32 math, the activation quantized per slot and 128
-    columns before the down projection; the finalize as in the bf16 op."""
+    """The FP8 path emulated in torch, float32 math. Blocks: x quantized per token and 128
+    columns, the activation per slot and 128 columns. Channels: x per token, the activation
+    per slot (over all micros). Then the finalize as in the bf16 op."""
     dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
     routing = moe_route(x, topk_ids, dims.experts, gather=False)
     token_of_slot = (routing.pair_of_slot // dims.top_k).to(torch.int32)
-    x_q, x_scale = quantize_row_groups_reference(x)
-    act_q, act_scale = gate_up_act_fp8_reference(x_q, x_scale, token_of_slot, w_gate_up, w_gate_up_scale,
-                                                 routing.expert_ends, quantize_out=True)
-    y = down_sum_fp8_reference(act_q, act_scale, w_down, w_down_scale, routing.expert_ends, torch.float32)
+    if fp8_recipe(w_gate_up_scale) == "channels":
+        x_q, x_scale = quantize_row_groups_reference(x, group=x.shape[1])
+        y = moe_experts_fp8_channels_reference(x_q, x_scale[:, 0], token_of_slot, w_gate_up, w_gate_up_scale,
+                                               w_down, w_down_scale, routing.expert_ends, torch.float32)
+    else:
+        x_q, x_scale = quantize_row_groups_reference(x)
+        act_q, act_scale = gate_up_act_fp8_reference(x_q, x_scale, token_of_slot, w_gate_up, w_gate_up_scale,
+                                                     routing.expert_ends, quantize_out=True)
+        y = down_sum_fp8_reference(act_q, act_scale, w_down, w_down_scale, routing.expert_ends, torch.float32)
     return moe_finalize_reference(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
 
 
 def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
     routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
-    config = fused_config_for(FP8_DTYPE)
     token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
-    x_q, x_scale = quantize_row_groups(x)
-    act_q, act_scale = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
-                                   x_scale=x_scale, w_scale=w_gate_up_scale, quantize_out=True)
+    if fp8_recipe(w_gate_up_scale) == "channels":
+        config = FP8_CHANNELS_CONFIG
+        x_q, x_scale = quantize_rows(x)
+        act, amax = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
+                                x_scale=x_scale, w_scale=w_gate_up_scale, row_amax=True)
+        act_q, act_scale = quantize_rows_by_amax(act, amax)
+    else:
+        config = fused_config_for(FP8_DTYPE)
+        x_q, x_scale = quantize_row_groups(x)
+        act_q, act_scale = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
+                                       x_scale=x_scale, w_scale=w_gate_up_scale, quantize_out=True)
     y = down_sum(act_q, w_down, routing.expert_ends, config.down, act_scale=act_scale, w_scale=w_down_scale,
                  out_dtype=x.dtype)
     return moe_finalize(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
@@ -624,9 +664,12 @@ FP8_IMPLS = ("auto", "reference", "fused")
 
 def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale,
                         impl: str = "auto") -> torch.Tensor:
-    """The multi-micro MoE over e4m3 experts (`kernels.fp8_quant`: 128 x 128 block scales,
-    or per-matrix scales expanded to that grid). x stays bf16 (or fp16/fp32) and is quantized
-    per token and 128 columns inside; the activation likewise, in the gate/up GEMM's epilogue.
+    """The multi-micro MoE over e4m3 experts, in either recipe of `kernels.fp8_quant`
+    (picked by the scales' shapes, `check_fp8_scales`): "blocks" (128 x 128 weight blocks,
+    or per-matrix scales expanded to that grid; x and the activation per row and 128
+    columns, the activation quantized in the gate/up GEMM's epilogue) or "channels" (weights
+    per output channel, x and the activation per row, scaled once after each GEMM's K loop).
+    x stays bf16 (or fp16/fp32) and is quantized inside.
     impl: "auto" (CUDA: the fused kernels; CPU: the emulating reference), "reference",
     "fused" (on CPU only under TRITON_INTERPRET=1). ONE node of dtgen::moe_multi_micro_fp8."""
     if impl not in FP8_IMPLS:

@@ -146,8 +146,11 @@ FP8_TILES_TMA = gg.GemmTiles(block_r=16, block_n=128, block_k=32, num_warps=4, n
                              weights_tma=True, rows_tma=True)
 
 
-def quantized_experts(w_gate_up, w_down, per_matrix=False):
-    quantize = fq.quantize_weight_per_matrix if per_matrix else fq.quantize_weight_blocks
+def quantized_experts(w_gate_up, w_down, recipe="blocks"):
+    """recipe: "blocks", "per_matrix" (the blocks recipe with one scale per matrix) or "channels"."""
+    if recipe == "channels":
+        return (*fq.quantize_weight_channels(w_gate_up), *fq.quantize_weight_channels(w_down, reduce_dims=(0, -1)))
+    quantize = fq.quantize_weight_per_matrix if recipe == "per_matrix" else fq.quantize_weight_blocks
     return (*quantize(w_gate_up), *quantize(w_down))
 
 
@@ -211,7 +214,7 @@ FP8_CASES = [  # tokens, hidden, inter, experts, top_k, micros
 @pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros", FP8_CASES)
 def test_fp8_gemms_match_their_references(tokens, hidden, inter, experts, top_k, micros, tiles):
     x, ids, _, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens)
-    gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, per_matrix=tokens == 24)
+    gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, "per_matrix" if tokens == 24 else "blocks")
     routing, token_of_slot = slots_of(x, ids, experts)
     x_q, x_s = fq.quantize_row_groups_reference(x)
     for quantize_out in (False, True):
@@ -233,15 +236,53 @@ def test_fp8_gemms_match_their_references(tokens, hidden, inter, experts, top_k,
                                                             torch.float32), rtol=1e-4, atol=1e-4)
 
 
+CHANNEL_TILES = gg.GemmTiles(block_r=16, block_n=32, block_k=32, num_warps=4, num_stages=2)
+CHANNEL_TILES_TMA = gg.GemmTiles(block_r=16, block_n=32, block_k=32, num_warps=4, num_stages=2,
+                                 weights_tma=True, rows_tma=True)
+
+
 @needs_triton
+@pytest.mark.parametrize("tiles", [CHANNEL_TILES, CHANNEL_TILES_TMA], ids=["pointers", "tma"])
 @pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros", FP8_CASES)
-def test_fp8_op_matches_emulation_and_stays_near_bf16(tokens, hidden, inter, experts, top_k, micros):
+def test_fp8_channel_gemms_match_their_reference(tokens, hidden, inter, experts, top_k, micros, tiles):
+    """Channel scales, stage by stage on the same inputs: the gate/up GEMM's bf16 activation
+    and row maxima, the row quantization from those maxima, the down GEMM. (End to end, a
+    bf16 activation one step off from the emulation's can land on the other side of an e4m3
+    rounding tie: bf16 holds every e4m3 midpoint, so that happens to ~3% of elements.)"""
+    x, ids, _, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens + 7)
+    gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, "channels")
+    assert gu_s.shape == (micros, experts, 2 * inter) and dn_s.shape == (experts, hidden)
+    routing, token_of_slot = slots_of(x, ids, experts)
+    x_q, x_s = fq.quantize_rows(x)
+    act, amax = gg.gate_up_act(x_q, token_of_slot, gu_q, routing.expert_ends, tiles,
+                               x_scale=x_s, w_scale=gu_s, row_amax=True)
+    assert act.dtype == torch.bfloat16 and amax.shape == (tokens * top_k, micros * math.ceil(inter / tiles.block_n))
+    act_f32 = gg.gate_up_act_reference(x_q.float() * x_s[:, None], token_of_slot, gu_q.float() * gu_s[..., None],
+                                       routing.expert_ends)
+    assert ((act.float() - act_f32).norm() / act_f32.norm()) < 5e-3  # bf16 rounding of act
+    torch.testing.assert_close(amax.amax(1), act_f32.abs().amax(dim=(0, 2)), rtol=1e-5, atol=1e-6)
+    act_q, act_s = fq.quantize_rows_by_amax(act, amax)
+    ref_q, ref_s = fq.quantize_rows_by_amax_reference(act, amax)
+    torch.testing.assert_close(act_s, ref_s, rtol=0, atol=0)
+    assert torch.equal(act_q.float(), ref_q.float())
+    y = gg.down_sum(act_q, dn_q, routing.expert_ends, tiles, act_scale=act_s, w_scale=dn_s, out_dtype=torch.float32)
+    expected = gg.down_sum_reference(act_q.float() * act_s[None, :, None], dn_q.float() * dn_s[None, :, :, None],
+                                     routing.expert_ends)
+    torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize("recipe", ["blocks", "channels"])
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros", FP8_CASES)
+def test_fp8_op_matches_emulation_and_stays_near_bf16(tokens, hidden, inter, experts, top_k, micros, recipe):
     x, ids, weights, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens + 5)
-    experts_fp8 = quantized_experts(w_gate_up, w_down)
+    experts_fp8 = quantized_experts(w_gate_up, w_down, recipe)
     fp8_args = (x, ids, weights, experts_fp8[0], experts_fp8[1], experts_fp8[2], experts_fp8[3])
     out = moe_multi_micro_fp8(*fp8_args, impl="fused")
     emulated = moe_multi_micro_fp8_reference(*fp8_args)
-    assert ((out - emulated).norm() / emulated.norm()) < 5e-3
+    # Blocks: exact up to summation order. Channels: the bf16 activation lands on the other
+    # side of an e4m3 tie for ~3% of elements (see the stage-by-stage test): 1-2% here.
+    assert ((out - emulated).norm() / emulated.norm()) < (5e-3 if recipe == "blocks" else 3e-2)
     exact = moe_multi_micro_reference(x, ids, weights, w_gate_up, w_down)
     # Three e4m3 roundings (x, weights, activation), each ~2.6% rms relative: measured 0.060-0.065 here.
     assert ((out - exact).norm() / exact.norm()) < 0.08
@@ -250,26 +291,32 @@ def test_fp8_op_matches_emulation_and_stays_near_bf16(tokens, hidden, inter, exp
 def test_fp8_bad_inputs_name_the_problem():
     x, ids, weights, w_gate_up, w_down = make_inputs(3, 160, 128, 7, 3, 2)
     gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down)
-    with pytest.raises(ValueError, match=r"w_gate_up_scale must be float32 \(2, 7, 2, 2\)"):
+    with pytest.raises(ValueError, match=r"w_gate_up_scale must be float32 \(2, 7, 2, 2\) \(one scale per 128x128 block"):
         moe_multi_micro_fp8(x, ids, weights, gu_q, gu_s[:, :, :1], dn_q, dn_s)
     with pytest.raises(ValueError, match="must both be torch.float8_e4m3fn"):
         moe_multi_micro_fp8(x, ids, weights, w_gate_up, gu_s, dn_q, dn_s)
     routing, token_of_slot = slots_of(x, ids, 7)
     with pytest.raises(ValueError, match="x_scale given but w_scale missing"):
         gg.gate_up_act(gu_q[0, 0][:3], token_of_slot, gu_q, routing.expert_ends, FP8_TILES, x_scale=gu_s)
+    with pytest.raises(ValueError, match=r"w_down_scale must be float32 \(7, 160\) \(one scale per output channel"):
+        moe_multi_micro_fp8(x, ids, weights, *fq.quantize_weight_channels(w_gate_up), dn_q, dn_s)
     with pytest.raises(ValueError, match="block_n == 128"):
         gg.gate_up_act(x, token_of_slot, w_gate_up, routing.expert_ends, SMALL, quantize_out=True)
 
 
 @pytest.mark.gpu
-def test_gpu_fp8_hunyuan_denoise_shapes():
-    """One TP2 rank's denoise MoE with e4m3 experts (block scales), T=2674: the fused
-    kernels against the emulating reference, and the error against bf16 experts."""
+@pytest.mark.parametrize("recipe", ["blocks", "channels"])
+def test_gpu_fp8_hunyuan_denoise_shapes(recipe):
+    """One TP2 rank's denoise MoE with e4m3 experts, T=2674: the fused kernels (the default
+    tiles of each recipe) against the emulating reference, and the error against bf16 experts."""
     args = make_inputs(2674, 4096, 768, 64, 8, 2, dtype=torch.bfloat16, device="cuda", empty_experts=())
     x, ids, weights, w_gate_up, w_down = args
-    fp8_args = (x, ids, weights, *quantized_experts(w_gate_up, w_down))
+    fp8_args = (x, ids, weights, *quantized_experts(w_gate_up, w_down, recipe))
     out = moe_multi_micro_fp8(*fp8_args)
     emulated = moe_multi_micro_fp8_reference(*fp8_args)
     exact = moe_multi_micro_reference(*[t.float() if t.is_floating_point() else t for t in args])
-    assert ((out.float() - emulated.float()).norm() / emulated.float().norm()) < 1e-2
-    assert ((out.float() - exact).norm() / exact.norm()) < 0.08
+    # As on the CPU: blocks match the emulation up to summation order; with channels the
+    # bf16 activation crosses e4m3 rounding ties (~1.5%; a 1e-2 bound failed on the H200).
+    bound = 1e-2 if recipe == "blocks" else 3e-2
+    assert ((out.float() - emulated.float()).norm() / emulated.float().norm()) < bound
+    assert ((out.float() - exact).norm() / exact.norm()) < 0.08  # bench_moe: 0.064 (blocks), 0.065 (channels)

@@ -337,7 +337,7 @@ HUNYUAN = dict(hidden=4096, inter=768, experts=64, top_k=8)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["auto", "triton", "two_dispatch"])
+@pytest.mark.parametrize("impl", ["auto", "fused", "grouped_mm", "triton", "two_dispatch"])
 def test_gpu_multi_micro_hunyuan_shapes(impl):
     args = make_moe(tokens=256, micros=2, dtype=torch.bfloat16, device="cuda", **HUNYUAN)
     out = moe_multi_micro(*args, impl=impl)

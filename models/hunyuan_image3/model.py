@@ -114,9 +114,10 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     """Pick the routed-experts implementation for every MoE layer.
 
     "eager": the plain loop in transformer.py; "auto": the kernel ops (CPU: their torch
-    reference; CUDA: decode MoE for <= 16 tokens, grouped GEMMs above); "graph": "auto",
-    but compiled steps trace the grouped GEMMs for inductor to tune; "reference",
-    "triton", "two_dispatch", "flashinfer": forced variants of the multi-micro op.
+    reference; CUDA: decode MoE for <= 16 tokens, the fused grouped GEMMs above); "graph":
+    "auto", but compiled steps trace torch._grouped_mm for inductor to tune; "reference",
+    "fused", "grouped_mm", "triton", "two_dispatch", "flashinfer": forced variants of the
+    multi-micro op (kernels/moe_multi_micro.py).
     """
     if impl not in MOE_IMPLS:
         raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
