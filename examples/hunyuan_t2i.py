@@ -248,10 +248,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(args.seed)
-    # GEMM autotuning is for the MoE's grouped GEMMs: let the compiled steps trace them.
-    moe_impl = args.moe_impl
     ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl,
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)

@@ -420,10 +420,9 @@ def _moe_pass(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str, out_dtype
     return moe_finalize(partials, routing.slot_of_pair, topk_weights, out_dtype)
 
 
-def _default_gemm(x, w_gate_up, w_down) -> str:
-    # The fused kernels beat torch._grouped_mm at every measured size (H200, T = 2048 to
-    # 8192: 8-10% on the op, 15% on the denoise layer) and need no bf16 or sm90.
-    return "fused"
+# The fused kernels beat torch._grouped_mm at every measured size (H200, T = 2048 to
+# 8192: 8-10% on the op, 15% on the denoise layer) and need no bf16 or sm90.
+DEFAULT_GEMM = "fused"
 
 
 def moe_two_dispatch(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str | None = None):
@@ -431,7 +430,7 @@ def moe_two_dispatch(x, topk_ids, topk_weights, w_gate_up, w_down, gemm: str | N
     float32 results added. Applies each routing weight once per micro, so it differs
     from the op by rounding only. Runs the fast-path kernels (CUDA or the interpreter)."""
     check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
-    gemm = gemm or _default_gemm(x, w_gate_up, w_down)
+    gemm = gemm or DEFAULT_GEMM
     total = None
     for m in range(w_gate_up.shape[0]):
         out_m = _moe_pass(x, topk_ids, topk_weights, w_gate_up[m:m + 1], w_down[m:m + 1], gemm, torch.float32)
@@ -545,7 +544,7 @@ def _moe_multi_micro_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         return moe_two_dispatch(x, topk_ids, topk_weights, w_gate_up, w_down)
     if impl == "flashinfer":
         return _moe_flashinfer(x, topk_ids, topk_weights, w_gate_up, w_down)
-    gemm = _default_gemm(x, w_gate_up, w_down) if impl == "auto" else impl
+    gemm = DEFAULT_GEMM if impl == "auto" else impl
     return _moe_pass(x, topk_ids, topk_weights, w_gate_up, w_down, gemm, x.dtype)
 
 
