@@ -72,6 +72,10 @@ class CheckpointReader:
         self.tensors: dict[str, TensorInfo] = {}
         for file in self._files():
             for key, meta in _read_header(file).items():
+                if meta["dtype"].startswith("F8"):
+                    raise CheckpointError(f"{file}: tensor {key} is stored in {meta['dtype']}: FP8 checkpoints are "
+                                          f"not loaded as they are; load the bf16 checkpoint with --moe-dtype fp8 "
+                                          f"(the experts are quantized at load)")
                 if meta["dtype"] not in _SAFETENSORS_DTYPES:
                     raise CheckpointError(f"{file}: tensor {key} has unsupported dtype {meta['dtype']}")
                 self.tensors[key] = TensorInfo(file, tuple(meta["shape"]), _SAFETENSORS_DTYPES[meta["dtype"]])

@@ -8,13 +8,26 @@ is a view:
 - PAIR and expert stacks (`micro_packed` parameters): a leading micro dim, [n, ...], where
   a fused gate/up micro is [x1 block; x2 block] (so [h1_m0, h2_m0, h1_m1, h2_m1]).
 Only the bytes of the shard are read from the checkpoint.
+
+FP8 weights (`ParamSpec.fp8`): read in the checkpoint's dtype, quantized to e4m3 on the
+device as they arrive (`kernels.fp8_quant`) and stored with their scales, a second resident
+tensor (a spec with `scale_of` set): one resident copy, FP8 plus scales. The scales belong
+to the official matrices, so every plan quantizes a weight alike:
+- "channels": one scale per official row. Rows split by TP (gate/up) keep theirs, packed
+  like the weight; rows whose columns are split (down) take the max over all ranks' blocks
+  (`reduce_max`, one all-reduce per weight), a replicated [E, H].
+- "blocks": one per 128 x 128 block of the official matrix, packed like the weight; a TP
+  split must not cut a block (`check_fp8_split`).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, GROUP, quantize_weight_blocks, quantize_weight_channels, scale_from_amax
 
 from .checkpoint import CheckpointError, CheckpointReader
 from .plan import PlanError, Rule
@@ -47,6 +60,8 @@ class ParamSpec:
     unit: int = 1              # indivisible block along the split dim (rows of one KV group)
     unit_name: str = "rows"
     dtype: torch.dtype | None = None  # None: the model dtype
+    fp8: str | None = None     # "channels" | "blocks": an e4m3 weight, or (with scale_of) its scales
+    scale_of: "ParamSpec | None" = None  # for a scale tensor: its weight's spec (no checkpoint keys)
 
 
 def _split_dim(spec: ParamSpec) -> int | None:
@@ -72,7 +87,50 @@ def check_divisible(name: str, spec: ParamSpec, pieces: int) -> None:
                         f"split of {pieces} (storage TP x micros)")
 
 
+FP8_RECIPES = ("channels", "blocks")
+
+
+def scale_spec(weight: ParamSpec) -> ParamSpec:
+    """The spec of an FP8 weight's scales (float32, not in the checkpoint): packed and placed
+    like the weight, except the per-row scales of a column-split weight (replicated)."""
+    if weight.fp8 not in FP8_RECIPES or not weight.micro_packed:
+        raise ValueError(f"FP8 scales exist for micro-packed FP8 weights, recipe one of {FP8_RECIPES}; "
+                         f"got fp8={weight.fp8!r}, micro_packed={weight.micro_packed}")
+    if weight.fp8 == "channels" and weight.rule == Rule.ROW:
+        return ParamSpec(keys=(), rule=Rule.REPLICATE, official_shape=(len(weight.keys), weight.official_shape[0]),
+                         dtype=torch.float32, fp8=weight.fp8, scale_of=weight)
+    return ParamSpec(keys=(), rule=weight.rule, official_shape=weight.official_shape, stacked=weight.stacked,
+                     micro_packed=True, unit=weight.unit, unit_name=weight.unit_name, dtype=torch.float32,
+                     fp8=weight.fp8, scale_of=weight)
+
+
+def check_fp8_split(name: str, spec: ParamSpec, pieces: int) -> None:
+    """Block scales belong to the official 128 x 128 grid: a TP split must fall on it."""
+    if spec.fp8 != "blocks" or spec.scale_of is not None or pieces == 1:
+        return
+    dim = _split_dim(spec)
+    size = spec.official_shape[dim] // (2 if spec.rule == Rule.PAIR else 1)
+    if size % (pieces * GROUP):
+        raise PlanError(f"{name}: FP8 block scales are {GROUP}x{GROUP} blocks of the official matrix, but the "
+                        f"finest TP split of {pieces} (storage TP x micros) cuts its {size} "
+                        f"{'rows per half' if spec.rule == Rule.PAIR else 'columns'} into {size / pieces:g}, not "
+                        f"a multiple of {GROUP}: use --fp8-scales channels, or a plan with fewer pieces")
+
+
+def _scale_shape(recipe: str, rows: int, cols: int) -> tuple[int, ...]:
+    return (rows,) if recipe == "channels" else (-(-rows // GROUP), -(-cols // GROUP))
+
+
+def _quantize_block(recipe: str, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_weight_channels(block) if recipe == "channels" else quantize_weight_blocks(block)
+
+
 def resident_shape(spec: ParamSpec, shard: StorageShard) -> tuple[int, ...]:
+    if spec.scale_of is not None and spec.rule == Rule.REPLICATE:
+        return spec.official_shape
+    if spec.scale_of is not None:  # [n, (E,) rows, cols] of the weight -> its scales' grid
+        *lead, rows, cols = resident_shape(spec.scale_of, shard)
+        return tuple(lead) + _scale_shape(spec.fp8, rows, cols)
     shape = list(spec.official_shape)
     dim = _split_dim(spec)
     n, P = shard.num_micros, shard.pieces
@@ -128,6 +186,23 @@ def _read_block(reader: CheckpointReader, key: str, spec: ParamSpec, block: int,
     return reader.read(key, dim, block * step, (block + 1) * step)
 
 
+def _quantize_resident(spec: ParamSpec, raw: torch.Tensor, shard: StorageShard,
+                       reduce_max: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A resident weight [n, E, rows, cols] in a float dtype -> (e4m3, its scales)."""
+    if spec.fp8 == "channels" and spec.rule == Rule.ROW:  # per official row: the max over every rank's columns
+        amax = raw.abs().amax(dim=-1).amax(dim=0).float()
+        scale = scale_from_amax(reduce_max(amax) if reduce_max else amax)
+        q = torch.empty(raw.shape, dtype=FP8_DTYPE, device=raw.device)
+        for j in range(raw.shape[0]):  # a micro at a time: one float32 temporary of a micro's size
+            q[j] = (raw[j].float() / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        return q, scale
+    q = torch.empty(raw.shape, dtype=FP8_DTYPE, device=raw.device)
+    scale = torch.empty(resident_shape(scale_spec(spec), shard), dtype=torch.float32, device=raw.device)
+    for index in itertools.product(*(range(d) for d in raw.shape[:-2])):
+        q[index], scale[index] = _quantize_block(spec.fp8, raw[index])
+    return q, scale
+
+
 def load_resident(reader: CheckpointReader, spec: ParamSpec, shard: StorageShard, dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """Allocate this rank's resident tensor once and fill it slice by slice."""
@@ -169,6 +244,18 @@ def validate_checkpoint(reader: CheckpointReader, specs: dict[str, ParamSpec],
                               + "\n  ".join(problems))
 
 
+def _scale_names(specs: dict[str, ParamSpec]) -> dict[str, str]:
+    """FP8 weight name -> its scales' name; every FP8 weight must have one."""
+    by_spec = {id(spec.scale_of): name for name, spec in specs.items() if spec.scale_of is not None}
+    names = {}
+    for name, spec in specs.items():
+        if spec.fp8 and spec.scale_of is None:
+            if id(spec) not in by_spec:
+                raise ValueError(f"FP8 weight {name} has no scale spec (make one with scale_spec)")
+            names[name] = by_spec[id(spec)]
+    return names
+
+
 class ResidentStorage:
     """The bytes this rank owns: one tensor per parameter, never reallocated."""
 
@@ -182,20 +269,33 @@ class ResidentStorage:
     @classmethod
     def load(cls, reader: CheckpointReader, specs: dict[str, ParamSpec], shard: StorageShard,
              dtype: torch.dtype, device: torch.device | str = "cpu",
-             progress: Callable[[str], None] | None = None) -> "ResidentStorage":
+             progress: Callable[[str], None] | None = None,
+             reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None) -> "ResidentStorage":
+        """reduce_max: the elementwise max of a tensor over all ranks (FP8 channel scales of
+        column-split weights); None on one rank."""
         for name, spec in specs.items():
             check_divisible(name, spec, shard.pieces)
+            check_fp8_split(name, spec, shard.pieces)
+        scale_names = _scale_names(specs)
         start = reader.bytes_read
         tensors = {}
         for name, spec in specs.items():
+            if spec.scale_of is not None:
+                continue  # filled with its weight
             if progress:
                 progress(name)
-            tensors[name] = load_resident(reader, spec, shard, spec.dtype or dtype, torch.device(device))
-        return cls(tensors, specs, shard, reader.bytes_read - start)
+            if spec.fp8:  # read in the model dtype (exact for a bf16 checkpoint), one weight at a time
+                raw = load_resident(reader, spec, shard, dtype, torch.device(device))
+                tensors[name], tensors[scale_names[name]] = _quantize_resident(spec, raw, shard, reduce_max)
+                del raw
+            else:
+                tensors[name] = load_resident(reader, spec, shard, spec.dtype or dtype, torch.device(device))
+        return cls({name: tensors[name] for name in specs}, specs, shard, reader.bytes_read - start)
 
     @classmethod
     def random(cls, specs: dict[str, ParamSpec], shard: StorageShard, dtype: torch.dtype,
-               device: torch.device | str = "cpu", seed: int = 0) -> "ResidentStorage":
+               device: torch.device | str = "cpu", seed: int = 0,
+               reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None) -> "ResidentStorage":
         """Random weights created directly in this rank's packed layout (no checkpoint).
 
         For speed and memory runs where no checkpoint is at hand: N(0, 0.02) for matrices,
@@ -203,15 +303,23 @@ class ResidentStorage:
         """
         for name, spec in specs.items():
             check_divisible(name, spec, shard.pieces)
+            check_fp8_split(name, spec, shard.pieces)
         g = torch.Generator(device=device).manual_seed(seed * 1000 + shard.index)
+        scale_names = _scale_names(specs)
         tensors = {}
         for name, spec in specs.items():
-            t = torch.randn(resident_shape(spec, shard), generator=g, device=device, dtype=spec.dtype or dtype)
+            if spec.scale_of is not None:
+                continue  # made with its weight
+            t = torch.randn(resident_shape(spec, shard), generator=g, device=device,
+                            dtype=dtype if spec.fp8 else (spec.dtype or dtype))
             t.mul_(0.02)
             if t.dim() == 1 and name.endswith("weight"):
                 t.add_(1.0)
-            tensors[name] = t
-        return cls(tensors, specs, shard, 0)
+            if spec.fp8:  # quantized as a checkpoint load would
+                tensors[name], tensors[scale_names[name]] = _quantize_resident(spec, t, shard, reduce_max)
+            else:
+                tensors[name] = t
+        return cls({name: tensors[name] for name in specs}, specs, shard, 0)
 
     @property
     def nbytes(self) -> int:
@@ -221,7 +329,8 @@ class ResidentStorage:
         """Size of this shard in the checkpoint's own dtypes (what reading it must cost)."""
         total = 0
         for name, t in self.tensors.items():
-            total += t.numel() * reader.info(self.specs[name].keys[0]).dtype.itemsize
+            if self.specs[name].scale_of is None:  # scales are made at load, not read
+                total += t.numel() * reader.info(self.specs[name].keys[0]).dtype.itemsize
         return total
 
     def phase_view(self, name: str, micros: int, group: int) -> torch.Tensor:

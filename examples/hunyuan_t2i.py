@@ -32,7 +32,8 @@ from dtgen.devices import parse_device, parse_dtype
 from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
 from dtgen.profiling import PhaseProfiler
-from models.hunyuan_image3.loading import load
+from dtgen.storage import FP8_RECIPES
+from models.hunyuan_image3.loading import MOE_DTYPES, load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size, to_uint8
@@ -71,6 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
+    p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
+                   help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
+                        "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
+    p.add_argument("--fp8-scales", default="channels", choices=FP8_RECIPES,
+                   help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
+                        "one), or per 128x128 weight block and 128 activation columns ('blocks')")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks (default: torchrun's WORLD_SIZE under torchrun, else 1)")
     p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
@@ -193,6 +200,15 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return max((float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b)), default=0.0)
 
 
+def _rel_l2(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """||a - b|| / ||b|| over all the tensors together."""
+    if len(a) != len(b) or not b:
+        return float("inf") if len(a) != len(b) else 0.0
+    diff = sum(float((x.float().cpu() - y.float().cpu()).pow(2).sum()) for x, y in zip(a, b))
+    ref = sum(float(y.float().cpu().pow(2).sum()) for y in b)
+    return (diff / max(ref, 1e-30)) ** 0.5
+
+
 class InjectedFailure(RuntimeError):
     """Raised on purpose by --inject-failure (tests of the error path)."""
 
@@ -250,7 +266,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
-                  random_config=_random_config(args))
+                  random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
@@ -328,7 +344,10 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     if ctx.rank == 0:
         out["images"] = [r.image for r in results]
         if args.check:  # the first request
-            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager")
+            # The same experts' storage: FP8 scales belong to the official matrices, so the
+            # single-process model quantizes every weight as the plan's ranks did.
+            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
+                             moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
             ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
             ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens, forced_ratio=result.ratio_index))
             out["check"] = {
@@ -336,6 +355,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                 "max_abs_diff_velocity": _max_diff(result.record["velocity"], ref.record["velocity"]),
                 "max_abs_diff_latents": _max_diff([result.latents], [ref.latents]),
                 "max_abs_diff_image": _max_diff([result.image], [ref.image]),
+                "rel_l2_logits": _rel_l2(result.record["ar_logits"], ref.record["ar_logits"]),
+                "rel_l2_velocity": _rel_l2(result.record["velocity"], ref.record["velocity"]),
             }
     return out
 
@@ -446,6 +467,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
     report = {
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
+        "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -31,15 +31,22 @@ FP8_MAX = 448.0
 GROUP = 128  # block edge for weights, group width for activations
 
 
-def fp8_supported(device: torch.device) -> bool:
-    """FP8 tensor-core matmuls: CUDA compute capability 8.9 (Ada) or 9.0+ (Hopper); the
-    CPU under the Triton interpreter (tests)."""
+def fp8_support_problem(device: torch.device) -> str | None:
+    """Why FP8 experts cannot run on this device, in one line, or None. FP8 tensor-core
+    matmuls need CUDA compute capability 8.9 (Ada) or 9.0+ (Hopper); the CPU runs the torch
+    emulation (or the kernels under the Triton interpreter)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 9)
-    return device.type == "cpu"
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            return (f"FP8 experts need FP8 tensor cores (CUDA compute capability 8.9 or 9.0+); "
+                    f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
+    elif device.type != "cpu":
+        return f"FP8 experts run on CUDA (compute capability 8.9+) or the CPU, not on {device.type}"
+    return None
 
 
-def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """amax / 448, or 1 where amax is 0."""
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
 
@@ -51,7 +58,7 @@ def quantize_weight_blocks(w: torch.Tensor, block: int = GROUP) -> tuple[torch.T
     padded = torch.zeros(*lead, nb * block, kb * block, dtype=torch.float32, device=w.device)
     padded[..., :n, :k] = w.float()
     blocks = padded.unflatten(-1, (kb, block)).unflatten(-3, (nb, block))  # [..., nb, B, kb, B]
-    scale = _scale_of(blocks.abs().amax(dim=(-3, -1)))                     # [..., nb, kb]
+    scale = scale_from_amax(blocks.abs().amax(dim=(-3, -1)))                     # [..., nb, kb]
     q = (blocks / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
     q = q.flatten(-4, -3).flatten(-2, -1)[..., :n, :k].to(FP8_DTYPE)
     return q.contiguous(), scale.contiguous()
@@ -61,7 +68,7 @@ def quantize_weight_per_matrix(w: torch.Tensor, block: int = GROUP) -> tuple[tor
     """One scale per [N, K] matrix, returned as a stride-0 view with the block grid's shape
     [..., ceil(N/block), ceil(K/block)] (its storage is [..., 1, 1])."""
     *lead, n, k = w.shape
-    scale = _scale_of(w.float().abs().amax(dim=(-2, -1), keepdim=True))
+    scale = scale_from_amax(w.float().abs().amax(dim=(-2, -1), keepdim=True))
     q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale.expand(*lead, triton.cdiv(n, block), triton.cdiv(k, block))
 
@@ -73,7 +80,7 @@ def quantize_weight_channels(w: torch.Tensor, reduce_dims: tuple[int, ...] = (-1
     if -1 not in reduce_dims and w.dim() - 1 not in reduce_dims:
         raise ValueError(f"per-channel scales reduce over the last (K) dim; got reduce_dims {reduce_dims}")
     amax = w.float().abs().amax(dim=reduce_dims, keepdim=True)
-    scale = _scale_of(amax)
+    scale = scale_from_amax(amax)
     q = (w.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale.squeeze(reduce_dims).contiguous()
 
@@ -92,7 +99,7 @@ def quantize_row_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[
     groups = triton.cdiv(k, group)
     padded = torch.zeros(t, groups * group, dtype=torch.float32, device=x.device)
     padded[:, :k] = x.float()
-    scale = _scale_of(padded.view(t, groups, group).abs().amax(-1))
+    scale = scale_from_amax(padded.view(t, groups, group).abs().amax(-1))
     q = (padded.view(t, groups, group) / scale[..., None]).clamp(-FP8_MAX, FP8_MAX)
     return q.flatten(1)[:, :k].to(FP8_DTYPE), scale
 
@@ -186,7 +193,7 @@ def quantize_rows_by_amax(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[
 
 
 def quantize_rows_by_amax_reference(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = _scale_of(amax_parts.float().amax(dim=1))
+    scale = scale_from_amax(amax_parts.float().amax(dim=1))
     q = (act.float() / scale[None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
 

@@ -41,7 +41,7 @@ from triton.runtime import JITFunction
 
 from kernels.fp8_quant import (
     FP8_DTYPE,
-    fp8_supported,
+    fp8_support_problem,
     quantize_row_groups,
     quantize_row_groups_reference,
     quantize_rows,
@@ -675,9 +675,9 @@ def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w
         raise ValueError(f"impl must be one of {FP8_IMPLS}, got {impl!r}")
     dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
     check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
-    if x.is_cuda and not fp8_supported(x.device):
-        raise RuntimeError(f"FP8 experts need FP8 tensor cores (compute capability 8.9 or 9.0+); "
-                           f"{torch.cuda.get_device_name(x.device)} has {torch.cuda.get_device_capability(x.device)}")
+    problem = fp8_support_problem(x.device)
+    if problem:
+        raise RuntimeError(problem)
     if impl == "fused":
         require_triton_device(x)
     return torch.ops.dtgen.moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale,

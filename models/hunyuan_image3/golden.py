@@ -37,6 +37,8 @@ class GoldenCheck:
     max_abs: float
     ok: bool
     detail: str = ""
+    rel_l2: float = 0.0       # ||ours - golden|| / ||golden|| (checks of values)
+    agreement: float = 1.0    # fraction of equal elements (exact checks of equal shape)
 
 
 class GoldenCase:
@@ -56,13 +58,15 @@ class GoldenCase:
         golden = golden.float()
         diff = (ours - golden).abs()
         ok = bool((diff <= self.atol + self.rtol * golden.abs()).all())
-        return GoldenCheck(name, float(diff.max()), ok)
+        rel_l2 = float((ours - golden).norm() / golden.norm().clamp_min(1e-30))
+        return GoldenCheck(name, float(diff.max()), ok, rel_l2=rel_l2)
 
     def exact(self, name: str, ours, golden) -> GoldenCheck:
         ours, golden = torch.as_tensor(ours).cpu(), torch.as_tensor(golden).cpu()
         same = ours.shape == golden.shape and bool((ours == golden).all())
+        agreement = float((ours == golden).float().mean()) if ours.shape == golden.shape else 0.0
         return GoldenCheck(name, 0.0 if same else float("inf"), same,
-                           "" if same else f"ours {ours.tolist()} != golden {golden.tolist()}")
+                           "" if same else f"ours {ours.tolist()} != golden {golden.tolist()}", agreement=agreement)
 
 
 @torch.no_grad()

@@ -14,7 +14,13 @@ import torch
 from torch import nn
 
 from kernels.moe_decode import moe_decode
-from kernels.moe_multi_micro import MULTI_MICRO_IMPLS, graph_path_usable, moe_multi_micro, moe_multi_micro_graph
+from kernels.moe_multi_micro import (
+    MULTI_MICRO_IMPLS,
+    graph_path_usable,
+    moe_multi_micro,
+    moe_multi_micro_fp8,
+    moe_multi_micro_graph,
+)
 
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
@@ -34,6 +40,7 @@ class ParamSource:
     keys: tuple[str, ...]
     stacked: bool = False
     micro_packed: bool = False
+    scale_of: str | None = None  # FP8 scales: not in the checkpoint, made at load from this weight
 
 
 class HunyuanImage3ForCausalMM(nn.Module):
@@ -79,6 +86,9 @@ class HunyuanImage3ForCausalMM(nn.Module):
                 prefix, leaf = name.rsplit(".", 1)
                 keys = tuple(f"{prefix}.{e}.{leaf}.weight" for e in range(self.cfg.num_experts))
                 sources[name] = ParamSource(keys, stacked=True, micro_packed=True)
+            elif name.endswith("mlp.experts.gate_and_up_scale") or name.endswith("mlp.experts.down_scale"):
+                weight = name.replace("_scale", "_proj")
+                sources[name] = ParamSource((), stacked=True, micro_packed=True, scale_of=weight)
             elif name.endswith("shared_mlp.gate_and_up_proj"):
                 sources[name] = ParamSource((name + ".weight",), micro_packed=True)
             elif name.endswith("shared_mlp.down_proj"):
@@ -110,6 +120,20 @@ def experts_op(x, topk_ids, topk_weights, gate_and_up, down, *, impl: str):
     return moe_multi_micro(x, topk_ids, topk_weights, gate_and_up, down, impl=impl)
 
 
+def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, *, impl: str):
+    """FP8 experts through `moe_multi_micro_fp8`: the fused kernels on CUDA (every T: there
+    is no FP8 decode kernel yet), its torch emulation on the CPU or with impl "reference"."""
+    return moe_multi_micro_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
+                               impl="reference" if impl == "reference" else "auto")
+
+
+def use_fp8_experts(model: nn.Module) -> None:
+    """Every MoE layer's routed experts in FP8 (scale parameters added; the loader fills them)."""
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.use_fp8()
+
+
 def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     """Pick the routed-experts implementation for every MoE layer.
 
@@ -117,7 +141,8 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     reference; CUDA: decode MoE for <= 16 tokens, the fused grouped GEMMs above); "graph":
     "auto", but compiled steps trace torch._grouped_mm for inductor to tune; "reference",
     "fused", "grouped_mm", "triton", "two_dispatch", "flashinfer": forced variants of the
-    multi-micro op (kernels/moe_multi_micro.py).
+    multi-micro op (kernels/moe_multi_micro.py). FP8 experts (`use_fp8_experts`) always run
+    `experts_op_fp8` ("reference" forces its torch emulation).
     """
     if impl not in MOE_IMPLS:
         raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
@@ -125,6 +150,7 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     for module in model.modules():
         if isinstance(module, Experts):
             module.impl = fn
+            module.impl_fp8 = partial(experts_op_fp8, impl=impl)
 
 
 # Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner

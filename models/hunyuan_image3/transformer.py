@@ -116,16 +116,32 @@ def experts_eager(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.T
 
 
 class Experts(nn.Module):
-    """Routed experts stacked as [M, E, ...] micro packs; `impl` picks the implementation."""
+    """Routed experts stacked as [M, E, ...] micro packs; `impl` picks the implementation.
+
+    FP8 experts (`use_fp8`): the two weights in e4m3 plus their scales, packed like them
+    (`kernels.fp8_quant`'s recipes); `impl_fp8` then takes the scales too.
+    """
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
         self.gate_and_up_proj = _empty(1, num_experts, 2 * intermediate, hidden)
         self.down_proj = _empty(1, num_experts, hidden, intermediate)
-        # A callable with experts_eager's signature; the runtime sets a kernel op here.
+        self.gate_and_up_scale: nn.Parameter | None = None
+        self.down_scale: nn.Parameter | None = None
+        # Callables with experts_eager's signature (impl_fp8: with each weight's scales after
+        # it); the runtime sets kernel ops here.
         self.impl = experts_eager
+        self.impl_fp8 = None
+
+    def use_fp8(self) -> None:
+        """Give the module scale parameters (their shapes come from the storage's recipe)."""
+        self.gate_and_up_scale = _empty(0, dtype=torch.float32)
+        self.down_scale = _empty(0, dtype=torch.float32)
 
     def forward(self, x, topk_ids, topk_weights):
+        if self.gate_and_up_scale is not None:
+            return self.impl_fp8(x, topk_ids, topk_weights, self.gate_and_up_proj, self.gate_and_up_scale,
+                                 self.down_proj, self.down_scale)
         return self.impl(x, topk_ids, topk_weights, self.gate_and_up_proj, self.down_proj)
 
 
