@@ -31,8 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8_quant import FP8_DTYPE
 from kernels.moe_multi_micro import (
+    check_fp8_scales,
     check_moe_inputs,
+    dequantize_experts,
     dot_precision,
     moe_finalize,
     moe_multi_micro_reference,
@@ -85,14 +88,18 @@ def _chunk_expert(ids_ptr, num_tokens, chunk, local_pair,
 
 @triton.jit
 def _decode_gate_up_kernel(
-    x_ptr, ids_ptr, w_ptr, act_ptr,
+    x_ptr, ids_ptr, w_ptr, act_ptr, ws_ptr,
     num_tokens, hidden, inter,
     stride_x_row, stride_x_col,
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
+    stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
     stride_act_micro, stride_act_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
 ):
+    """W_SCALES (e4m3 weights, dequantized in registers; x stays in its dtype): 1, one scale
+    per weight row (ws [M, E, 2I]), applied after the K loop; 2, one per 128 x 128 block
+    (ws [M, E, 2I/128, H/128]), applied to each weight tile."""
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(1), tl.program_id(0), TOP_K, BLOCK_T, BLOCK_K)
     if is_owner:
@@ -104,6 +111,7 @@ def _decode_gate_up_kernel(
         w1_rows = w_expert + rows[:, None] * stride_w_row
         w2_rows = w_expert + (rows[:, None] + inter) * stride_w_row
         x_rows = x_ptr + tokens[:, None] * stride_x_row
+        ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
         acc1 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
         for h0 in range(0, hidden, BLOCK_H):
@@ -112,8 +120,20 @@ def _decode_gate_up_kernel(
             xt = tl.load(x_rows + cols[None, :] * stride_x_col, mask=routed[:, None] & col_ok, other=0.0)
             w1 = tl.load(w1_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
             w2 = tl.load(w2_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
+            if W_SCALES == 2:
+                block_cols = (cols // 128)[None, :] * stride_ws_col
+                s1 = tl.load(ws_expert + (rows // 128)[:, None] * stride_ws_row + block_cols, mask=row_ok[:, None] & col_ok, other=0.0)
+                s2 = tl.load(ws_expert + ((rows + inter) // 128)[:, None] * stride_ws_row + block_cols,
+                             mask=row_ok[:, None] & col_ok, other=0.0)
+                w1 = w1.to(tl.float32) * s1
+                w2 = w2.to(tl.float32) * s2
+            w1 = w1.to(x_ptr.dtype.element_ty)
+            w2 = w2.to(x_ptr.dtype.element_ty)
             acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
             acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
+        if W_SCALES == 1:
+            acc1 = acc1 * tl.load(ws_expert + rows * stride_ws_row, mask=row_ok, other=0.0)[None, :]
+            acc2 = acc2 * tl.load(ws_expert + (rows + inter) * stride_ws_row, mask=row_ok, other=0.0)[None, :]
         act = acc1 * acc2 * tl.sigmoid(acc2)
         dst = act_ptr + micro * stride_act_micro + slots[:, None] * stride_act_row + rows[None, :]
         tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=routed[:, None] & row_ok[None, :])
@@ -121,14 +141,17 @@ def _decode_gate_up_kernel(
 
 @triton.jit
 def _decode_down_kernel(
-    act_ptr, ids_ptr, w_ptr, y_ptr,
+    act_ptr, ids_ptr, w_ptr, y_ptr, ws_ptr,
     num_tokens, hidden, inter, num_micros,
     stride_act_micro, stride_act_row,
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
+    stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
     stride_y_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
-    BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
 ):
+    """W_SCALES: 1, one scale per output channel over all micros (ws [E, H]), applied at
+    the end; 2, one per 128 x 128 block (ws [M, E, H/128, I/128]), applied to each tile."""
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(2), tl.program_id(1), TOP_K, BLOCK_T, BLOCK_K)
     if is_owner:
@@ -136,23 +159,44 @@ def _decode_down_kernel(
         col_ok = cols < hidden
         act_rows = act_ptr + slots[:, None] * stride_act_row
         w_rows = w_ptr + tl.cast(expert, tl.int64) * stride_w_expert + cols[None, :] * stride_w_row
+        ws_expert = ws_ptr + expert * stride_ws_expert
         acc = tl.zeros((BLOCK_T, BLOCK_HO), dtype=tl.float32)
-        for _ in range(num_micros):  # the micro sum, in float32
+        for micro in range(num_micros):  # the micro sum, in float32
             for i0 in range(0, inter, BLOCK_I):
                 ii = i0 + tl.arange(0, BLOCK_I)
                 i_ok = ii < inter
                 a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
                 w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+                if W_SCALES == 2:
+                    s = tl.load(ws_expert + micro * stride_ws_micro + (cols // 128)[None, :] * stride_ws_row
+                                + (ii // 128)[:, None] * stride_ws_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
+                    w = w.to(tl.float32) * s
+                acc = tl.dot(a, w.to(act_ptr.dtype.element_ty), acc, input_precision=DOT_PRECISION)
             act_rows += stride_act_micro
             w_rows += stride_w_micro
+        if W_SCALES == 1:
+            acc = acc * tl.load(ws_expert + cols * stride_ws_row, mask=col_ok, other=0.0)[None, :]
         dst = y_ptr + slots[:, None] * stride_y_row + cols[None, :]
         tl.store(dst, acc, mask=routed[:, None] & col_ok[None, :])
 
 
+def _scale_args(scale: torch.Tensor | None, rows_dim_only: bool) -> tuple:
+    """(W_SCALES, the scale tensor, its 4 strides as (micro, expert, row, col))."""
+    if scale is None:
+        return 0, None, (0, 0, 0, 0)
+    if scale.dim() == 4:                      # blocks: [M, E, rows/128, cols/128]
+        return 2, scale, scale.stride()
+    if rows_dim_only:                         # channels, down: [E, H]
+        return 1, scale, (0, scale.stride(0), scale.stride(1), 0)
+    return 1, scale, (*scale.stride(), 0)     # channels, gate/up: [M, E, 2I]
+
+
 def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
-                      config: DecodeConfig = DEFAULT_DECODE_CONFIG) -> torch.Tensor:
-    """The decode kernels (inputs assumed checked). Graph-capturable: no host sync."""
+                      config: DecodeConfig = DEFAULT_DECODE_CONFIG, w_gate_up_scale=None,
+                      w_down_scale=None) -> torch.Tensor:
+    """The decode kernels (inputs assumed checked). Graph-capturable: no host sync.
+    With scales: e4m3 weights (`kernels.fp8_quant`, either recipe), dequantized in
+    registers; x and the activation stay in x's dtype (weight-only FP8: half the bytes)."""
     require_triton_device(x)
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
@@ -165,19 +209,21 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
     # Rows are pair slots t*K + k: every routed pair's row is written by its expert's owner.
     act = x.new_empty((micros, tokens * top_k, inter))
     grid1 = (pairs_per_chunk, chunks, micros * triton.cdiv(inter, config.block_i))
+    mode1, scale1, scale1_strides = _scale_args(w_gate_up_scale, rows_dim_only=False)
     _decode_gate_up_kernel[grid1](
-        x, ids, w_gate_up, act, tokens, hidden, inter,
-        *x.stride(), *w_gate_up.stride(), act.stride(0), act.stride(1),
+        x, ids, w_gate_up, act, scale1, tokens, hidden, inter,
+        *x.stride(), *w_gate_up.stride(), *scale1_strides, act.stride(0), act.stride(1),
         **routing, BLOCK_I=config.block_i, BLOCK_H=config.block_h, DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=config.stage1_warps, num_stages=config.stage1_stages)
+        W_SCALES=mode1, num_warps=config.stage1_warps, num_stages=config.stage1_stages)
 
     y = torch.empty((tokens * top_k, hidden), dtype=torch.float32, device=x.device)
     grid2 = (triton.cdiv(hidden, config.block_ho), pairs_per_chunk, chunks)
+    mode2, scale2, scale2_strides = _scale_args(w_down_scale, rows_dim_only=True)
     _decode_down_kernel[grid2](
-        act, ids, w_down, y, tokens, hidden, inter, micros,
-        act.stride(0), act.stride(1), *w_down.stride(), y.stride(0),
+        act, ids, w_down, y, scale2, tokens, hidden, inter, micros,
+        act.stride(0), act.stride(1), *w_down.stride(), *scale2_strides, y.stride(0),
         **routing, BLOCK_HO=config.block_ho, BLOCK_I=config.block_i2, DOT_PRECISION=dot_precision(x.dtype),
-        num_warps=config.stage2_warps, num_stages=config.stage2_stages)
+        W_SCALES=mode2, num_warps=config.stage2_warps, num_stages=config.stage2_stages)
     return moe_finalize(y.unsqueeze(0), None, topk_weights, x.dtype)
 
 
@@ -207,3 +253,45 @@ def moe_decode(x, topk_ids, topk_weights, w_gate_up, w_down, impl: str = "auto")
     if impl == "triton":
         require_triton_device(x)
     return torch.ops.dtgen.moe_decode(x, topk_ids, topk_weights, w_gate_up, w_down, impl)
+
+
+# ------------------------------------------------------------------ FP8 (e4m3) experts
+
+
+def moe_decode_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
+    """Weight-only FP8 in torch: the weights dequantized (float32), x and the activation not
+    quantized, then the multi-micro reference."""
+    gate_up = dequantize_experts(w_gate_up, w_gate_up_scale)
+    down = dequantize_experts(w_down, w_down_scale)
+    return moe_multi_micro_reference(x, topk_ids, topk_weights, gate_up.to(x.dtype), down.to(x.dtype))
+
+
+@torch.library.custom_op("dtgen::moe_decode_fp8", mutates_args=())
+def _moe_decode_fp8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                       w_gate_up: torch.Tensor, w_gate_up_scale: torch.Tensor, w_down: torch.Tensor,
+                       w_down_scale: torch.Tensor, impl: str) -> torch.Tensor:
+    if impl == "reference" or (impl == "auto" and not x.is_cuda):
+        return moe_decode_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
+    return moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
+                             w_gate_up_scale=w_gate_up_scale, w_down_scale=w_down_scale)
+
+
+@_moe_decode_fp8_op.register_fake
+def _(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, impl):
+    return x.new_empty(x.shape)
+
+
+def moe_decode_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale,
+                   impl: str = "auto") -> torch.Tensor:
+    """Decode MoE over e4m3 experts (either recipe of `kernels.fp8_quant`): weight-only FP8,
+    the weights dequantized in registers, x and the activation in x's dtype. At decode the
+    op reads weights, so FP8 halves its bytes. impl as for `moe_decode`. ONE node of
+    dtgen::moe_decode_fp8 under torch.compile."""
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"impl must be one of {DECODE_IMPLS}, got {impl!r}")
+    dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
+    check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
+    if impl == "triton":
+        require_triton_device(x)
+    return torch.ops.dtgen.moe_decode_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down,
+                                          w_down_scale, impl)

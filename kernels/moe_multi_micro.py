@@ -41,6 +41,7 @@ from triton.runtime import JITFunction
 
 from kernels.fp8_quant import (
     FP8_DTYPE,
+    dequantize,
     fp8_support_problem,
     quantize_row_groups,
     quantize_row_groups_reference,
@@ -604,6 +605,14 @@ def check_fp8_scales(dims: MoeDims, w_gate_up_scale: torch.Tensor, w_down_scale:
             raise ValueError(f"MoE inputs: {name} must be float32 {want} ({what}, FP8 recipe {recipe!r}), "
                              f"got {scale.dtype} {tuple(scale.shape)}")
     return recipe
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 values of e4m3 experts [M, E, N, K] from either recipe's scales: blocks
+    [M, E, N/128, K/128], channels [M, E, N] (gate/up) or [E, N] (down, over all micros)."""
+    if scale.dim() == 4:
+        return dequantize(w, scale, FP8_GROUP)
+    return w.float() * (scale[..., None] if scale.dim() == 3 else scale[None, :, :, None])
 
 
 def moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):

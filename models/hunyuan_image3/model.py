@@ -13,7 +13,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from kernels.moe_decode import moe_decode
+from kernels.moe_decode import moe_decode, moe_decode_fp8
 from kernels.moe_multi_micro import (
     MULTI_MICRO_IMPLS,
     graph_path_usable,
@@ -121,10 +121,13 @@ def experts_op(x, topk_ids, topk_weights, gate_and_up, down, *, impl: str):
 
 
 def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, *, impl: str):
-    """FP8 experts through `moe_multi_micro_fp8`: the fused kernels on CUDA (every T: there
-    is no FP8 decode kernel yet), its torch emulation on the CPU or with impl "reference"."""
-    return moe_multi_micro_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
-                               impl="reference" if impl == "reference" else "auto")
+    """FP8 experts: up to DECODE_MOE_MAX_TOKENS tokens the decode op (weight-only FP8: it
+    reads weights, so halving their bytes is what pays), above them `moe_multi_micro_fp8`
+    (x and the activation in e4m3 too: it is compute-bound). On every device alike, so the
+    CPU's torch emulations follow the GPU's numerics; impl "reference" forces them on CUDA."""
+    impl = "reference" if impl == "reference" else "auto"
+    op = moe_decode_fp8 if x.shape[0] <= DECODE_MOE_MAX_TOKENS else moe_multi_micro_fp8
+    return op(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)
 
 
 def use_fp8_experts(model: nn.Module) -> None:
