@@ -31,8 +31,8 @@ from kernels.fp8_quant import (
     quantize_row_groups,
     quantize_rows,
     quantize_rows_by_amax,
+    quantize_experts,
     quantize_weight_blocks,
-    quantize_weight_channels,
 )
 from kernels.moe_grouped_gemm import (
     DEFAULT_FUSED_CONFIG,
@@ -227,8 +227,7 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
     """The channel-scale recipe: one scale per weight row (per output channel over all
     micros for down) and per activation row, applied after the K loop. gate/up writes a bf16
     activation and its row maxima; a pass quantizes it; down reads e4m3."""
-    gu_q, gu_s = quantize_weight_channels(gu_micro)
-    dn_q, dn_s = quantize_weight_channels(dn_micro, reduce_dims=(0, -1))
+    gu_q, gu_s, dn_q, dn_s = quantize_experts(gu_micro, dn_micro, "channels")
     x_q, x_s = quantize_rows(x_tok)
     act_q, act_s = quantize_rows_by_amax(act_micro, act_micro.float().abs().amax(dim=(0, 2))[:, None].contiguous())
     report = {"gate_up": [], "down": []}

@@ -85,6 +85,18 @@ def quantize_weight_channels(w: torch.Tensor, reduce_dims: tuple[int, ...] = (-1
     return q, scale.squeeze(reduce_dims).contiguous()
 
 
+def quantize_experts(w_gate_up: torch.Tensor, w_down: torch.Tensor, recipe: str = "channels"):
+    """Micro-packed experts (w_gate_up [M, E, 2I, H], w_down [M, E, H, I]) in the model's
+    FP8 layout -> (gate_up q, its scales, down q, its scales). "channels": gate/up per row
+    [M, E, 2I], down per output channel over all micros [E, H]; "blocks": 128 x 128 blocks
+    of each micro's matrices. (The loader makes the same from a checkpoint, shard by shard.)"""
+    if recipe == "blocks":
+        return (*quantize_weight_blocks(w_gate_up), *quantize_weight_blocks(w_down))
+    if recipe != "channels":
+        raise ValueError(f"FP8 recipe must be 'channels' or 'blocks', got {recipe!r}")
+    return (*quantize_weight_channels(w_gate_up), *quantize_weight_channels(w_down, reduce_dims=(0, -1)))
+
+
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int = GROUP) -> torch.Tensor:
     """float32 ``q * scale``, each scale spread over its block_rows x block_cols block
     (weights: 128 x 128; activation rows: 1 x 128)."""

@@ -148,10 +148,9 @@ FP8_TILES_TMA = gg.GemmTiles(block_r=16, block_n=128, block_k=32, num_warps=4, n
 
 def quantized_experts(w_gate_up, w_down, recipe="blocks"):
     """recipe: "blocks", "per_matrix" (the blocks recipe with one scale per matrix) or "channels"."""
-    if recipe == "channels":
-        return (*fq.quantize_weight_channels(w_gate_up), *fq.quantize_weight_channels(w_down, reduce_dims=(0, -1)))
-    quantize = fq.quantize_weight_per_matrix if recipe == "per_matrix" else fq.quantize_weight_blocks
-    return (*quantize(w_gate_up), *quantize(w_down))
+    if recipe == "per_matrix":
+        return (*fq.quantize_weight_per_matrix(w_gate_up), *fq.quantize_weight_per_matrix(w_down))
+    return fq.quantize_experts(w_gate_up, w_down, recipe)
 
 
 @needs_triton
@@ -345,3 +344,25 @@ def test_gpu_fp8_hunyuan_denoise_shapes(recipe):
     bound = 1e-2 if recipe == "blocks" else 3e-2
     assert ((out.float() - emulated.float()).norm() / emulated.float().norm()) < bound
     assert ((out.float() - exact).norm() / exact.norm()) < 0.08  # bench_moe: 0.064 (blocks), 0.065 (channels)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["blocks", "channels"])
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_gpu_fp8_decode_hunyuan_shapes(tokens, recipe):
+    """The AR decode MoE at one TP4 rank's shapes (one micro of 768) on e4m3 weights,
+    against the dequantized-weights reference, and replayed as a CUDA graph."""
+    from kernels.moe_decode import moe_decode_fp8, moe_decode_fp8_reference
+
+    x, ids, weights, w_gate_up, w_down = make_inputs(tokens, 4096, 768, 64, 8, 1, dtype=torch.bfloat16,
+                                                     device="cuda", empty_experts=())
+    args = (x, ids, weights, *quantized_experts(w_gate_up, w_down, recipe))
+    out = moe_decode_fp8(*args)
+    expected = moe_decode_fp8_reference(*[t.float() if t.is_floating_point() and t.dtype != fq.FP8_DTYPE else t
+                                          for t in args])
+    assert ((out.float() - expected).norm() / expected.norm()) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = moe_decode_fp8(*args)
+    graph.replay()
+    torch.testing.assert_close(replayed, out, rtol=0, atol=0)

@@ -100,7 +100,8 @@ def _autoregressive(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bo
         tokens, rows = [], []
         for k in range(steps):
             tokens.append(int(torch.argmax(logits)))
-            logits = pipe.ar_logits(rt, torch.tensor([[tokens[-1]]]), torch.tensor([len(ids) + k]), cache, total)
+            logits = pipe.ar_logits(rt, torch.tensor([[tokens[-1]]], device=pipe.device),
+                                    torch.tensor([len(ids) + k], device=pipe.device), cache, total)
             rows.append(logits)
         out.append(case.exact("ar_generated_ids", [tokens], t["ar_generated_ids"]))
         if "ar_decode_position_ids" in t:
