@@ -464,9 +464,18 @@ def down_sum(act: torch.Tensor, w_down: torch.Tensor, expert_ends: torch.Tensor,
     return y
 
 
-def fused_config_for(dtype: torch.dtype) -> FusedMoeConfig:
-    if dtype == FP8_DTYPE:
-        return FP8_FUSED_CONFIG
+# Under the interpreter (CPU tests) the cost is the elements a tile touches, padding
+# included: small tiles; gate/up keeps block_n 128 where it writes e4m3 (one scale group).
+INTERPRETER_CONFIG = FusedMoeConfig(gate_up=GemmTiles(16, 32, 32, 4, 1), down=GemmTiles(16, 32, 32, 4, 1))
+INTERPRETER_FP8_BLOCKS_CONFIG = FusedMoeConfig(gate_up=GemmTiles(16, 128, 32, 4, 1), down=GemmTiles(16, 32, 32, 4, 1))
+
+
+def fused_config_for(dtype: torch.dtype, device: torch.device, fp8_recipe: str | None = None) -> FusedMoeConfig:
+    """The tiles for operands of `dtype` (e4m3: with its scale recipe) on `device`."""
+    if device.type != "cuda":
+        return INTERPRETER_FP8_BLOCKS_CONFIG if fp8_recipe == "blocks" else INTERPRETER_CONFIG
+    if fp8_recipe is not None:
+        return FP8_CHANNELS_CONFIG if fp8_recipe == "channels" else FP8_FUSED_CONFIG
     return FP32_FUSED_CONFIG if dtype == torch.float32 else DEFAULT_FUSED_CONFIG
 
 

@@ -50,7 +50,6 @@ from kernels.fp8_quant import (
 )
 from kernels.fp8_quant import GROUP as FP8_GROUP
 from kernels.moe_grouped_gemm import (
-    FP8_CHANNELS_CONFIG,
     down_sum,
     down_sum_fp8_reference,
     fused_config_for,
@@ -402,7 +401,7 @@ def _moe_fused(x, topk_ids, topk_weights, w_gate_up, w_down, out_dtype: torch.dt
     applies the activation in its epilogue, the down GEMM sums the micros in its K loop;
     then the finalize over one partial per slot."""
     routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
-    config = fused_config_for(x.dtype)
+    config = fused_config_for(x.dtype, x.device)
     token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
     act, _ = gate_up_act(x, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up)
     y = down_sum(act, w_down, routing.expert_ends, config.down)
@@ -638,13 +637,13 @@ def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down
     routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
     token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
     if fp8_recipe(w_gate_up_scale) == "channels":
-        config = FP8_CHANNELS_CONFIG
+        config = fused_config_for(FP8_DTYPE, x.device, "channels")
         x_q, x_scale = quantize_rows(x)
         act, amax = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
                                 x_scale=x_scale, w_scale=w_gate_up_scale, row_amax=True)
         act_q, act_scale = quantize_rows_by_amax(act, amax)
     else:
-        config = fused_config_for(FP8_DTYPE)
+        config = fused_config_for(FP8_DTYPE, x.device, "blocks")
         x_q, x_scale = quantize_row_groups(x)
         act_q, act_scale = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
                                        x_scale=x_scale, w_scale=w_gate_up_scale, quantize_out=True)
