@@ -111,7 +111,8 @@ def _decode_gate_up_kernel(
         w1_rows = w_expert + rows[:, None] * stride_w_row
         w2_rows = w_expert + (rows[:, None] + inter) * stride_w_row
         x_rows = x_ptr + tokens[:, None] * stride_x_row
-        ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
+        if W_SCALES > 0:
+            ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
         acc1 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
         acc2 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
         for h0 in range(0, hidden, BLOCK_H):
@@ -122,7 +123,8 @@ def _decode_gate_up_kernel(
             w2 = tl.load(w2_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
             if W_SCALES == 2:
                 block_cols = (cols // 128)[None, :] * stride_ws_col
-                s1 = tl.load(ws_expert + (rows // 128)[:, None] * stride_ws_row + block_cols, mask=row_ok[:, None] & col_ok, other=0.0)
+                s1 = tl.load(ws_expert + (rows // 128)[:, None] * stride_ws_row + block_cols,
+                             mask=row_ok[:, None] & col_ok, other=0.0)
                 s2 = tl.load(ws_expert + ((rows + inter) // 128)[:, None] * stride_ws_row + block_cols,
                              mask=row_ok[:, None] & col_ok, other=0.0)
                 w1 = w1.to(tl.float32) * s1
@@ -159,7 +161,8 @@ def _decode_down_kernel(
         col_ok = cols < hidden
         act_rows = act_ptr + slots[:, None] * stride_act_row
         w_rows = w_ptr + tl.cast(expert, tl.int64) * stride_w_expert + cols[None, :] * stride_w_row
-        ws_expert = ws_ptr + expert * stride_ws_expert
+        if W_SCALES > 0:
+            ws_expert = ws_ptr + expert * stride_ws_expert
         acc = tl.zeros((BLOCK_T, BLOCK_HO), dtype=tl.float32)
         for micro in range(num_micros):  # the micro sum, in float32
             for i0 in range(0, inter, BLOCK_I):
