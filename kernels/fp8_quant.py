@@ -164,29 +164,70 @@ def quantize_row_groups(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tens
     return q, scale
 
 
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, num_rows, k_dim, stride_x, stride_q,
+                          ROWS: tl.constexpr, BLOCK_K: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """ROWS rows a program: their maxima in one pass over K, the scaled cast in a second
+    (which reads them again, mostly from L2)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < num_rows
+    rows64 = tl.cast(rows, tl.int64)
+    amax = tl.zeros((ROWS,), dtype=tl.float32)
+    for k0 in range(0, k_dim, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        ok = row_ok[:, None] & (cols[None, :] < k_dim)
+        v = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(v), axis=1))
+    scale = tl.where(amax > 0, amax / 448.0, 1.0)
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
+    for k0 in range(0, k_dim, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        ok = row_ok[:, None] & (cols[None, :] < k_dim)
+        v = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        q = to_fp8(tl.clamp(v / scale[:, None], -448.0, 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+        tl.store(q_ptr + rows64[:, None] * stride_q + cols[None, :], q, mask=ok)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] -> (q fp8, scale [T]): one scale per row."""
-    q, scale = quantize_row_groups(x, group=x.shape[1])
-    return q, scale[:, 0]
+    """x [T, K] (unit stride along K) -> (q fp8, scale [T]): one scale per row."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"quantize_rows needs a [T, K] tensor with unit stride along K, got "
+                         f"shape {tuple(x.shape)} strides {x.stride()}")
+    rows, k = x.shape
+    q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
+    scale = torch.empty((rows,), dtype=torch.float32, device=x.device)
+    per_program = 4
+    if rows:
+        _quantize_rows_kernel[(triton.cdiv(rows, per_program),)](
+            x, q, scale, rows, k, x.stride(0), q.stride(0),
+            ROWS=per_program, BLOCK_K=min(1024, triton.next_power_of_2(k)), ROUND_FIRST=INTERPRETED)
+    return q, scale
 
 
 @triton.jit
 def _quantize_rows_by_amax_kernel(act_ptr, amax_ptr, q_ptr, scale_ptr, num_parts, inter, num_slots,
                                   stride_act_micro, stride_act_row, stride_amax_row, stride_q_micro, stride_q_row,
-                                  NUM_MICROS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_I: tl.constexpr,
-                                  ROUND_FIRST: tl.constexpr):
-    """One program per slot: its scale from the amax partials, then every micro's row."""
-    row = tl.cast(tl.program_id(0), tl.int64)
+                                  NUM_MICROS: tl.constexpr, ROWS: tl.constexpr, BLOCK_P: tl.constexpr,
+                                  BLOCK_I: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """ROWS slots a program: their scales from the amax partials, then every micro's rows."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < num_slots
+    rows64 = tl.cast(rows, tl.int64)
     parts = tl.arange(0, BLOCK_P)
-    amax = tl.max(tl.load(amax_ptr + row * stride_amax_row + parts, mask=parts < num_parts, other=0.0), axis=0)
+    partials = tl.load(amax_ptr + rows64[:, None] * stride_amax_row + parts[None, :],
+                       mask=row_ok[:, None] & (parts[None, :] < num_parts), other=0.0)
+    amax = tl.max(partials, axis=1)
     scale = tl.where(amax > 0, amax / 448.0, 1.0)
-    tl.store(scale_ptr + row, scale)
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
     for m in tl.static_range(NUM_MICROS):
         for i0 in range(0, inter, BLOCK_I):
             cols = i0 + tl.arange(0, BLOCK_I)
-            v = tl.load(act_ptr + m * stride_act_micro + row * stride_act_row + cols, mask=cols < inter, other=0.0)
-            q = to_fp8(tl.clamp(v.to(tl.float32) / scale, -448.0, 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
-            tl.store(q_ptr + m * stride_q_micro + row * stride_q_row + cols, q, mask=cols < inter)
+            ok = row_ok[:, None] & (cols[None, :] < inter)
+            v = tl.load(act_ptr + m * stride_act_micro + rows64[:, None] * stride_act_row + cols[None, :],
+                        mask=ok, other=0.0)
+            q = to_fp8(tl.clamp(v.to(tl.float32) / scale[:, None], -448.0, 448.0), q_ptr.dtype.element_ty,
+                       ROUND_FIRST)
+            tl.store(q_ptr + m * stride_q_micro + rows64[:, None] * stride_q_row + cols[None, :], q, mask=ok)
 
 
 def quantize_rows_by_amax(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,12 +236,13 @@ def quantize_rows_by_amax(act: torch.Tensor, amax_parts: torch.Tensor) -> tuple[
     micros, slots, inter = act.shape
     q = torch.empty(act.shape, dtype=FP8_DTYPE, device=act.device)
     scale = torch.empty((slots,), dtype=torch.float32, device=act.device)
+    per_program = 8  # 8 slots x 2 micros x 768 per program at the denoise shapes, not 1
     if slots:
-        _quantize_rows_by_amax_kernel[(slots,)](
+        _quantize_rows_by_amax_kernel[(triton.cdiv(slots, per_program),)](
             act, amax_parts, q, scale, amax_parts.shape[1], inter, slots,
             act.stride(0), act.stride(1), amax_parts.stride(0), q.stride(0), q.stride(1),
-            NUM_MICROS=micros, BLOCK_P=triton.next_power_of_2(amax_parts.shape[1]),
-            BLOCK_I=min(1024, triton.next_power_of_2(inter)), ROUND_FIRST=INTERPRETED)
+            NUM_MICROS=micros, ROWS=per_program, BLOCK_P=triton.next_power_of_2(amax_parts.shape[1]),
+            BLOCK_I=min(512, triton.next_power_of_2(inter)), ROUND_FIRST=INTERPRETED)
     return q, scale
 
 

@@ -206,6 +206,26 @@ def test_quantize_row_groups_matches_reference(dtype):
     assert (fq.dequantize(q, scale, 1) - x.float()).abs().le(x.float().abs() / 16 + scale.max() * 2**-9).all()
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_quantizations_match_their_references(dtype):
+    """One scale per row (x for the channel recipe; 13 rows: a partial last program, K = 3000
+    not a power of two), and per slot from a GEMM's amax partials (the activation)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(13, 3000, generator=gen) * 4).to(dtype)
+    x[3] = 0
+    q, scale = fq.quantize_rows(x)
+    q_ref, scale_ref = fq.quantize_row_groups_reference(x, group=x.shape[1])
+    torch.testing.assert_close(scale, scale_ref[:, 0], rtol=0, atol=0)
+    assert torch.equal(q.float(), q_ref.float())
+    act = torch.randn(3, 21, 200, generator=gen).to(dtype)
+    parts = act.float().abs().amax(dim=2).amax(dim=0)[:, None] * torch.rand(21, 5, generator=gen).clamp_min(0.5)
+    q, scale = fq.quantize_rows_by_amax(act, parts)
+    q_ref, scale_ref = fq.quantize_rows_by_amax_reference(act, parts)
+    torch.testing.assert_close(scale, scale_ref, rtol=0, atol=0)
+    assert torch.equal(q.float(), q_ref.float())
+
+
 def test_weight_quantization_blocks_and_per_matrix():
     w = torch.randn(2, 3, 300, 200, generator=torch.Generator().manual_seed(4))
     q, scale = fq.quantize_weight_blocks(w)
