@@ -21,9 +21,16 @@ time share the expert's weight tiles through L2. The item count comes from the d
 persistent grid walks the items, or one program per possible item exits when it has none.
 
 Out-of-range rows and columns are clamped to valid ones for the loads (no load masks,
-which keeps the loads wide) and masked at the store.
+which keeps the loads wide) and masked at the store. The weights (and, optionally, the rows)
+can come through TMA descriptors (`GemmTiles.weights_tma` / `rows_tma`).
 
-References: `gate_up_act_reference` and `down_sum_reference` (torch, one host sync each).
+FP8 (e4m3 operands, `kernels.fp8_quant`): with block scales each K step's product is scaled
+before it is added, which breaks the tensor cores' accumulate chain (the kernels run at
+bf16's rate); with channel scales the K loop is a plain chain and the scales apply in the
+epilogue (~1.65x bf16 on an H200). docs/performance.md has the figures.
+
+References: `gate_up_act_reference` and `down_sum_reference` (torch, one host sync each),
+and their FP8 forms.
 """
 from __future__ import annotations
 
