@@ -21,20 +21,21 @@ op. Floor: the distinct selected experts' weight bytes at 4.3 TB/s (T=1: 8 exper
 weights come from HBM rather than L2. The Triton decode op is timed as CUDA-graph
 replays (eager launch overhead is a large share of ~50 us) and eagerly; the others
 eagerly (the reference syncs with the host).
-A few decode tile configs are swept and the best is reported beside the default.
+Decode tiles are swept per weight kind (bf16, FP8 channels, FP8 blocks; stage 1 and\nstage 2 apart, then their bests together); the best is reported beside the default.
 
 Times are medians of triton.testing.do_bench.
 """
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import triton
 import triton.testing
 
-from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, moe_decode_fp8, moe_decode_triton
+from kernels.moe_decode import DEFAULT_DECODE_CONFIG, FP8_DECODE_CONFIG, DecodeConfig, moe_decode_triton
 from kernels.fp8_quant import quantize_experts
 from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_reference
 
@@ -114,12 +115,47 @@ def bench_prefill(gen):
     return rows
 
 
+# Decode tile sweep: stage-1 and stage-2 variants are timed separately (each over the kind's
+# default for the other stage), then the best of each together. Blocks need block_h and
+# block_i2 dividing 128.
+STAGE1_SWEEP = [dict(block_i=16), dict(block_i=64), dict(block_h=128), dict(block_h=256), dict(block_h=512),
+                dict(block_h=1024, stage1_warps=8), dict(stage1_stages=4), dict(stage1_stages=5),
+                dict(block_i=16, stage1_stages=4), dict(stage1_warps=8),
+                dict(fp8_dot_f16=True), dict(fp8_dot_f16=True, block_i=64)]  # fp8_dot_f16: e4m3 weights only
+STAGE2_SWEEP = [dict(block_ho=32), dict(block_ho=128), dict(block_i2=64), dict(block_i2=128), dict(block_i2=256),
+                dict(block_i2=256, stage2_stages=2), dict(stage2_stages=4), dict(stage2_warps=8),
+                dict(block_ho=32, block_i2=256)]
+
+
+def sweep_decode_config(default: DecodeConfig, time_config, fp8_recipe: str | None):
+    """(best config, its ms, [(config, ms)]) over the stage variants around `default`."""
+    def allowed(c):
+        if fp8_recipe is None:
+            return not c.fp8_dot_f16
+        return fp8_recipe != "blocks" or (128 % c.block_h == 0 and 128 % c.block_i2 == 0)
+    timed = {default: time_config(default)}
+    best = {}
+    for stage, variants in ((1, STAGE1_SWEEP), (2, STAGE2_SWEEP)):
+        for change in variants:
+            config = replace(default, **change)
+            if allowed(config) and config not in timed:
+                timed[config] = time_config(config)
+        stage_fields = [f for f in vars(default) if (f.startswith("stage1") or f in ("block_i", "block_h", "fp8_dot_f16"))
+                        == (stage == 1)]
+        winner = min((c for c in timed if all(getattr(c, f) == getattr(default, f)
+                                               for f in vars(default) if f not in stage_fields)), key=timed.get)
+        best.update({f: getattr(winner, f) for f in stage_fields})
+    combined = DecodeConfig(**best)
+    if combined not in timed:
+        timed[combined] = time_config(combined)
+    config = min(timed, key=timed.get)
+    return config, timed[config], list(timed.items())
+
+
 def bench_decode(gen):
     w_gate_up, w_down = make_weights(1, gen)
     expert_bytes = 3 * INTER * HIDDEN * w_gate_up.element_size()
-    configs = [DEFAULT_DECODE_CONFIG, DecodeConfig(block_i=64), DecodeConfig(block_i=16, stage1_stages=4),
-               DecodeConfig(block_ho=32), DecodeConfig(block_i2=256, stage2_stages=2), DecodeConfig(stage2_warps=8)]
-    assert len(set(configs)) == len(configs), "each swept config must differ from the default"
+    fp8_weights = {recipe: quantize_experts(w_gate_up, w_down, recipe) for recipe in ("channels", "blocks")}
     rows = []
     for tokens in DECODE_TOKENS:
         x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -145,28 +181,39 @@ def bench_decode(gen):
                 return fn(x, ids, w, w_gate_up, w_down)
             return call
 
-        best = None
-        for config in configs:
-            run = lambda *a, config=config: moe_decode_triton(*a, config=config)  # noqa: E731
-            ms = graph_ms_per_call(calls(run))
-            err = rel_error(run(x, *routings[0], w_gate_up, w_down), expected)
-            if config == DEFAULT_DECODE_CONFIG:
-                record("decode_triton", ms, "cuda_graph", err, config=vars(config))
-                record("decode_triton_eager", median_ms(rotating(run)), "eager", err)
-            if best is None or ms < best[0]:
-                best = (ms, config, err)
-        record("decode_triton_best_config", best[0], "cuda_graph", best[2], config=vars(best[1]))
-        for recipe in ("channels", "blocks"):
-            q_gu, s_gu, q_dn, s_dn = quantize_experts(w_gate_up, w_down, recipe)
-            run = lambda *a, q_gu=q_gu, s_gu=s_gu, q_dn=q_dn, s_dn=s_dn: moe_decode_fp8(  # noqa: E731
-                a[0], a[1], a[2], q_gu, s_gu, q_dn, s_dn)
-            ms = graph_ms_per_call(calls(run))
-            record(f"decode_triton_fp8_{recipe}", ms, "cuda_graph", rel_error(run(x, *routings[0]), expected),
-                   fp8_weight_bytes_ratio=0.5)
+        kinds = {"": (None, DEFAULT_DECODE_CONFIG, {}, 1.0)}
+        for recipe, (q_gu, s_gu, q_dn, s_dn) in fp8_weights.items():
+            kinds[f"_fp8_{recipe}"] = (recipe, FP8_DECODE_CONFIG,
+                                       dict(w_gate_up_scale=s_gu, w_down_scale=s_dn, fp8=(q_gu, q_dn)), 0.5)
+        for suffix, (recipe, default, scales, bytes_ratio) in kinds.items():
+            fp8 = scales.pop("fp8", None)
+
+            def run(x_, ids, w, gate_up, down, config, scales=scales, fp8=fp8):
+                return moe_decode_triton(x_, ids, w, *(fp8 or (gate_up, down)), config=config, **scales)
+
+            def time_config(config, run=run):
+                try:
+                    return graph_ms_per_call(calls(lambda *a: run(*a, config=config)))
+                except triton.runtime.errors.OutOfResources:  # the tiles do not fit in shared memory
+                    return float("inf")
+
+            def error(config, run=run):
+                return rel_error(run(x, *routings[0], w_gate_up, w_down, config=config), expected)
+
+            extra = dict(fp8_weight_bytes_ratio=bytes_ratio) if fp8 else {}
+            best, best_ms, timed = sweep_decode_config(default, time_config, recipe)
+            record(f"decode_triton{suffix}", dict(timed)[default], "cuda_graph", error(default), config=vars(default),
+                   **extra)
+            if not fp8:
+                record("decode_triton_eager", median_ms(rotating(lambda *a: run(*a, config=default))), "eager",
+                       error(default))
+            record(f"decode_triton{suffix}_best_config", best_ms, "cuda_graph", error(best), config=vars(best),
+                   swept={str(vars(c)): round(ms * 1e3, 1) for c, ms in timed}, **extra)
         mm_err = rel_error(moe_multi_micro(x, *routings[0], w_gate_up, w_down), expected)
         record("multi_micro_op", median_ms(rotating(moe_multi_micro)), "eager", mm_err)
         record("reference_torch", median_ms(rotating(moe_multi_micro_reference)), "eager (host sync inside)", 0.0)
-        print(f"decode T={tokens}: " + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows[-7:]), flush=True)
+        print(f"decode T={tokens}: " + ", ".join(f"{r['variant']} {r['us']:.1f} us" for r in rows if
+                                                 r["tokens"] == tokens), flush=True)
     return rows
 
 

@@ -56,6 +56,7 @@ class DecodeConfig:
     block_h: int = 256
     stage1_warps: int = 4
     stage1_stages: int = 3
+    fp8_dot_f16: bool = False  # e4m3 weights: stage 1 converts them (and x) to float16, not x's dtype
     block_ho: int = 64
     block_i2: int = 128
     stage2_warps: int = 4
@@ -63,6 +64,10 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
+# e4m3 weights, either recipe: swept apart (bench_moe), 128-wide H tiles won at every T on an
+# H200 (channels T=1/16: 43.9/184 us against 45.0/194 with the bf16 tiles). Block scales
+# need tiles inside one 128 block along each GEMM's K (block_h and block_i2 divide 128).
+FP8_DECODE_CONFIG = DecodeConfig(block_h=128)
 
 
 @triton.jit
@@ -96,10 +101,17 @@ def _decode_gate_up_kernel(
     stride_act_micro, stride_act_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
+    DOT_F16: tl.constexpr,
 ):
-    """W_SCALES (e4m3 weights, dequantized in registers; x stays in its dtype): 1, one scale
+    """W_SCALES (e4m3 weights, converted in registers; x stays in its dtype): 1, one scale
     per weight row (ws [M, E, 2I]), applied after the K loop; 2, one per 128 x 128 block
-    (ws [M, E, 2I/128, H/128]), applied to each weight tile."""
+    (ws [M, E, 2I/128, H/128]), applied to each tile's product (BLOCK_H divides 128, so a
+    tile's columns share one block: a [BLOCK_I] vector of scales, not one per weight).
+    DOT_F16 (e4m3 weights): x and the weights go to float16 for the dot (an e4m3 value is
+    exact in float16, and the conversion is one instruction per pair; x is RMS-normalised,
+    far inside float16's range)."""
+    if W_SCALES == 2:
+        tl.static_assert(128 % BLOCK_H == 0)
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(1), tl.program_id(0), TOP_K, BLOCK_T, BLOCK_K)
     if is_owner:
@@ -121,18 +133,22 @@ def _decode_gate_up_kernel(
             xt = tl.load(x_rows + cols[None, :] * stride_x_col, mask=routed[:, None] & col_ok, other=0.0)
             w1 = tl.load(w1_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
             w2 = tl.load(w2_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
-            if W_SCALES == 2:
-                block_cols = (cols // 128)[None, :] * stride_ws_col
-                s1 = tl.load(ws_expert + (rows // 128)[:, None] * stride_ws_row + block_cols,
-                             mask=row_ok[:, None] & col_ok, other=0.0)
-                s2 = tl.load(ws_expert + ((rows + inter) // 128)[:, None] * stride_ws_row + block_cols,
-                             mask=row_ok[:, None] & col_ok, other=0.0)
-                w1 = w1.to(tl.float32) * s1
-                w2 = w2.to(tl.float32) * s2
-            w1 = w1.to(x_ptr.dtype.element_ty)
-            w2 = w2.to(x_ptr.dtype.element_ty)
-            acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
-            acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
+            if DOT_F16:
+                xt = xt.to(tl.float16)
+                w1 = w1.to(tl.float16)
+                w2 = w2.to(tl.float16)
+            else:
+                w1 = w1.to(x_ptr.dtype.element_ty)
+                w2 = w2.to(x_ptr.dtype.element_ty)
+            if W_SCALES == 2:  # the tile lies in one column block; its rows may span two row blocks
+                block_col = ws_expert + (h0 // 128) * stride_ws_col
+                s1 = tl.load(block_col + (rows // 128) * stride_ws_row, mask=row_ok, other=0.0)
+                s2 = tl.load(block_col + ((rows + inter) // 128) * stride_ws_row, mask=row_ok, other=0.0)
+                acc1 += tl.dot(xt, tl.trans(w1), input_precision=DOT_PRECISION) * s1[None, :]
+                acc2 += tl.dot(xt, tl.trans(w2), input_precision=DOT_PRECISION) * s2[None, :]
+            else:
+                acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
+                acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
         if W_SCALES == 1:
             acc1 = acc1 * tl.load(ws_expert + rows * stride_ws_row, mask=row_ok, other=0.0)[None, :]
             acc2 = acc2 * tl.load(ws_expert + (rows + inter) * stride_ws_row, mask=row_ok, other=0.0)[None, :]
@@ -153,7 +169,10 @@ def _decode_down_kernel(
     BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
 ):
     """W_SCALES: 1, one scale per output channel over all micros (ws [E, H]), applied at
-    the end; 2, one per 128 x 128 block (ws [M, E, H/128, I/128]), applied to each tile."""
+    the end; 2, one per 128 x 128 block (ws [M, E, H/128, I/128]), applied to each tile's
+    product (BLOCK_I divides 128)."""
+    if W_SCALES == 2:
+        tl.static_assert(128 % BLOCK_I == 0)
     expert, is_owner, tokens, routed, slots = _chunk_expert(
         ids_ptr, num_tokens, tl.program_id(2), tl.program_id(1), TOP_K, BLOCK_T, BLOCK_K)
     if is_owner:
@@ -170,11 +189,13 @@ def _decode_down_kernel(
                 i_ok = ii < inter
                 a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
                 w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
-                if W_SCALES == 2:
-                    s = tl.load(ws_expert + micro * stride_ws_micro + (cols // 128)[None, :] * stride_ws_row
-                                + (ii // 128)[:, None] * stride_ws_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
-                    w = w.to(tl.float32) * s
-                acc = tl.dot(a, w.to(act_ptr.dtype.element_ty), acc, input_precision=DOT_PRECISION)
+                w = w.to(act_ptr.dtype.element_ty)
+                if W_SCALES == 2:  # the tile lies in one I block; its columns may span two
+                    s = tl.load(ws_expert + micro * stride_ws_micro + (cols // 128) * stride_ws_row
+                                + (i0 // 128) * stride_ws_col, mask=col_ok, other=0.0)
+                    acc += tl.dot(a, w, input_precision=DOT_PRECISION) * s[None, :]
+                else:
+                    acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
             act_rows += stride_act_micro
             w_rows += stride_w_micro
         if W_SCALES == 1:
@@ -194,13 +215,23 @@ def _scale_args(scale: torch.Tensor | None, rows_dim_only: bool) -> tuple:
     return 1, scale, (*scale.stride(), 0)     # channels, gate/up: [M, E, 2I]
 
 
+def decode_config_for(w_gate_up_scale: torch.Tensor | None) -> DecodeConfig:
+    """The swept tiles for bf16/fp32 weights (no scale) or e4m3 weights (either recipe)."""
+    return DEFAULT_DECODE_CONFIG if w_gate_up_scale is None else FP8_DECODE_CONFIG
+
+
 def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
-                      config: DecodeConfig = DEFAULT_DECODE_CONFIG, w_gate_up_scale=None,
+                      config: DecodeConfig | None = None, w_gate_up_scale=None,
                       w_down_scale=None) -> torch.Tensor:
     """The decode kernels (inputs assumed checked). Graph-capturable: no host sync.
     With scales: e4m3 weights (`kernels.fp8_quant`, either recipe), dequantized in
-    registers; x and the activation stay in x's dtype (weight-only FP8: half the bytes)."""
+    registers; x and the activation stay in x's dtype (weight-only FP8: half the bytes).
+    config: None picks `decode_config_for` the weights."""
     require_triton_device(x)
+    config = config or decode_config_for(w_gate_up_scale)
+    if w_gate_up_scale is not None and w_gate_up_scale.dim() == 4 and (128 % config.block_h or 128 % config.block_i2):
+        raise ValueError(f"decode with 128x128 block scales needs block_h and block_i2 dividing 128, "
+                         f"got {config.block_h} and {config.block_i2}")
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     micros, _, two_inter, _ = w_gate_up.shape
@@ -217,7 +248,7 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
         x, ids, w_gate_up, act, scale1, tokens, hidden, inter,
         *x.stride(), *w_gate_up.stride(), *scale1_strides, act.stride(0), act.stride(1),
         **routing, BLOCK_I=config.block_i, BLOCK_H=config.block_h, DOT_PRECISION=dot_precision(x.dtype),
-        W_SCALES=mode1, num_warps=config.stage1_warps, num_stages=config.stage1_stages)
+        W_SCALES=mode1, DOT_F16=config.fp8_dot_f16 and mode1 > 0, num_warps=config.stage1_warps, num_stages=config.stage1_stages)
 
     y = torch.empty((tokens * top_k, hidden), dtype=torch.float32, device=x.device)
     grid2 = (triton.cdiv(hidden, config.block_ho), pairs_per_chunk, chunks)
