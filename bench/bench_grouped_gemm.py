@@ -49,39 +49,30 @@ TARGET_TFLOPS, TARGET_FP8_TFLOPS = 620.0, 1100.0
 
 T = dict(weights_tma=True)
 TT = dict(weights_tma=True, rows_tma=True)
-SPLIT = dict(split_tail=True)  # short expert tails in half-height tiles (a second launch)
 GATE_UP_SWEEP = [
-    GemmTiles(128, 128, 64, 8, 4, **T, **SPLIT), GemmTiles(128, 128, 64, 8, 3, **T, **SPLIT),
     GemmTiles(128, 128, 64, 8, 3), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 64, 8, 3, **T),
     GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT), GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
     GemmTiles(128, 64, 64, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 4, **TT), GemmTiles(64, 256, 64, 8, 3, **TT),
 ]
 DOWN_SWEEP = [
-    GemmTiles(128, 256, 64, 8, 3, **TT, **SPLIT), GemmTiles(128, 256, 64, 8, 4, **TT, **SPLIT),
     GemmTiles(128, 256, 64, 8, 3), GemmTiles(128, 256, 64, 8, 3, **T), GemmTiles(128, 256, 64, 8, 4, **T),
     GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
     GemmTiles(128, 128, 64, 4, 4, **TT), GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(64, 256, 64, 4, 4, **TT),
 ]
 FP8_GATE_UP_SWEEP = [
-    GemmTiles(128, 128, 64, 8, 4, **T, **SPLIT), GemmTiles(128, 128, 64, 8, 3, **T, **SPLIT),
     GemmTiles(64, 128, 128, 4, 3, **T), GemmTiles(64, 128, 128, 4, 5, **T), GemmTiles(64, 128, 128, 8, 4, **T),
     GemmTiles(64, 128, 128, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 5, **T), GemmTiles(64, 128, 128, 4, 4, persistent=False, **T),
     GemmTiles(128, 128, 128, 8, 4, **TT),
 ]
 FP8_CHANNELS_GATE_UP_SWEEP = [
-    GemmTiles(64, 256, 128, 8, 3, **TT, **SPLIT), GemmTiles(128, 128, 128, 8, 4, **TT, **SPLIT),
-    GemmTiles(128, 128, 64, 8, 4, **T, **SPLIT), GemmTiles(128, 128, 64, 8, 3, **T, **SPLIT),
     GemmTiles(128, 128, 128, 8, 3, **T), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 128, 8, 4, **TT),
     GemmTiles(64, 256, 128, 8, 3, **TT), GemmTiles(128, 128, 128, 8, 4, persistent=False, **T),
 ]
 FP8_CHANNELS_DOWN_SWEEP = [
-    GemmTiles(128, 256, 128, 8, 4, **TT, **SPLIT),
-    GemmTiles(128, 256, 64, 8, 3, **TT, **SPLIT), GemmTiles(128, 256, 64, 8, 4, **TT, **SPLIT),
     GemmTiles(128, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **T),
     GemmTiles(128, 128, 128, 8, 4, **TT),
 ]
 FP8_DOWN_SWEEP = [
-    GemmTiles(128, 256, 64, 8, 3, **TT, **SPLIT), GemmTiles(128, 256, 64, 8, 4, **TT, **SPLIT),
     GemmTiles(128, 128, 128, 8, 3, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(64, 128, 128, 4, 4, **TT),
     GemmTiles(128, 128, 128, 4, 4, **TT), GemmTiles(64, 256, 128, 4, 3, **TT), GemmTiles(128, 128, 64, 8, 5, **TT),
     GemmTiles(64, 128, 128, 4, 5, **TT),
@@ -171,8 +162,7 @@ def _rel(a, b) -> float:
 def _label(kind: str, tiles: GemmTiles) -> str:
     return (f"{kind} {tiles.block_r}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
             f"{' persistent' if tiles.persistent else ''}{f' x{tiles.programs_per_sm}' if tiles.programs_per_sm > 1 else ''}"
-            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}"
-            f"{' split' if tiles.split_tail else ''}")
+            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}")
 
 
 def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:

@@ -34,7 +34,6 @@ and their FP8 forms.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -61,9 +60,7 @@ class GemmTiles:
     otherwise one program per possible item. ``weights_tma``: the weight tiles come through
     TMA descriptors (Hopper's bulk tensor copies) rather than pointer loads. ``rows_tma``:
     the A rows too; the gate/up GEMM then reads a gathered copy of x (one more pass) since
-    TMA on Hopper cannot gather rows. ``split_tail``: an expert's last rows, when they fill at
-    most half a tile, go to a second launch with half-height tiles (less padding computed;
-    block_r >= 32)."""
+    TMA on Hopper cannot gather rows."""
 
     block_r: int
     block_n: int
@@ -74,7 +71,6 @@ class GemmTiles:
     programs_per_sm: int = 1
     weights_tma: bool = False
     rows_tma: bool = False
-    split_tail: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,43 +115,12 @@ def row_tile_ends(expert_ends: torch.Tensor, block_r: int) -> torch.Tensor:
     return torch.cumsum(torch.div(counts + block_r - 1, block_r, rounding_mode="floor"), 0, dtype=torch.int32)
 
 
-@dataclass(frozen=True)
-class _Launch:
-    """One launch's share of the row tiles: its tiles, each expert's cumulative tile count,
-    each expert's first row, and the most tiles it can have (for a static grid)."""
-
-    tiles: GemmTiles
-    tile_ends: torch.Tensor
-    first_rows: torch.Tensor
-    most_tiles: int
-
-
-def _launches(expert_ends: torch.Tensor, tiles: GemmTiles, num_slots: int) -> list[_Launch]:
-    """The row tiles of every expert, in one launch or (split_tail) two. No host sync."""
-    experts = expert_ends.shape[0]
-    counts = torch.diff(expert_ends, prepend=expert_ends.new_zeros(1))
-    starts = (expert_ends - counts).to(torch.int32)
-    block = tiles.block_r
-    if not tiles.split_tail:
-        return [_Launch(tiles, row_tile_ends(expert_ends, block), starts, triton.cdiv(num_slots, block) + experts)]
-    if block < 32 or block % 2:
-        raise ValueError(f"split_tail needs an even block_r >= 32 (half tiles of >= 16 rows), got {block}")
-    full = torch.div(counts, block, rounding_mode="floor")
-    tail = counts - full * block
-    short_tail = (tail > 0) & (tail <= block // 2)
-    main_tiles = full + ((tail > 0) & ~short_tail).to(full.dtype)
-    half = dataclasses.replace(tiles, block_r=block // 2, split_tail=False)
-    return [_Launch(tiles, torch.cumsum(main_tiles, 0, dtype=torch.int32), starts,
-                    triton.cdiv(num_slots, block) + experts),
-            _Launch(half, torch.cumsum(short_tail.to(torch.int32), 0, dtype=torch.int32),
-                    (starts + main_tiles * block).to(torch.int32), experts)]
-
-
-def _grid(launch: _Launch, col_tiles: int, device: torch.device) -> tuple[int]:
-    most_items = launch.most_tiles * col_tiles
-    if not launch.tiles.persistent:
+def _grid(tiles: GemmTiles, num_slots: int, num_experts: int, col_tiles: int, device: torch.device) -> tuple[int]:
+    # At most ceil(n_e / R) <= n_e / R + 1 tiles per expert: cdiv(slots, R) + E in all.
+    most_items = (triton.cdiv(num_slots, tiles.block_r) + num_experts) * col_tiles
+    if not tiles.persistent:
         return (most_items,)
-    return (min(most_items, _program_slots(device) * launch.tiles.programs_per_sm),)
+    return (min(most_items, _program_slots(device) * tiles.programs_per_sm),)
 
 
 _SM_COUNTS: dict[int, int] = {}
@@ -173,11 +138,10 @@ def _program_slots(device: torch.device) -> int:
 
 
 @triton.jit
-def _work_item(work, tile_ends_ptr, first_rows_ptr, expert_ends_ptr, num_experts, col_tiles,
+def _work_item(work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles,
                BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr):
     """Work item -> (expert, column tile, first row, end of the expert's rows). Items are
-    expert-major, then column tile, then row tile; first_rows: where each expert's tiles of
-    this launch begin."""
+    expert-major, then column tile, then row tile."""
     experts = tl.arange(0, BLOCK_E)
     tile_ends = tl.load(tile_ends_ptr + experts, mask=experts < num_experts, other=0)
     item_ends = tl.where(experts < num_experts, tile_ends * col_tiles, 2147483647)
@@ -185,7 +149,7 @@ def _work_item(work, tile_ends_ptr, first_rows_ptr, expert_ends_ptr, num_experts
     tile_start = tl.load(tile_ends_ptr + expert - 1, mask=expert > 0, other=0)
     tiles = tl.load(tile_ends_ptr + expert) - tile_start
     local = work - tile_start * col_tiles
-    row_start = tl.load(first_rows_ptr + expert) + (local % tiles) * BLOCK_R
+    row_start = tl.load(expert_ends_ptr + expert - 1, mask=expert > 0, other=0) + (local % tiles) * BLOCK_R
     return expert, local // tiles, row_start, tl.load(expert_ends_ptr + expert)
 
 
@@ -195,7 +159,7 @@ def _work_item(work, tile_ends_ptr, first_rows_ptr, expert_ends_ptr, num_experts
 @triton.jit
 def _gate_up_act_kernel(
     x_ptr, x_scale_ptr, token_ptr, w_ptr, w_scale_ptr, act_ptr, act_scale_ptr, amax_ptr, expert_ends_ptr, tile_ends_ptr,
-    first_rows_ptr, x_desc, w_desc, hidden, inter, num_experts,
+    x_desc, w_desc, hidden, inter, num_experts,
     stride_x_row, stride_xs_row, stride_w_micro, stride_w_expert, stride_w_row,
     stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
     stride_act_micro, stride_act_row, stride_as_micro, stride_as_row, stride_amax_row,
@@ -220,7 +184,7 @@ def _gate_up_act_kernel(
     ks = tl.arange(0, BLOCK_K)
     for work in range(tl.program_id(0), total, tl.num_programs(0)):
         expert, col_tile, row_start, row_end = _work_item(
-            work, tile_ends_ptr, first_rows_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
+            work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
         micro = col_tile // col_tiles_per_micro
         col0 = (col_tile % col_tiles_per_micro) * BLOCK_N
         rows = row_start + tl.arange(0, BLOCK_R)
@@ -304,8 +268,8 @@ def _gate_up_act_kernel(
 
 @triton.jit
 def _down_sum_kernel(
-    act_ptr, act_scale_ptr, w_ptr, w_scale_ptr, y_ptr, expert_ends_ptr, tile_ends_ptr, first_rows_ptr,
-    act_desc, w_desc, hidden, inter, num_experts, num_slots,
+    act_ptr, act_scale_ptr, w_ptr, w_scale_ptr, y_ptr, expert_ends_ptr, tile_ends_ptr, act_desc, w_desc,
+    hidden, inter, num_experts, num_slots,
     stride_act_micro, stride_act_row, stride_as_micro, stride_as_row,
     stride_w_micro, stride_w_expert, stride_w_row, stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
     stride_y_row,
@@ -324,7 +288,7 @@ def _down_sum_kernel(
     ks = tl.arange(0, BLOCK_K)
     for work in range(tl.program_id(0), total, tl.num_programs(0)):
         expert, col_tile, row_start, row_end = _work_item(
-            work, tile_ends_ptr, first_rows_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
+            work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
         rows = row_start + tl.arange(0, BLOCK_R)
         row_ok = rows < row_end
         cols = col_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -443,29 +407,29 @@ def gate_up_act(x: torch.Tensor, token_of_slot: torch.Tensor, w_gate_up: torch.T
                  if quantize_out else None)
     col_tiles = micros * triton.cdiv(inter, tiles.block_n)
     amax = torch.empty((slots, col_tiles), dtype=torch.float32, device=x.device) if row_amax else None
+    tile_ends = row_tile_ends(expert_ends, tiles.block_r)
+    x_desc = w_desc = None
     rows_tma = tiles.rows_tma and _tma_ok(x)
     if rows_tma:
-        x_rows = x.index_select(0, token_of_slot)
+        x_desc = _descriptor(x.index_select(0, token_of_slot), (tiles.block_r, tiles.block_k))
         if fp8:
             x_scale = x_scale.index_select(0, token_of_slot)
     weights_tma = tiles.weights_tma and _tma_ok(w_gate_up)
-    w_desc = _descriptor(w_gate_up.view(-1, hidden), (tiles.block_n, tiles.block_k)) if weights_tma else None
+    if weights_tma:
+        w_desc = _descriptor(w_gate_up.view(-1, hidden), (tiles.block_n, tiles.block_k))
     ws_strides = (*w_scale.stride(), 0)[:4] if fp8 else (0, 0, 0, 0)
-    for launch in _launches(expert_ends, tiles, slots):
-        run = launch.tiles
-        x_desc = _descriptor(x_rows, (run.block_r, run.block_k)) if rows_tma else None
-        _gate_up_act_kernel[_grid(launch, col_tiles, x.device)](
-            x, x_scale, token_of_slot, w_gate_up, w_scale, act, act_scale, amax, expert_ends, launch.tile_ends,
-            launch.first_rows, x_desc, w_desc, hidden, inter, experts,
-            x.stride(0), x_scale.stride(0) if fp8 else 0, w_gate_up.stride(0), w_gate_up.stride(1), w_gate_up.stride(2),
-            *ws_strides, act.stride(0), act.stride(1),
-            act_scale.stride(0) if quantize_out else 0, act_scale.stride(1) if quantize_out else 0,
-            amax.stride(0) if row_amax else 0,
-            NUM_MICROS=micros, BLOCK_R=run.block_r, BLOCK_N=run.block_n, BLOCK_K=run.block_k,
-            BLOCK_E=triton.next_power_of_2(experts), EVEN_K=hidden % run.block_k == 0,
-            DOT_PRECISION=_dot_precision(x.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
-            FP8=fp8, CHANNEL_SCALES=channel, OUT_FP8=quantize_out, OUT_AMAX=row_amax, GROUP=GROUP,
-            ROUND_FIRST=INTERPRETED, num_warps=run.num_warps, num_stages=run.num_stages)
+    _gate_up_act_kernel[_grid(tiles, slots, experts, col_tiles, x.device)](
+        x, x_scale, token_of_slot, w_gate_up, w_scale, act, act_scale, amax, expert_ends, tile_ends, x_desc, w_desc,
+        hidden, inter, experts,
+        x.stride(0), x_scale.stride(0) if fp8 else 0, w_gate_up.stride(0), w_gate_up.stride(1), w_gate_up.stride(2),
+        *ws_strides, act.stride(0), act.stride(1),
+        act_scale.stride(0) if quantize_out else 0, act_scale.stride(1) if quantize_out else 0,
+        amax.stride(0) if row_amax else 0,
+        NUM_MICROS=micros, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        BLOCK_E=triton.next_power_of_2(experts), EVEN_K=hidden % tiles.block_k == 0,
+        DOT_PRECISION=_dot_precision(x.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
+        FP8=fp8, CHANNEL_SCALES=channel, OUT_FP8=quantize_out, OUT_AMAX=row_amax, GROUP=GROUP,
+        ROUND_FIRST=INTERPRETED, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return act, act_scale if quantize_out else amax
 
 
@@ -490,22 +454,20 @@ def down_sum(act: torch.Tensor, w_down: torch.Tensor, expert_ends: torch.Tensor,
         as_strides = act_scale.stride()[:2] if fp8 else (0, 0)
         ws_strides = w_scale.stride() if fp8 else (0, 0, 0, 0)
     y = torch.empty((slots, hidden), dtype=out_dtype or (torch.bfloat16 if fp8 else act.dtype), device=act.device)
+    tile_ends = row_tile_ends(expert_ends, tiles.block_r)
     col_tiles = triton.cdiv(hidden, tiles.block_n)
     rows_tma = tiles.rows_tma and _tma_ok(act)
     weights_tma = tiles.weights_tma and _tma_ok(w_down)
+    act_desc = _descriptor(act.view(-1, inter), (tiles.block_r, tiles.block_k)) if rows_tma else None
     w_desc = _descriptor(w_down.view(-1, inter), (tiles.block_n, tiles.block_k)) if weights_tma else None
-    for launch in _launches(expert_ends, tiles, slots):
-        run = launch.tiles
-        act_desc = _descriptor(act.view(-1, inter), (run.block_r, run.block_k)) if rows_tma else None
-        _down_sum_kernel[_grid(launch, col_tiles, act.device)](
-            act, act_scale, w_down, w_scale, y, expert_ends, launch.tile_ends, launch.first_rows, act_desc, w_desc,
-            hidden, inter, experts, slots,
-            act.stride(0), act.stride(1), *as_strides, w_down.stride(0), w_down.stride(1), w_down.stride(2),
-            *ws_strides, y.stride(0),
-            NUM_MICROS=micros, BLOCK_R=run.block_r, BLOCK_N=run.block_n, BLOCK_K=run.block_k,
-            BLOCK_E=triton.next_power_of_2(experts), EVEN_K=inter % run.block_k == 0,
-            DOT_PRECISION=_dot_precision(act.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
-            FP8=fp8, CHANNEL_SCALES=channel, GROUP=GROUP, num_warps=run.num_warps, num_stages=run.num_stages)
+    _down_sum_kernel[_grid(tiles, slots, experts, col_tiles, act.device)](
+        act, act_scale, w_down, w_scale, y, expert_ends, tile_ends, act_desc, w_desc, hidden, inter, experts, slots,
+        act.stride(0), act.stride(1), *as_strides, w_down.stride(0), w_down.stride(1), w_down.stride(2), *ws_strides,
+        y.stride(0),
+        NUM_MICROS=micros, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        BLOCK_E=triton.next_power_of_2(experts), EVEN_K=inter % tiles.block_k == 0,
+        DOT_PRECISION=_dot_precision(act.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
+        FP8=fp8, CHANNEL_SCALES=channel, GROUP=GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return y
 
 

@@ -27,10 +27,7 @@ FP32_TOL = dict(rtol=1e-5, atol=1e-5)
 SMALL = gg.GemmTiles(block_r=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
 SMALL_PER_ITEM = gg.GemmTiles(block_r=16, block_n=32, block_k=16, num_warps=4, num_stages=2, persistent=False)
 SMALL_TMA = gg.GemmTiles(block_r=16, block_n=16, block_k=16, num_warps=4, num_stages=2, weights_tma=True, rows_tma=True)
-SMALL_SPLIT = gg.GemmTiles(block_r=32, block_n=16, block_k=16, num_warps=4, num_stages=2, split_tail=True,
-                           rows_tma=True)
-TILES = pytest.mark.parametrize("tiles", [SMALL, SMALL_PER_ITEM, SMALL_TMA, SMALL_SPLIT],
-                                ids=["persistent", "per_item", "tma", "split_tail"])
+TILES = pytest.mark.parametrize("tiles", [SMALL, SMALL_PER_ITEM, SMALL_TMA], ids=["persistent", "per_item", "tma"])
 
 
 def make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=0, dtype=torch.float32, device="cpu",
@@ -114,19 +111,6 @@ def test_fused_op_half_precision():
     out = moe_multi_micro(*args, impl="fused")
     assert out.dtype == torch.float16
     assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
-
-
-def test_split_tail_sends_short_tails_to_half_tiles():
-    """Runs of 0, 5, 40, 74 and 104 rows with 64-row tiles: a tail of at most 32 rows (5, and
-    74's 10) goes to the second launch's 32-row tiles; 40 and 104's tail of 40 stay whole."""
-    ends = torch.cumsum(torch.tensor([0, 5, 40, 74, 104]), 0).to(torch.int32)
-    main, tail = gg._launches(ends, gg.GemmTiles(64, 32, 32, 4, 2, split_tail=True), num_slots=223)
-    assert main.tiles.block_r == 64 and tail.tiles.block_r == 32 and not tail.tiles.split_tail
-    assert torch.diff(main.tile_ends, prepend=torch.zeros(1, dtype=torch.int32)).tolist() == [0, 0, 1, 1, 2]
-    assert torch.diff(tail.tile_ends, prepend=torch.zeros(1, dtype=torch.int32)).tolist() == [0, 1, 0, 1, 0]
-    assert tail.first_rows[[1, 3]].tolist() == [0, 45 + 64]
-    with pytest.raises(ValueError, match="split_tail needs an even block_r >= 32"):
-        gg._launches(ends, gg.GemmTiles(16, 32, 32, 4, 2, split_tail=True), num_slots=223)
 
 
 def test_row_tile_ends_counts_whole_tiles_per_expert():
