@@ -129,13 +129,14 @@ class RankPool:
         self.broken = False
         self._collect("start-up", start_timeout_s)
 
-    def run(self, fn: Callable[..., Any], *args) -> list[Any]:
-        """fn(ctx, *args) on every rank; the list of their results, by rank."""
+    def run(self, fn: Callable[..., Any], *args, deadline_s: float | None = None) -> list[Any]:
+        """fn(ctx, *args) on every rank; the list of their results, by rank. `deadline_s`: how
+        long the job may take (default: the collective timeout + 30 s; a server: inf)."""
         if self.broken:
             raise RankFailure("this pool's ranks failed earlier; start a new RankPool")
         for q in self._tasks:
             q.put((fn, args))
-        return self._collect(getattr(fn, "__name__", "job"), self.timeout_s + 30)
+        return self._collect(getattr(fn, "__name__", "job"), deadline_s or self.timeout_s + 30)
 
     def _collect(self, what: str, deadline_s: float, grace_s: float = 3.0) -> list[Any]:
         """Every rank's result; on the first failure, wait `grace_s` for the others' stories,
@@ -200,10 +201,11 @@ class RankPool:
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 600.0,
-                 stall_s: float = 300.0) -> list[Any]:
+                 stall_s: float = 300.0, job_deadline_s: float | None = None) -> list[Any]:
     """fn(ctx, *args) on every rank: under torchrun this process's rank only; else spawned gloo ranks.
 
-    With world size 1 and no torchrun, fn runs here without any process group. Under
+    With world size 1 and no torchrun, fn runs here without any process group.
+    `job_deadline_s`: spawned ranks only, how long fn may run (a server: inf). Under
     torchrun `ctx.watch` (a `RankWatch`) takes progress reports; a failure on any rank
     ends every rank with status 1 and never returns here.
     """
@@ -231,7 +233,7 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: floa
         device = torch.device("cpu")
         return [fn(RankContext(0, 1, 0, device, "none"), *args)]
     with RankPool(world_size, timeout_s=timeout_s) as pool:
-        return pool.run(fn, *args)
+        return pool.run(fn, *args, deadline_s=job_deadline_s)
 
 
 def exit_process(code: int) -> None:

@@ -32,10 +32,12 @@ from dtgen.devices import parse_device, parse_dtype
 from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
 from dtgen.profiling import PhaseProfiler
+from dtgen.serve.errors import RequestError
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.loading import MOE_DTYPES, load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
+from models.hunyuan_image3.requests import check_t2i_request
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size, to_uint8
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
@@ -45,7 +47,12 @@ DEFAULT_PROMPT = "A photo of a red fox in fresh snow, golden hour"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m examples.hunyuan_t2i", description=__doc__.split("\n")[0])
+    return finish_args(build_parser().parse_args(argv))
+
+
+def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str = __doc__.split("\n")[0]):
+    """The model, plan, compile and request flags (the server adds its own to these)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--random-weights", choices=("full", "tiny"), default=None,
                    help="no checkpoint: random weights made on each rank, for the released architecture "
@@ -123,7 +130,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
     p.add_argument("--output", default="outputs/hunyuan_t2i.png")
     p.add_argument("--report", help="write a JSON report here")
-    args = p.parse_args(argv)
+    return p
+
+
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults that depend on other flags or on torchrun."""
     if args.world_size is None:
         args.world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
     if args.plan is None:
@@ -254,8 +265,8 @@ def _progress_hook(ctx: RankContext, inject: str | None):
     return progress
 
 
-def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
-    """One rank's whole run; returns what the report needs (the image on rank 0)."""
+def build_pipeline(ctx: RankContext, args: argparse.Namespace):
+    """This rank's share of the model, loaded, and its pipeline: (pipeline, loaded, device, dtype)."""
     device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
     dtype = parse_dtype(args.dtype, device)
     if device.type == "cuda" and dtype == torch.float32:
@@ -272,6 +283,12 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
+    return pipe, loaded, device, dtype
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    """One rank's whole run; returns what the report needs (the image on rank 0)."""
+    pipe, loaded, device, dtype = build_pipeline(ctx, args)
     profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
     requests = _requests(args)
     warmup_ms, ready_s = None, []
@@ -312,7 +329,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                        break_reasons=breaks, recompiles_after_warmup=unique_graphs() - warm_graphs,
                                        compile_s=pipe.compiler.compile_s).as_dict()
         compile_report["decode_cuda_graph"] = pipe.decode_cuda_graph
-        compile_report["regions"] = options.regions
+        compile_report["regions"] = pipe.compiler.options.regions
         # operations dynamo traced into graphs: grows with depth unless the layers share a region
         compile_report["ops_traced"] = int(counters["stats"].get("calls_captured", 0))
         compile_report["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
@@ -389,8 +406,7 @@ def _check_args(args, plan) -> str | None:
                 "(the single-process reference would have other random weights)")
     if args.layers is not None and not args.random_weights:
         return "--layers applies to --random-weights only"
-    for flag, value, least in (("--steps", args.steps, 1), ("--max-new-tokens", args.max_new_tokens, 0),
-                               ("--layers", args.layers, 1), ("--prompt-bucket", args.prompt_bucket, 0)):
+    for flag, value, least in (("--layers", args.layers, 1), ("--prompt-bucket", args.prompt_bucket, 0)):
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
     _prompt_lengths(args.prompt_tokens)     # raises ValueError naming a bad length
@@ -410,30 +426,53 @@ def _check_args(args, plan) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    # Under torchrun every rank runs main(): let rank 0 alone print command-line errors.
-    quiet = under_torchrun() and int(os.environ.get("RANK", 0)) != 0
+# The request fields' flags: `check_t2i_request` names fields, the CLI names flags.
+_FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
+                  "flow_shift": "--flow-shift", "image_size": "--image-size", "max_new_tokens": "--max-new-tokens",
+                  "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "cfg_mode": "--cfg-mode"}
+
+
+def _request_problem(args, image_base_size: int) -> str | None:
+    """The first bad request setting, in the server's words with the CLI's flag, or None."""
+    try:
+        for req in _requests(args):
+            check_t2i_request(req, image_base_size)
+    except RequestError as e:
+        return f"{_FLAG_OF_FIELD.get(e.field, e.field)} {e.message}"
+    return None
+
+
+def prepare(args) -> tuple[str | None, bool]:
+    """Check the command line and fill the defaults that depend on it (the tiny checkpoint,
+    --max-new-tokens): (the first problem as one line or None, whether the tiny default runs)."""
+    tiny = args.checkpoint is None and not args.random_weights
     try:
         plan = get_plan(args.plan)
         parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
                     else torch.device("cpu"))
         problem = _check_args(args, plan)
-        tiny = args.checkpoint is None and not args.random_weights
         if args.max_new_tokens is None:
             args.max_new_tokens = 16 if tiny else 0
         if problem is None:
             if tiny:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
-            parse_image_size(args.image_size, int(base.get("image_base_size", 1024)))
+            problem = _request_problem(args, int(base.get("image_base_size", 1024)))
             shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
-            if args.warmup_shapes and args.warmup is False:
+            if args.warmup_shapes and args.warmup is False and problem is None:
                 problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
             problem = problem or _longest_prompt_problem(args, [t for t, _ in shapes],
                                                          int(base.get("max_position_embeddings", 0)))
     except (KeyError, ValueError) as e:
         problem = e.args[0]
+    return problem, tiny
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # Under torchrun every rank runs main(): let rank 0 alone print command-line errors.
+    quiet = under_torchrun() and int(os.environ.get("RANK", 0)) != 0
+    problem, tiny = prepare(args)
     if problem is not None:
         if not quiet:
             print(f"error: {problem}", file=sys.stderr)

@@ -145,10 +145,16 @@ def test_unknown_device_or_dtype():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be at least 1, got 0"),
-    (["--max-new-tokens", "-5"], "--max-new-tokens must be at least 0, got -5"),
-    (["--image-size", "123x45"], "image size 123x45 is not in the resolution table"),
-    (["--image-size", "big"], "image size 'big' is not 'auto' or 'HxW'"),
+    (["--steps", "0"], "--steps must be >= 1 and <= 1000, got 0"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 0, got -5"),
+    (["--image-size", "123x45"], "--image-size 123x45 is not in the resolution table"),
+    (["--image-size", "big"], "--image-size 'big' is not 'auto' or 'HxW'"),
+    (["--temperature", "-1"], "--temperature must be >= 0 and <= 100, got -1"),
+    (["--top-p", "2"], "--top-p must be > 0 and <= 1, got 2"),
+    (["--top-k", "-1"], "--top-k must be >= 0 (0: off), got -1"),
+    (["--guidance", "nan"], "--guidance must be a number, got nan"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--prompt", " "], "--prompt must be a non-empty string"),
     (["--checkpoint", "/nonexistent/ckpt"], "--checkpoint /nonexistent/ckpt: no config.json there"),
     (["--inject-failure", "1:vae"], "--inject-failure '1:vae': expected RANK:PHASE:STEP[:hang]"),
     (["--prompt-tokens", "40,x"], "--prompt-tokens '40,x': 'x' is not a length of at least 1"),

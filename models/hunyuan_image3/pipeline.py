@@ -378,6 +378,13 @@ class HunyuanT2IPipeline:
         self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
             AR_CACHE_ROUND if self.compiler.options.enabled else 0)
 
+    def release_caches(self) -> None:
+        """Drop the KV caches kept between requests (after an out-of-memory error: the next
+        request allocates them again; a CUDA-graph decode step then records again)."""
+        self._kept_caches.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ---- shared step: run rows at given slots through the stack, gather them back -------
     def _cache(self, rt, batch: int, length: int, reuse: str | None = None) -> KVCache:
         """A zeroed static KV cache. `reuse`: a role ("ar", "denoise0", ...) whose buffers are

@@ -1,0 +1,150 @@
+"""Jobs: a bounded queue of requests, their states, progress and results.
+
+Thread-safe: the HTTP event loop submits, reads and cancels; the engine thread takes the
+next job and reports on it. Nothing here knows about ranks or HTTP.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
+FINISHED = (SUCCEEDED, FAILED, CANCELLED)
+
+
+class QueueFull(Exception):
+    """The queue holds its limit of waiting jobs: answer 429."""
+
+
+@dataclass
+class Job:
+    id: str
+    request: Any
+    deadline: float | None                 # time.monotonic() by which it must finish, or None
+    created: float = field(default_factory=time.monotonic)
+    state: str = QUEUED
+    phase: str = ""
+    done: int = 0
+    total: int = 0
+    started: float | None = None
+    ended: float | None = None
+    result: Any = None
+    error: str | None = None
+    http_status: int = 200                 # what a failed or cancelled job answers
+    cancel_reason: str | None = None       # set by cancel(); the engine stops the ranks at the next step
+    cancel_status: int = 499               # the HTTP status a cancelled job answers (504: deadline)
+    finished: threading.Event = field(default_factory=threading.Event)
+    phase_ms: dict[str, float] = field(default_factory=dict)
+
+    def cancel(self, reason: str, http_status: int = 499) -> None:
+        """Ask for the job to stop (a queued job never starts; a running one stops at its
+        next step on every rank). The first reason wins."""
+        if self.cancel_reason is None:
+            self.cancel_reason, self.cancel_status = reason, http_status
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.deadline is not None and (now or time.monotonic()) > self.deadline
+
+    def stop_reason(self) -> tuple[str, int] | None:
+        """Why the job must stop now, with its HTTP status, or None."""
+        if self.cancel_reason is not None:
+            return self.cancel_reason, self.cancel_status
+        if self.expired():
+            return "deadline passed", 504
+        return None
+
+    def as_dict(self) -> dict:
+        out = {"id": self.id, "status": self.state, "phase": self.phase,
+               "progress": {"done": self.done, "total": self.total}}
+        if self.error is not None:
+            out["error"] = self.error
+        if self.state in FINISHED and self.started is not None:
+            out["seconds"] = round((self.ended or time.monotonic()) - self.started, 3)
+        return out
+
+
+class JobBoard:
+    """A bounded FIFO of queued jobs plus every job's record (finished ones: the last
+    `keep_finished`). `next()` hands the engine the oldest job that still wants running."""
+
+    def __init__(self, max_queued: int, keep_finished: int = 256, on_finish=None):
+        if max_queued < 1:
+            raise ValueError(f"max_queued must be >= 1, got {max_queued}")
+        self.max_queued = max_queued
+        self._lock = threading.Condition()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._jobs: dict[str, Job] = {}
+        self._finished: collections.deque[str] = collections.deque()
+        self._keep = keep_finished
+        self._ids = itertools.count(1)
+        self.closed = False
+        self.on_finish = on_finish      # called with each job as it finishes (metrics)
+
+    def submit(self, request: Any, deadline_s: float | None = None) -> Job:
+        with self._lock:
+            if self.closed:
+                raise QueueFull("the server is shutting down")
+            if len(self._queue) >= self.max_queued:
+                raise QueueFull(f"{len(self._queue)} jobs are waiting (the limit is {self.max_queued})")
+            job = Job(f"job-{next(self._ids)}", request,
+                      None if deadline_s is None else time.monotonic() + deadline_s)
+            self._queue.append(job)
+            self._jobs[job.id] = job
+            self._lock.notify()
+            return job
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def depth(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def next(self, timeout_s: float) -> Job | None:
+        """The oldest queued job, now RUNNING, or None after `timeout_s`. Jobs cancelled or
+        expired while they waited are finished here, never started."""
+        end = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                while self._queue:
+                    job = self._queue.popleft()
+                    stop = job.stop_reason()
+                    if stop is None:
+                        job.state, job.started = RUNNING, time.monotonic()
+                        return job
+                    self._finish_locked(job, CANCELLED, stop[0], stop[1])
+                left = end - time.monotonic()
+                if left <= 0 or self.closed:
+                    return None
+                self._lock.wait(left)
+
+    def finish(self, job: Job, state: str, error: str | None = None, http_status: int = 200,
+               result: Any = None) -> None:
+        with self._lock:
+            job.result = result
+            self._finish_locked(job, state, error, http_status)
+
+    def _finish_locked(self, job: Job, state: str, error: str | None, http_status: int) -> None:
+        job.state, job.error, job.http_status, job.ended = state, error, http_status, time.monotonic()
+        if self.on_finish is not None:
+            self.on_finish(job)
+        job.finished.set()
+        self._finished.append(job.id)
+        while len(self._finished) > self._keep:
+            self._jobs.pop(self._finished.popleft(), None)
+
+    def close(self) -> list[Job]:
+        """Refuse new jobs; cancel and return the queued ones."""
+        with self._lock:
+            self.closed = True
+            queued = list(self._queue)
+            self._queue.clear()
+            for job in queued:
+                self._finish_locked(job, CANCELLED, "the server is shutting down", 503)
+            self._lock.notify_all()
+            return queued

@@ -1,0 +1,195 @@
+"""dtgen.serve without a model: the job board, the engine's lockstep over gloo ranks,
+cancellation at a step, one rank's failure, out of memory, a rank that dies."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from dtgen.launch import RankFailure, run_on_ranks
+from dtgen.serve.engine import Engine, RankLink
+from dtgen.serve.errors import RequestError
+from dtgen.serve.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobBoard, QueueFull
+from dtgen.serve.server import control_link
+
+
+class StepAdapter:
+    """A request is {"steps": n, "fail": (rank, step) or None, "oom": bool}; each step
+    sleeps `step_s`. Records the last step every request reached on this rank."""
+
+    def __init__(self, rank: int, step_s: float = 0.02):
+        self.rank, self.step_s = rank, step_s
+        self.reached: list[int] = []
+        self.freed = 0
+        self._fail = None
+
+    def parse(self, fields: dict):
+        if "steps" not in fields:
+            raise RequestError("steps", "is required")
+        return fields
+
+    def generate(self, request, progress):
+        self._fail = request.get("fail")
+        self.reached.append(0)
+        for step in range(1, request["steps"] + 1):
+            time.sleep(self.step_s)
+            if request.get("oom") and step == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            self.reached[-1] = step
+            progress("denoise", step, request["steps"])
+        return {"rank": self.rank, "steps": request["steps"]} if self.rank == 0 else None
+
+    def warm_up(self, progress):
+        pass
+
+    def free_caches(self):
+        self.freed += 1
+
+    def on_step(self, phase, done, total):
+        if self._fail is not None and tuple(self._fail) == (self.rank, done):
+            raise RuntimeError(f"injected on rank {self.rank} at step {done}")
+
+
+def test_board_is_a_bounded_fifo_and_skips_jobs_cancelled_or_expired_while_queued():
+    finished = []
+    board = JobBoard(max_queued=2, on_finish=finished.append)
+    a, b = board.submit("a"), board.submit("b", deadline_s=0.0)
+    with pytest.raises(QueueFull, match="2 jobs are waiting"):
+        board.submit("c")
+    assert board.depth() == 2 and a.state == QUEUED
+    time.sleep(0.01)
+    taken = board.next(timeout_s=0.1)
+    assert taken is a and board.depth() == 1
+    a.cancel("by DELETE")  # running: the engine stops it at its next step
+    assert a.stop_reason() == ("by DELETE", 499)
+    assert board.next(timeout_s=0.05) is None            # b expired while it waited
+    assert b.state == CANCELLED and b.http_status == 504 and finished == [b]
+    board.finish(a, CANCELLED, "by DELETE", 499)
+    c = board.submit("c")
+    c.cancel("client gone")
+    assert board.next(timeout_s=0.05) is None and c.state == CANCELLED
+    d = board.submit("d")
+    assert board.close() == [d] and d.state == CANCELLED and d.http_status == 503
+    with pytest.raises(QueueFull, match="shutting down"):
+        board.submit("e")
+    assert [j.id for j in finished] == [b.id, a.id, c.id, d.id]
+
+
+def _run_jobs(engine: Engine, board: JobBoard, jobs: list[dict], cancel_at: dict[int, int] | None = None,
+              deadline_s: float | None = None):
+    """Submit the jobs one after another (cancelling job i once it reaches step cancel_at[i]);
+    wait for each."""
+    out = []
+    for i, request in enumerate(jobs):
+        job = board.submit(request, deadline_s)
+        while cancel_at and i in cancel_at and not job.finished.is_set():
+            if job.done >= cancel_at[i]:
+                job.cancel("cancelled by DELETE")
+                break
+            time.sleep(0.002)
+        assert job.finished.wait(30), f"job {i} did not finish"
+        out.append(job)
+    return out
+
+
+def test_engine_in_one_process_cancels_fails_and_goes_on():
+    adapter = StepAdapter(0)
+    board = JobBoard(4)
+    engine = Engine(RankLink(0, 1, None), adapter, board, ping_s=0.05)
+    engine.start()
+    assert engine.ready.wait(5)
+    ok, cancelled, failed, oom, plain, after = _run_jobs(
+        engine, board, [{"steps": 3}, {"steps": 50}, {"steps": 5, "fail": (0, 2)}, {"steps": 5, "oom": True},
+                        {"steps": 3}, {"steps": 4}], cancel_at={1: 3})
+    engine.stop()
+    assert ok.state == SUCCEEDED and ok.result == {"rank": 0, "steps": 3}
+    assert cancelled.state == CANCELLED and cancelled.error == "cancelled by DELETE"
+    assert 3 <= adapter.reached[1] < 50
+    assert failed.state == FAILED and "injected on rank 0 at step 2" in failed.error and failed.http_status == 500
+    assert oom.state == FAILED and oom.http_status == 503 and "out of memory" in oom.error and adapter.freed == 1
+    assert plain.state == SUCCEEDED and after.state == SUCCEEDED and after.result["steps"] == 4
+    assert engine.broken is None
+
+
+def test_engine_deadline_answers_504():
+    adapter = StepAdapter(0, step_s=0.05)
+    board = JobBoard(2)
+    engine = Engine(RankLink(0, 1, None), adapter, board, ping_s=0.05)
+    engine.start()
+    (job,) = _run_jobs(engine, board, [{"steps": 100}], deadline_s=0.3)
+    engine.stop()
+    assert job.state == CANCELLED and job.http_status == 504 and job.error == "deadline passed"
+    assert adapter.reached[0] < 100
+
+
+def _lockstep_job(ctx, out_dir):
+    """Rank 0 runs jobs through the engine; every rank writes which step each request reached."""
+    link = control_link(ctx.rank, ctx.world_size)
+    adapter = StepAdapter(ctx.rank)
+    if ctx.rank == 0:
+        board = JobBoard(4)
+        engine = Engine(link, adapter, board, ping_s=0.05)
+        engine.start()
+        assert engine.ready.wait(30)
+        time.sleep(0.2)  # a few idle pings
+        jobs = _run_jobs(engine, board, [{"steps": 4}, {"steps": 60}, {"steps": 6, "fail": (1, 3)}, {"steps": 5}],
+                         cancel_at={1: 4})
+        engine.stop()
+        states = [(j.state, j.error, j.result) for j in jobs]
+    else:
+        Engine(link, adapter).serve_worker()
+        states = None
+    with open(os.path.join(out_dir, f"rank{ctx.rank}.json"), "w") as f:
+        json.dump({"reached": adapter.reached, "states": states}, f)
+    return ctx.rank
+
+
+def test_ranks_stop_at_the_same_step_and_a_failed_job_leaves_the_server_serving(tmp_path):
+    assert run_on_ranks(_lockstep_job, 2, str(tmp_path), timeout_s=60) == [0, 1]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["reached"] == r1["reached"], "every rank stops after the same step"
+    assert r0["reached"][0] == 4 and 4 <= r0["reached"][1] < 60 and r0["reached"][3] == 5
+    assert r0["reached"][2] == 3  # rank 1 raised in step 3's hook: every rank stopped there
+    states = r0["states"]
+    assert [s[0] for s in states] == [SUCCEEDED, CANCELLED, FAILED, SUCCEEDED]
+    assert "another rank failed at denoise step 3" in states[2][1]
+    assert states[3][2] == {"rank": 0, "steps": 5}
+
+
+def _dying_worker_job(ctx, out_path):
+    link = control_link(ctx.rank, ctx.world_size)
+    if ctx.rank == 0:
+        broken = threading.Event()
+        engine = Engine(link, StepAdapter(0), JobBoard(2), ping_s=0.05)
+        engine.start(on_broken=lambda why: broken.set())
+        assert engine.ready.wait(30)
+        t0 = time.monotonic()
+        noticed = broken.wait(20)
+        with open(out_path, "w") as f:
+            json.dump({"noticed": noticed, "why": engine.broken, "ready": engine.ready.is_set(),
+                       "seconds": time.monotonic() - t0}, f)
+        return "rank 0 done"
+    pings = []
+
+    def heartbeat(where):
+        pings.append(where)
+        if where == "ping" and len(pings) > 5:
+            os.kill(os.getpid(), signal.SIGKILL)  # a worker that dies without a word
+
+    Engine(link, StepAdapter(ctx.rank), heartbeat=heartbeat).serve_worker()
+
+
+def test_a_dead_worker_rank_stops_the_server_with_a_message(tmp_path):
+    out = tmp_path / "rank0.json"
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 died"):
+        run_on_ranks(_dying_worker_job, 2, str(out), timeout_s=60)
+    assert time.monotonic() - t0 < 40, "no hang"
+    report = json.loads(out.read_text())  # rank 0 notices well within the pool's grace period (3 s)
+    assert report["noticed"] and not report["ready"] and "a rank is gone" in report["why"], report
+    assert report["seconds"] < 5

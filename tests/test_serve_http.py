@@ -1,0 +1,249 @@
+"""The HunyuanImage-3 server over real HTTP on 127.0.0.1: 2 gloo ranks, the tiny model.
+
+One server for the module (start-up and warm-up take ~20 s on 2 CPU cores), its tests in
+file order: a request failing on rank 1 (injected) fails alone; generation; one-line 422s
+naming the field; a job's progress and cancellation (DELETE); the same request after the
+cancel giving the same image; a burst of jobs against the queue limit (429s, nothing lost,
+the metrics agree); the UI in headless Chromium; last, a worker rank killed: /ready goes
+503 and the server exits with a message.
+"""
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import io
+import json
+import re
+import shutil
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+ROOT = Path(__file__).resolve().parents[1]
+FOX = {"prompt": "a red fox in fresh snow", "size": "256x256", "num_inference_steps": 2, "seed": 7}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(base: str, method: str, path: str, body=None, timeout: float = 120.0) -> tuple[int, dict | str, dict]:
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            status, raw, headers = answer.status, answer.read(), dict(answer.headers)
+    except urllib.error.HTTPError as e:
+        status, raw, headers = e.code, e.read(), dict(e.headers)
+    text = raw.decode()
+    try:
+        return status, json.loads(text), headers
+    except json.JSONDecodeError:
+        return status, text, headers
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = _free_port()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "examples.hunyuan_serve", "--world-size", "2", "--plan", "tp2",
+                                 "--port", str(port), "--steps", "2", "--max-new-tokens", "4", "--ping", "0.2",
+                                 "--max-queued", "4", "--inject-failure", "1:ar:2"],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, f"the server exited early:\n{log.read_text()[-3000:]}"
+            try:
+                if call(base, "GET", "/ready", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"not ready after 180 s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.5)
+        yield base, proc, log
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in the same session
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_done(base: str, job_id: str, timeout_s: float = 120.0) -> dict:
+    end = time.monotonic() + timeout_s
+    while True:
+        _, job, _ = call(base, "GET", f"/v1/jobs/{job_id}")
+        if job["status"] not in ("queued", "running"):
+            return job
+        assert time.monotonic() < end, job
+        time.sleep(0.1)
+
+
+def _png_size(b64: str) -> tuple[int, int]:
+    from PIL import Image
+    return Image.open(io.BytesIO(base64.b64decode(b64))).size
+
+
+def test_generation_failure_jobs_cancel_and_metrics(server):
+    server, _, _ = server
+    before = call(server, "GET", "/metrics")[1]
+    assert call(server, "GET", "/health")[0] == 200
+    # The server runs with --inject-failure 1:ar:2: rank 1 raises once, after AR token 2. The
+    # job fails on both ranks at that step; the server goes on.
+    status, body, _ = call(server, "POST", "/v1/images/generations", FOX)
+    assert status == 500 and "another rank failed at ar step 2" in body["error"]["message"], body
+    status, body, _ = call(server, "POST", "/v1/images/generations", FOX)
+    assert status == 200, body
+    first = body["data"][0]["b64_json"]
+    assert _png_size(first) == (256, 256) and body["dtgen"]["size"] == "256x256"
+
+    # A long job: progress shows, DELETE stops it on both ranks.
+    status, job, headers = call(server, "POST", "/v1/jobs", dict(FOX, num_inference_steps=400))
+    assert status == 202 and headers["location"] == f"/v1/jobs/{job['id']}", job
+    deadline = time.monotonic() + 60
+    while True:
+        _, seen, _ = call(server, "GET", f"/v1/jobs/{job['id']}")
+        if seen["phase"] == "denoise" and seen["progress"]["done"] >= 2:
+            break
+        assert time.monotonic() < deadline and seen["status"] in ("queued", "running"), seen
+        time.sleep(0.1)
+    assert seen["progress"]["total"] == 400
+    assert call(server, "DELETE", f"/v1/jobs/{job['id']}")[0] == 200
+    while seen["status"] == "running":
+        time.sleep(0.1)
+        _, seen, _ = call(server, "GET", f"/v1/jobs/{job['id']}")
+    assert seen["status"] == "cancelled" and seen["error"] == "cancelled by DELETE"
+    assert seen["progress"]["done"] < 400
+
+    # After the cancel the ranks are in step: the same request, as a job, gives the same image.
+    status, job, _ = call(server, "POST", "/v1/jobs", FOX)
+    job = wait_done(server, job["id"])
+    assert job["status"] == "succeeded" and job["result"]["data"][0]["b64_json"] == first
+
+    _, metrics, _ = call(server, "GET", "/metrics")
+    for name, more in (('dtgen_jobs_total{state="succeeded"}', 2), ('dtgen_jobs_total{state="cancelled"}', 1),
+                       ('dtgen_jobs_total{state="failed"}', 1), ('dtgen_requests_total{outcome="accepted"}', 4)):
+        assert metric(metrics, name) - metric(before, name) == more, name
+    assert metric(metrics, "dtgen_queue_depth") == 0
+
+
+@pytest.mark.parametrize("body, field, message", [
+    ({"prompt": "x", "sizes": "256x256"}, "sizes", "unknown field"),
+    ({"size": "256x256"}, "prompt", "is required"),
+    ({"prompt": ""}, "prompt", "must be a non-empty string"),
+    ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps", "must be >= 1 and <= 1000, got 0"),
+    ({"prompt": "x", "num_inference_steps": 2.5}, "num_inference_steps", "must be an integer"),
+    ({"prompt": "x", "size": "123x45"}, "size", "123x45 is not one of the model's sizes"),
+    ({"prompt": "x", "n": 2}, "n", "must be 1"),
+    ({"prompt": "x", "response_format": "url"}, "response_format", "must be 'b64_json'"),
+    ({"prompt": "x", "guidance_scale": -1}, "guidance_scale", "must be >= 0"),
+    ({"prompt": "x " * 5000}, "prompt", "positions; the model has"),
+    (["x"], "body", "must be a JSON object"),
+])
+def test_bad_fields_get_422_naming_the_field(server, body, field, message):
+    server, _, _ = server
+    for route in ("/v1/images/generations", "/v1/jobs"):
+        status, answer, _ = call(server, "POST", route, body)
+        assert status == 422, answer
+        error = answer["error"]
+        assert error["field"] == field and message in error["message"] and "\n" not in error["message"], error
+
+
+def test_not_json_and_unknown_job(server):
+    server, _, _ = server
+    status, answer, _ = call(server, "POST", "/v1/images/generations", b"{not json")
+    assert status == 422 and answer["error"]["message"] == "the body is not JSON"
+    assert call(server, "GET", "/v1/jobs/job-999")[0] == 404
+    assert call(server, "DELETE", "/v1/jobs/job-999")[0] == 404
+
+
+def test_a_burst_of_jobs_meets_the_queue_limit(server):
+    """20 job submissions at concurrency 4, queue limit 4: the ones past the limit get 429
+    (with Retry-After); every accepted job ends succeeded or cancelled (all but the first
+    are cancelled while they wait, to keep this short); the metrics count the same."""
+    base, _, _ = server
+    before = call(base, "GET", "/metrics")[1]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: call(base, "POST", "/v1/jobs", dict(FOX, seed=i)), range(20)))
+    accepted = [a[1]["id"] for a in answers if a[0] == 202]
+    refused = [a for a in answers if a[0] == 429]
+    assert len(accepted) + len(refused) == 20 and 1 <= len(accepted) <= 5 and refused
+    assert all(a[2]["retry-after"] and "queue full" in a[1]["error"]["message"] for a in refused)
+    assert len(set(accepted)) == len(accepted), "no job twice"
+    for job_id in accepted[1:]:
+        call(base, "DELETE", f"/v1/jobs/{job_id}")
+    states = [wait_done(base, job_id)["status"] for job_id in accepted]
+    assert all(s in ("succeeded", "cancelled") for s in states) and "succeeded" in states, states
+    _, metrics, _ = call(base, "GET", "/metrics")
+    delta = lambda name: metric(metrics, name) - metric(before, name)  # noqa: E731
+    assert delta('dtgen_requests_total{outcome="accepted"}') == len(accepted)
+    assert delta('dtgen_requests_total{outcome="queue_full"}') == len(refused)
+    assert (delta('dtgen_jobs_total{state="succeeded"}') + delta('dtgen_jobs_total{state="cancelled"}')
+            == len(accepted))
+    assert metric(metrics, "dtgen_queue_depth") == 0
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")
+def test_ui_in_headless_chromium(server, tmp_path):
+    """The page submits a prompt (a link that fills the form and starts it), follows the
+    job's progress to 100% and shows the image."""
+    base, _, _ = server
+    url = f"{base}/?prompt=a+fox+in+the+snow&size=256x256&steps=2&seed=3&go=1"
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path}",
+                          "--virtual-time-budget=3600000", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=180).stdout
+    # Virtual time runs ahead while the page only waits on its poll timer, and stops once
+    # nothing is pending: the budget is a bound, not a wait.
+    body = dom[dom.find("<progress"):][:3000]
+    assert '<progress id="bar" max="100" value="100">' in body, body
+    assert '<div id="status">succeeded' in body and '<div id="error"></div>' in body, body
+    image = re.search(r'<img id="image" alt="" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom)
+    assert image, body
+    assert _png_size(image.group(1)) == (256, 256)
+
+
+def test_a_killed_worker_rank_ends_the_server_with_a_message(server):
+    """Last: kill rank 1. Rank 0 notices at its next ping; /ready answers 503 (or nothing
+    once the process is gone) and the server exits 1 with a message, without hanging."""
+    base, proc, log = server
+    children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    ranks = sorted(p for p in children if "spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes().decode())
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    end = time.monotonic() + 10
+    try:
+        while call(base, "GET", "/ready", timeout=5)[0] == 200:
+            assert time.monotonic() < end, "/ready still says ready"
+            time.sleep(0.05)
+    except OSError:
+        pass  # already gone
+    assert proc.wait(30) == 1
+    text = log.read_text()
+    assert "error: the server stops" in text and "rank 1 died" in text, text[-3000:]
