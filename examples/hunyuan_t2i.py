@@ -363,10 +363,19 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         if args.check:  # the first request
             # The same experts' storage: FP8 scales belong to the official matrices, so the
             # single-process model quantizes every weight as the plan's ranks did.
-            reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
-                             moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
-            ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
-            ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens, forced_ratio=result.ratio_index))
+            threads = torch.get_num_threads()
+            if ctx.backend == "gloo" and device.type == "cpu":
+                # Every other rank is done (they answered the gather above): spawned CPU ranks
+                # run one thread each, and the reference may use all the cores.
+                torch.set_num_threads(os.cpu_count() or 1)
+            try:
+                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
+                                 moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
+                ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
+                ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
+                                                forced_ratio=result.ratio_index))
+            finally:
+                torch.set_num_threads(threads)
             out["check"] = {
                 "max_abs_diff_logits": _max_diff(result.record["ar_logits"], ref.record["ar_logits"]),
                 "max_abs_diff_velocity": _max_diff(result.record["velocity"], ref.record["velocity"]),

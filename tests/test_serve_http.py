@@ -151,6 +151,28 @@ def test_generation_failure_jobs_cancel_and_metrics(server):
     assert metric(metrics, "dtgen_queue_depth") == 0
 
 
+def test_a_client_that_disconnects_cancels_its_job(server):
+    """The synchronous route: the client goes away mid-job; the job stops (cancelled) and
+    the server goes on."""
+    base, _, _ = server
+    before = call(base, "GET", "/metrics")[1]
+    body = json.dumps(dict(FOX, num_inference_steps=400)).encode()
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        end = time.monotonic() + 60
+        while metric(call(base, "GET", "/metrics")[1], "dtgen_queue_seconds_count") == metric(
+                before, "dtgen_queue_seconds_count"):  # not started yet
+            assert time.monotonic() < end
+            time.sleep(0.1)
+    end = time.monotonic() + 30
+    name = 'dtgen_jobs_total{state="cancelled"}'
+    while metric(call(base, "GET", "/metrics")[1], name) == metric(before, name):
+        assert time.monotonic() < end, "the job went on after its client left"
+        time.sleep(0.1)
+
+
 @pytest.mark.parametrize("body, field, message", [
     ({"prompt": "x", "sizes": "256x256"}, "sizes", "unknown field"),
     ({"size": "256x256"}, "prompt", "is required"),

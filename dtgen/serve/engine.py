@@ -142,6 +142,9 @@ class Engine:
         self.broken: str | None = None       # why the server cannot go on
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._current: Job | None = None
+        # The current CUDA device is per thread: the engine thread takes the one this rank set.
+        self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     # ---- rank 0 ------------------------------------------------------------------------
     def start(self, on_broken: Callable[[str], None] | None = None) -> None:
@@ -150,13 +153,20 @@ class Engine:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Refuse new jobs, cancel the queued ones and the running one (every rank stops at
+        its next step), tell the other ranks to exit."""
         if self.board is not None:
             self.board.close()
+        current = self._current
+        if current is not None:
+            current.cancel("the server is shutting down", 503)
         self.stopped.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def _main(self, on_broken) -> None:
+        if self._cuda_device is not None:
+            torch.cuda.set_device(self._cuda_device)
         try:
             self.link.send({"op": "warm_up"})
             self.adapter.warm_up(lambda phase, done, total: None)
@@ -170,7 +180,9 @@ class Engine:
                         self.heartbeat("idle")
                         last = time.monotonic()
                     continue
+                self._current = job
                 self._run(job)
+                self._current = None
                 last = time.monotonic()
             self.link.send({"op": "exit"})
         except LinkBroken as e:
