@@ -24,7 +24,7 @@ import sys
 
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
 from dtgen.serve.server import ServeOptions, serve
-from examples.hunyuan_t2i import _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare
+from examples.hunyuan_t2i import RANK_PRELOAD, _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare
 from models.hunyuan_image3.serving import HunyuanServeAdapter
 
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         return 2
     try:
         results = run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout,
-                               job_deadline_s=float("inf"))
+                               job_deadline_s=float("inf"), preload=RANK_PRELOAD + ("dtgen.serve.app",))
     except RankFailure as e:
         print(f"error: the server stops: {e}", file=sys.stderr)
         return 1

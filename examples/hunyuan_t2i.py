@@ -44,6 +44,8 @@ from placements.hunyuan_image3 import PLANS, get_plan
 
 
 DEFAULT_PROMPT = "A photo of a red fox in fresh snow, golden hour"
+# What spawned CPU ranks import before they fork (dtgen.launch.RankPool): this example's code.
+RANK_PRELOAD = ("examples.hunyuan_t2i",)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -488,7 +490,7 @@ def main(argv=None) -> int:
         return 2
 
     try:
-        results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout)
+        results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=RANK_PRELOAD)
     except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
         print(f"error: {e}", file=sys.stderr)
         return 1

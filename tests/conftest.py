@@ -14,6 +14,11 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+from dtgen import launch  # noqa: E402
+
+# Spawned CPU ranks fork from a process that imported the model code once (dtgen.launch).
+launch.FORKSERVER_PRELOAD.append("examples.hunyuan_t2i")
+
 
 def pytest_collection_modifyitems(config, items):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

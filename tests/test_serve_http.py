@@ -255,8 +255,15 @@ def test_a_killed_worker_rank_ends_the_server_with_a_message(server):
     """Last: kill rank 1. Rank 0 notices at its next ping; /ready answers 503 (or nothing
     once the process is gone) and the server exits 1 with a message, without hanging."""
     base, proc, log = server
-    children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-    ranks = sorted(p for p in children if "spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes().decode())
+    def children(pid: int) -> list[int]:
+        return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+    def cmdline(pid: int) -> str:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
+    # The ranks are the fork server's children (dtgen.launch), or the server's own when spawned.
+    parents = [p for p in children(proc.pid) if "forkserver" in cmdline(p)] or [proc.pid]
+    ranks = sorted(c for p in parents for c in children(p) if "resource_tracker" not in cmdline(c))
     assert len(ranks) == 2, ranks
     os.kill(ranks[1], signal.SIGKILL)
     end = time.monotonic() + 10
