@@ -19,12 +19,11 @@ this file only plugs the pipeline in.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
+from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks
 from dtgen.serve.server import ServeOptions, serve
-from examples.hunyuan_t2i import RANK_PRELOAD, _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare
+from examples.hunyuan_t2i import RANK_PRELOAD, _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare, refuse
 from models.hunyuan_image3.serving import HunyuanServeAdapter
 
 
@@ -69,14 +68,11 @@ def serve_rank(ctx: RankContext, args: argparse.Namespace) -> str | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    quiet = under_torchrun() and int(os.environ.get("RANK", 0)) != 0
     problem = _server_problem(args)
     if problem is None:
         problem, _ = prepare(args)
     if problem is not None:
-        if not quiet:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return refuse(problem)
     try:
         results = run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout,
                                job_deadline_s=float("inf"), preload=RANK_PRELOAD + ("dtgen.serve.app",))

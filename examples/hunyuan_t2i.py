@@ -479,15 +479,19 @@ def prepare(args) -> tuple[str | None, bool]:
     return problem, tiny
 
 
+def refuse(problem: str) -> int:
+    """Print a command-line problem as one line and return exit status 2. Under torchrun
+    every rank runs main(): rank 0 alone prints."""
+    if not (under_torchrun() and int(os.environ.get("RANK", 0)) != 0):
+        print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Under torchrun every rank runs main(): let rank 0 alone print command-line errors.
-    quiet = under_torchrun() and int(os.environ.get("RANK", 0)) != 0
     problem, tiny = prepare(args)
     if problem is not None:
-        if not quiet:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+        return refuse(problem)
 
     try:
         results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=RANK_PRELOAD)

@@ -213,8 +213,8 @@ class Engine:
             result = run_job_on_rank(self.link, self.adapter, job.request, job, on_progress)
             self.board.finish(job, SUCCEEDED, result=result)
         except Cancelled as e:
-            self.board.finish(job, CANCELLED, error=e.reason, http_status=job.stop_reason()[1]
-                              if job.stop_reason() else 499)
+            stop = job.stop_reason()
+            self.board.finish(job, CANCELLED, error=e.reason, http_status=stop[1] if stop else 499)
         except LinkBroken:
             self.board.finish(job, FAILED, error="a rank is gone; the server stops", http_status=503)
             raise
