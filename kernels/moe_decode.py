@@ -64,10 +64,12 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
-# e4m3 weights, either recipe: swept apart (bench_moe), 128-wide H tiles won at every T on an
-# H200 (channels T=1/16: 43.9/184 us against 45.0/194 with the bf16 tiles). Block scales
-# need tiles inside one 128 block along each GEMM's K (block_h and block_i2 divide 128).
-FP8_DECODE_CONFIG = DecodeConfig(block_h=128)
+# e4m3 weights, either recipe: swept apart (bench_moe) on an H200. 128-wide H tiles won at
+# every T, and converting e4m3 to float16 for the dot (not to bf16) took stage 1 off its
+# conversion bound: channels T=1/2/8/16 44.6/63.6/142/186 us -> 39.2/55.0/122/174 us, with
+# the same error against bf16 (bench/results/h200x2-2026-12-01-session7/). Block scales need
+# tiles inside one 128 block along each GEMM's K (block_h and block_i2 divide 128).
+FP8_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=128, fp8_dot_f16=True)
 
 
 @triton.jit

@@ -327,12 +327,15 @@ def test_fp8_decode_matches_its_weight_only_reference(tokens, hidden, inter, exp
     x, ids, weights, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens)
     args = (x, ids, weights, *quantized_experts(w_gate_up, w_down, recipe))
     expected = moe_decode_fp8_reference(*args)
-    torch.testing.assert_close(moe_decode_fp8(*args, impl="triton"), expected, **FP32_TOL)
-    if tokens in (2, 3):  # the odd shapes (the interpreter is slow): stage 1's dot in float16
-        f16 = replace(decode_config_for(args[4]), fp8_dot_f16=True)
+    # The default FP8 tiles convert x and the weights to float16 for stage 1's dot: x rounded
+    # to float16 is ~5e-4 rms relative.
+    out = moe_decode_fp8(*args, impl="triton")
+    assert ((out - expected).norm() / expected.norm()) < 2e-3
+    if tokens in (2, 3):  # the odd shapes (the interpreter is slow): the dot in x's dtype is exact
+        exact_dot = replace(decode_config_for(args[4]), fp8_dot_f16=False)
         q_gu, s_gu, q_dn, s_dn = args[3:]
-        out = moe_decode_triton(x, ids, weights, q_gu, q_dn, config=f16, w_gate_up_scale=s_gu, w_down_scale=s_dn)
-        assert ((out - expected).norm() / expected.norm()) < 2e-3  # x rounded to float16: ~5e-4 rms relative
+        out = moe_decode_triton(x, ids, weights, q_gu, q_dn, config=exact_dot, w_gate_up_scale=s_gu, w_down_scale=s_dn)
+        torch.testing.assert_close(out, expected, **FP32_TOL)
     exact = moe_multi_micro_reference(x, ids, weights, w_gate_up, w_down)
     out = moe_decode_fp8(*args)
     # Weight-only: one e4m3 rounding in each of the two weights (~2.6% rms relative each):
