@@ -32,9 +32,8 @@ class CompileOptions:
     autotune: bool = False
     # Regional compilation: each decoder layer is one compiled region, shared by all layers,
     # and the code between the layers (embedding, sequence-parallel shard and gather, head,
-    # sampling) runs eagerly, so compile time stays flat with depth. The decode step is
-    # still compiled whole (one graph, a CUDA graph on GPU), around the region: a nested
-    # compile region, one subgraph for all layers (torch 2.11 traces each call, then dedupes).
+    # sampling) runs eagerly, so compile time stays flat with depth. On CUDA the decode step
+    # is then recorded as a CUDA graph around the regions (dtgen/cuda_graph.py).
     regions: bool = False
 
 
@@ -69,12 +68,12 @@ class StepCompiler:
     def region(self, fn: Callable) -> Callable:
         """A region (one decoder layer) compiled once and reused wherever it runs with the
         same shapes: the layers share one graph, so compile time does not grow with depth.
-        Called eagerly, it runs its compiled graph; inside a whole-step compile (the decode
-        step) it is a nested compile region: one subgraph that every layer calls. Returned
-        raw (not `timed`): the step that calls it counts the compile time."""
+        The steps around it run eagerly (on CUDA the decode step is recorded as a CUDA graph
+        around them: dtgen/cuda_graph.py). Returned raw (not `timed`): the step that calls it
+        counts the compile time."""
         if not self.options.enabled:
             return fn
-        return self._compile(torch.compiler.nested_compile_region(fn), cuda_graph=False)
+        return self._compile(fn, cuda_graph=False)
 
     def _compile(self, fn: Callable, cuda_graph: bool) -> Callable:
         inductor = self.options.backend == "inductor"

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.cuda_graph import GraphedStep
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sequence import SlotHole
@@ -358,16 +359,20 @@ class HunyuanT2IPipeline:
         self.compiler = StepCompiler(compile_options or CompileOptions())
         options = self.compiler.options
         self.decode_cuda_graph = options.enabled and options.decode_cuda_graph and self.device.type == "cuda"
+        self._graphed_decode: GraphedStep | None = None
         if options.enabled and options.regions:
-            # One compiled region per decoder layer, shared by all of them; prefill and denoise
-            # run eagerly around it. The decode step is compiled whole, since a CUDA graph
-            # replays one callable and one token's eager code would cost more than its GPU
-            # time; the region inside it is one subgraph for all layers (torch 2.11 still traces
-            # each layer's call before it dedupes them: see docs/design.md).
+            # One compiled region per decoder layer, shared by all of them; every step runs
+            # eagerly around it, so dynamo traces one layer whatever the depth. The decode
+            # step's eager code costs more host time than one token's GPU work, so on CUDA it
+            # is recorded as a CUDA graph around the regions (dtgen/cuda_graph.py).
             self.model.model.run_layer = self.compiler.region(run_layer)
             self._prefill_fn = self.compiler.timed(self._ar_prefill)
             self._denoise_fn = self.compiler.timed(self.predict_velocity)
-            self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
+            if self.decode_cuda_graph:
+                self._graphed_decode = GraphedStep(self._ar_decode)
+                self._decode_fn = self.compiler.timed(self._graphed_decode)
+            else:
+                self._decode_fn = self.compiler.timed(self._ar_decode)
         else:
             self._prefill_fn = self.compiler.wrap(self._ar_prefill)
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
@@ -382,6 +387,8 @@ class HunyuanT2IPipeline:
         """Drop the KV caches kept between requests (after an out-of-memory error: the next
         request allocates them again; a CUDA-graph decode step then records again)."""
         self._kept_caches.clear()
+        if self._graphed_decode is not None:  # its recordings hold the old caches' addresses
+            self._graphed_decode.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
