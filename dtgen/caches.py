@@ -1,8 +1,10 @@
 """dtgen's cache folder, and the compile cache that lives in it.
 
     $DTGEN_CACHE (default ~/.cache/dtgen)
-        compile/     inductor's FX graph cache, AOTAutograd's cache, generated kernels and
-                     their Triton builds (TORCHINDUCTOR_CACHE_DIR, unless that is set)
+        compile/     inductor's FX graph cache, AOTAutograd's cache, generated kernels
+                     (TORCHINDUCTOR_CACHE_DIR, unless that is set)
+        compile/triton/  every Triton build: inductor's kernels and dtgen's own, with their
+                     launchers (TRITON_CACHE_DIR, unless that is set)
         ...          models keep their own files here too (the tiny default's checkpoint)
 
 With the compile cache on disk, a second process that compiles the same graphs loads
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+TRITON_ENV = "TRITON_CACHE_DIR"
 
 
 def cache_root() -> Path:
@@ -62,6 +65,12 @@ def use_compile_cache() -> Path:
         folder = fallback
         folder.mkdir(parents=True, exist_ok=True)
     os.environ[INDUCTOR_ENV] = str(folder)
+    # One fixed folder for Triton. Left alone, inductor points TRITON_CACHE_DIR at the compile
+    # folder only once it compiles or loads a graph: a cold process then builds dtgen's own
+    # kernels into ~/.triton, and a warm one (which loads graphs first) looks for them in the
+    # compile folder and builds them again (measured on an H200: 9 launchers, 2.3 s).
+    if not os.environ.get(TRITON_ENV):
+        os.environ[TRITON_ENV] = str(folder / "triton")
     inductor_config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
     return folder

@@ -67,3 +67,18 @@ def test_an_unusable_cache_folder_falls_back_to_inductors_default(tmp_path, monk
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)   # restored after the test
     assert use_compile_cache() == Path(default_cache_dir())
     assert "cannot be created" in capsys.readouterr().err
+
+
+def test_triton_builds_go_to_one_folder_from_the_start(tmp_path, monkeypatch):
+    """dtgen's own kernels and inductor's share one Triton folder under the compile cache,
+    set before the first launch, so a warm process finds the builds of a cold one."""
+    from dtgen.caches import use_compile_cache
+
+    monkeypatch.setenv("DTGEN_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)   # both restored after the test
+    monkeypatch.setenv("TRITON_CACHE_DIR", "")                       # empty: not chosen
+    folder = use_compile_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(folder / "triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))   # the user's choice stays
+    use_compile_cache()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
