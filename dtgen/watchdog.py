@@ -7,8 +7,10 @@ daemon thread that talks to the others through torchrun's store, never through t
 data-plane communicators:
 
 - `fail()` (the failing rank): prints its traceback with a `[rank r]` prefix, publishes
-  one line under `FAILURE_KEY` (the first failure wins), aborts the communicators and
-  exits with status 1. It never calls a teardown that waits on peers.
+  one line under `FAILURE_KEY` (the first failure wins), waits a moment for the others to
+  say they saw it (`SEEN_KEY`: torchrun stops the other ranks as soon as one exits, which
+  would cut their message short), aborts the communicators and exits with status 1. It
+  never calls a teardown that waits on peers.
 - The thread on every other rank polls that key (every `poll_s`), prints
   `[rank r] stopping: rank f failed: ...`, aborts and exits 1: the whole job ends within
   seconds. A rank that dies without a word is torchrun's to report: its agent names the
@@ -34,6 +36,7 @@ import traceback
 import torch.distributed as dist
 
 FAILURE_KEY = "dtgen/failure"
+SEEN_KEY = "dtgen/failure-seen"
 DONE_KEY = "dtgen/done"
 COMPILING_KEY = "dtgen/compiling"
 
@@ -118,9 +121,31 @@ class RankWatch:
             first = mine
         if first != mine:
             say(self.rank, f"stopping: {first} (here: {_summary_line(traceback_text)})")
+            self._saw_failure()
         else:
             say(self.rank, traceback_text)
+            self._wait_until_seen(timeout_s=4 * self.poll_s + 1.0)
         abort_and_exit(1)
+
+    def _saw_failure(self) -> None:
+        try:
+            with self._store_lock:
+                self.store.add(SEEN_KEY, 1)
+        except Exception:
+            pass
+
+    def _wait_until_seen(self, timeout_s: float) -> None:
+        """Until every other rank has printed the failure (their watch threads poll every
+        `poll_s`, whatever their main thread is blocked in), or `timeout_s`."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                with self._store_lock:
+                    if self.store.add(SEEN_KEY, 0) >= self.world_size - 1:
+                        return
+            except Exception:
+                return  # the store is gone: nobody is left to wait for
+            time.sleep(0.05)
 
     def finish(self) -> None:
         """Check in as done and wait for every rank (or a failure) before teardown."""
@@ -151,6 +176,7 @@ class RankWatch:
             return
         if message and not self._failing:
             say(self.rank, f"stopping: {message}")
+            self._saw_failure()
             abort_and_exit(1)
 
     def _anyone_compiling(self) -> bool:
