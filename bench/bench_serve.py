@@ -1,6 +1,7 @@
 """Server overhead: the same generations through `examples.hunyuan_serve` and in process.
 
     python -m bench.bench_serve [--world-size 2 --plan tp2] [--requests 5] [-- extra model flags]
+    python -m bench.bench_serve --torchrun --world-size 2 --plan tp2 -- --random-weights full ...  (GPUs)
 
 Runs `examples.hunyuan_t2i` with N prompts (in process, its report's per-request totals),
 then a server with the same flags, and sends the same N requests one after another over
@@ -50,6 +51,10 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=5)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--size", default="256x256", help="HxW (square by default, so WxH is the same)")
+    p.add_argument("--torchrun", action="store_true",
+                   help="launch both through torchrun, one process per rank (GPUs); else one process that "
+                        "spawns its CPU ranks")
+    p.add_argument("--timeout", type=float, default=900, help="seconds the server may take to become ready")
     p.add_argument("--out", default="outputs/bench_serve.json")
     p.add_argument("extra", nargs="*", help="more model flags for both runs (after --)")
     args = p.parse_args()
@@ -57,10 +62,12 @@ def main() -> None:
     common = ["--world-size", str(args.world_size), "--plan", args.plan, "--steps", str(args.steps),
               "--image-size", args.size, *args.extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+              str(args.world_size)] if args.torchrun else [sys.executable]
 
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "t2i.json"
-        cli = [sys.executable, "-m", "examples.hunyuan_t2i", *common, "--warmup", "--report", str(report),
+        cli = [*launch, "-m", "examples.hunyuan_t2i", *common, "--warmup", "--report", str(report),
                "--output", str(Path(tmp) / "img.png")]
         for prompt in prompts:
             cli += ["--prompt", prompt]
@@ -68,10 +75,13 @@ def main() -> None:
         in_process = [r["timings_ms"]["total"] for r in json.loads(report.read_text())["requests"]]
 
     port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "examples.hunyuan_serve", *common, "--port", str(port)],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    server_log = Path(args.out).with_suffix(".server.log")   # where to look when it fails
+    server_log.parent.mkdir(parents=True, exist_ok=True)
+    with server_log.open("w") as log:
+        server = subprocess.Popen([*launch, "-m", "examples.hunyuan_serve", *common, "--port", str(port)],
+                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    ready_by = time.monotonic() + args.timeout
     try:
         while True:
             try:
@@ -81,14 +91,17 @@ def main() -> None:
             except OSError:
                 time.sleep(0.5)
             if server.poll() is not None:
-                sys.exit("the server exited before it was ready")
-        inside, end_to_end = [], []
+                sys.exit(f"the server exited before it was ready (its output: {server_log})")
+            if time.monotonic() > ready_by:
+                sys.exit(f"the server was not ready within {args.timeout:.0f} s")
+        inside, end_to_end, new_graphs = [], [], []
         h, w = args.size.split("x")
         for prompt in prompts:
             t0 = time.perf_counter()
             answer = _post(base + "/v1/images/generations", {"prompt": prompt, "size": f"{w}x{h}", "seed": 0})
             end_to_end.append((time.perf_counter() - t0) * 1e3)
             inside.append(answer["dtgen"]["timings_ms"]["total"])
+            new_graphs.append(answer["dtgen"]["new_graphs"])
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
@@ -99,7 +112,8 @@ def main() -> None:
     result = dict(world_size=args.world_size, plan=args.plan, steps=args.steps, size=args.size,
                   requests=args.requests, medians=med, per_request=dict(in_process_ms=in_process,
                                                                          server_inside_ms=inside,
-                                                                         server_end_to_end_ms=end_to_end),
+                                                                         server_end_to_end_ms=end_to_end,
+                                                                         new_graphs=new_graphs),
                   overhead=overhead, outside_generate_ms=med["server_end_to_end_ms"] - med["server_inside_ms"],
                   target_overhead=TARGET_OVERHEAD)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +123,7 @@ def main() -> None:
         print(f"  {k:<22} {v:9.1f} ms (median)")
     print(f"  overhead               {overhead * 100:+.2f}% (target <= {TARGET_OVERHEAD * 100:.0f}%); outside the "
           f"pipeline {result['outside_generate_ms']:.1f} ms")
+    print(f"  graphs compiled by each request after /ready: {new_graphs}")
     print(f"wrote {args.out}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import contextlib
 import io
 import json
 import re
@@ -56,19 +57,17 @@ def call(base: str, method: str, path: str, body=None, timeout: float = 120.0) -
         return status, text, headers
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def running_server(log: Path, *flags: str, ready_within_s: float = 180):
+    """examples.hunyuan_serve with `flags` on a free port, until /ready; yields (base, proc)."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "examples.hunyuan_serve", "--world-size", "2", "--plan", "tp2",
-                                 "--port", str(port), "--steps", "2", "--max-new-tokens", "4", "--ping", "0.2",
-                                 "--max-queued", "4", "--inject-failure", "1:ar:2"],
+        proc = subprocess.Popen([sys.executable, "-m", "examples.hunyuan_serve", "--port", str(port), *flags],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + ready_within_s
         while True:
             assert proc.poll() is None, f"the server exited early:\n{log.read_text()[-3000:]}"
             try:
@@ -76,16 +75,25 @@ def server(tmp_path_factory):
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, f"not ready after 180 s:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"not ready after {ready_within_s} s:\n{log.read_text()[-3000:]}"
             time.sleep(0.5)
-        yield base, proc, log
+        yield base, proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in the same session
+        with contextlib.suppress(ProcessLookupError):  # gone already (a test may end it)
+            os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in the same session
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    with running_server(log, "--world-size", "2", "--plan", "tp2", "--steps", "2", "--max-new-tokens", "4",
+                        "--ping", "0.2", "--max-queued", "4", "--inject-failure", "1:ar:2") as (base, proc):
+        yield base, proc, log
 
 
 def metric(text: str, name: str) -> float:
@@ -276,3 +284,15 @@ def test_a_killed_worker_rank_ends_the_server_with_a_message(server):
     assert proc.wait(30) == 1
     text = log.read_text()
     assert "error: the server stops" in text and "rank 1 died" in text, text[-3000:]
+
+
+def test_a_compiled_server_compiles_nothing_after_ready(tmp_path):
+    """One process, compiled (dynamo's eager backend: tracing without code generation), with a
+    warm-up bucket: /ready waits for the bucket's graphs, and requests with prompts of other
+    lengths in that bucket compile no graph (the response's `new_graphs`)."""
+    with running_server(tmp_path / "server.log", "--steps", "2", "--max-new-tokens", "3", "--compile",
+                        "--compile-backend", "eager", "--warmup-shapes", "8:256x256") as (base, _):
+        for prompt in ("a fox", "a red fox asleep in fresh snow under a pine tree"):
+            status, answer, _ = call(base, "POST", "/v1/images/generations", dict(FOX, prompt=prompt))
+            assert status == 200, answer
+            assert answer["dtgen"]["new_graphs"] == 0, answer["dtgen"]

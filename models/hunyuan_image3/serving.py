@@ -13,6 +13,7 @@ import base64
 import io
 from dataclasses import replace
 
+from dtgen.compile import unique_graphs
 from dtgen.serve.errors import RequestError
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, resolution_table, to_uint8
 from models.hunyuan_image3.requests import check_t2i_request
@@ -74,12 +75,15 @@ class HunyuanServeAdapter:
 
     # ---- every rank -------------------------------------------------------------------
     def generate(self, req: T2IRequest, progress) -> dict | None:
+        graphs = unique_graphs()
         result = self.pipe.generate(req, progress=progress)
         if self.rank != 0:
             return None
         h, w = result.image_size
         return {"image": {"b64_json": png_b64(result.image)}, "size": f"{w}x{h}", "seed": req.seed,
                 "ar_tokens": len(result.tokens),
+                # graphs this request compiled: 0 for every request of a warmed-up bucket
+                "new_graphs": unique_graphs() - graphs,
                 "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}}
 
     def warm_up(self, progress) -> None:
