@@ -19,11 +19,13 @@ from .attention import rope_cos_sin, structured_mask
 from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
+# TI2I (image editing) cases live apart, so that the T2I tests do not pick them up.
+TI2I_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden-ti2i"
 
 
-def discover_cases(root: Path = DEFAULT_ROOT) -> list[Path]:
-    """Case folders under `root` and under every folder in $DTGEN_GOLDEN_DIRS (os.pathsep-separated)."""
-    roots = [root] + [Path(p) for p in os.environ.get("DTGEN_GOLDEN_DIRS", "").split(os.pathsep) if p]
+def discover_cases(root: Path = DEFAULT_ROOT, env: str = "DTGEN_GOLDEN_DIRS") -> list[Path]:
+    """Case folders under `root` and under every folder in $`env` (os.pathsep-separated)."""
+    roots = [root] + [Path(p) for p in os.environ.get(env, "").split(os.pathsep) if p]
     cases = []
     for r in roots:
         if r.is_dir():
@@ -39,6 +41,11 @@ class GoldenCheck:
     detail: str = ""
     rel_l2: float = 0.0       # ||ours - golden|| / ||golden|| (checks of values)
     agreement: float = 1.0    # fraction of equal elements (exact checks of equal shape)
+
+
+def discover_ti2i_cases() -> list[Path]:
+    """TI2I case folders: under ../shared/golden-ti2i and every folder in $DTGEN_GOLDEN_TI2I_DIRS."""
+    return discover_cases(TI2I_ROOT, "DTGEN_GOLDEN_TI2I_DIRS")
 
 
 class GoldenCase:
