@@ -1,13 +1,17 @@
-"""HunyuanImage-3.0 VAE decoder (the official ``AutoencoderKLConv3D`` decoder) as plain modules.
+"""HunyuanImage-3.0 VAE (the official ``AutoencoderKLConv3D``) as plain modules.
 
-Only the decoder exists: text-to-image never encodes, and the checkpoint stores just
-``vae.decoder.*``. Module and parameter names mirror the checkpoint, so
-``HunyuanVAE.state_dict()`` keys are the checkpoint keys without the ``vae.`` prefix.
+The decoder always exists. The encoder exists only when the config says
+``only_decoder: false``: text-to-image never encodes and its checkpoints store just
+``vae.decoder.*``, while image editing (TI2I) encodes the reference image and its
+checkpoints also store ``vae.encoder.*``. Module and parameter names mirror the checkpoint,
+so ``HunyuanVAE.state_dict()`` keys are the checkpoint keys without the ``vae.`` prefix.
 
 Shapes: the decoder is a 3-D (video) decoder. A latent image [B, C, h, w] is given a time
 axis T=1; the first log2(ffactor_temporal) upsamplers also double time, so the decoder
 returns ffactor_temporal frames [B, 3, T_out, f*h, f*w] (f = ffactor_spatial) and the
-image is the LAST frame.
+image is the LAST frame. The encoder is the mirror image: an image is repeated into
+ffactor_temporal identical frames, the last log2(ffactor_temporal) spatial downsamplers
+also halve time, and one latent frame comes out.
 
 Every convolution is a ``VAEConv3d`` (symmetric zero padding) called as a module on a
 [B, C, T, H, W] tensor, so a spatially split decode can swap each one for a
@@ -18,21 +22,28 @@ handle those too; the upsamplers' depth-to-space is per position and splits free
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Optional
+from typing import NamedTuple, Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 _GROUPS = 32
 _NORM_EPS = 1e-6
+# DiagonalGaussianDistribution clamps the log-variance to this range before exp().
+_LOGVAR_RANGE = (-30.0, 20.0)
 
 
 @dataclass(frozen=True)
 class VAEConfig:
-    """The decoder-relevant part of the official ``vae`` sub-config (same field names).
+    """The model-relevant part of the official ``vae`` sub-config (same field names).
 
     ``block_out_channels`` is listed in ENCODER order, as in the official config; the
     decoder walks it reversed.
+
+    ``only_decoder`` defaults to True although the official class defaults to False: a
+    config that does not say otherwise is taken as a text-to-image one, whose checkpoint
+    holds no encoder weights (and whose VAE widths the encoder may not even accept).
     """
 
     block_out_channels: tuple[int, ...]
@@ -44,6 +55,9 @@ class VAEConfig:
     scaling_factor: float
     shift_factor: Optional[float] = None
     upsample_match_channel: bool = True
+    in_channels: int = 3
+    only_decoder: bool = True
+    downsample_match_channel: bool = True
 
     @classmethod
     def from_dict(cls, d: dict) -> "VAEConfig":
@@ -67,6 +81,12 @@ def _log2_exact(n: int, name: str) -> int:
     if n < 1 or n & (n - 1):
         raise ValueError(f"{name} must be a power of two, got {n}")
     return n.bit_length() - 1
+
+
+def _check_group_widths(channels: tuple[int, ...]) -> None:
+    for c in channels:
+        if c % _GROUPS:
+            raise ValueError(f"block_out_channels entries must be multiples of {_GROUPS}, got {c}")
 
 
 class VAEConv3d(nn.Conv3d):
@@ -182,6 +202,62 @@ class UpLevel(nn.Module):
         return x
 
 
+def _space_to_depth(x: Tensor, rt: int) -> Tensor:
+    """[B, C, T*rt, H*2, W*2] -> [B, (rt*2*2*C), T, H, W], the inverse of ``_depth_to_space``.
+
+    Input position (t*rt + i, h*2 + j, w*2 + k) of channel c lands in channel (i, j, k, c),
+    c fastest, at output position (t, h, w).
+    """
+    b, c, tt, hh, ww = x.shape
+    t, h, w = tt // rt, hh // 2, ww // 2
+    x = x.reshape(b, c, t, rt, h, 2, w, 2)
+    x = x.permute(0, 3, 5, 7, 1, 2, 4, 6)  # b, rt, rh, rw, c, t, h, w
+    return x.reshape(b, rt * 4 * c, t, h, w)
+
+
+class Downsample(nn.Module):
+    """DCAE-style downsampler: conv to C_out/(rt*2*2) channels, space-to-depth, plus the same
+    space-to-depth of the input averaged over groups of consecutive channels (a
+    parameter-free shortcut)."""
+
+    def __init__(self, in_channels: int, out_channels: int, temporal: bool):
+        super().__init__()
+        self.rt = 2 if temporal else 1
+        factor = self.rt * 4
+        if out_channels % factor or (factor * in_channels) % out_channels:
+            raise ValueError(
+                f"downsampler {in_channels}->{out_channels} (x{factor}): {out_channels} must be a multiple "
+                f"of {factor} and divide {factor * in_channels}"
+            )
+        self.group_size = factor * in_channels // out_channels
+        self.conv = VAEConv3d(in_channels, out_channels // factor, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = _space_to_depth(self.conv(x), self.rt)
+        shortcut = _space_to_depth(x, self.rt)
+        b, _, t, hh, ww = shortcut.shape
+        # Consecutive channels after the (rt, rh, rw, c) merge, as the official view(...).mean(2).
+        shortcut = shortcut.view(b, h.shape[1], self.group_size, t, hh, ww).mean(dim=2)
+        return h + shortcut
+
+
+class DownLevel(nn.Module):
+    """One encoder level: ``layers_per_block`` ResnetBlocks, then an optional downsampler
+    (the attribute exists only on levels that downsample, as in the checkpoint)."""
+
+    def __init__(self, blocks: list[ResnetBlock], downsample: Optional[Downsample]):
+        super().__init__()
+        self.block = nn.ModuleList(blocks)
+        self.downsample = downsample
+
+    def forward(self, x: Tensor) -> Tensor:
+        for blk in self.block:
+            x = blk(x)
+        if self.downsample is not None:
+            x = self.downsample(x)
+        return x
+
+
 class MidBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -201,9 +277,7 @@ class VAEDecoder(nn.Module):
         chans = cfg.decoder_channels
         n_spatial = _log2_exact(cfg.ffactor_spatial, "ffactor_spatial")
         n_temporal = _log2_exact(cfg.ffactor_temporal, "ffactor_temporal")
-        for c in chans:
-            if c % _GROUPS:
-                raise ValueError(f"block_out_channels entries must be multiples of {_GROUPS}, got {c}")
+        _check_group_widths(chans)
         if chans[0] % cfg.latent_channels:
             raise ValueError(
                 f"decoder width {chans[0]} must be a multiple of latent_channels {cfg.latent_channels}"
@@ -246,13 +320,132 @@ class VAEDecoder(nn.Module):
         return self.conv_out(F.silu(self.norm_out(h)))
 
 
-class HunyuanVAE(nn.Module):
-    """Decoder-only VAE; held by the top-level model as ``vae`` (names ``vae.decoder.*``)."""
+class VAEEncoder(nn.Module):
+    """The official ``Encoder``: x [B, in_channels, T, H, W] -> moments [B, 2*latent_channels,
+    T/ffactor_temporal, H/f, W/f] (f = ffactor_spatial; mean first, then log-variance)."""
 
     def __init__(self, cfg: VAEConfig):
         super().__init__()
+        chans = cfg.block_out_channels
+        n_spatial = _log2_exact(cfg.ffactor_spatial, "ffactor_spatial")
+        n_temporal = _log2_exact(cfg.ffactor_temporal, "ffactor_temporal")
+        _check_group_widths(chans)
+        if n_temporal > n_spatial:
+            raise ValueError(f"the encoder halves time only where it halves space: ffactor_temporal="
+                             f"{cfg.ffactor_temporal} must not exceed ffactor_spatial={cfg.ffactor_spatial}")
+
+        self.conv_in = VAEConv3d(cfg.in_channels, chans[0], 3)
+        levels = []
+        block_in = chans[0]
+        for i, block_out in enumerate(chans):
+            blocks = []
+            for _ in range(cfg.layers_per_block):
+                blocks.append(ResnetBlock(block_in, block_out))
+                block_in = block_out
+            downsample = None
+            # Downsampling levels come first; the LAST log2(ffactor_temporal) of them also halve
+            # time (official: i >= log2(ffactor_spatial // ffactor_temporal)).
+            if i < n_spatial:
+                if i == len(chans) - 1:
+                    raise ValueError(
+                        f"ffactor_spatial={cfg.ffactor_spatial} needs more than {len(chans)} levels"
+                    )
+                down_out = chans[i + 1] if cfg.downsample_match_channel else block_in
+                downsample = Downsample(block_in, down_out, temporal=i >= n_spatial - n_temporal)
+                block_in = down_out
+            levels.append(DownLevel(blocks, downsample))
+        self.down = nn.ModuleList(levels)
+        self.mid = MidBlock(block_in)
+
+        moments = 2 * cfg.latent_channels
+        if block_in % moments:
+            raise ValueError(f"encoder width {block_in} (block_out_channels[-1]) must be a multiple of "
+                             f"2*latent_channels = {moments}")
+        # The end shortcut averages this many consecutive channels into each moment channel.
+        self.out_group_size = block_in // moments
+        self.norm_out = _group_norm(block_in)
+        self.conv_out = VAEConv3d(block_in, moments, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv_in(x)
+        for level in self.down:
+            h = level(h)
+        h = self.mid(h)
+        b, c, t, hh, ww = h.shape
+        shortcut = h.view(b, c // self.out_group_size, self.out_group_size, t, hh, ww).mean(dim=2)
+        return self.conv_out(F.silu(self.norm_out(h))) + shortcut
+
+
+class EncodedImage(NamedTuple):
+    """``HunyuanVAE.encode`` output, every tensor [B, latent_channels, h, w]."""
+
+    mean: Tensor    # posterior mean, encoder space
+    logvar: Tensor  # posterior log-variance, clamped
+    noise: Tensor   # the standard-normal draw of the sample
+    latent: Tensor  # (mean + exp(logvar/2) * noise - shift) * scaling: diffusion space
+
+
+def _posterior_noise(shape: tuple[int, ...], generator: Optional[torch.Generator],
+                     device: torch.device, dtype: torch.dtype) -> Tensor:
+    """diffusers ``randn_tensor(shape, generator, device, dtype)``, single-generator case: a CPU
+    generator draws on the CPU (in ``dtype``) and the draw is moved, so a seed gives the same
+    noise whatever device the VAE is on."""
+    if generator is None or generator.device.type == device.type:
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    if generator.device.type != "cpu":
+        raise ValueError(f"a {generator.device.type} generator cannot draw the posterior noise for a VAE on "
+                         f"{device.type}; use a CPU generator")
+    return torch.randn(shape, generator=generator, device="cpu", dtype=dtype).to(device)
+
+
+class HunyuanVAE(nn.Module):
+    """The VAE, held by the top-level model as ``vae`` (names ``vae.decoder.*`` and, unless
+    ``only_decoder``, ``vae.encoder.*``)."""
+
+    def __init__(self, cfg: VAEConfig, with_encoder: bool = False):
+        """`with_encoder`: also build the encoder (image editing encodes the reference image;
+        text-to-image never encodes, so its model holds no encoder even when the checkpoint
+        has one)."""
+        super().__init__()
         self.cfg = cfg
+        if with_encoder and cfg.only_decoder:
+            raise ValueError("the VAE config says only_decoder=true: this checkpoint has no VAE encoder, which "
+                             "image editing needs")
+        # A plain None attribute, not a child: a decoder-only VAE has no encoder state_dict keys.
+        self.encoder = VAEEncoder(cfg) if with_encoder else None
         self.decoder = VAEDecoder(cfg)
+
+    def encode(self, pixels: Tensor, generator: Optional[torch.Generator] = None) -> EncodedImage:
+        """Images [B, in_channels, H, W] in [-1, 1] (H, W multiples of ffactor_spatial) -> a
+        SAMPLE of the posterior in diffusion space, as the official ``vae_encode``.
+
+        The image is repeated into ffactor_temporal identical frames (one latent frame comes
+        out); the noise is drawn like diffusers ``randn_tensor`` (``generator`` None: the
+        default generator of the VAE's device). Then shift_factor is subtracted (when set and
+        non-zero) and the result multiplied by scaling_factor (when set and non-zero): the
+        inverse of ``_to_decoder_space``.
+        """
+        if self.encoder is None:
+            raise ValueError("this VAE has no encoder (built without it, or vae config only_decoder=true); "
+                             "encoding an image needs it built (image editing) from vae.encoder.* weights")
+        f, c = self.cfg.ffactor_spatial, self.cfg.in_channels
+        if pixels.dim() != 4 or pixels.shape[1] != c or pixels.shape[2] % f or pixels.shape[3] % f:
+            raise ValueError(f"expected pixels [B, {c}, H, W] with H and W multiples of ffactor_spatial={f}, "
+                             f"got shape {tuple(pixels.shape)}")
+        weight = self.encoder.conv_in.weight
+        frames = pixels.to(weight.device, weight.dtype).unsqueeze(2)
+        frames = frames.expand(-1, -1, self.cfg.ffactor_temporal, -1, -1)
+        mean, logvar = self.encoder(frames).chunk(2, dim=1)
+        logvar = logvar.clamp(*_LOGVAR_RANGE)
+        # Drawn with the [B, C, 1, h, w] shape and the moments' dtype, as the official
+        # DiagonalGaussianDistribution.sample hands them to randn_tensor.
+        noise = _posterior_noise(tuple(mean.shape), generator, mean.device, mean.dtype)
+        latent = mean + torch.exp(0.5 * logvar) * noise
+        if self.cfg.shift_factor:
+            latent = latent - self.cfg.shift_factor
+        if self.cfg.scaling_factor:
+            latent = latent * self.cfg.scaling_factor
+        return EncodedImage(*(t.squeeze(2) for t in (mean, logvar, noise, latent)))
 
     def _to_decoder_space(self, latents: Tensor) -> Tensor:
         """Diffusion-space [B, C, h, w] -> decoder input [B, C, 1, h, w] in the weights' dtype.
