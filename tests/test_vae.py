@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dtgen.checkpoint import CheckpointReader
 from models.hunyuan_image3.golden import DEFAULT_ROOT as GOLDEN_ROOT
-from models.hunyuan_image3.golden import discover_cases
+from models.hunyuan_image3.golden import case_has_tensors, discover_cases
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
 VAE_KEYS = ("vae_latent_in", "vae_decoded", "vae_decoder_all_frames")
 NONSQUARE_KEYS = ("vae_latent_in_nonsquare", "vae_decoded_nonsquare")
@@ -35,19 +34,13 @@ TINY_VAE = {
 
 
 def _vae_cases():
-    cases = [c for c in discover_cases(GOLDEN_ROOT) if _has_tensors(c, VAE_KEYS)]
+    cases = [c for c in discover_cases(GOLDEN_ROOT) if case_has_tensors(c, VAE_KEYS)]
     if not cases:
         reason = f"no golden case with VAE tensors under {GOLDEN_ROOT} or DTGEN_GOLDEN_DIRS"
         return [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason=reason))]
     return [pytest.param(c, id=c.name) for c in cases]
 
 
-def _has_tensors(case: Path, names) -> bool:
-    path = case / "golden.safetensors"
-    if not path.is_file():
-        return False
-    with safe_open(path, "pt") as f:
-        return set(names) <= set(f.keys())
 
 
 def load_vae_weights(case: Path) -> dict[str, torch.Tensor]:
