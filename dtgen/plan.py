@@ -260,13 +260,15 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
 # --------------------------------------------------------------------------------------
 # Matching rules to a model
 # --------------------------------------------------------------------------------------
-def match_rules(plan: Plan, param_names: list[str]) -> dict[str, Rule]:
-    """Exactly one rule per parameter; every glob must match something."""
+def match_rules(plan: Plan, param_names: list[str], unbuilt: tuple[str, ...] = ()) -> dict[str, Rule]:
+    """Exactly one rule per parameter; every glob must match something, except the globs of
+    modules this model was built without (`unbuilt`: name prefixes, e.g. an encoder only
+    image editing uses)."""
     matched: dict[str, list[str]] = {n: [] for n in param_names}
     unused = []
     for glob in plan.params:
         hits = [n for n in param_names if fnmatch.fnmatchcase(n, glob)]
-        if not hits:
+        if not hits and not glob.startswith(unbuilt):
             unused.append(glob)
         for n in hits:
             matched[n].append(glob)

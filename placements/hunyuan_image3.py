@@ -28,6 +28,10 @@ PARAM_RULES = {
     "patch_embed.*": Rule.REPLICATE,
     "final_layer.*": Rule.REPLICATE,
     "vae.*": Rule.REPLICATE,
+    # Image editing: the condition is computed once per request on every rank (same inputs,
+    # same rows), so no rank waits for another's encoder and nothing moves afterwards.
+    "vision_model.*": Rule.REPLICATE,
+    "vision_aligner.*": Rule.REPLICATE,
 }
 
 # Row-parallel weights make these modules' outputs partial sums: one all-reduce each

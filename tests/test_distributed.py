@@ -14,7 +14,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from dtgen.controller import PhaseMismatchError
 from dtgen.launch import RankFailure, RankPool
-from models.hunyuan_image3.golden import GoldenCase, compare_case, discover_cases
+from models.hunyuan_image3.golden import GoldenCase, compare_case, compare_ti2i_case, discover_cases, discover_ti2i_cases
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
@@ -86,6 +86,13 @@ def job_golden(ctx, case_folder, plan_name):
     loaded = load(case_folder, get_plan(plan_name), ctx.rank, ctx.world_size)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=ctx.rank == 0)
     return [(c.name, c.max_abs, c.ok) for c in compare_case(GoldenCase(case_folder), pipe, localisation=False)]
+
+
+def job_golden_ti2i(ctx, case_folder, plan_name):
+    loaded = load(case_folder, get_plan(plan_name), ctx.rank, ctx.world_size, image_editing=True)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=ctx.rank == 0)
+    case = GoldenCase(case_folder)
+    return [(c.name, c.max_abs, c.ok) for c in compare_ti2i_case(case, pipe, localisation=False)]
 
 
 def job_disagree(ctx, ckpt, wrong_name):
@@ -182,6 +189,20 @@ def test_golden_cases_through_plans(pool, case, plan_name, request):
         assert not bad, f"{case.name} under {plan_name}: {bad}"
         assert {n for n, _, _ in rank_checks} >= {"ar_prefill_logits", "ar_decode_logits", "diff_pred_step1",
                                                    "diff_pred_step2_cached", "vae_decoded"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in discover_ti2i_cases()] or
+                         [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason="no TI2I golden cases"))])
+@pytest.mark.parametrize("plan_name", ["hybrid", "hybrid-aabb"])
+def test_ti2i_golden_cases_through_plans(pool, case, plan_name):
+    """Image editing on 4 CPU ranks: the condition encoded on every rank (replicated encoders),
+    its section in the AR prompt (TP4) and in both CFG rows of the denoise sequence (TP2 x
+    SP2), every golden tensor on every rank."""
+    for rank_checks in pool.run(job_golden_ti2i, case, plan_name):
+        bad = [(n, m) for n, m, ok in rank_checks if not ok]
+        assert not bad, f"{case.name} under {plan_name}: {bad}"
+        assert {n for n, _, _ in rank_checks} >= {"ar_prefill_logits", "ar_decode_logits", "diff_pred_step1",
+                                                   "diff_pred_step2_cached", "diff_pred_step2_full"}
 
 
 @pytest.mark.parametrize("wrong", ["ar", "no-such-phase"])

@@ -34,7 +34,7 @@ def test_shipped_plans_resolve_and_cover_the_model(name):
     plan = get_plan(name)
     r = resolve(plan, plan.world_size)
     model = build_on_meta(HunyuanImage3Config.from_dict(tiny_config()))
-    rules = match_rules(plan, [n for n, _ in model.named_parameters()])
+    rules = match_rules(plan, [n for n, _ in model.named_parameters()], model.unbuilt_modules())
     match_outputs(plan, [n for n, _ in model.named_modules()])
     check_plan_fits(model.cfg, r)
     for n, spec in param_specs(model, rules, None).items():
@@ -77,15 +77,16 @@ def test_attention_kind_needs_sequence_axes():
 
 
 def test_glob_matching_nothing_and_uncovered_parameter():
-    names = [n for n, _ in _model().named_parameters()]
+    model = _model()
+    names, unbuilt = [n for n, _ in model.named_parameters()], model.unbuilt_modules()
     plan = get_plan("single")
     with pytest.raises(PlanError, match=r"globs \['model.nothing.\*'\] match no parameter"):
-        match_rules(dataclasses.replace(plan, params={**plan.params, "model.nothing.*": Rule.REPLICATE}), names)
+        match_rules(dataclasses.replace(plan, params={**plan.params, "model.nothing.*": Rule.REPLICATE}), names, unbuilt)
     rules = {k: v for k, v in plan.params.items() if k != "lm_head.weight"}
     with pytest.raises(PlanError, match=r"no rule covers parameters \['lm_head.weight'\]"):
-        match_rules(dataclasses.replace(plan, params=rules), names)
+        match_rules(dataclasses.replace(plan, params=rules), names, unbuilt)
     with pytest.raises(PlanError, match="matches several rules"):
-        match_rules(dataclasses.replace(plan, params={**plan.params, "lm_head.*": Rule.REPLICATE}), names)
+        match_rules(dataclasses.replace(plan, params={**plan.params, "lm_head.*": Rule.REPLICATE}), names, unbuilt)
 
 
 @pytest.mark.parametrize("field,value,pattern", [
@@ -100,7 +101,8 @@ def test_model_that_does_not_divide(field, value, pattern):
     model = build_on_meta(HunyuanImage3Config.from_dict(cfg))
     plan = get_plan("hybrid")
     r = resolve(plan, 4)
-    specs = param_specs(model, match_rules(plan, [n for n, _ in model.named_parameters()]), None)
+    specs = param_specs(model, match_rules(plan, [n for n, _ in model.named_parameters()], model.unbuilt_modules()),
+                        None)
     with pytest.raises(PlanError, match=pattern):
         for n, spec in specs.items():
             check_divisible(n, spec, r.storage_tp * r.num_micros)

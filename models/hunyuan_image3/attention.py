@@ -20,6 +20,15 @@ from kernels.attention_key_prefix import attention_key_prefix
 # --------------------------------------------------------------------------------------
 # RoPE
 # --------------------------------------------------------------------------------------
+def image_rope_positions(start: int, h: int, w: int) -> torch.Tensor:
+    """(y, x) of an h x w image starting at sequence index `start`, row-major, [h*w, 2]."""
+    y0 = start + (h * w - h) // 2
+    x0 = start + (h * w - w) // 2
+    ys = torch.arange(h).repeat_interleave(w) + y0
+    xs = torch.arange(w).repeat(h) + x0
+    return torch.stack([ys, xs], dim=-1)
+
+
 def rope_cos_sin(pos_yx: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables [..., S, head_dim] (float32) for positions pos_yx [..., S, 2] = (y, x).
 

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
-from .attention import rope_cos_sin, structured_mask
-from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence
+from .attention import AttentionMeta, rope_cos_sin, structured_mask
+from .cond_image import resize_and_crop, vae_bucket, vae_pixels
+from .instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix, prompt_condition,
+                       splice_rows)
+from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence, build_instruct_diffusion_sequence, resolution_table
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
 # TI2I (image editing) cases live apart, so that the T2I tests do not pick them up.
@@ -41,6 +45,15 @@ class GoldenCheck:
     detail: str = ""
     rel_l2: float = 0.0       # ||ours - golden|| / ||golden|| (checks of values)
     agreement: float = 1.0    # fraction of equal elements (exact checks of equal shape)
+
+
+def case_has_tensors(folder: Path, names) -> bool:
+    """Whether a case folder's golden.safetensors holds every tensor in `names` (keys only)."""
+    path = Path(folder) / "golden.safetensors"
+    if not path.is_file():
+        return False
+    with safe_open(path, "pt") as f:
+        return set(names) <= set(f.keys())
 
 
 def discover_ti2i_cases() -> list[Path]:
@@ -161,7 +174,6 @@ def _diffusion(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool) -
                             m.image_tokens(t["diff_latents_step1"].to(dev), t1), text[:, img1:]], dim=1)
         out.append(case.check("diff_step1_input_embeds", embeds, t["diff_step1_input_embeds"]))
         cos, sin = rope_cos_sin(seq.rope_pos.to(dev), pipe.cfg.head_dim, pipe.cfg.rope_theta)
-        from .attention import AttentionMeta
         layer0 = m.model.layers[0](embeds, cos, sin, AttentionMeta(slots.to(dev), (seq.image_slots,)), None)
         out.append(case.check("diff_step1_layer0_output", layer0, t["diff_step1_layer0_output"]))
         hidden = pipe.forward_rows(rt, embeds, seq.rope_pos.to(dev), slots.to(dev), seq.length,
@@ -194,4 +206,176 @@ def _vae(case: GoldenCase, pipe: HunyuanT2IPipeline) -> list[GoldenCheck]:
     if case.has("vae_latent_in_nonsquare", "vae_decoded_nonsquare"):
         out.append(case.check("vae_decoded_nonsquare", vae.decode(t["vae_latent_in_nonsquare"].to(dev, dtype)),
                               t["vae_decoded_nonsquare"]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# TI2I (image editing): the Instruct template with a reference image's condition
+# ----------------------------------------------------------------------------------------
+# What a TI2I case feeds in rather than checks.
+TI2I_INPUTS = {"ref_image_uint8", "diff_latents_step1", "diff_timesteps_step1", "diff_latents_step2",
+               "diff_timesteps_step2", "vae_latent_in", "cond_timestep", "ar_prefill_logits_positions",
+               "diff_probe_positions"}
+
+
+def ti2i_condition(case: GoldenCase, pipe: HunyuanT2IPipeline) -> tuple[ConditionShape, ConditionTokens]:
+    """The condition's shape and rows, from the case's condition latent and aligned ViT rows
+    (so the decoder checks do not inherit the encoders' rounding; those are checked apart)."""
+    t, m, dev = case.t, pipe.model, pipe.device
+    latent = t["cond_vae_latent"].to(dev)
+    h, w = latent.shape[-2:]
+    down = pipe.cfg.vae_downsample_factor
+    rows, cols = (int(v) for v in t["cond_vit_spatial_shapes"][0])
+    shape = ConditionShape(resolution_table(pipe.cfg.image_base_size).index((h * down[0], w * down[1])), h, w,
+                           rows, cols, t["cond_vit_aligned"].shape[1])
+    zero = torch.zeros(1, device=dev)
+    return shape, ConditionTokens(shape, m.timestep_token(zero).unsqueeze(1), m.image_tokens(latent, zero),
+                                  t["cond_vit_aligned"].to(dev))
+
+
+def _slot_mask(length: int, *ranges: tuple[int, int]) -> torch.Tensor:
+    mask = torch.zeros(length, dtype=torch.bool)
+    for a, b in ranges:
+        mask[a:b] = True
+    return mask
+
+
+def _ti2i_encoders(case: GoldenCase, pipe: HunyuanT2IPipeline) -> list[GoldenCheck]:
+    """The condition's own computation, from the reference image: the VAE side's bucket crop,
+    posterior and sample, the ViT side's patches, tower and aligner, and the pipeline's
+    `encode_condition` end to end (its rows against the golden ones)."""
+    from PIL import Image
+    t, m, dev, out = case.t, pipe.model, pipe.device, []
+    ref = t["ref_image_uint8"]
+    bucket = vae_bucket(ref.shape[0], ref.shape[1], pipe.cfg.image_base_size)
+    crop = resize_and_crop(Image.fromarray(ref.numpy()), bucket)
+    out.append(case.exact("cond_vae_resized_uint8", torch.frombuffer(bytearray(crop.tobytes()), dtype=torch.uint8)
+                          .view(crop.height, crop.width, 3), t["cond_vae_resized_uint8"]))
+    seed = int(case.meta["seeds"]["cond_vae_sample"])
+    enc = m.vae.encode(vae_pixels(crop).to(dev), torch.Generator().manual_seed(seed))
+    for name, value in (("cond_vae_posterior_mean", enc.mean), ("cond_vae_posterior_logvar", enc.logvar),
+                        ("cond_vae_sample_noise", enc.noise), ("cond_vae_latent", enc.latent)):
+        out.append(case.check(name, value, t[name]))
+    values, attention, spatial = m.vision_processor(ref)
+    out.append(case.exact("cond_vit_pixel_values", values, t["cond_vit_pixel_values"]))
+    out.append(case.exact("cond_vit_pixel_attention_mask", attention, t["cond_vit_pixel_attention_mask"]))
+    out.append(case.exact("cond_vit_spatial_shapes", spatial, t["cond_vit_spatial_shapes"]))
+    vm = m.vision_model
+    values, attention, spatial = values.to(dev, m.vision_dtype), attention.to(dev), spatial.to(dev)
+    out.append(case.check("cond_vit_embeddings", vm.embeddings(values, spatial), t["cond_vit_embeddings"]))
+    hidden = vm(values, attention, spatial)
+    out.append(case.check("cond_vit_last_hidden_state", hidden, t["cond_vit_last_hidden_state"]))
+    out.append(case.check("cond_vit_aligned", m.vision_aligner(hidden), t["cond_vit_aligned"]))
+    # The pipeline's own path, as a request runs it: the same rows it would splice in.
+    ours = pipe.encode_condition(ref, seed)
+    out.append(case.check("pipeline_cond_vae_latent", ours.latent, t["cond_vae_latent"]))
+    out.append(case.check("pipeline_cond_vit_aligned", ours.vit, t["cond_vit_aligned"]))
+    out.append(case.check("pipeline_cond_timestep_embed", ours.timestep[:, 0], t["cond_timestep_embed"]))
+    return out
+
+
+@torch.no_grad()
+def compare_ti2i_case(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: bool = True) -> list[GoldenCheck]:
+    """Every TI2I golden output: the template, masks and RoPE, the AR prefill and decode with
+    the condition in context, the two CFG diffusion steps, the VAE decoder. `localisation`
+    adds the single-process check of layer 0 alone (under a parallel plan a layer called by
+    itself sees no sequence sharding)."""
+    t, meta, dev = case.t, case.meta, pipe.device
+    tok, special, extra = pipe.tok, pipe.special, pipe.tok.instruct
+    inputs = meta["conditioning"]["inputs"]
+    shape, cond = ti2i_condition(case, pipe)
+    out = [case.check("cond_timestep_embed", cond.timestep[:, 0], t["cond_timestep_embed"])]
+    if pipe.model.vision_model is not None:   # loaded for image editing: the encoders too
+        out += _ti2i_encoders(case, pipe)
+    prefix = instruct_prefix(tok.encode, special, extra, pipe.cfg.image_base_size, shape,
+                             tok.encode(inputs["prompt"]), inputs["system_prompt"])
+    layout = prefix.condition
+    m = pipe.model
+
+    # ---- AR: the "think" prompt, prefilled with the condition, then greedy decode ----------
+    rt = pipe.controller.activate("ar")
+    ids = prefix.ids + [extra.think]
+    S = len(ids)
+    out.append(case.exact("ar_input_ids", [ids], t["ar_input_ids"]))
+    slots = torch.arange(S)
+    out.append(case.exact("ar_attention_mask", structured_mask(slots, slots, layout.blocks).expand(1, 1, -1, -1),
+                          t["ar_attention_mask"]))
+    out.append(case.exact("ar_position_ids", slots.unsqueeze(0), t["ar_position_ids"]))
+    out.append(case.exact("ar_cond_vae_image_mask", _slot_mask(S, layout.vae_slots)[None], t["ar_cond_vae_image_mask"]))
+    out.append(case.exact("ar_cond_vit_image_mask", _slot_mask(S, layout.vit_slots)[None], t["ar_cond_vit_image_mask"]))
+    out.append(case.exact("ar_cond_timestep_index", [[layout.timestep_slot]], t["ar_cond_timestep_index"]))
+    cond_in_prompt = prompt_condition(layout, cond, S, dev)
+    out.append(case.exact("ar_rope_pos_yx", cond_in_prompt.rope_pos.cpu()[None], t["ar_rope_pos_yx"]))
+    steps = t["ar_generated_ids"].shape[1]
+    total = S + steps
+    cache = pipe._cache(rt, 1, total)
+    embeds = splice_rows(m.embed_tokens(torch.tensor([ids], device=dev)), cond_in_prompt.pieces)
+    probe = t["ar_prefill_logits_positions"].to(dev)
+    out.append(case.check("ar_prefill_input_embeds_probe", embeds[:, probe], t["ar_prefill_input_embeds_probe"]))
+    h = pipe.forward_rows(rt, embeds, cond_in_prompt.rope_pos, ((0, S),), total, layout.blocks, cache)
+    out.append(case.check("ar_prefill_last_hidden_probe", h[:, probe], t["ar_prefill_last_hidden_probe"]))
+    out.append(case.check("ar_prefill_logits", m.logits(h[:, probe]), t["ar_prefill_logits"]))
+    logits, tokens, rows = m.logits(h[0, -1]), [], []
+    for k in range(steps):
+        tokens.append(int(torch.argmax(logits)))
+        logits = pipe.ar_logits(rt, torch.tensor([[tokens[-1]]], device=dev), torch.tensor([S + k], device=dev),
+                                cache, total)
+        rows.append(logits)
+    out.append(case.exact("ar_generated_ids", [tokens], t["ar_generated_ids"]))
+    out.append(case.exact("ar_decode_position_ids", torch.arange(S, total), t["ar_decode_position_ids"]))
+    out.append(case.check("ar_decode_logits", torch.stack(rows), t["ar_decode_logits"]))
+    out.append(case.exact("ar_next_id_after_decode", [int(torch.argmax(rows[-1]))], t["ar_next_id_after_decode"]))
+
+    # ---- diffusion: [cond, uncond], both with the image -----------------------------------
+    d = meta["diffusion"]
+    gh, gw = d["latent_h"], d["latent_w"]
+    ratio = special.ratio.index(int(t["diff_input_ids"][0, d["timestep_index"] - 1]))
+    cot = encode_with_specials(tok.encode, inputs["cot_text"], extra)
+    seq = build_instruct_diffusion_sequence(prefix, cot, tok.encode, special, extra, pipe.cfg.image_base_size,
+                                            ratio, gh, gw)
+    L = seq.length
+    out.append(case.exact("diff_input_ids", torch.stack([seq.cond_ids, seq.uncond_ids]), t["diff_input_ids"]))
+    slots = torch.arange(L)
+    out.append(case.exact("diff_attention_mask", structured_mask(slots, slots, seq.attention_blocks)[None, None],
+                          t["diff_attention_mask"]))
+    out.append(case.exact("diff_position_ids", slots.expand(2, -1), t["diff_position_ids"]))
+    for name, ranges in (("diff_image_mask", seq.image_slots), ("diff_cond_vae_image_mask", layout.vae_slots),
+                         ("diff_cond_vit_image_mask", layout.vit_slots)):
+        out.append(case.exact(name, _slot_mask(L, ranges).expand(2, -1), t[name]))
+    out.append(case.exact("diff_timestep_index", [[seq.timestep_slot]] * 2, t["diff_timestep_index"]))
+    out.append(case.exact("diff_cond_timestep_index", [[layout.timestep_slot]] * 2, t["diff_cond_timestep_index"]))
+    out.append(case.exact("diff_rope_pos_yx", seq.rope_pos.expand(2, -1, -1), t["diff_rope_pos_yx"]))
+    cos, sin = rope_cos_sin(seq.rope_pos, pipe.cfg.head_dim, pipe.cfg.rope_theta)
+    out.append(case.check("diff_rope_cos", cos.expand(2, -1, -1), t["diff_rope_cos"]))
+    out.append(case.check("diff_rope_sin", sin.expand(2, -1, -1), t["diff_rope_sin"]))
+    step_slots = torch.cat([torch.tensor([seq.timestep_slot]), torch.arange(*seq.image_slots)])
+    out.append(case.exact("diff_step2_position_ids", step_slots.expand(2, -1), t["diff_step2_position_ids"]))
+
+    rt = pipe.controller.activate("denoise")
+    ids2 = torch.stack([seq.cond_ids, seq.uncond_ids]).to(dev)
+    lat1, t1 = t["diff_latents_step1"].to(dev), t["diff_timesteps_step1"].to(dev)
+    # Probes: the embeddings entering layer 0, its output, and the last layer's output.
+    probe = t["diff_probe_positions"].to(dev)
+    embeds = splice_rows(m.embed_tokens(ids2), cond.splices(layout) + [
+        (seq.timestep_slot, m.timestep_token(t1).unsqueeze(1)), (seq.image_start, m.image_tokens(lat1, t1))])
+    out.append(case.check("diff_step1_input_embeds_probe", embeds[:, probe], t["diff_step1_input_embeds_probe"]))
+    rope = seq.rope_pos.to(dev)
+    c, s_ = rope_cos_sin(rope, pipe.cfg.head_dim, pipe.cfg.rope_theta)
+    if localisation:
+        layer0 = m.model.layers[0](embeds, c, s_, AttentionMeta(slots.to(dev), seq.attention_blocks), None)
+        out.append(case.check("diff_step1_layer0_output_probe", layer0[:, probe],
+                              t["diff_step1_layer0_output_probe"]))
+    hidden = pipe.forward_rows(rt, embeds, rope, ((0, L),), L, seq.attention_blocks, pipe.denoise_cache(rt, 2, seq))
+    out.append(case.check("diff_step1_final_hidden_probe", hidden[:, probe], t["diff_step1_final_hidden_probe"]))
+
+    cache = pipe.denoise_cache(rt, 2, seq)
+    pred1 = pipe.predict_velocity(rt, seq, ids2, lat1, t1, cache, first_step=True, condition=cond)
+    out.append(case.check("diff_pred_step1", pred1, t["diff_pred_step1"]))
+    lat2, t2 = t["diff_latents_step2"].to(dev), t["diff_timesteps_step2"].to(dev)
+    pred2 = pipe.predict_velocity(rt, seq, None, lat2, t2, cache, first_step=False)
+    out.append(case.check("diff_pred_step2_cached", pred2, t["diff_pred_step2_cached"]))
+    full = pipe.predict_velocity(rt, seq, ids2, lat2, t2, pipe.denoise_cache(rt, 2, seq), first_step=True,
+                                 condition=cond)
+    out.append(case.check("diff_pred_step2_full", full, t["diff_pred_step2_full"]))
+    out += _vae(case, pipe)
     return out

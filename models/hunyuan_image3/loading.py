@@ -23,7 +23,7 @@ from kernels.fp8_quant import FP8_DTYPE, fp8_support_problem
 from dtgen.topology import Topology
 
 from .config import HunyuanImage3Config
-from .model import UNUSED_CHECKPOINT_PREFIXES, HunyuanImage3ForCausalMM, set_moe_impl, use_fp8_experts
+from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_experts
 from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
@@ -33,9 +33,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 MOE_DTYPES = ("model", "fp8")
 
 
-def build_on_meta(cfg: HunyuanImage3Config) -> HunyuanImage3ForCausalMM:
+def build_on_meta(cfg: HunyuanImage3Config, image_editing: bool = False) -> HunyuanImage3ForCausalMM:
     with torch.device("meta"):
-        return HunyuanImage3ForCausalMM(cfg)
+        return HunyuanImage3ForCausalMM(cfg, image_editing)
 
 
 def official_shape(meta_shape: torch.Size, stacked: bool, micro_packed: bool) -> tuple[int, ...]:
@@ -122,8 +122,12 @@ def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
 def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
-         control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels") -> LoadedModel:
+         control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
+         image_editing: bool = False) -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
+
+    `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
+    the plan's rules like every other weight: replicated in the shipped plans).
 
     `moe_dtype` "fp8": the routed experts are quantized to e4m3 as they are read, with
     `fp8_scales` "channels" (one scale per weight row) or "blocks" (128 x 128 blocks).
@@ -148,13 +152,13 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     else:
         cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
     resolved = resolve(plan, world_size)
-    model = build_on_meta(cfg)
+    model = build_on_meta(cfg, image_editing)
     if moe_dtype == "fp8":
         with torch.device("meta"):
             use_fp8_experts(model)
     set_moe_impl(model, moe_impl)
     sources = model.param_sources()
-    rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None])
+    rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], model.unbuilt_modules())
     rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
     outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
     check_plan_fits(cfg, resolved)
@@ -174,7 +178,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         tokenizer = ByteTokenizer(cfg)
     else:
         reader = CheckpointReader(checkpoint)
-        validate_checkpoint(reader, specs, UNUSED_CHECKPOINT_PREFIXES)
+        validate_checkpoint(reader, specs, unused_checkpoint_prefixes(image_editing))
         storage = ResidentStorage.load(reader, specs, shard, dtype, device, reduce_max=reduce_max)
         reader.close()
         tokenizer = load_tokenizer(checkpoint, cfg)

@@ -26,6 +26,7 @@ from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
 from .transformer import Experts, HunyuanImage3Transformer, experts_eager
 from .vae import HunyuanVAE
+from .vision import AlignerConfig, VisionAligner, VisionConfig, VisionProcessorConfig, VisionTransformer
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class ParamSource:
 
 
 class HunyuanImage3ForCausalMM(nn.Module):
-    def __init__(self, cfg: HunyuanImage3Config):
+    def __init__(self, cfg: HunyuanImage3Config, image_editing: bool = False):
+        """`image_editing`: also build what reads a reference image (the VAE encoder, the
+        SigLIP2 vision tower and its aligner); text-to-image never needs them."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
@@ -55,7 +58,26 @@ class HunyuanImage3ForCausalMM(nn.Module):
         self.time_embed_2 = TimestepEmbedder(H)
         self.patch_embed = PatchEmbed(cfg.vae.latent_channels, cfg.patch_embed_hidden_dim, H)
         self.final_layer = FinalLayer(H, cfg.patch_embed_hidden_dim, cfg.vae.latent_channels)
-        self.vae = HunyuanVAE(cfg.vae)
+        self.vae = HunyuanVAE(cfg.vae, with_encoder=image_editing)
+        # Plain None attributes when not editing: no parameters, so no checkpoint keys.
+        self.vision_model = self.vision_aligner = self.vision_processor = None
+        if image_editing:
+            vit, aligner, processor = (cfg.raw.get(k) for k in ("vit", "vit_aligner", "vit_processor"))
+            if not (vit and aligner and processor):
+                raise ValueError("image editing needs the config's 'vit', 'vit_aligner' and 'vit_processor' "
+                                 "sections; this checkpoint has none (a text-to-image-only checkpoint)")
+            self.vision_model = VisionTransformer(VisionConfig.from_dict(vit))
+            self.vision_aligner = VisionAligner(AlignerConfig.from_dict(aligner))
+            self.vision_processor = VisionProcessorConfig.from_dict(processor)
+
+    def unbuilt_modules(self) -> tuple[str, ...]:
+        """Name prefixes of the modules this instance was built without (a plan's rules for
+        them match nothing here)."""
+        return () if self.vision_model is not None else ("vision_model.", "vision_aligner.")
+
+    @property
+    def vision_dtype(self) -> torch.dtype:
+        return self.vision_model.embeddings.patch_embedding.weight.dtype
 
     # ---- pieces the pipeline composes ------------------------------------------------
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
@@ -157,5 +179,12 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
 
 
 # Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner
-# (image conditioning), and the VAE encoder. They may be present; they are not loaded.
-UNUSED_CHECKPOINT_PREFIXES = ("vision_model.", "vision_aligner.", "vae.encoder.")
+# (image conditioning), and the VAE encoder. They may be present; they are loaded only for
+# image editing. The tower's pooling head is never used (HunyuanImage-3 reads the last
+# hidden state).
+EDITING_CHECKPOINT_PREFIXES = ("vision_model.", "vision_aligner.", "vae.encoder.")
+NEVER_USED_CHECKPOINT_PREFIXES = ("vision_model.head.",)
+
+
+def unused_checkpoint_prefixes(image_editing: bool) -> tuple[str, ...]:
+    return NEVER_USED_CHECKPOINT_PREFIXES + (() if image_editing else EDITING_CHECKPOINT_PREFIXES)

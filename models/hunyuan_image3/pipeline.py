@@ -21,57 +21,19 @@ from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sequence import SlotHole
 
-from .attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
+from .attention import AttentionMeta, KVCache, SlotRuns, image_rope_positions, slots_of_runs
+from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
+                       PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
+from .cond_image import resize_and_crop, vae_bucket, vae_pixels
+from .resolutions import parse_image_size, resolution_table
 from .model import HunyuanImage3ForCausalMM
 from .transformer import run_layer
 from .parallel_vae import parallel_decode
-from .tokenizer import SpecialTokens
+from .tokenizer import InstructTokens, SpecialTokens
 
 # ----------------------------------------------------------------------------------------
 # Resolutions and the diffusion sequence
 # ----------------------------------------------------------------------------------------
-_EXTRA_RESOLUTIONS_AT_1024 = ((1024, 768), (1280, 720), (768, 1024), (720, 1280))
-
-
-def resolution_table(base: int, align: int = 16) -> list[tuple[int, int]]:
-    """The official (height, width) table, index k <-> `<img_ratio_k>`.
-
-    From base x base, step base/16 in opposite directions until one side is base/2 and the
-    other 2*base (16 sizes each way), sorted by h/w; then the four extra resolutions whose
-    ratios the grid lacks (given at base 1024, scaled with the base here).
-    """
-    step = base // 16
-    lo, hi = base // 2, base * 2
-    sizes = [(base, base)]
-    for grow_h in (True, False):
-        h = w = base
-        while not ((h >= hi and w <= lo) if grow_h else (h <= lo and w >= hi)):
-            h, w = (min(h + step, hi), max(w - step, lo)) if grow_h else (max(h - step, lo), min(w + step, hi))
-            sizes.append((h // align * align, w // align * align))
-    sizes.sort(key=lambda s: s[0] / s[1])
-    ratios = {s[0] / s[1] for s in sizes}
-    for h, w in _EXTRA_RESOLUTIONS_AT_1024:
-        if h / w not in ratios:
-            sizes.append((h * base // 1024 // align * align, w * base // 1024 // align * align))
-    return sizes
-
-
-def parse_image_size(text: str, base: int) -> int | None:
-    """'auto' -> None (the model picks), 'HxW' -> its index in the resolution table."""
-    if text == "auto":
-        return None
-    table = resolution_table(base)
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"image size {text!r} is not 'auto' or 'HxW' (e.g. {base}x{base})") from None
-    if (h, w) in table:
-        return table.index((h, w))
-    near = sorted(table, key=lambda s: abs(s[0] / s[1] - h / w))[:3]
-    raise ValueError(f"image size {h}x{w} is not in the resolution table for base size {base}; "
-                     f"nearest ratios: {', '.join(f'{a}x{b}' for a, b in near)}")
-
-
 @dataclass(frozen=True)
 class DiffusionSequence:
     """The pretrain template: <bos> text <boi><img_size><img_ratio_k><timestep> <img>*h*w <eoi>.
@@ -91,6 +53,7 @@ class DiffusionSequence:
     width: int
     pad: int = 0                 # padding rows after the text (host only: no graph reads it)
     hole: SlotHole | None = None  # where they sit; None when not bucketed
+    condition: ConditionLayout | None = None  # a reference image's section (image editing)
 
     @property
     def length(self) -> int:
@@ -105,14 +68,10 @@ class DiffusionSequence:
     def image_slots(self) -> tuple[int, int]:
         return self.image_start, self.image_start + self.height * self.width
 
-
-def image_rope_positions(start: int, h: int, w: int) -> torch.Tensor:
-    """(y, x) of an h x w image starting at sequence index `start`, row-major, [h*w, 2]."""
-    y0 = start + (h * w - h) // 2
-    x0 = start + (h * w - w) // 2
-    ys = torch.arange(h).repeat_interleave(w) + y0
-    xs = torch.arange(w).repeat(h) + x0
-    return torch.stack([ys, xs], dim=-1)
+    @property
+    def attention_blocks(self) -> tuple[tuple[int, int], ...]:
+        """Every bidirectional block, in slot order: the condition's (if any), then the image."""
+        return (self.condition.blocks if self.condition else ()) + (self.image_slots,)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -122,32 +81,57 @@ def round_up(n: int, multiple: int) -> int:
 
 def build_diffusion_sequence(text_ids: list[int], special: SpecialTokens, base: int, ratio: int,
                              h: int, w: int, bucket: int = 0) -> DiffusionSequence:
-    """`text_ids` = prompt (+ CoT) without <bos>. `bucket` > 0: <bos> + text pad to a
-    multiple of that many rows (see `DiffusionSequence`), so that every text length of a
-    bucket gives the same shapes and slots, and so the same compiled graphs."""
-    head = [special.bos] + list(text_ids)
+    """The pretrain (T2I) template. `text_ids` = prompt (+ CoT) without <bos>. `bucket` > 0:
+    <bos> + text pad to a multiple of that many rows (see `DiffusionSequence`), so that every
+    text length of a bucket gives the same shapes and slots, and so the same compiled graphs."""
+    return assemble_diffusion_sequence([special.bos] + list(text_ids), [special.bos] + [special.cfg] * len(text_ids),
+                                       [special.boi, special.size[base], special.ratio[ratio], special.timestep],
+                                       [special.eoi], special, h, w, bucket)
+
+
+def assemble_diffusion_sequence(head: list[int], uncond_head: list[int], image_head: list[int], post: list[int],
+                                special: SpecialTokens, h: int, w: int, bucket: int = 0,
+                                condition: ConditionLayout | None = None) -> DiffusionSequence:
+    """head (the text; `uncond_head` its CFG row, same length) [padding] image_head (ends with
+    <timestep>) <img> x h*w post. Padding rows go between the head and the image head, so the
+    image keeps its slots for every head length of a bucket. `condition` lies inside the head."""
+    if len(uncond_head) != len(head):
+        raise ValueError(f"the uncond row's text has {len(uncond_head)} ids, the cond row's {len(head)}")
     pad = round_up(len(head), bucket) - len(head) if bucket else 0
-    tail = [special.boi, special.size[base], special.ratio[ratio], special.timestep]
-    image_start = len(head) + pad + len(tail)
-    image = [special.img] * (h * w) + [special.eoi]
-    ids = head + [special.eos] * pad + tail + image
-    uncond = [special.bos] + [special.cfg] * (len(text_ids) + pad) + tail + image
+    image_start = len(head) + pad + len(image_head)
+    image = [special.img] * (h * w) + list(post)
+    ids = head + [special.eos] * pad + image_head + image
+    uncond = uncond_head + [special.cfg] * pad + image_head + image
     S = len(ids)
     # Positions of the official sequence: the rows after the padding move back over it
     # (the padding rows keep their slot as position: nothing reads what they compute).
     official = torch.arange(S) - torch.where(torch.arange(S) >= len(head) + pad, pad, 0)
     pos = official.unsqueeze(-1).repeat(1, 2)
     pos[image_start:image_start + h * w] = image_rope_positions(image_start - pad, h, w)
+    if condition is not None:
+        pos = condition.apply_rope(pos)
     hole = SlotHole(torch.tensor(len(head)), len(head) + pad) if bucket else None
     return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, image_start - 1, image_start, h, w,
-                             pad, hole)
+                             pad, hole, condition)
+
+
+def build_instruct_diffusion_sequence(prefix: InstructPrefix, cot_ids: list[int], encode, special: SpecialTokens,
+                                      extra: InstructTokens, base: int, ratio: int, h: int, w: int,
+                                      bucket: int = 0) -> DiffusionSequence:
+    """The diffusion sequence of an edit: `prefix` (through "Assistant: ") + CoT, then
+    <answer> and the image, then </answer> "\n\n". Bucket padding goes before <answer>."""
+    head = prefix.ids + list(cot_ids)
+    uncond = prefix.uncond_ids + cot_uncond(list(cot_ids), special_ids(special, extra), special.cfg)
+    image_head = [extra.answer, special.boi, special.size[base], special.ratio[ratio], special.timestep]
+    post = [special.eoi, extra.end_answer] + encode(ANSWER_SUFFIX)
+    return assemble_diffusion_sequence(head, uncond, image_head, post, special, h, w, bucket, prefix.condition)
 
 
 def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
     """Dense [S, S] mask (for inspection and tests; the model builds it from slots)."""
     from .attention import structured_mask
     slots = torch.arange(seq.length)
-    return structured_mask(slots, slots, (seq.image_slots,))
+    return structured_mask(slots, slots, seq.attention_blocks)
 
 
 # ----------------------------------------------------------------------------------------
@@ -245,6 +229,10 @@ class T2IRequest:
     prompt_ids: tuple[int, ...] | None = None     # token ids to use instead of encoding `prompt`
     ignore_stop: bool = False                     # always decode max_new_tokens (fixed-length benchmarks)
     forced_ratio: int | None = None               # skip the ratio choice
+    # Image editing (the Instruct template): a reference image, uint8 [H, W, 3] RGB (see
+    # cond_image.load_reference_image), and the system prompt written before the user turn.
+    reference: torch.Tensor | None = None
+    system_prompt: str = ""
 
 
 @dataclass
@@ -441,37 +429,43 @@ class HunyuanT2IPipeline:
 
     # ---- AR ---------------------------------------------------------------------------
     def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor | SlotRuns, cache: KVCache, total: int,
-                  all_rows: bool = False, last: torch.Tensor | None = None) -> torch.Tensor:
+                  all_rows: bool = False, last: torch.Tensor | None = None,
+                  cond: PromptCondition | None = None) -> torch.Tensor:
         """Feed ids [1, n] at `slots` through the cache; logits [V] of the last row ([n, V] with all_rows).
 
         Token ids are a tensor, and so are the slots of a decode step, so that one compiled
         graph serves every step; a prompt's slots are static runs (see `forward_rows`).
         `last` ([1] int64): the row whose logits are wanted, when rows after it are padding.
+        `cond`: a prompt (at slots 0..n-1) holding a reference image's condition section.
         """
         embeds = self.model.embed_tokens(ids)
         slot_vec = slots_of_runs(slots, self.device) if isinstance(slots, tuple) else slots
-        h = self.forward_rows(rt, embeds, slot_vec.unsqueeze(-1).repeat(1, 2), slots, total, (), cache)
+        rope, blocks = slot_vec.unsqueeze(-1).repeat(1, 2), ()
+        if cond is not None:
+            embeds, rope, blocks = splice_rows(embeds, cond.pieces), cond.rope_pos, cond.blocks
+        h = self.forward_rows(rt, embeds, rope, slots, total, blocks, cache)
         if all_rows:
             return self.model.logits(h[0])
         return self.model.logits(h[0, -1] if last is None else h[0].index_select(0, last)[0])
 
-    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None):
+    def _ar_step(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None, cond=None):
         """Logits [V] of the last row (or row `last`) and the token sampled from them (0-d, on the device)."""
-        logits = self.ar_logits(rt, ids, slots, cache, total, last=last)
+        logits = self.ar_logits(rt, ids, slots, cache, total, last=last, cond=cond)
         return logits, sample_token(logits, uniform, sampling.temperature, sampling.top_k, sampling.top_p,
                                     sampling.candidates)
 
     # Two functions (two code objects), two compiled callables: the prompt and the one-token
     # step get separate graph caches, and only the decode step replays as a CUDA graph.
-    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None):
-        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling, last)
+    def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None, cond=None):
+        return self._ar_step(rt, ids, slots, cache, total, uniform, sampling, last, cond)
 
     def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
 
     def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
               sampling: SamplingArgs, generator: torch.Generator | None,
-              static_slots: bool = False, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              static_slots: bool = False, rows: int | None = None,
+              cond: PromptCondition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
 
         static_slots: the slots are part of the graph (the prompt, always at 0); otherwise a
@@ -484,7 +478,8 @@ class HunyuanT2IPipeline:
         slots = ((start, start + n),) if static_slots else torch.arange(start, start + n, device=dev)
         uniform = (torch.rand(self.cfg.vocab_size, generator=generator, device=dev)
                    if sampling.draws else None)
-        extra = () if rows is None else (torch.tensor([rows - 1], device=dev),)
+        last = None if rows is None else torch.tensor([rows - 1], device=dev)
+        extra = () if last is None and cond is None else (last,) if cond is None else (last, cond)
         logits, token = fn(rt, ids, slots, cache, total, uniform, sampling, *extra)
         # clone: a CUDA-graph replay reuses its output buffers on the next call.
         return logits.clone(), token.clone()
@@ -496,11 +491,15 @@ class HunyuanT2IPipeline:
             return n
         return max(n, min(round_up(n, self.prompt_bucket), self.cfg.max_position_embeddings))
 
-    def run_ar(self, req: T2IRequest, run: "_Run") -> tuple[list[int], int]:
+    def run_ar(self, req: T2IRequest, run: "_Run",
+               edit: tuple[InstructPrefix, ConditionTokens] | None = None) -> tuple[list[int], int | None]:
+        """The AR phase: prefill, CoT decode, then (T2I) the ratio choice. `edit`: the Instruct
+        prompt of an image edit and its condition rows; it ends with <think>, and the image's
+        size comes from the request or the reference (ratio None here)."""
         rt = self.controller.activate("ar")
         record, timer, timings = run.record, run.timer, run.timings
         sp = self.special
-        ids = [sp.bos] + self._prompt_ids(req)
+        ids = [sp.bos] + self._prompt_ids(req) if edit is None else edit[0].ids + [self.tok.instruct.think]
         steps = req.max_new_tokens if req.forced_tokens is None else len(req.forced_tokens)
         budget = len(ids) + steps + 2
         self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
@@ -520,11 +519,16 @@ class HunyuanT2IPipeline:
         # Tensors in the compiled steps: another temperature, top-k or top-p reuses their graphs.
         sampling = Sampling(req.temperature, req.top_k, req.top_p).step_args(self.cfg.vocab_size, self.device)
         stops = {sp.eos, *req.stop_ids}
+        cond = None
+        if edit is not None:
+            stops.add(self.tok.instruct.answer)   # the model would start the image there
+            cond = prompt_condition(edit[0].condition, edit[1], len(padded), self.device)
 
         with run.profiler.region("ar_prefill"):
             t0 = timer.now()
             logits, next_token = self._feed(self._prefill_fn, rt, padded, 0, cache, length, sampling, generator,
-                                            static_slots=True, rows=len(ids) if self.prompt_bucket else None)
+                                            static_slots=True, rows=len(ids) if self.prompt_bucket else None,
+                                            cond=cond)
             timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
         run.progress("ar", 0, steps)
@@ -559,6 +563,9 @@ class HunyuanT2IPipeline:
         if generated:
             timings["ar_decode_per_token"] = decode_s * 1e3 / len(generated)
 
+        if edit is not None:   # the edit's image size is the request's or the reference's
+            self._check_ranks_agree(generated, -1)
+            return generated, None
         # <boi><img_size_N>, then the ratio token, restricted to the ratio vocabulary.
         # They go through the decode step one at a time: its graph (a CUDA graph on GPU) is
         # there already, where a 2-token feed would cost one more full-depth compile. The
@@ -592,11 +599,14 @@ class HunyuanT2IPipeline:
         return self._cache(rt, batch, seq.length, reuse)
 
     def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
-                         t: torch.Tensor, cache: KVCache, first_step: bool) -> torch.Tensor:
+                         t: torch.Tensor, cache: KVCache, first_step: bool,
+                         condition: ConditionTokens | None = None) -> torch.Tensor:
         """One model evaluation of the denoiser: [B, C, h, w] velocity for latents at timesteps t [B].
 
-        The first step feeds the whole sequence (ids [B, S]) and fills the cache with the text
-        K/V; later steps feed only <timestep> + image rows at their own slots and reuse it.
+        The first step feeds the whole sequence (ids [B, S]; a reference image's `condition`
+        rows spliced in at `seq.condition`) and fills the cache with the text and condition
+        K/V; later steps feed only <timestep> + image rows at their own slots and reuse it
+        (exact: no row before the image attends to it).
         """
         m = self.model
         S, (img0, img1) = seq.length, seq.image_slots
@@ -604,19 +614,20 @@ class HunyuanT2IPipeline:
         ts = m.timestep_token(t).unsqueeze(1)
         rope = seq.rope_pos.to(self.device)
         if first_step:
-            text = m.embed_tokens(ids)
-            embeds = torch.cat([text[:, :seq.timestep_slot], ts, img, text[:, img1:]], dim=1)
-            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, (seq.image_slots,), cache, seq.hole)
+            pieces = condition.splices(seq.condition) if condition is not None else []
+            embeds = splice_rows(m.embed_tokens(ids), pieces + [(seq.timestep_slot, ts), (img0, img)])
+            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, seq.attention_blocks, cache, seq.hole)
             h_img = h[:, img0:img1]
         else:
             # <timestep> sits right before the image: the rows fed are one run of slots.
             first = seq.timestep_slot
             h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[first:img1], ((first, img1),), S,
-                                  (seq.image_slots,), cache, seq.hole)
+                                  seq.attention_blocks, cache, seq.hole)
             h_img = h[:, 1:]
         return m.velocity(h_img, t, seq.height, seq.width).float()
 
-    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run") -> torch.Tensor:
+    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run",
+                    condition: ConditionTokens | None = None) -> torch.Tensor:
         rt = self.controller.activate("denoise")
         record, timer, timings = run.record, run.timer, run.timings
         timings["phase_switch"] = self.controller.last_switch.ms
@@ -643,7 +654,7 @@ class HunyuanT2IPipeline:
             sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
             v = rt.gather_cfg(torch.cat([
                 self._denoise_fn(rt, seq, g_ids, latents.expand(len(g), -1, -1, -1),
-                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0)
+                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0, condition)
                 for g, g_ids, cache in zip(groups, ids, caches)]))
             record.setdefault("velocity", []).append(v)
             return euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
@@ -682,6 +693,36 @@ class HunyuanT2IPipeline:
         record["denoise_length"] = [seq.real_length]
         return latents
 
+    # ---- image editing: the reference image's condition --------------------------------
+    def _instruct_tokens(self) -> InstructTokens:
+        if self.tok.instruct is None:
+            raise ValueError("image editing needs the Instruct template's special tokens (<think>, <recaption>, "
+                             "<answer>, ...); this checkpoint's tokenizer has none")
+        return self.tok.instruct
+
+    def encode_condition(self, reference: torch.Tensor, seed: int) -> ConditionTokens:
+        """uint8 [H, W, 3] -> the condition's rows: the VAE half (the image resized and cropped
+        to its resolution bucket, encoded, a posterior SAMPLE drawn from a CPU generator seeded
+        by `seed`, then patch-embedded at t = 0) and the ViT half (the original image in
+        patches, the vision tower, the aligner; all rows, padding included)."""
+        m, cfg, dev = self.model, self.cfg, self.device
+        if m.vision_model is None or m.vae.encoder is None:
+            raise ValueError("image editing needs the vision tower and the VAE encoder: load the model with "
+                             "image_editing=True (--image does)")
+        from PIL import Image
+        bucket = vae_bucket(reference.shape[0], reference.shape[1], cfg.image_base_size)
+        pixels = vae_pixels(resize_and_crop(Image.fromarray(reference.cpu().numpy()), bucket))
+        latent = m.vae.encode(pixels.to(dev), torch.Generator().manual_seed(seed)).latent
+        dtype = m.lm_head.weight.dtype
+        values, attention, spatial = m.vision_processor(reference.cpu())
+        rows = m.vision_aligner(m.vision_model(values.to(dev, m.vision_dtype), attention.to(dev), spatial.to(dev)))
+        grid_rows, grid_cols = (int(v) for v in spatial[0])
+        shape = ConditionShape(resolution_table(cfg.image_base_size).index(bucket), latent.shape[-2],
+                               latent.shape[-1], grid_rows, grid_cols, values.shape[1])
+        zero = torch.zeros(1, device=dev)
+        return ConditionTokens(shape, m.timestep_token(zero).unsqueeze(1).to(dtype),
+                               m.image_tokens(latent.to(dtype), zero).to(dtype), rows.to(dtype), latent)
+
     # ---- whole request -----------------------------------------------------------------
     def _prompt_ids(self, req: T2IRequest) -> list[int]:
         return list(req.prompt_ids) if req.prompt_ids is not None else self.tok.encode(req.prompt)
@@ -717,18 +758,36 @@ class HunyuanT2IPipeline:
         run = _Run(_Timer(self.device), {}, {}, progress or _no_progress, profiler or NullProfiler())
         timer, timings = run.timer, run.timings
         t_start = timer.now()
+        edit = None
+        if req.reference is not None:
+            # The condition is computed once, here, on every rank (its modules are replicated,
+            # so every rank gets the same rows), and kept for the AR prompt and the denoise
+            # sequence: neither recomputed nor moved after the phase switch.
+            with run.profiler.phase("condition"), run.profiler.region("condition_encode"):
+                t0 = timer.now()
+                condition = self.encode_condition(req.reference, req.seed)
+                timings["condition_encode"] = (timer.now() - t0) * 1e3
+            edit = (instruct_prefix(self.tok.encode, self.special, self._instruct_tokens(), self.cfg.image_base_size,
+                                    condition.layout_shape, self._prompt_ids(req), req.system_prompt), condition)
         with run.profiler.phase("ar"):
-            tokens, ratio = self.run_ar(req, run)
+            tokens, ratio = self.run_ar(req, run, edit)
         if forced is not None:
             ratio = forced
+        elif ratio is None:   # an edit keeps the reference's shape
+            ratio = edit[1].layout_shape.ratio
         height, width = table[ratio]
         down = self.cfg.vae_downsample_factor
         h, w = height // down[0], width // down[1]
-        seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
-                                       self.cfg.image_base_size, ratio, h, w, bucket=self.prompt_bucket)
+        if edit is None:
+            seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
+                                           self.cfg.image_base_size, ratio, h, w, bucket=self.prompt_bucket)
+        else:
+            seq = build_instruct_diffusion_sequence(edit[0], tokens, self.tok.encode, self.special,
+                                                    self.tok.instruct, self.cfg.image_base_size, ratio, h, w,
+                                                    bucket=self.prompt_bucket)
         self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
         with run.profiler.phase("denoise"):
-            latents = self.run_denoise(req, seq, run)
+            latents = self.run_denoise(req, seq, run, None if edit is None else edit[1])
         image = None
         if self.is_main or self.vae_group is not None:
             with run.profiler.phase("vae", together=self.vae_group is not None), run.profiler.region("vae_decode"):

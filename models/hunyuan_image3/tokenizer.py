@@ -1,4 +1,4 @@
-"""Tokenizers and the special-token ids the text-to-image template needs.
+"""Tokenizers and the special-token ids the text-to-image and Instruct (image editing) templates need.
 
 A real checkpoint ships `tokenizer.json` (read through the optional `tokenizers` package).
 The embedded tiny default has none: it uses a byte-level tokenizer whose text ids are
@@ -47,6 +47,29 @@ class SpecialTokens:
                    ratio=tuple(need(f"<img_ratio_{k}>") for k in range(NUM_RATIO_TOKENS)))
 
 
+INSTRUCT_TOKENS = ("<joint_img_sep>", "<think>", "</think>", "<recaption>", "</recaption>", "<answer>", "</answer>")
+
+
+@dataclass(frozen=True)
+class InstructTokens:
+    """The special ids the Instruct template adds to the T2I ones."""
+
+    joint_img_sep: int
+    think: int
+    end_think: int
+    recaption: int
+    end_recaption: int
+    answer: int
+    end_answer: int
+
+    @classmethod
+    def find(cls, lookup) -> "InstructTokens | None":
+        """The ids, or None when the tokenizer lacks any (a T2I-only checkpoint)."""
+        ids = [lookup(name) for name in INSTRUCT_TOKENS]
+        return None if any(i is None for i in ids) else cls(*(int(i) for i in ids))
+
+
+
 class ByteTokenizer:
     """UTF-8 bytes as ids 1..256 (the embedded tiny default's text vocabulary)."""
 
@@ -56,6 +79,7 @@ class ByteTokenizer:
         if min(cfg.special_token_ids.values()) <= 256:
             raise ValueError("special token ids overlap the byte range 1..256")
         self.special = SpecialTokens.from_lookup(cfg.special_token_ids.get, cfg)
+        self.instruct = InstructTokens.find(cfg.special_token_ids.get)
 
     def encode(self, text: str) -> list[int]:
         return [b + 1 for b in text.encode("utf-8")]
@@ -75,6 +99,7 @@ class HFTokenizer:
                               "pip install 'dtgen[tokenizers]'") from None
         self.tok = Tokenizer.from_file(str(path))
         self.special = SpecialTokens.from_lookup(self.tok.token_to_id, cfg)
+        self.instruct = InstructTokens.find(self.tok.token_to_id)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
