@@ -38,6 +38,7 @@ from models.hunyuan_image3.loading import MOE_DTYPES, load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.requests import check_t2i_request
+from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size, to_uint8
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
@@ -63,6 +64,9 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--prompt", action="append", default=None,
                    help=f"the prompt (default: {DEFAULT_PROMPT!r}); repeat it for several requests in one run")
     p.add_argument("--prompts-file", default=None, help="one prompt per line (blank lines skipped), after any --prompt")
+    p.add_argument("--image", default=None, metavar="PATH",
+                   help="edit this reference image (the Instruct template: the prompt says what to change)")
+    p.add_argument("--system-prompt", default="", help="with --image: the system prompt before the user turn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--guidance", type=float, default=5.0)
@@ -204,7 +208,8 @@ def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
     return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, cfg_mode=args.cfg_mode, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids)
+                      top_p=args.top_p, cfg_mode=args.cfg_mode, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids,
+                      reference=getattr(args, "reference", None), system_prompt=args.system_prompt)
 
 
 def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -279,7 +284,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     torch.manual_seed(args.seed)
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
-                  random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
+                  random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
+                  image_editing=args.image is not None)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
@@ -372,7 +378,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                 torch.set_num_threads(os.cpu_count() or 1)
             try:
                 reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
-                                 moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales)
+                                 moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
+                                 image_editing=args.image is not None)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
@@ -429,6 +436,10 @@ def _check_args(args, plan) -> str | None:
         return f"--prompts-file {args.prompts_file}: no prompt in it (every line is blank)"
     if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
         return f"--checkpoint {args.checkpoint}: no config.json there (expected the official checkpoint folder)"
+    if args.system_prompt and args.image is None:
+        return "--system-prompt belongs to image editing: give --image too"
+    if args.image is not None and args.prompt_tokens is not None:
+        return "--image edits with a text prompt: give --prompt, not --prompt-tokens"
     if args.inject_failure:
         parts = args.inject_failure.split(":")
         if (len(parts) not in (3, 4) or not parts[0].isdigit() or parts[1] not in ("ar", "denoise")
@@ -453,6 +464,20 @@ def _request_problem(args, image_base_size: int) -> str | None:
     return None
 
 
+def _editing_problem(args, config: dict) -> str | None:
+    """--image: the reference must be readable, and the checkpoint must hold what reads it.
+    The image is read here, once (every rank gets it with the arguments)."""
+    missing = [k for k in ("vit", "vit_aligner", "vit_processor") if not config.get(k)]
+    if missing or (config.get("vae") or {}).get("only_decoder", True):
+        what = f"no {', '.join(missing)} section" if missing else "a decoder-only VAE (only_decoder)"
+        return f"--image needs a checkpoint that can read images (vision tower, VAE encoder); this one has {what}"
+    try:
+        args.reference = reference_tensor(load_reference_image(args.image))
+    except ValueError as e:
+        return f"--image: {e}"
+    return None
+
+
 def prepare(args) -> tuple[str | None, bool]:
     """Check the command line and fill the defaults that depend on it (the tiny checkpoint,
     --max-new-tokens): (the first problem as one line or None, whether the tiny default runs)."""
@@ -468,7 +493,9 @@ def prepare(args) -> tuple[str | None, bool]:
             if tiny:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
-            problem = _request_problem(args, int(base.get("image_base_size", 1024)))
+            if args.image is not None:
+                problem = _editing_problem(args, base)
+            problem = problem or _request_problem(args, int(base.get("image_base_size", 1024)))
             shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
             if args.warmup_shapes and args.warmup is False and problem is None:
                 problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
@@ -525,7 +552,9 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
-                                                  "denoise_first_step", "vae_decode", "total")},
+                                                  "denoise_first_step", "vae_decode", "total")
+                       + (("condition_encode",) if "condition_encode" in t else ())},
+        "edit": None if args.image is None else {"image": args.image, "system_prompt": args.system_prompt},
         "warmup_ms": main_result["warmup_ms"],
         # process start (this rank's) to the end of the first denoise step of the run (warm-up included)
         "first_denoise_step_done_s": main_result["first_denoise_step_done_s"],
@@ -549,6 +578,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}, {main_result['dtype']}"),
             ("warm-up run", "off (first-call compilation and JIT are inside the figures)" if main_result["warmup_ms"]
              is None else f"{main_result['warmup_ms']:9.1f} ms (compilation and first-call JIT; not in the figures)"),
+            *([("condition encode", f"{t['condition_encode']:9.1f} ms (the reference image, once)")]
+              if "condition_encode" in t else []),
             ("AR prefill", f"{t.get('ar_prefill', 0):9.1f} ms"),
             ("AR decode", f"{t.get('ar_decode_per_token', 0):9.2f} ms/token ({len(main_result['tokens'])} tokens)"),
             ("phase switch", f"{switch['ms']:9.2f} ms (agreement {switch['agree_ms']:.2f}), "

@@ -59,11 +59,14 @@ def test_unexpected_keys_are_listed(ckpt):
 
 
 def test_unused_t2i_keys_are_ignored(ckpt):
-    """The SigLIP tower and VAE encoder of a full checkpoint are not errors."""
+    """Text-to-image on a checkpoint that can also edit images: the SigLIP tower, its aligner
+    and the VAE encoder are in it (the tiny default has them) but not loaded, and the tower's
+    pooling head, never used, is not an error either."""
     key = "model.ln_f.weight"
-    _rewrite(ckpt, key, lambda t: t.update({"vision_model.x.weight": torch.zeros(2),
-                                              "vae.encoder.conv_in.weight": torch.zeros(2)}))
-    load(ckpt, get_plan("single"))
+    _rewrite(ckpt, key, lambda t: t.update({"vision_model.head.probe.weight": torch.zeros(2)}))
+    model = load(ckpt, get_plan("single")).model
+    assert model.vision_model is None and model.vae.encoder is None
+    assert load(ckpt, get_plan("single"), image_editing=True).model.vision_model is not None
 
 
 def test_shape_mismatch_names_key_expected_and_found(ckpt):
@@ -169,6 +172,8 @@ def test_unknown_device_or_dtype():
     (["--warmup-shapes", "64:auto"], "'64:auto' needs an image size HxW, not 'auto'"),
     (["--warmup-shapes", "64:123x45"], "image size 123x45 is not in the resolution table"),
     (["--warmup-shapes", "64:256x256", "--no-warmup"], "--warmup-shapes needs the warm-up"),
+    (["--image", "/nonexistent/ref.png"], "--image: reference image /nonexistent/ref.png: no such file"),
+    (["--system-prompt", "Edit."], "--system-prompt belongs to image editing: give --image too"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main
@@ -201,3 +206,30 @@ def test_planned_bytes_equal_what_the_storage_holds(tiny_checkpoint, plan, world
     else:  # a storage shard of TP degree S holds 1/S of every split weight
         full = planned_nbytes(specs, StorageShard(1, 0, 1), torch.float32)
         assert (planned == full) == (resolved.storage_tp == 1) and planned <= full
+
+
+def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """--image: a file that is no image, an image too small for the encoders, and a checkpoint
+    without the modules that read images (a text-to-image-only config) are each refused in
+    one line before anything loads."""
+    from PIL import Image
+
+    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.tiny import tiny_config
+    monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
+    text = tmp_path / "notes.png"
+    text.write_text("not an image")
+    small = tmp_path / "small.png"
+    Image.new("RGB", (8, 40)).save(small)
+    t2i_only = tmp_path / "t2i-only"
+    t2i_only.mkdir()
+    config = {k: v for k, v in tiny_config().items() if k not in ("vit", "vit_aligner", "vit_processor")}
+    (t2i_only / "config.json").write_text(json.dumps(config))
+    for argv, message in ((["--image", str(text)], "not a readable image file"),
+                          (["--image", str(small)], "8x40 (WxH) is too small, each side must be at least"),
+                          (["--image", str(small), "--checkpoint", str(t2i_only)],
+                           "--image needs a checkpoint that can read images (vision tower, VAE encoder); "
+                           "this one has no vit, vit_aligner, vit_processor section")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err

@@ -43,6 +43,19 @@ def test_four_rank_hybrid_with_check(cache_env, tmp_path):
     assert check["max_abs_diff_image"] < 1e-4
 
 
+def test_the_demo_edits_an_image(cache_env, tmp_path):
+    """--image on the tiny default: the condition is encoded once and the image keeps the
+    reference's bucket. (Its parallel plans against one process: tests/test_distributed.py's
+    TI2I golden jobs, the encoders included.)"""
+    ref = tmp_path / "ref.png"
+    Image.effect_mandelbrot((64, 64), (-2.0, -1.2, 1.0, 1.2), 60).convert("RGB").save(ref)
+    report, image = _run(tmp_path, "--image", str(ref), "--prompt", "make the sky red",
+                         "--system-prompt", "Edit the image.")
+    assert report["edit"] == {"image": str(ref), "system_prompt": "Edit the image."}
+    assert report["timings_ms"]["condition_encode"] > 0
+    assert tuple(report["image_size"]) == (image.size[1], image.size[0]) == (256, 256)
+
+
 def test_bad_arguments_exit_with_a_message(cache_env, capsys):
     assert main(["--plan", "nope"]) == 2
     assert "unknown plan 'nope'" in capsys.readouterr().err

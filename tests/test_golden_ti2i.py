@@ -7,7 +7,7 @@ import torch
 
 from models.hunyuan_image3.golden import TI2I_INPUTS, GoldenCase, compare_ti2i_case, discover_ti2i_cases
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
 
 CASES = discover_ti2i_cases()
@@ -19,11 +19,11 @@ def case_results(request):
     case = GoldenCase(request.param)
     loaded = load(case.folder, get_plan("single"), dtype=torch.float32, image_editing=True)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
-    return case, {c.name: c for c in compare_ti2i_case(case, pipe)}
+    return case, {c.name: c for c in compare_ti2i_case(case, pipe)}, pipe
 
 
 def test_every_output_matches(case_results):
-    case, results = case_results
+    case, results, _ = case_results
     bad = {n: f"max abs {r.max_abs:.3e} {r.detail}" for n, r in results.items() if not r.ok}
     assert not bad, f"{case.folder.name} (rtol {case.rtol}, atol {case.atol}): {bad}"
 
@@ -31,13 +31,29 @@ def test_every_output_matches(case_results):
 def test_every_golden_tensor_is_checked(case_results):
     """Nothing in golden.safetensors goes uncompared (inputs excepted): a new tensor in a case
     fails here until the comparison covers it."""
-    case, results = case_results
+    case, results, _ = case_results
     unchecked = set(case.t) - TI2I_INPUTS - set(results)
     assert not unchecked, f"golden tensors never compared: {sorted(unchecked)}"
 
 
 def test_the_comparison_can_fail(case_results):
     """The harness flags a wrong result: the velocity off by 0.1% fails the case's tolerance."""
-    case, _ = case_results
+    case, _, _ = case_results
     golden = case.t["diff_pred_step1"]
     assert case.check("x", golden, golden).ok and not case.check("x", golden * (1 + 1e-3), golden).ok
+
+
+def test_a_whole_edit_request(case_results):
+    """`generate` with a reference image: the condition encoded from the image (the seed draws
+    the condition latent), the AR "think" decode gives the official greedy tokens, and the
+    image keeps the reference's bucket."""
+    case, _, pipe = case_results
+    inputs = case.meta["conditioning"]["inputs"]
+    result = pipe.generate(T2IRequest(prompt=inputs["prompt"], system_prompt=inputs["system_prompt"],
+                                      reference=case.t["ref_image_uint8"], seed=int(case.meta["seeds"]["cond_vae_sample"]),
+                                      steps=1, max_new_tokens=case.t["ar_generated_ids"].shape[1], temperature=0.0,
+                                      ignore_stop=True))
+    assert result.tokens == case.t["ar_generated_ids"][0].tolist()
+    height, width = result.image_size
+    assert result.image.shape == (height, width, 3) and (height, width) == tuple(case.t["cond_vae_resized_uint8"].shape[:2])
+    assert result.timings_ms["condition_encode"] > 0

@@ -106,3 +106,8 @@ def vae_pixels(image: Image.Image) -> torch.Tensor:
     w, h = image.size
     u8 = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(h, w, 3)
     return ((u8.permute(2, 0, 1).float() / 255 - 0.5) / 0.5).unsqueeze(0)
+
+
+def reference_tensor(image: Image.Image) -> torch.Tensor:
+    """An RGB image as the pipeline takes it: uint8 [H, W, 3]."""
+    return torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8).view(image.height, image.width, 3)

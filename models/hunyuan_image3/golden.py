@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .attention import AttentionMeta, rope_cos_sin, structured_mask
-from .cond_image import resize_and_crop, vae_bucket, vae_pixels
+from .cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
 from .instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix, prompt_condition,
                        splice_rows)
 from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence, build_instruct_diffusion_sequence, resolution_table
@@ -249,8 +249,7 @@ def _ti2i_encoders(case: GoldenCase, pipe: HunyuanT2IPipeline) -> list[GoldenChe
     ref = t["ref_image_uint8"]
     bucket = vae_bucket(ref.shape[0], ref.shape[1], pipe.cfg.image_base_size)
     crop = resize_and_crop(Image.fromarray(ref.numpy()), bucket)
-    out.append(case.exact("cond_vae_resized_uint8", torch.frombuffer(bytearray(crop.tobytes()), dtype=torch.uint8)
-                          .view(crop.height, crop.width, 3), t["cond_vae_resized_uint8"]))
+    out.append(case.exact("cond_vae_resized_uint8", reference_tensor(crop), t["cond_vae_resized_uint8"]))
     seed = int(case.meta["seeds"]["cond_vae_sample"])
     enc = m.vae.encode(vae_pixels(crop).to(dev), torch.Generator().manual_seed(seed))
     for name, value in (("cond_vae_posterior_mean", enc.mean), ("cond_vae_posterior_logvar", enc.logvar),
