@@ -7,6 +7,7 @@
 #   bash bench/run_gpu2.sh tests2+regions-32  # both in one call
 #   bash bench/run_gpu2.sh single-regions-16  # one GPU: plan single, 16 layers, cold then warm
 #   bash bench/run_gpu2.sh serve-tp2  # the server against the CLI, tp2, 32 layers (bench_serve)
+#   bash bench/run_gpu2.sh ti2i-1gpu  # one GPU: image editing, full width, 4 layers, eager and compiled
 # Full width, random bf16 weights, the seed's shapes: 1251 prompt tokens, 256 forced AR
 # tokens, 1024x1024, serial CFG, 10 steps, compiled (CUDA-graph decode), a warm-up run
 # first; each run then makes one more, profiled run (never the timed one; PROFILE=0 skips it).
@@ -92,13 +93,22 @@ case "${1:-}" in
     serve_tp2 ;;
   tests2+regions-32+serve)  # one call: the above two stages, then the server on the same warm cache
     tests2_and_regions; serve_tp2 ;;
+  ti2i-1gpu)  # image editing on one GPU: full width, 4 layers, random weights, a 1024 px reference and
+    # a long system prompt (a prefill near the seed's 6290 tokens); eager, then compiled
+    $PY -c "from PIL import Image; Image.effect_mandelbrot((1024, 1024), (-2, -1.5, 1, 1.5), 100).convert('RGB').save('$OUT/ref1024.png')"
+    SYSTEM=$($PY -c "print('You edit images as the user asks, keeping everything else unchanged. ' * 16)")
+    for run in ti2i_1gpu ti2i_1gpu_compiled; do
+      step $run 280 $PY -m examples.hunyuan_t2i --plan single --random-weights full --layers 4 \
+        --image "$OUT/ref1024.png" --system-prompt "$SYSTEM" --prompt "make the sky red" --max-new-tokens 64 \
+        --ignore-eos --image-size 1024x1024 --steps 10 --report "$OUT/$run.json" --output "$OUT/$run.png" \
+        $([ $run = ti2i_1gpu_compiled ] && echo --compile); done ;;
   single-regions-16)  # one GPU is enough: plan single, 16 layers (~80 GB of bf16 weights), cold then warm
     regions_cold_cache
     for run in single_16_regions single_16_regions_warm; do
       step $run 260 $PY -m examples.hunyuan_t2i --plan single --random-weights full --layers 16 \
         --prompt-tokens 1251,1200 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 \
         --compile --compile-regions --report "$OUT/$run.json" --output "$OUT/$run.png"; done ;;
-  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32|tests2+regions-32|tests2+regions-32+serve|serve-tp2|single-regions-16"; exit 2 ;;
+  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32|tests2+regions-32|tests2+regions-32+serve|serve-tp2|single-regions-16|ti2i-1gpu"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
 $PY -m bench.gpu2_table "$OUT" || true
