@@ -479,7 +479,8 @@ class HunyuanT2IPipeline:
         uniform = (torch.rand(self.cfg.vocab_size, generator=generator, device=dev)
                    if sampling.draws else None)
         last = None if rows is None else torch.tensor([rows - 1], device=dev)
-        extra = () if last is None and cond is None else (last,) if cond is None else (last, cond)
+        # Only the prefill takes `last` and `cond` (the decode step takes neither).
+        extra = (last, cond) if cond is not None else (last,) if last is not None else ()
         logits, token = fn(rt, ids, slots, cache, total, uniform, sampling, *extra)
         # clone: a CUDA-graph replay reuses its output buffers on the next call.
         return logits.clone(), token.clone()
