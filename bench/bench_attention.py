@@ -52,7 +52,7 @@ def _row(op, variant, B, ms, nbytes=None, flops=None, note=""):
 
 
 def bench_ulysses(gen):
-    from dtgen.attention import ulysses_kv_heads
+    from dtgen.sp import ulysses_kv_heads
     from kernels.ulysses_pack import ulysses_pack, ulysses_pack_out, ulysses_unpack, ulysses_unpack_out
 
     rows = []
@@ -117,7 +117,7 @@ def bench_lse_merge(gen):
 def bench_attention(gen):
     import torch.nn.functional as F
 
-    from dtgen.sp_attention import slot_mask
+    from dtgen.attention import structured_mask
     from kernels.attention_lse import attention_lse
 
     rows = []
@@ -125,7 +125,7 @@ def bench_attention(gen):
     q = torch.randn(B, HQ, S_LOCAL, D, device="cuda", generator=gen, dtype=torch.bfloat16)
     k = torch.randn(B, HKV, S_TOTAL, D, device="cuda", generator=gen, dtype=torch.bfloat16)
     v = torch.randn(B, HKV, S_TOTAL, D, device="cuda", generator=gen, dtype=torch.bfloat16)
-    mask = slot_mask(torch.arange(S_LOCAL, 2 * S_LOCAL, device="cuda"), torch.arange(S_TOTAL, device="cuda"),
+    mask = structured_mask(torch.arange(S_LOCAL, 2 * S_LOCAL, device="cuda"), torch.arange(S_TOTAL, device="cuda"),
                      ((TEXT, TEXT + 4096),))
     flops = 4 * B * HQ * S_LOCAL * S_TOTAL * D
     rows.append(_row("attention_lse", "efficient", B, median_ms(lambda: attention_lse(q, k, v, mask)),

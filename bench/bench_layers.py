@@ -129,7 +129,8 @@ def _top_kernels(fn, iters: int = 10, top: int = 15) -> list[tuple[str, float]]:
 
 
 def bench_ar_decode() -> dict:
-    from models.hunyuan_image3.attention import AttentionMeta, LayerKVCache, rope_cos_sin
+    from dtgen.attention import AttentionMeta, LayerKVCache
+    from models.hunyuan_image3.rope import rope_cos_sin
     layer = build_layer(8, 2, 1, 768)
     kv_len = 1500
     cache = LayerKVCache(torch.randn(1, 2, kv_len, D, device="cuda", dtype=torch.bfloat16),
@@ -160,7 +161,8 @@ def bench_ar_decode() -> dict:
 
 def bench_denoise() -> dict:
     from dtgen.sequence import SlotHole
-    from models.hunyuan_image3.attention import AttentionMeta, rope_cos_sin
+    from dtgen.attention import AttentionMeta
+    from models.hunyuan_image3.rope import rope_cos_sin
     from models.hunyuan_image3.model import set_moe_impl
     layer = build_layer(16, 4, 2, 768)
     for m in layer.modules():

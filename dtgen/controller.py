@@ -19,10 +19,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .attention import cache_kv_heads, make_core, ulysses_size
 from .collectives import all_gather, all_gather_eager, all_gather_ordered, all_reduce_sum
 from .plan import Output, Rule
 from .sequence import SequenceLayout
+from .sp import cache_kv_heads, make_core
 from .storage import ResidentStorage
 from .topology import PhaseGroups, Topology
 
@@ -64,10 +64,8 @@ class PhaseRuntime:
 
     def cache_kv_heads(self, q_heads_local: int, kv_heads_local: int) -> int:
         """KV heads per rank that this phase's attention core writes into a KV cache."""
-        kind = self.groups.layout.attention
-        if kind == "ulysses-ring":  # the cache sits inside the ring, behind the Ulysses split
-            return cache_kv_heads("ulysses", q_heads_local, kv_heads_local, ulysses_size(self.groups))
-        return cache_kv_heads(kind, q_heads_local, kv_heads_local, self.sp_size)
+        layout = self.groups.layout
+        return cache_kv_heads(layout.attention, layout, q_heads_local, kv_heads_local)
 
 
 @dataclass

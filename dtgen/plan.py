@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
 
+from .sp import SP_KINDS
+
 
 class PlanError(ValueError):
     """A plan that cannot work (for this world size, or for this model); the message says why."""
@@ -44,26 +46,21 @@ class Output(str, Enum):
     VOCAB_SHARDED = "vocab_sharded"    # all-gather over the TP group, reordered by logical TP rank
 
 
-ATTENTION_KINDS = ("local", "ulysses", "ulysses-pipelined", "kv-allgather", "ring", "attn2d", "ulysses-ring")
-# Sequence axes a kind can use, when it has a limit: Attention2D lays the SP ranks out as
-# rows x cols, one grid axis each (one axis alone is 1 x P); Ulysses-ring (USP) rings over
-# its first sp axis and runs Ulysses over its second (innermost, latency-sensitive). The
-# others use the whole SP group as one ring / all-to-all / all-gather group, over any
-# number of adjacent axes.
-MAX_SP_AXES = {"attn2d": 2, "ulysses-ring": 2}
-EXACT_SP_AXES = {"ulysses-ring": 2}
 
 
 @dataclass(frozen=True)
 class PhasePlan:
     """Grid axes of one phase: `tp` shards weights (major first), `sp` shards the sequence,
     `cfg` (one axis of size 2) puts the conditional and unconditional rows on disjoint
-    halves. An axis plays one role per phase; every grid axis must play one."""
+    halves, `replicate` runs the same work on every rank of its axes (a small phase, such as
+    a text encoder, where computing twice costs less than moving the result). An axis plays
+    one role per phase; every grid axis must play one."""
 
     tp: tuple[str, ...] = ()
     sp: tuple[str, ...] = ()
     attention: str = "local"
     cfg: tuple[str, ...] = ()
+    replicate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,31 +186,30 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
     if not plan.phases:
         raise PlanError(f"plan '{plan.name}' has no phases")
     for name, ph in plan.phases.items():
-        used = ph.tp + ph.sp + ph.cfg
+        used = ph.tp + ph.sp + ph.cfg + ph.replicate
         unknown = [a for a in used if a not in sizes]
         if unknown:
             raise PlanError(f"plan '{plan.name}', phase '{name}': axes {unknown} are not in the grid {list(sizes)}")
         if len(set(used)) != len(used):
             raise PlanError(f"plan '{plan.name}', phase '{name}': an axis is used twice in tp={ph.tp} sp={ph.sp} "
-                            f"cfg={ph.cfg}")
+                            f"cfg={ph.cfg} replicate={ph.replicate}")
         if ph.cfg and math.prod(sizes[a] for a in ph.cfg) != 2:
             raise PlanError(f"plan '{plan.name}', phase '{name}': the cfg axes {ph.cfg} must hold exactly 2 ranks "
                             f"(conditional and unconditional), got {math.prod(sizes[a] for a in ph.cfg)}")
-        if ph.attention not in ATTENTION_KINDS:
+        kind = SP_KINDS.get(ph.attention)
+        if kind is None:
             raise PlanError(f"plan '{plan.name}', phase '{name}': unknown attention kind {ph.attention!r}; "
-                            f"known: {ATTENTION_KINDS}")
-        if (ph.attention == "local") != (not ph.sp):
+                            f"known: {tuple(SP_KINDS)}")
+        if kind.sequence_parallel != bool(ph.sp):
             raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} "
-                            + ("needs sequence-parallel axes (sp)" if ph.attention != "local"
+                            + ("needs sequence-parallel axes (sp)" if kind.sequence_parallel
                                else f"cannot shard the sequence over {ph.sp}; pick a sequence-parallel kind"))
-        limit = MAX_SP_AXES.get(ph.attention)
-        if limit is not None and len(ph.sp) > limit:
-            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} takes at most {limit} "
-                            f"sp axes (rows, then cols; one axis is 1 x P), got {len(ph.sp)}: {ph.sp}")
-        exact = EXACT_SP_AXES.get(ph.attention)
-        if exact is not None and len(ph.sp) != exact:
-            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} needs exactly {exact} "
-                            f"sp axes (ring axis, then Ulysses axis), got {ph.sp}")
+        if kind.max_sp_axes is not None and len(ph.sp) > kind.max_sp_axes:
+            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} takes at most "
+                            f"{kind.max_sp_axes} sp axes ({kind.axes_meaning}), got {len(ph.sp)}: {ph.sp}")
+        if kind.exact_sp_axes is not None and len(ph.sp) != kind.exact_sp_axes:
+            raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} needs exactly "
+                            f"{kind.exact_sp_axes} sp axes ({kind.axes_meaning}), got {ph.sp}")
 
     tp_size = {n: math.prod(sizes[a] for a in ph.tp) for n, ph in plan.phases.items()}
     storage_phase = min(plan.phases, key=lambda n: tp_size[n])
@@ -228,19 +224,21 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
                 f"first, so that its shard on each rank is a sub-view of the storage shard that rank holds")
         extra = ph.tp[len(storage_axes):]
         replicas = math.prod(sizes[a] for a in extra)
-        idle = [a for a in sizes if a not in ph.tp + ph.sp + ph.cfg]
+        idle = [a for a in sizes if a not in ph.tp + ph.sp + ph.cfg + ph.replicate]
         if idle:
             raise PlanError(
                 f"plan '{plan.name}', phase '{name}': grid axes {idle} have no role. Each storage shard has "
                 f"{copies} copies (world {world_size} / storage TP {S}); this phase uses TP_phase / TP_storage = "
                 f"{tp_size[name]} / {S} = {replicas} of them as micro shards and needs the rest on sequence or "
-                f"CFG axes, but {idle} would only hold duplicates")
+                f"CFG axes, but {idle} would only hold duplicates (name them in `replicate` if the phase should "
+                f"run the same work on every rank)")
     num_micros = math.lcm(*(tp_size[n] // S for n in plan.phases))
 
     storage_rank = tuple(_flat(_coords(r, plan.grid), storage_axes, sizes) for r in range(world_size))
     phases = {}
     for name, ph in plan.phases.items():
-        roles = {role: axes for role, axes in (("cfg", ph.cfg), ("sp", ph.sp), ("tp", ph.tp)) if axes}
+        roles = {role: axes for role, axes in (("cfg", ph.cfg), ("sp", ph.sp), ("tp", ph.tp), ("replicate", ph.replicate))
+                 if axes}
         shape, dim_names = _mesh_for_roles(plan, name, roles) if roles else ((), ())
         tp_rank = tuple(_flat(_coords(r, plan.grid), ph.tp, sizes) for r in range(world_size))
         sp_groups = _groups(world_size, plan.grid, ph.sp)

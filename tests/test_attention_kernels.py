@@ -20,8 +20,8 @@ import warnings
 import pytest
 import torch
 
-from dtgen.attention import ulysses_kv_heads
-from dtgen.sp_attention import slot_mask
+from dtgen.attention import structured_mask
+from dtgen.sp import ulysses_kv_heads
 from kernels import lse_merge as lm
 from kernels import ulysses_pack as up
 from kernels.attention_lse import (
@@ -121,7 +121,7 @@ def _slot_case(Sq, Sk, seed=0):
     k_slots = torch.randperm(Sk + 4, generator=gen)[:Sk]
     q_slots = torch.randint(0, Sk + 4, (Sq,), generator=gen)
     q_slots[0] = -1   # before every key: an empty row
-    return slot_mask(q_slots, k_slots, ((3, 3 + Sk // 2),))
+    return structured_mask(q_slots, k_slots, ((3, 3 + Sk // 2),))
 
 
 # ------------------------------------------------------------------- references vs naive
@@ -410,7 +410,7 @@ def test_gpu_attention_lse_real_shapes():
     # is padding at a spare slot. Plus one row that sees nothing (slot -1) for the -inf case.
     q_slots = torch.arange(S_LOCAL, 2 * S_LOCAL, device=dev)
     q_slots[0] = -1
-    mask = slot_mask(q_slots, torch.arange(S_TOTAL, device=dev), ((1248, 1248 + 4096),))
+    mask = structured_mask(q_slots, torch.arange(S_TOTAL, device=dev), ((1248, 1248 + 4096),))
     out, lse = attention_lse(q, k, v, mask)                               # CUDA auto: efficient attention
     want_out, want_lse = attention_lse_reference(q, k, v, mask)
     assert out.shape == (1, HQ, S_LOCAL, D) and out.dtype == torch.bfloat16

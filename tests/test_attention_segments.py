@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dtgen.sequence import SequenceLayout, SlotHole
-from models.hunyuan_image3.attention import (AttentionMeta, AttentionSegment, LayerKVCache, LocalAttention,
+from dtgen.attention import (AttentionMeta, AttentionSegment, LayerKVCache, LocalAttention,
                                              plan_segments, slots_of_runs)
 
 

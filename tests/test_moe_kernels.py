@@ -394,7 +394,8 @@ def test_model_dispatch_to_the_traceable_path_compiles_in_a_layer(monkeypatch):
     if not _grouped_mm_on_cpu(torch.bfloat16):
         pytest.skip("torch._grouped_mm has no CPU bf16 kernel in this torch")
     import models.hunyuan_image3.model as model_mod
-    from models.hunyuan_image3.attention import AttentionMeta, rope_cos_sin
+    from dtgen.attention import AttentionMeta
+    from models.hunyuan_image3.rope import rope_cos_sin
     from models.hunyuan_image3.config import HunyuanImage3Config
     from models.hunyuan_image3.tiny import tiny_config
     from models.hunyuan_image3.transformer import DecoderLayer

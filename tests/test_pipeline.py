@@ -4,7 +4,8 @@ import json
 import torch
 
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
-from models.hunyuan_image3.attention import apply_rope, rope_cos_sin, structured_mask
+from dtgen.attention import structured_mask
+from models.hunyuan_image3.rope import apply_rope, rope_cos_sin
 from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table, sample_token
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
 

@@ -31,13 +31,13 @@ import dataclasses
 import pytest
 import torch
 
-from dtgen.attention import cache_kv_heads, make_core, ulysses_kv_heads
+from dtgen.attention import AttentionMeta, LayerKVCache, LocalAttention
 from dtgen.launch import RankPool
 from dtgen.plan import PhasePlan, Plan, PlanError, resolve
 from dtgen.sequence import SequenceLayout, SlotHole
-from dtgen.sp_attention import UlyssesPipelinedAttention, pipeline_groups, slot_mask
+from dtgen.sp import cache_kv_heads, make_core, ulysses_kv_heads
+from dtgen.sp.ulysses_pipelined import UlyssesPipelinedAttention, pipeline_groups
 from dtgen.topology import Topology
-from models.hunyuan_image3.attention import AttentionMeta, LayerKVCache, LocalAttention, structured_mask
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
@@ -105,7 +105,7 @@ def job_core(ctx, kind, layout_name, min_group_bytes=0):
     for c, (case, (B, Hq, Hkv, D, S, ts, image)) in enumerate(CASES.items()):
         for cached in (False, True):
             gen = torch.Generator().manual_seed(10 * c + cached)   # the same data on every rank
-            cache_heads = cache_kv_heads(kind, Hq, Hkv, P)
+            cache_heads = cache_kv_heads(kind, groups.layout, Hq, Hkv)
             length = S + P - 1
             cache = LayerKVCache(torch.zeros(B, cache_heads, length, D), torch.zeros(B, cache_heads, length, D)) \
                 if cached else None
@@ -167,7 +167,7 @@ def job_compiled(ctx, kind, layout_name):
     gen = torch.Generator().manual_seed(5)
     q, k, v = _rows(gen, B, S, Hq, D), _rows(gen, B, S, Hkv, D), _rows(gen, B, S, Hkv, D)
     meta = AttentionMeta(seq.pad_slots(torch.arange(S), S), (image,))
-    heads = cache_kv_heads(kind, Hq, Hkv, P)
+    heads = cache_kv_heads(kind, groups.layout, Hq, Hkv)
     caches = [LayerKVCache(torch.zeros(B, heads, S + P - 1, D), torch.zeros(B, heads, S + P - 1, D)) for _ in range(2)]
 
     def step(core, cache):
@@ -238,16 +238,6 @@ def single_process(tiny_checkpoint):
 
 
 # ---------------------------------------------------------------------------------- tests
-
-
-def test_slot_mask_is_the_models_structured_mask():
-    gen = torch.Generator().manual_seed(0)
-    for blocks in ((), ((3, 9),), ((2, 5), (8, 12))):
-        for hole in (None, SlotHole(torch.tensor(1), 3)):
-            q_slots = torch.randint(0, 16, (11,), generator=gen)
-            k_slots = torch.randperm(16, generator=gen)[:13]
-            assert torch.equal(slot_mask(q_slots, k_slots, blocks, hole),
-                               structured_mask(q_slots, k_slots, blocks, hole))
 
 
 def test_pipeline_group_rule():

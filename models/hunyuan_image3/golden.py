@@ -16,7 +16,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from .attention import AttentionMeta, rope_cos_sin, structured_mask
+from dtgen.attention import AttentionMeta, structured_mask
+
+from .rope import rope_cos_sin
 from .cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
 from .instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix, prompt_condition,
                        splice_rows)

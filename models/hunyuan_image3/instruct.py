@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from .attention import image_rope_positions
+from .rope import image_rope_positions
 from .tokenizer import INSTRUCT_TOKENS, InstructTokens, SpecialTokens
 
 SYSTEM_SEPARATOR = "\n\n"

@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionMeta, KVCache, LayerKVCache, LocalAttention, apply_rope, rope_cos_sin
+from dtgen.attention import AttentionMeta, KVCache, LayerKVCache, LocalAttention
+
+from .rope import apply_rope, rope_cos_sin
 from .config import HunyuanImage3Config
 
 
