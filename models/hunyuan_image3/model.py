@@ -7,7 +7,6 @@ changing this code.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -22,26 +21,13 @@ from kernels.moe_multi_micro import (
     moe_multi_micro_graph,
 )
 
+from dtgen.build import ParamSource
+
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
 from .transformer import Experts, HunyuanImage3Transformer, experts_eager
 from .vae import HunyuanVAE
 from .vision import AlignerConfig, VisionAligner, VisionConfig, VisionProcessorConfig, VisionTransformer
-
-
-@dataclass(frozen=True)
-class ParamSource:
-    """Where a parameter's values live in the official checkpoint.
-
-    keys: one official tensor, or one per expert for parameters stacked over experts.
-    stacked: the parameter holds the `keys` tensors stacked along a new expert dim.
-    micro_packed: the parameter has a leading micro-pack dim (gate/up pairs, stacked experts).
-    """
-
-    keys: tuple[str, ...]
-    stacked: bool = False
-    micro_packed: bool = False
-    scale_of: str | None = None  # FP8 scales: not in the checkpoint, made at load from this weight
 
 
 class HunyuanImage3ForCausalMM(nn.Module):
