@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
-TABLE_ROWS = (("ar_prefill", "AR prefill", "ms"), ("ar_decode_per_token", "AR decode", "ms/token"),
-              ("phase_switch", "phase switch", "ms"), ("denoise_step", "denoise", "ms/step"),
-              ("vae_decode", "VAE decode", "ms"), ("total", "total", "ms"))
+# (timing key, label, unit) for the text table: each pipeline supplies its own.
+TableRows = tuple[tuple[str, str, str], ...]
+
 REGION_PREFIX = "dtgen.region:"
 
 
@@ -148,8 +148,12 @@ def top_device_kernels(events, top: int) -> list[tuple[str, float, int]]:
 
 
 class PhaseProfiler:
-    def __init__(self, out_dir: str | Path, rank: int = 0, top: int = 12, group: dist.ProcessGroup | None = None):
-        """`group`: a (gloo) group over all ranks, to compare NCCL kernel durations at `write()`."""
+    def __init__(self, out_dir: str | Path, rank: int = 0, top: int = 12, group: dist.ProcessGroup | None = None,
+                 table_rows: TableRows | None = None):
+        """`group`: a (gloo) group over all ranks, to compare NCCL kernel durations at `write()`.
+        `table_rows`: the caller's timing keys for the text table (key, label, unit); default:
+        every number in the timings, in their order, in ms."""
+        self.table_rows = table_rows
         self.out_dir = Path(out_dir)
         self.rank = rank
         self.top = top
@@ -224,14 +228,18 @@ class PhaseProfiler:
                    "top_kernels": {p: [list(k) for k in ks] for p, ks in self.kernels.items()},
                    "kernel_source": self.kernel_source, "compile": compile_report}
         (self.out_dir / f"profile_rank{self.rank}.json").write_text(json.dumps(summary, indent=2))
-        (self.out_dir / f"profile_rank{self.rank}.txt").write_text(format_table(timings_ms, compile_report, summary))
+        (self.out_dir / f"profile_rank{self.rank}.txt").write_text(
+            format_table(timings_ms, compile_report, summary, self.table_rows))
         write_chart(self.out_dir / f"profile_rank{self.rank}.png", summary)
         return summary
 
 
-def format_table(timings_ms: dict[str, float], compile_report: dict | None = None, summary: dict | None = None) -> str:
+def format_table(timings_ms: dict[str, float], compile_report: dict | None = None, summary: dict | None = None,
+                 rows: TableRows | None = None) -> str:
     lines = [f"{'stage':<14} {'time':>12}"]
-    for key, label, unit in TABLE_ROWS:
+    if rows is None:
+        rows = tuple((k, k, "ms") for k, v in timings_ms.items() if isinstance(v, (int, float)))
+    for key, label, unit in rows:
         if key in timings_ms:
             lines.append(f"{label:<14} {timings_ms[key]:>10.2f} {unit}")
     if compile_report:

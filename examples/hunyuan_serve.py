@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dtgen.harness import refuse
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks
 from dtgen.serve.server import ServeOptions, serve
-from examples.hunyuan_t2i import RANK_PRELOAD, _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare, refuse
+from examples.hunyuan_t2i import RANK_PRELOAD, _request, _warmup_shapes, build_parser, build_pipeline, finish_args, prepare
 from models.hunyuan_image3.serving import HunyuanServeAdapter
 
 

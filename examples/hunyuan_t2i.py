@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,12 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torch._dynamo.utils import counters
 
-from dtgen.compile import CompileOptions, CompileReport, graph_breaks, unique_graphs
-from dtgen.devices import parse_device, parse_dtype
+from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
-from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks, under_torchrun
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, finish_launch_args,
+                           gather_rank_facts, launch_problem, max_diff, peak_memory, reference_threads, refuse,
+                           rank_device, rel_l2, run_example, table)
+from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.serve.errors import RequestError
 from dtgen.storage import FP8_RECIPES
@@ -39,7 +39,8 @@ from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.requests import check_t2i_request
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size, to_uint8
+from models.hunyuan_image3.pipeline import (PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
+                                            to_uint8)
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
@@ -81,8 +82,6 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--top-k", type=int, default=1024)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--cfg-mode", choices=("serial", "batch"), default="serial")
-    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
@@ -91,17 +90,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--fp8-scales", default="channels", choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), or per 128x128 weight block and 128 activation columns ('blocks')")
-    p.add_argument("--world-size", type=int, default=None,
-                   help="ranks (default: torchrun's WORLD_SIZE under torchrun, else 1)")
-    p.add_argument("--plan", default=None, help=f"one of {sorted(PLANS)} (default: single, or hybrid for 4 ranks)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile each phase step (fullgraph); a warm-up run compiles every graph first")
-    p.add_argument("--profile", nargs="?", const="outputs/profile", default=None, metavar="DIR",
-                   help="after the timed run, one more run under the profiler (the timed figures never are): "
-                        "per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
     p.add_argument("--profile-steps", type=int, default=None,
                    help="denoise steps of the profiled run (default: --steps)")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile on GPU: replay the AR decode step as a CUDA graph")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
@@ -112,16 +102,9 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="the warm-up compiles these shapes instead of the first request's: prompt tokens "
                         "(<bos> included) and image size, each run with --max-new-tokens AR tokens "
                         "(e.g. 256:1024x1024,512:1024x1024; a server warms up its buckets before traffic)")
-    p.add_argument("--stall-timeout", type=float, default=300.0,
-                   help="under torchrun: seconds without progress (while no rank compiles) before a rank prints "
-                        "every thread's stack; after twice that the job ends")
     p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang]",
                    help="testing the error path: raise (or hang, with ':hang') on RANK after STEP of PHASE "
                         "(ar, denoise) of the timed run")
-    p.add_argument("--compile-regions", action="store_true",
-                   help="with --compile: compile one decoder layer once for all layers (regional compilation: "
-                        "compile time flat with depth) and run the code between layers eagerly; the decode "
-                        "step is still one graph (a CUDA graph on GPU) around the layer's one subgraph")
     p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
                    help="pad the AR prompt and the denoise text to a multiple of N rows (exact: no real row "
                         "attends to the padding), so that prompts of similar length share every compiled "
@@ -133,19 +116,15 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "on an H200); slower compile")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them (halo exchange)")
-    p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
-    p.add_argument("--output", default="outputs/hunyuan_t2i.png")
-    p.add_argument("--report", help="write a JSON report here")
+    add_launch_flags(p, PLANS)
+    add_compile_flags(p)
+    add_report_flags(p, "outputs/hunyuan_t2i.png")
     return p
 
 
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Defaults that depend on other flags or on torchrun."""
-    if args.world_size is None:
-        args.world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
-    if args.plan is None:
-        args.plan = "single" if args.world_size == 1 else "hybrid"
-    return args
+    """Defaults that depend on other flags or on torchrun (plan: single, or hybrid on 4 ranks)."""
+    return finish_launch_args(args, lambda world: "single" if world == 1 else "hybrid")
 
 
 def _prompt_lengths(text: str | None) -> list[int] | None:
@@ -212,21 +191,6 @@ def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
                       reference=getattr(args, "reference", None), system_prompt=args.system_prompt)
 
 
-def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    if len(a) != len(b):
-        return float("inf")
-    return max((float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b)), default=0.0)
-
-
-def _rel_l2(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """||a - b|| / ||b|| over all the tensors together."""
-    if len(a) != len(b) or not b:
-        return float("inf") if len(a) != len(b) else 0.0
-    diff = sum(float((x.float().cpu() - y.float().cpu()).pow(2).sum()) for x, y in zip(a, b))
-    ref = sum(float(y.float().cpu().pow(2).sum()) for y in b)
-    return (diff / max(ref, 1e-30)) ** 0.5
-
-
 class InjectedFailure(RuntimeError):
     """Raised on purpose by --inject-failure (tests of the error path)."""
 
@@ -274,13 +238,7 @@ def _progress_hook(ctx: RankContext, inject: str | None):
 
 def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     """This rank's share of the model, loaded, and its pipeline: (pipeline, loaded, device, dtype)."""
-    device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
-    dtype = parse_dtype(args.dtype, device)
-    if device.type == "cuda" and dtype == torch.float32:
-        # float32 means float32: cuDNN convolutions default to TF32 (10-bit mantissa), whose
-        # rounding turns 1e-6 input differences into 1e-3 output ones.
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+    device, dtype = rank_device(ctx, args)
     torch.manual_seed(args.seed)
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
@@ -297,7 +255,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     """One rank's whole run; returns what the report needs (the image on rank 0)."""
     pipe, loaded, device, dtype = build_pipeline(ctx, args)
-    profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control) if args.profile else None
+    profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control,
+                             table_rows=PROFILE_ROWS) if args.profile else None
     requests = _requests(args)
     warmup_ms, ready_s = None, []
     if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda" or args.warmup_shapes):
@@ -332,19 +291,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     result = results[0]
     compile_report = None
     if args.compile:
-        breaks = graph_breaks()
-        compile_report = CompileReport(graphs=unique_graphs(), graph_breaks=sum(breaks.values()),
-                                       break_reasons=breaks, recompiles_after_warmup=unique_graphs() - warm_graphs,
-                                       compile_s=pipe.compiler.compile_s).as_dict()
+        compile_report = compile_facts(pipe.compiler, warm_graphs)
         compile_report["decode_cuda_graph"] = pipe.decode_cuda_graph
-        compile_report["regions"] = pipe.compiler.options.regions
-        # operations dynamo traced into graphs: grows with depth unless the layers share a region
-        compile_report["ops_traced"] = int(counters["stats"].get("calls_captured", 0))
-        compile_report["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
-        # the on-disk caches (inductor's FX graph cache, AOTAutograd's): hits are graphs not compiled again
-        compile_report["cache"] = {k: int(counters[group].get(k, 0)) for group, k in (
-            ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
-            ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))}
     profile_summary = None
     if profiler:
         # The same request (fewer denoise steps at most): its AR tokens make the denoise
@@ -356,42 +304,32 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
            "first_denoise_step_done_s": ready_s[0] if ready_s else None,
            "requests": per_request,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
-           "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": _peak_memory(device), "device": str(device),
+           "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": peak_memory(device), "device": str(device),
            "gc": gc_pauses.as_dict(),
            "compile": compile_report, "profile": profile_summary}
     # Every rank's small facts reach rank 0 (under torchrun it alone reports).
-    mine = {k: out[k] for k in ("rank", "switch", "storage_bytes", "peak_memory_bytes", "gc")}
-    out["ranks"] = [mine]
-    if ctx.world_size > 1:
-        out["ranks"] = [None] * ctx.world_size
-        dist.all_gather_object(out["ranks"], mine, group=loaded.controller.topology.control)
+    out["ranks"] = gather_rank_facts(ctx, {k: out[k] for k in ("rank", "switch", "storage_bytes", "peak_memory_bytes",
+                                                                "gc")}, loaded.controller.topology.control)
     out["dtype"] = str(dtype).replace("torch.", "")
     if ctx.rank == 0:
         out["images"] = [r.image for r in results]
         if args.check:  # the first request
             # The same experts' storage: FP8 scales belong to the official matrices, so the
             # single-process model quantizes every weight as the plan's ranks did.
-            threads = torch.get_num_threads()
-            if ctx.backend == "gloo" and device.type == "cpu":
-                # Every other rank is done (they answered the gather above): spawned CPU ranks
-                # run one thread each, and the reference may use all the cores.
-                torch.set_num_threads(os.cpu_count() or 1)
-            try:
+            with reference_threads(ctx, device):
                 reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                                  image_editing=args.image is not None)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
-            finally:
-                torch.set_num_threads(threads)
             out["check"] = {
-                "max_abs_diff_logits": _max_diff(result.record["ar_logits"], ref.record["ar_logits"]),
-                "max_abs_diff_velocity": _max_diff(result.record["velocity"], ref.record["velocity"]),
-                "max_abs_diff_latents": _max_diff([result.latents], [ref.latents]),
-                "max_abs_diff_image": _max_diff([result.image], [ref.image]),
-                "rel_l2_logits": _rel_l2(result.record["ar_logits"], ref.record["ar_logits"]),
-                "rel_l2_velocity": _rel_l2(result.record["velocity"], ref.record["velocity"]),
+                "max_abs_diff_logits": max_diff(result.record["ar_logits"], ref.record["ar_logits"]),
+                "max_abs_diff_velocity": max_diff(result.record["velocity"], ref.record["velocity"]),
+                "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
+                "max_abs_diff_image": max_diff([result.image], [ref.image]),
+                "rel_l2_logits": rel_l2(result.record["ar_logits"], ref.record["ar_logits"]),
+                "rel_l2_velocity": rel_l2(result.record["velocity"], ref.record["velocity"]),
             }
     return out
 
@@ -402,23 +340,11 @@ def _random_config(args) -> dict | None:
             None: lambda: None}[args.random_weights]()
 
 
-def _peak_memory(device: torch.device) -> int | None:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-
-
-def _table(rows: list[tuple[str, str]]) -> str:
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
-
-
 def _check_args(args, plan) -> str | None:
     """The first problem with the command line, as one line, or None."""
-    if plan.world_size != args.world_size:
-        return f"plan '{plan.name}' runs on {plan.world_size} ranks, --world-size is {args.world_size}"
-    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != args.world_size:
-        return f"--world-size {args.world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks"
-    if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
-        return "spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun"
+    problem = launch_problem(args, plan)
+    if problem is not None:
+        return problem
     if args.random_weights and (args.checkpoint or args.check):
         return ("--random-weights makes its own weights: it takes no --checkpoint and no --check "
                 "(the single-process reference would have other random weights)")
@@ -483,10 +409,7 @@ def prepare(args) -> tuple[str | None, bool]:
     --max-new-tokens): (the first problem as one line or None, whether the tiny default runs)."""
     tiny = args.checkpoint is None and not args.random_weights
     try:
-        plan = get_plan(args.plan)
-        parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
-                    else torch.device("cpu"))
-        problem = _check_args(args, plan)
+        problem = _check_args(args, get_plan(args.plan))
         if args.max_new_tokens is None:
             args.max_new_tokens = 16 if tiny else 0
         if problem is None:
@@ -506,26 +429,15 @@ def prepare(args) -> tuple[str | None, bool]:
     return problem, tiny
 
 
-def refuse(problem: str) -> int:
-    """Print a command-line problem as one line and return exit status 2. Under torchrun
-    every rank runs main(): rank 0 alone prints."""
-    if not (under_torchrun() and int(os.environ.get("RANK", 0)) != 0):
-        print(f"error: {problem}", file=sys.stderr)
-    return 2
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     problem, tiny = prepare(args)
     if problem is not None:
         return refuse(problem)
 
-    try:
-        results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=RANK_PRELOAD)
-    except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    main_result = next((r for r in results if r["rank"] == 0), None)
+    main_result = run_example(run_rank, args, RANK_PRELOAD)
+    if isinstance(main_result, int):
+        return main_result
     if main_result is None:  # torchrun: only rank 0 reports
         return 0
     write_report(args, main_result, tiny)
@@ -618,7 +530,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
                                          f"ms/token, denoise {rt.get('denoise_step', 0):.1f} ms/step, total "
                                          f"{rt.get('total', 0):.1f} ms, {r['new_graphs']} new graphs"
                                          + (f" ({r['compile_s']:.1f} s compiling)" if r["new_graphs"] else "")))
-    print(_table(rows))
+    print(table(rows))
     print("wrote " + ", ".join(str(p) for p in paths))
     if args.report:
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)

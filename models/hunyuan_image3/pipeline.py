@@ -15,21 +15,27 @@ from typing import Callable, NamedTuple
 import torch
 from tqdm import tqdm
 
+from dtgen.attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.cuda_graph import GraphedStep
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sequence import SlotHole
 
-from .attention import AttentionMeta, KVCache, SlotRuns, image_rope_positions, slots_of_runs
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
                        PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
 from .cond_image import resize_and_crop, vae_bucket, vae_pixels
+from .rope import image_rope_positions
 from .resolutions import parse_image_size, resolution_table
 from .model import HunyuanImage3ForCausalMM
 from .transformer import run_layer
 from .parallel_vae import parallel_decode
 from .tokenizer import InstructTokens, SpecialTokens
+
+# The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
+PROFILE_ROWS = (("ar_prefill", "AR prefill", "ms"), ("ar_decode_per_token", "AR decode", "ms/token"),
+                ("phase_switch", "phase switch", "ms"), ("denoise_step", "denoise", "ms/step"),
+                ("vae_decode", "VAE decode", "ms"), ("total", "total", "ms"))
 
 # ----------------------------------------------------------------------------------------
 # Resolutions and the diffusion sequence
@@ -129,7 +135,7 @@ def build_instruct_diffusion_sequence(prefix: InstructPrefix, cot_ids: list[int]
 
 def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
     """Dense [S, S] mask (for inspection and tests; the model builds it from slots)."""
-    from .attention import structured_mask
+    from dtgen.attention import structured_mask
     slots = torch.arange(seq.length)
     return structured_mask(slots, slots, seq.attention_blocks)
 

@@ -1,0 +1,168 @@
+"""What every example shares: the launch and compile flags, the launch checks, running a rank
+function on every rank, the ranks' facts for the report, `--check` numbers and the table.
+
+An example supplies its model's flags, a `run_rank(ctx, args) -> dict` and its report; see
+examples/hunyuan_t2i.py and examples/wan_t2v.py. Nothing here knows a model.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+
+from .compile import CompileReport, StepCompiler, graph_breaks, unique_graphs
+from .devices import parse_device, parse_dtype
+from .launch import RankContext, RankFailure, run_on_ranks, under_torchrun
+
+
+# ---- flags ----------------------------------------------------------------------------------
+def add_launch_flags(p: argparse.ArgumentParser, plans) -> None:
+    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks (default: torchrun's WORLD_SIZE, else 1; without torchrun, >1 spawns CPU gloo ranks)")
+    p.add_argument("--plan", default=None, help=f"one of {sorted(plans)}")
+    p.add_argument("--stall-timeout", type=float, default=300.0,
+                   help="under torchrun: seconds without progress (while no rank compiles) before a rank prints "
+                        "every thread's stack; after twice that the job ends")
+
+
+def add_compile_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each phase step (fullgraph); a warm-up run compiles every graph first")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
+    p.add_argument("--compile-regions", action="store_true",
+                   help="with --compile: compile one layer once for all layers (regional compilation: compile "
+                        "time flat with depth) and run the code between layers eagerly")
+
+
+def add_report_flags(p: argparse.ArgumentParser, output: str) -> None:
+    p.add_argument("--check", action="store_true", help="also run the single-process model and report deviations")
+    p.add_argument("--profile", nargs="?", const="outputs/profile", default=None, metavar="DIR",
+                   help="after the timed run, one more run under the profiler (the timed figures never are): "
+                        "per-phase table, Chrome traces, top kernels and a PNG chart into DIR (outputs/profile)")
+    p.add_argument("--output", default=output)
+    p.add_argument("--report", help="write a JSON report here")
+
+
+def finish_launch_args(args: argparse.Namespace, default_plan: Callable[[int], str]) -> argparse.Namespace:
+    """--world-size from torchrun when not given; --plan from the world size when not given."""
+    if args.world_size is None:
+        args.world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else 1
+    if args.plan is None:
+        args.plan = default_plan(args.world_size)
+    return args
+
+
+def launch_problem(args: argparse.Namespace, plan) -> str | None:
+    """The first problem with how the run is launched, as one line, or None."""
+    if plan.world_size != args.world_size:
+        return f"plan '{plan.name}' runs on {plan.world_size} ranks, --world-size is {args.world_size}"
+    if under_torchrun() and int(os.environ["WORLD_SIZE"]) != args.world_size:
+        return f"--world-size {args.world_size} but torchrun started {os.environ['WORLD_SIZE']} ranks"
+    if args.world_size > 1 and not under_torchrun() and args.device not in ("auto", "cpu"):
+        return "spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun"
+    parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
+                else torch.device("cpu"))  # raises ValueError naming a bad --dtype / --device
+    return None
+
+
+def refuse(problem: str) -> int:
+    """Print a command-line problem as one line and return exit status 2. Under torchrun
+    every rank runs main(): rank 0 alone prints."""
+    if not (under_torchrun() and int(os.environ.get("RANK", 0)) != 0):
+        print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
+# ---- running ----------------------------------------------------------------------------------
+def rank_device(ctx: RankContext, args: argparse.Namespace) -> tuple[torch.device, torch.dtype]:
+    device = ctx.device if ctx.backend == "nccl" else parse_device(args.device)
+    dtype = parse_dtype(args.dtype, device)
+    if device.type == "cuda" and dtype == torch.float32:
+        # float32 means float32: cuDNN convolutions default to TF32 (10-bit mantissa), whose
+        # rounding turns 1e-6 input differences into 1e-3 output ones.
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+    return device, dtype
+
+
+def run_example(run_rank: Callable[[RankContext, argparse.Namespace], dict], args: argparse.Namespace,
+                preload: tuple[str, ...] = ()) -> dict | int | None:
+    """run_rank(ctx, args) on every rank (spawned gloo ranks, torchrun's, or here): rank 0's
+    result, None on the other torchrun ranks, or exit status 1 after a rank failed."""
+    try:
+        results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=preload)
+    except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return next((r for r in results if r["rank"] == 0), None)
+
+
+def gather_rank_facts(ctx: RankContext, facts: dict, control_group) -> list[dict]:
+    """Every rank's small facts, on every rank (under torchrun only rank 0 reports)."""
+    if ctx.world_size == 1:
+        return [facts]
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, facts, group=control_group)
+    return everyone
+
+
+@contextmanager
+def reference_threads(ctx: RankContext, device: torch.device):
+    """For `--check`'s single-process reference on rank 0: spawned CPU ranks run one thread
+    each; once every other rank is done, the reference may use all the cores."""
+    threads = torch.get_num_threads()
+    if ctx.backend == "gloo" and device.type == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compile_facts(compiler: StepCompiler, warm_graphs: int) -> dict:
+    """The report's compile section: graphs, breaks, recompiles after the warm-up, seconds,
+    what dynamo traced (grows with depth unless the layers share a region), cache hits."""
+    breaks = graph_breaks()
+    out = CompileReport(graphs=unique_graphs(), graph_breaks=sum(breaks.values()), break_reasons=breaks,
+                        recompiles_after_warmup=unique_graphs() - warm_graphs, compile_s=compiler.compile_s).as_dict()
+    out["regions"] = compiler.options.regions
+    out["ops_traced"] = int(counters["stats"].get("calls_captured", 0))
+    out["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
+    # the on-disk caches (inductor's FX graph cache, AOTAutograd's): hits are graphs not compiled again
+    out["cache"] = {k: int(counters[group].get(k, 0)) for group, k in (
+        ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+        ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))}
+    return out
+
+
+# ---- numbers and the table ----------------------------------------------------------------------
+def peak_memory(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    if len(a) != len(b):
+        return float("inf")
+    return max((float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b)), default=0.0)
+
+
+def rel_l2(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """||a - b|| / ||b|| over all the tensors together."""
+    if len(a) != len(b) or not b:
+        return float("inf") if len(a) != len(b) else 0.0
+    diff = sum(float((x.float().cpu() - y.float().cpu()).pow(2).sum()) for x, y in zip(a, b))
+    ref = sum(float(y.float().cpu().pow(2).sum()) for y in b)
+    return (diff / max(ref, 1e-30)) ** 0.5
+
+
+def table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
