@@ -17,6 +17,9 @@ from safetensors import safe_open
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+# diffusers names its component files this way (transformer/, vae/); text encoders use the above.
+DIFFUSERS_INDEX_NAME = "diffusion_pytorch_model.safetensors.index.json"
+DIFFUSERS_SINGLE_NAME = "diffusion_pytorch_model.safetensors"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -84,6 +87,8 @@ class CheckpointReader:
 
     def _files(self) -> list[Path]:
         index = self.directory / INDEX_NAME
+        if not index.exists() and (self.directory / DIFFUSERS_INDEX_NAME).exists():
+            index = self.directory / DIFFUSERS_INDEX_NAME
         if index.exists():
             try:
                 self.index = json.loads(index.read_text())
@@ -100,9 +105,9 @@ class CheckpointReader:
                 raise CheckpointError(f"{index} lists shard files that do not exist: {missing}")
             return [self.directory / n for n in names]
         self.index = None
-        single = self.directory / SINGLE_NAME
-        if single.exists():
-            return [single]
+        for single in (self.directory / SINGLE_NAME, self.directory / DIFFUSERS_SINGLE_NAME):
+            if single.exists():
+                return [single]
         files = sorted(self.directory.glob("*.safetensors"))
         if len(files) == 1:
             return files
@@ -121,7 +126,7 @@ class CheckpointReader:
         wrong = sorted(k for k, f in weight_map.items()
                        if k not in self.tensors or self.tensors[k].file.name != f)
         if wrong:
-            raise CheckpointError(f"{INDEX_NAME} maps keys to shards that do not hold them: {wrong[:10]}"
+            raise CheckpointError(f"{self.directory}: its index maps keys to shards that do not hold them: {wrong[:10]}"
                                   + (f" (+{len(wrong) - 10} more)" if len(wrong) > 10 else ""))
 
     # ---- reads -----------------------------------------------------------------------
@@ -154,3 +159,44 @@ class CheckpointReader:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+class ComponentsReader:
+    """A diffusers-format checkpoint: one folder per component (`transformer/`, `vae/`,
+    `text_encoder/`, ...), read as one checkpoint whose keys carry the component's name as a
+    prefix (`transformer.blocks.0.attn1.to_q.weight`). Same interface as `CheckpointReader`."""
+
+    def __init__(self, directory: str | os.PathLike, components: tuple[str, ...]):
+        self.directory = Path(directory)
+        if not self.directory.is_dir():
+            raise CheckpointError(f"checkpoint folder {self.directory} does not exist")
+        missing = [c for c in components if not (self.directory / c).is_dir()]
+        if missing:
+            raise CheckpointError(f"{self.directory} is missing the component folder(s) {missing} "
+                                  f"(a diffusers-format checkpoint has one folder per component: {list(components)})")
+        self.parts = {c: CheckpointReader(self.directory / c) for c in components}
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(p.bytes_read for p in self.parts.values())
+
+    def _split(self, key: str) -> tuple[CheckpointReader, str]:
+        component, _, rest = key.partition(".")
+        if component not in self.parts:
+            raise CheckpointError(f"checkpoint {self.directory} has no component {component!r} (for {key!r})")
+        return self.parts[component], rest
+
+    def keys(self) -> set[str]:
+        return {f"{c}.{k}" for c, p in self.parts.items() for k in p.keys()}
+
+    def info(self, key: str) -> TensorInfo:
+        part, rest = self._split(key)
+        return part.info(rest)
+
+    def read(self, key: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        part, rest = self._split(key)
+        return part.read(rest, dim, start, stop)
+
+    def close(self) -> None:
+        for p in self.parts.values():
+            p.close()
