@@ -1,0 +1,403 @@
+"""The Wan 2.1 / 2.2 text-to-video DiT (diffusers' `WanTransformer3DModel`) as plain modules.
+
+No module here knows about process groups. Parameter names and shapes are exactly diffusers'
+state-dict keys, so a diffusers checkpoint loads by name:
+
+    patch_embedding.{weight [D, C_in, pt, ph, pw], bias}      Conv3d, stride = kernel
+    condition_embedder.time_embedder.linear_{1,2}.{weight, bias}   sinusoid(freq_dim) -> D -> D
+    condition_embedder.time_proj.{weight [6D, D], bias}       SiLU(temb) -> 6 modulation vectors
+    condition_embedder.text_embedder.linear_{1,2}.{weight, bias}   text_dim -> D -> D (GELU-tanh)
+    blocks.N.scale_shift_table [1, 6, D]                      added to the block's modulation
+    blocks.N.attn{1,2}.to_{q,k,v}.{weight [D, D], bias}       attn1: self, attn2: video -> text
+    blocks.N.attn{1,2}.to_out.0.{weight, bias}
+    blocks.N.attn{1,2}.norm_{q,k}.weight [D]                  RMSNorm over ALL heads (D = heads * hd)
+    blocks.N.norm2.{weight, bias} [D]                         only with cross_attn_norm
+    blocks.N.ffn.net.0.proj.{weight [ffn, D], bias}, blocks.N.ffn.net.2.{weight [D, ffn], bias}
+    proj_out.{weight [pt*ph*pw*C_out, D], bias}, scale_shift_table [1, 2, D]
+
+Forward, in three separately callable pieces (how the framework shards the token rows over
+sequence-parallel ranks: every rank runs `blocks_forward` on its rows with those rows' RoPE):
+    embed(video, timestep, text)  -> WanInputs(tokens [B, S, D], temb, temb_proj, text, rope, grid)
+    blocks_forward(tokens, temb_proj, text, rope, attention_meta)  -> tokens
+    final_layer(tokens, temb) -> [B, S, pt*ph*pw*C_out];  unpatchify(x, grid) -> [B, C_out, F, H, W]
+Tokens are the patches in (frame, row, column) order. The self-attention (attn1) goes through
+`Attention.core` with the dtgen contract (q, k, v [B, S, heads, hd], already normed and
+rotated); the whole video is ONE bidirectional image block of the `AttentionMeta`. Rows past
+the real sequence (sequence-parallel padding) are harmless: everything else is per row, and
+the meta's image block hides them from the real rows. Cross-attention (attn2) attends each
+video row to all text rows without a mask (as diffusers does for T2V) and stays local.
+
+RoPE is 3-D: head_dim hd splits into t = hd - 4*(hd // 6), h = w = 2*(hd // 6) channels (128 ->
+44 / 42 / 42), each axis with its own frequencies theta^(-2i/dim) over its own dim, and the
+rotation pairs ADJACENT channels (2i, 2i+1), not halves. Tables are per row, [S, hd / 2].
+
+Tensor parallelism over heads is NOT supported: norm_q/norm_k are RMSNorms across all heads
+(over the full D), so a head shard would need the other heads' sums of squares. Head counts are
+still read off the weights (house style), never stored.
+
+Dtypes follow diffusers (what it keeps in float32 when loading a bf16 checkpoint is `KEEP_FP32`):
+the timestep sinusoid is float32 and runs through `time_embedder` in that module's dtype; the
+LayerNorms, the modulation (scale_shift_table + temb) and the residual adds with gates run in
+float32 and are cast back to the activation dtype; RoPE is computed in float64 and applied in
+float32; the QK RMSNorms are torch's `rms_norm` in the activation dtype.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dtgen.attention import AttentionMeta, LocalAttention
+
+from .config import WanTransformerConfig
+
+# diffusers' `_keep_in_fp32_modules` (less "rope", whose tables are computed, not stored): the
+# parameters under these module names stay float32 when the rest is loaded in bf16.
+KEEP_FP32 = ("time_embedder", "scale_shift_table", "norm1", "norm2", "norm3")
+
+
+def keeps_fp32(name: str) -> bool:
+    """Whether the parameter `name` stays float32 in a low-precision load (diffusers' rule)."""
+    return any(m in name.split(".") for m in KEEP_FP32)
+
+
+def _empty(*shape, dtype=None) -> nn.Parameter:
+    # Built on whatever device is current (meta at load time); the loader assigns real tensors.
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """nn.Linear's parameters (weight [out, in], bias [out]) without its initialisation."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = _empty(out_features, in_features)
+        self.bias = _empty(out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """torch.nn.RMSNorm's math through F.rms_norm, so the numerics are torch's (diffusers uses it)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _empty(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def layer_norm_f32(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """diffusers' FP32LayerNorm: input, weight and bias in float32; returns float32."""
+    return F.layer_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(),
+                        None if bias is None else bias.float(), eps)
+
+
+class CrossAttnNorm(nn.Module):
+    """`norm2`: the affine float32 LayerNorm before the cross-attention (cross_attn_norm=True)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = _empty(dim)
+        self.bias = _empty(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm_f32(x, self.eps, self.weight, self.bias).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# RoPE
+# --------------------------------------------------------------------------------------
+def rope_axis_dims(head_dim: int) -> tuple[int, int, int]:
+    """Channels of head_dim given to (frame, row, column): 128 -> (44, 42, 42)."""
+    hw = 2 * (head_dim // 6)
+    return head_dim - 2 * hw, hw, hw
+
+
+def rope_cos_sin(grid: tuple[int, int, int], head_dim: int, theta: float = 10000.0,
+                 device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [f*h*w, head_dim // 2] (float32) for the patch grid (f, h, w), row-major.
+
+    Pair i of a head (channels 2i, 2i+1) rotates by angle pos_axis * theta^(-2j/dim_axis),
+    where the first t/2 pairs take the frame index, the next h/2 the row, the last w/2 the
+    column. Angles in float64, as diffusers builds its table, so bf16/fp32 runs agree with it.
+    """
+    f, h, w = grid
+    dims = rope_axis_dims(head_dim)
+
+    def axis(n: int, dim: int) -> torch.Tensor:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+        return torch.outer(torch.arange(n, dtype=torch.float64, device=device), inv_freq)  # [n, dim/2]
+
+    at = axis(f, dims[0])[:, None, None, :].expand(f, h, w, -1)
+    ah = axis(h, dims[1])[None, :, None, :].expand(f, h, w, -1)
+    aw = axis(w, dims[2])[None, None, :, :].expand(f, h, w, -1)
+    angles = torch.cat([at, ah, aw], dim=-1).reshape(f * h * w, head_dim // 2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, heads, hd]; cos/sin [S, hd/2]. Rotates adjacent pairs, in float32."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = xf[..., 0], xf[..., 1]
+    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [S, 1, hd/2]: broadcast over heads
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Conditioning
+# --------------------------------------------------------------------------------------
+def timestep_sinusoid(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+    """[N] -> [N, dim] float32, [cos | sin] (diffusers' Timesteps with flip_sin_to_cos=True, shift 0)."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t.float()[:, None] * freqs[None, :]
+    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+    return F.pad(emb, (0, dim % 2))
+
+
+class TwoLayerMLP(nn.Module):
+    """linear_2(act(linear_1(x))): the time embedder (SiLU) and the text projection (GELU-tanh)."""
+
+    def __init__(self, in_features: int, hidden: int, act: str):
+        super().__init__()
+        self.linear_1 = Linear(in_features, hidden)
+        self.linear_2 = Linear(hidden, hidden)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear_1(x)
+        h = F.silu(h) if self.act == "silu" else F.gelu(h, approximate="tanh")
+        return self.linear_2(h)
+
+
+class ConditionEmbedder(nn.Module):
+    def __init__(self, cfg: WanTransformerConfig):
+        super().__init__()
+        D = cfg.inner_dim
+        self.freq_dim = cfg.freq_dim
+        self.time_embedder = TwoLayerMLP(cfg.freq_dim, D, "silu")
+        self.time_proj = Linear(D, 6 * D)
+        self.text_embedder = TwoLayerMLP(cfg.text_dim, D, "gelu_tanh")
+
+    def time(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """timestep [B, T] -> temb [B, T, D] (in `dtype`), temb_proj [B, T, 6, D]."""
+        B, T = timestep.shape
+        sinus = timestep_sinusoid(timestep.flatten(), self.freq_dim)
+        # The sinusoid enters time_embedder in that module's dtype (float32 in a diffusers load)
+        # and its output is cast to the activation dtype, as diffusers does.
+        temb = self.time_embedder(sinus.to(self.time_embedder.linear_1.weight.dtype)).to(dtype)
+        temb_proj = self.time_proj(F.silu(temb))
+        return temb.view(B, T, -1), temb_proj.view(B, T, 6, -1)
+
+
+# --------------------------------------------------------------------------------------
+# Block
+# --------------------------------------------------------------------------------------
+class Attention(nn.Module):
+    """attn1 (self, through `core`, with RoPE) or attn2 (video rows -> text rows, local)."""
+
+    def __init__(self, dim: int, head_dim: int, eps: float, self_attention: bool):
+        super().__init__()
+        self.head_dim = head_dim
+        self.to_q = Linear(dim, dim)
+        self.to_k = Linear(dim, dim)
+        self.to_v = Linear(dim, dim)
+        self.to_out = nn.ModuleList([Linear(dim, dim)])  # diffusers' [Linear, Dropout]: key to_out.0
+        self.norm_q = RMSNorm(dim, eps)
+        self.norm_k = RMSNorm(dim, eps)
+        if self_attention:
+            # Swapped per phase by the parallel runtime (Ulysses, ring, ...); same signature.
+            self.core: nn.Module = LocalAttention()
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # Local head count read off the weights: [B, S, heads * hd] -> [B, S, heads, hd].
+        return x.unflatten(-1, (-1, self.head_dim))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
+        # The QK norm runs over the full projection (all heads at once), before the head split.
+        q = self._heads(self.norm_q(self.to_q(x)))
+        k = self._heads(self.norm_k(self.to_k(x)))
+        v = self._heads(self.to_v(x))
+        q = apply_rope(q, *rope)
+        k = apply_rope(k, *rope)
+        out = self.core(q, k, v, meta, None)
+        return self.to_out[0](out.flatten(2).to(q.dtype))
+
+    def cross(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+        q = self._heads(self.norm_q(self.to_q(x))).transpose(1, 2)
+        k = self._heads(self.norm_k(self.to_k(text))).transpose(1, 2)
+        v = self._heads(self.to_v(text)).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.to_out[0](out.transpose(1, 2).flatten(2).to(q.dtype))
+
+
+class GeluProj(nn.Module):
+    """`ffn.net.0`: proj then GELU (tanh approximation)."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.proj = Linear(dim, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x), approximate="tanh")
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        # diffusers' [GELU, Dropout, Linear]: the keys are net.0.proj and net.2.
+        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), Linear(inner, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](self.net[0](x))
+
+
+class WanBlock(nn.Module):
+    """x += gate * attn1(mod(LN(x))); x += attn2(norm2(x), text); x += c_gate * ffn(mod(LN(x)))."""
+
+    def __init__(self, cfg: WanTransformerConfig):
+        super().__init__()
+        D = cfg.inner_dim
+        self.eps = cfg.eps
+        self.attn1 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=True)
+        self.attn2 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=False)
+        self.norm2 = CrossAttnNorm(D, cfg.eps) if cfg.cross_attn_norm else None
+        self.ffn = FeedForward(D, cfg.ffn_dim)
+        self.scale_shift_table = _empty(1, 6, D)
+
+    def forward(self, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
+        # Modulation in float32: temb_proj [B, T, 6, D] (T = 1, or one row per token) plus the
+        # table, six [B, T, D] vectors broadcast over (or matching) the rows.
+        mod = self.scale_shift_table.float() + temb_proj.float()
+        shift, scale, gate, c_shift, c_scale, c_gate = mod.unbind(2)
+        dtype = x.dtype
+
+        h = (layer_norm_f32(x, self.eps) * (1 + scale) + shift).to(dtype)
+        x = (x.float() + self.attn1(h, rope, meta) * gate).to(dtype)
+
+        h = x if self.norm2 is None else self.norm2(x)
+        x = x + self.attn2.cross(h, text)  # diffusers adds this residual in the activation dtype
+
+        h = (layer_norm_f32(x, self.eps) * (1 + c_scale) + c_shift).to(dtype)
+        return (x.float() + self.ffn(h).float() * c_gate).to(dtype)
+
+
+def run_block(block: WanBlock, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
+    """One block, as a free function: the unit a runtime may compile once and reuse for every
+    block (the block's weights are its inputs, not its constants)."""
+    return block(x, temb_proj, text, rope, meta)
+
+
+# --------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------
+class WanInputs(NamedTuple):
+    """What `embed` returns; every per-token tensor has its token rows on dim 1 (rope: dim 0)."""
+
+    tokens: torch.Tensor       # [B, S, D] patch tokens, activation dtype
+    temb: torch.Tensor         # [B, T, D] time embedding (T = 1, or S for per-token timesteps)
+    temb_proj: torch.Tensor    # [B, T, 6, D] the blocks' modulation
+    text: torch.Tensor         # [B, L, D] projected text
+    rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [S, hd / 2] float32
+    grid: tuple[int, int, int]  # patch grid (f, h, w): S = f * h * w
+
+
+def full_sequence_meta(rows: int, real_rows: int | None = None, device=None) -> AttentionMeta:
+    """The meta of a video sequence of `rows` rows whose first `real_rows` (default all) are real:
+    one bidirectional block over the real rows; rows past it are padding no real row sees."""
+    real = rows if real_rows is None else real_rows
+    return AttentionMeta(slots=torch.arange(rows, device=device), image_blocks=((0, real),),
+                         slot_runs=((0, rows),))
+
+
+class WanTransformer(nn.Module):
+    """diffusers' WanTransformer3DModel (text-to-video), same parameter names."""
+
+    def __init__(self, cfg: WanTransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        D = cfg.inner_dim
+        self.head_dim = cfg.attention_head_dim
+        self.patch_embedding = nn.Module()
+        self.patch_embedding.weight = _empty(D, cfg.in_channels, *cfg.patch_size)
+        self.patch_embedding.bias = _empty(D)
+        self.condition_embedder = ConditionEmbedder(cfg)
+        self.blocks = nn.ModuleList(WanBlock(cfg) for _ in range(cfg.num_layers))
+        self.proj_out = Linear(D, cfg.out_channels * math.prod(cfg.patch_size))
+        self.scale_shift_table = _empty(1, 2, D)
+        # How a block is called: `run_block`, or what a runtime puts here instead (regional
+        # compilation: the same function compiled once for all blocks).
+        self.run_block = run_block
+
+    @property
+    def patch_size(self) -> tuple[int, int, int]:
+        return tuple(self.patch_embedding.weight.shape[2:])
+
+    def embed(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
+              encoder_hidden_states: torch.Tensor) -> WanInputs:
+        """hidden_states [B, C, F, H, W] latents; timestep [B] (or [B, S] per token, Wan 2.2
+        TI2V-5B); encoder_hidden_states [B, L, text_dim]. Returns the blocks' inputs."""
+        B, _, frames, height, width = hidden_states.shape
+        pt, ph, pw = self.patch_size
+        grid = (frames // pt, height // ph, width // pw)
+        if max(grid) > self.cfg.rope_max_seq_len:
+            raise ValueError(f"patch grid {grid} exceeds rope_max_seq_len={self.cfg.rope_max_seq_len}")
+        w = self.patch_embedding.weight
+        tokens = F.conv3d(hidden_states, w, self.patch_embedding.bias, stride=(pt, ph, pw))
+        tokens = tokens.flatten(2).transpose(1, 2).contiguous()  # [B, S, D], (f, h, w) row-major
+
+        if timestep.ndim == 0:
+            timestep = timestep.expand(B)
+        timestep = timestep.reshape(B, -1)  # [B, 1] or [B, S]
+        temb, temb_proj = self.condition_embedder.time(timestep, encoder_hidden_states.dtype)
+        text = self.condition_embedder.text_embedder(encoder_hidden_states)
+        rope = rope_cos_sin(grid, self.head_dim, self.cfg.rope_theta, device=hidden_states.device)
+        return WanInputs(tokens, temb, temb_proj, text, rope, grid)
+
+    def blocks_forward(self, tokens: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
+                       rope: tuple[torch.Tensor, torch.Tensor],
+                       attention_meta: AttentionMeta | None = None) -> torch.Tensor:
+        """tokens [B, S, D] -> [B, S, D] through every block.
+
+        rope: the cos/sin rows of these token rows. temb_proj [B, T, 6, D]: with T > 1 (per-token
+        timesteps) it must hold the same rows as `tokens` (slice/pad it alike). Padding rows
+        need finite values (zeros are fine): attention multiplies masked-out values by zero.
+        """
+        if attention_meta is None:
+            attention_meta = full_sequence_meta(tokens.shape[1], device=tokens.device)
+        for block in self.blocks:
+            tokens = self.run_block(block, tokens, temb_proj, text, rope, attention_meta)
+        return tokens
+
+    def final_layer(self, tokens: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        """Output norm, modulation and proj_out, per row: [B, S, D] -> [B, S, pt*ph*pw*C_out]."""
+        mod = self.scale_shift_table.float().unsqueeze(0) + temb.float().unsqueeze(2)  # [B, T, 2, D]
+        shift, scale = mod.unbind(2)
+        h = (layer_norm_f32(tokens, self.cfg.eps) * (1 + scale) + shift).to(tokens.dtype)
+        return self.proj_out(h)
+
+    def unpatchify(self, x: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        """[B, S, pt*ph*pw*C] (channels last within a patch) -> [B, C, f*pt, h*ph, w*pw]."""
+        B = x.shape[0]
+        f, h, w = grid
+        pt, ph, pw = self.patch_size
+        x = x.reshape(B, f, h, w, pt, ph, pw, -1)
+        return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(B, -1, f * pt, h * ph, w * pw)
+
+    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                attention_meta: AttentionMeta | None = None) -> torch.Tensor:
+        """The model's prediction [B, C_out, F, H, W] (diffusers' `.sample`)."""
+        e = self.embed(hidden_states, timestep, encoder_hidden_states)
+        tokens = self.blocks_forward(e.tokens, e.temb_proj, e.text, e.rope, attention_meta)
+        return self.unpatchify(self.final_layer(tokens, e.temb), e.grid)
