@@ -12,14 +12,14 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tokenizers,serve]"
+	$(PY) -m pip install -q -e ".[test,tokenizers,serve,video]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m examples.hunyuan_t2i --world-size 4 --plan hybrid --check --report outputs/hunyuan_t2i.json
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # On a GPU machine: `make test-gpu` (one GPU), `make test-gpu2` (two GPUs, torchrun + NCCL).
 # They use .venv when there is one, else the machine's python3 as it is (GPU images come

@@ -1,0 +1,226 @@
+"""Wan text-to-video (Wan 2.1, Wan 2.2-A14B) from a diffusers-format checkpoint.
+
+    python -m examples.wan_t2v                                      # tiny default, one process
+    python -m examples.wan_t2v --world-size 2 --plan ulysses2       # 2 gloo ranks spawned here (CPU)
+    torchrun --nproc-per-node 2 -m examples.wan_t2v --world-size 2 --plan cfg2 \\
+        --checkpoint /path/to/Wan2.1-T2V-14B-Diffusers --height 480 --width 832 --num-frames 81
+
+With no --checkpoint, a tiny random model is written once (diffusers format) into the cache
+folder and loaded through the real loader. Writes the MP4 (PyAV's own H.264 encoder), prints
+a per-stage timing table and, with --report, a JSON report. Plans: placements/wan.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dtgen.compile import CompileOptions, unique_graphs
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, finish_launch_args,
+                           gather_rank_facts, launch_problem, max_diff, peak_memory, reference_threads, refuse,
+                           rank_device, rel_l2, run_example, table)
+from dtgen.host import GcPauses, settle_heap
+from dtgen.launch import RankContext, exit_process
+from dtgen.profiling import PhaseProfiler
+from dtgen.samplers import SAMPLERS
+from models.wan.model import load
+from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request
+from models.wan.tiny import ensure_tiny_checkpoint
+from placements.wan import PLANS, get_plan
+
+DEFAULT_PROMPT = "A red fox runs through fresh snow at golden hour, cinematic"
+RANK_PRELOAD = ("examples.wan_t2v",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m examples.wan_t2v", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", help="diffusers-format Wan folder (default: the embedded tiny model)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--height", type=int, default=None, help="pixels (default: 480, or 48 on the tiny default)")
+    p.add_argument("--width", type=int, default=None, help="pixels (default: 832, or 64 on the tiny default)")
+    p.add_argument("--num-frames", type=int, default=None, help="4k + 1 frames (default: 81, or 9 on the tiny default)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
+    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--guidance-2", type=float, default=None, help="Wan2.2-A14B: the low-noise expert's guidance")
+    p.add_argument("--flow-shift", type=float, default=None,
+                   help="the sampler's shift (default: the checkpoint's scheduler config, else 3.0)")
+    p.add_argument("--sampler", default="unipc", choices=sorted(SAMPLERS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fps", type=int, default=16)
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
+                   help="with several ranks, split the VAE decode over all of them (halo exchange)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
+                        "stay out of the figures (default: on with --compile or on GPU)")
+    add_launch_flags(p, PLANS)
+    add_compile_flags(p)
+    add_report_flags(p, "outputs/wan_t2v.mp4")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return finish_launch_args(build_parser().parse_args(argv), lambda world: "single" if world == 1 else "ulysses2")
+
+
+def _request(args) -> T2VRequest:
+    return T2VRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
+                      num_frames=args.num_frames, steps=args.steps, guidance_scale=args.guidance,
+                      guidance_scale_2=args.guidance_2, shift=args.flow_shift, sampler=args.sampler, seed=args.seed)
+
+
+def prepare(args) -> tuple[str | None, bool]:
+    """Check the command line and fill the defaults that depend on the checkpoint: (the first
+    problem as one line or None, whether the tiny default runs)."""
+    tiny = args.checkpoint is None
+    defaults = dict(height=48, width=64, num_frames=9, steps=4) if tiny else \
+        dict(height=480, width=832, num_frames=81, steps=50)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    try:
+        problem = launch_problem(args, get_plan(args.plan))
+        if problem is None and not tiny and not (Path(args.checkpoint) / "model_index.json").is_file():
+            problem = f"--checkpoint {args.checkpoint}: no model_index.json there (expected a diffusers-format folder)"
+        if problem is None:
+            if tiny:
+                args.checkpoint = str(ensure_tiny_checkpoint())
+            if args.flow_shift is None:
+                scheduler = Path(args.checkpoint) / "scheduler" / "scheduler_config.json"
+                args.flow_shift = json.loads(scheduler.read_text()).get("flow_shift", 3.0) if scheduler.exists() else 3.0
+            vae = json.loads((Path(args.checkpoint) / "vae" / "config.json").read_text())
+            transformer = json.loads((Path(args.checkpoint) / "transformer" / "config.json").read_text())
+            spatial = 2 ** (len(vae.get("dim_mult", [1, 2, 4, 4])) - 1) * transformer.get("patch_size", [1, 2, 2])[1]
+            check_request(_request(args), 2 ** sum(vae.get("temperal_downsample", [False, True, True])), spatial)
+    except (KeyError, ValueError, OSError) as e:
+        problem = str(e.args[0]) if e.args else str(e)
+    return problem, tiny
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    device, dtype = rank_device(ctx, args)
+    ctx.progress("loading")
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_regions)
+    vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
+    pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
+                          compile_options=options, vae_group=vae_group)
+    req = _request(args)
+
+    def progress(phase, done, total):
+        ctx.progress(f"{phase} {done}/{total}")
+
+    warmup_ms = None
+    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
+        t0 = time.perf_counter()
+        pipe.generate(replace(req, steps=min(req.steps, 2)), progress=progress)
+        warmup_ms = (time.perf_counter() - t0) * 1e3
+    warm_graphs = unique_graphs()
+    settle_heap()   # keep the collector off what loading and compiling made (dtgen/host.py)
+    with GcPauses() as gc_pauses:
+        result = pipe.generate(req, progress=progress, record=args.check)
+    compile_report = compile_facts(pipe.compiler, warm_graphs) if args.compile else None
+    profile_summary = None
+    if args.profile:
+        profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control,
+                                 table_rows=PROFILE_ROWS)
+        profiled = pipe.generate(req, progress=progress, profiler=profiler)
+        profile_summary = profiler.write(profiled.timings_ms, compile_report)
+    out = {"rank": ctx.rank, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+           "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "compile": compile_report,
+           "tokens_per_step": result.record["tokens_per_step"], "profile": profile_summary}
+    facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(), "storage_bytes": loaded.storage.nbytes,
+             "peak_memory_bytes": peak_memory(device), "gc": gc_pauses.as_dict()}
+    out["ranks"] = gather_rank_facts(ctx, facts, loaded.controller.topology.control)
+    if ctx.rank == 0:
+        out["video"] = result.video
+        if args.check:
+            with reference_threads(ctx, device):
+                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
+                ref = WanT2VPipeline(reference.model, reference.tokenizer, reference.controller, device).generate(
+                    req, record=True)
+            out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
+                            "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
+                            "max_abs_diff_video": max_diff([result.video], [ref.video]),
+                            "rel_l2_noise": rel_l2(result.record["noise"], ref.record["noise"])}
+    return out
+
+
+def write_video(frames: torch.Tensor, path: Path, fps: int) -> None:
+    """[F, H, W, 3] uint8 -> H.264 MP4 (PyAV ships its own FFmpeg)."""
+    import av
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for frame in frames.numpy():
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+
+
+def write_report(args, main: dict, tiny: bool) -> dict:
+    out = Path(args.output)
+    write_video(main["video"], out, args.fps)
+    t, ranks = main["timings_ms"], main["ranks"]
+    steps = t["denoise_step"]
+    switch = max((r["switch"] for r in ranks), key=lambda s: s["ms"])
+    report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
+              "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
+              "request": {"height": args.height, "width": args.width, "num_frames": args.num_frames,
+                          "steps": args.steps, "sampler": args.sampler, "shift": args.flow_shift},
+              "tokens_per_step": main["tokens_per_step"],
+              "timings_ms": {"encode": t["encode"], "denoise_step": sum(steps[1:]) / max(len(steps) - 1, 1),
+                             "denoise_first_step": steps[0], "decode": t["decode"], "total": t["total"]},
+              "warmup_ms": main["warmup_ms"], "phase_switch": switch,
+              "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
+              "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks]}
+    for key in ("check", "compile"):
+        if main.get(key) is not None:
+            report[key] = main[key]
+    r = report["timings_ms"]
+    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
+            ("video", f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"),
+            ("warm-up run", "off" if main["warmup_ms"] is None else f"{main['warmup_ms']:9.1f} ms (not in the figures)"),
+            ("text encode", f"{r['encode']:9.1f} ms"),
+            ("denoise", f"{r['denoise_step']:9.1f} ms/step ({args.steps} steps; the first {r['denoise_first_step']:.1f} ms)"),
+            ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}"),
+            ("VAE decode", f"{r['decode']:9.1f} ms"),
+            ("total", f"{r['total']:9.1f} ms")]
+    if all(p is not None for p in report["peak_memory_bytes_per_rank"]):
+        rows.append(("memory / rank", ", ".join(f"{x['storage_bytes'] / 1e9:.1f} GB weights, "
+                                                f"{x['peak_memory_bytes'] / 1e9:.1f} GB peak" for x in ranks)))
+    if "compile" in report:
+        c = report["compile"]
+        rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
+                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
+    rows += [(f"check {k}", f"{v:.3e}") for k, v in report.get("check", {}).items()]
+    print(table(rows))
+    print(f"wrote {out}")
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.report}")
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    problem, tiny = prepare(args)
+    if problem is not None:
+        return refuse(problem)
+    main_result = run_example(run_rank, args, RANK_PRELOAD)
+    if isinstance(main_result, int):
+        return main_result
+    if main_result is None:  # torchrun: only rank 0 reports
+        return 0
+    write_report(args, main_result, tiny)
+    return 0
+
+
+if __name__ == "__main__":
+    exit_process(main())

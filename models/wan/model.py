@@ -1,0 +1,150 @@
+"""Wan text-to-video as one module tree, its adapter for `dtgen.build`, and `load`.
+
+The tree mirrors a diffusers-format checkpoint folder: `text_encoder` (UMT5), `transformer`
+(the DiT), `transformer_2` (Wan2.2-A14B's low-noise DiT, when the checkpoint has one) and `vae`
+(the decoder). Parameter names are the folder's name plus the component's own state-dict key,
+so `dtgen.checkpoint.ComponentsReader` serves them with no mapping. All of them stay resident:
+the phases (encode, denoise, decode) and the A14B expert switch only change which modules run.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dtgen.build import ModelAdapter, ParamSource, build
+from dtgen.checkpoint import CheckpointError, ComponentsReader
+from dtgen.controller import PhaseController
+from dtgen.plan import Plan
+from dtgen.storage import ResidentStorage
+
+from .config import WanTransformerConfig
+from .text_encoder import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer
+from .transformer import Attention, WanTransformer, keeps_fp32
+from .vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
+
+TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class WanConfigs:
+    text_encoder: UMT5Config
+    transformer: WanTransformerConfig
+    vae: WanVAEConfig
+    transformer_2: WanTransformerConfig | None = None
+    # Wan2.2-A14B: the high-noise DiT runs while t >= boundary_ratio * 1000, the low-noise one after.
+    boundary_ratio: float | None = None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "WanConfigs":
+        folder = Path(folder)
+        missing = [c for c in TEXT_TO_VIDEO if not (folder / c).is_dir()]
+        if missing:
+            raise CheckpointError(f"{folder} is missing the component folder(s) {missing} (a diffusers-format "
+                                  f"Wan checkpoint has {list(TEXT_TO_VIDEO)})")
+        index = json.loads((folder / "model_index.json").read_text()) if (folder / "model_index.json").exists() else {}
+        has_2 = (folder / "transformer_2").is_dir() and index.get("transformer_2", [None])[0] is not None
+        return cls(UMT5Config.from_json(folder / "text_encoder" / "config.json"),
+                   WanTransformerConfig.from_json(folder / "transformer" / "config.json"),
+                   WanVAEConfig.from_dict(json.loads((folder / "vae" / "config.json").read_text())),
+                   WanTransformerConfig.from_json(folder / "transformer_2" / "config.json") if has_2 else None,
+                   index.get("boundary_ratio"))
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return ("text_encoder", "transformer", "vae") + (("transformer_2",) if self.transformer_2 else ())
+
+
+class WanT2V(nn.Module):
+    def __init__(self, cfgs: WanConfigs):
+        super().__init__()
+        self.cfgs = cfgs
+        self.text_encoder = UMT5Encoder(cfgs.text_encoder)
+        self.transformer = WanTransformer(cfgs.transformer)
+        self.transformer_2 = WanTransformer(cfgs.transformer_2) if cfgs.transformer_2 else None
+        self.vae = WanVAE(cfgs.vae)
+
+    def transformer_for(self, t: float) -> WanTransformer:
+        """The DiT that denoises at timestep t (Wan2.2-A14B switches experts at the boundary)."""
+        if self.transformer_2 is None or t >= self.cfgs.boundary_ratio * 1000:
+            return self.transformer
+        return self.transformer_2
+
+
+@dataclass
+class WanAdapter(ModelAdapter):
+    """Wan for `dtgen.build` (the whole of what the framework needs from this model)."""
+
+    cfgs: WanConfigs
+    vae_dtype: torch.dtype = torch.float32       # diffusers' examples decode in float32
+    embedding_key: str = EMBEDDING_KEYS[0]       # which of the tied embedding's keys the checkpoint holds
+    ignored_prefixes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        unread = next(k for k in EMBEDDING_KEYS if k != self.embedding_key)
+        self.ignored_prefixes = tuple(f"vae.{p}" for p in IGNORED_CHECKPOINT_PREFIXES) + (f"text_encoder.{unread}",)
+
+    def build_on_meta(self) -> WanT2V:
+        return WanT2V(self.cfgs)
+
+    def attention_heads(self, model: WanT2V) -> dict[str, tuple[int, int]]:
+        heads = {}
+        for component in ("transformer", "transformer_2"):
+            dit = getattr(model, component)
+            if dit is not None:   # the self-attention modules: those with a swappable core
+                n = dit.cfg.num_attention_heads
+                heads.update({f"{component}.{name}": (n, n) for name, m in dit.named_modules()
+                              if isinstance(m, Attention) and hasattr(m, "core")})
+        return heads
+
+    def param_sources(self, model: WanT2V) -> dict[str, ParamSource]:
+        sources = super().param_sources(model)
+        sources["text_encoder.shared.weight"] = ParamSource((f"text_encoder.{self.embedding_key}",))
+        return sources
+
+    def unbuilt_modules(self, model: WanT2V) -> tuple[str, ...]:
+        return () if model.transformer_2 is not None else ("transformer_2.",)
+
+    def param_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        component, _, rest = name.partition(".")
+        if component == "vae":
+            return self.vae_dtype
+        if component.startswith("transformer") and keeps_fp32(rest):
+            return torch.float32
+        return dtype
+
+
+@dataclass
+class LoadedWan:
+    model: WanT2V
+    controller: PhaseController
+    storage: ResidentStorage
+    tokenizer: object
+    plan: Plan
+
+
+def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
+         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", vae_dtype: str = "float32",
+         startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0) -> LoadedWan:
+    """A diffusers-format Wan checkpoint folder -> this rank's resident weights + controller."""
+    if vae_dtype not in _DTYPES:
+        raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
+    cfgs = WanConfigs.from_folder(checkpoint)
+    reader = ComponentsReader(checkpoint, cfgs.components)
+    present = reader.parts["text_encoder"].keys()
+    key = next((k for k in EMBEDDING_KEYS if k in present), None)
+    if key is None:
+        raise CheckpointError(f"{Path(checkpoint) / 'text_encoder'} holds neither of the token embedding keys "
+                              f"{list(EMBEDDING_KEYS)}")
+    adapter = WanAdapter(cfgs, _DTYPES[vae_dtype], key)
+    try:
+        built = build(adapter, plan, reader, rank, world_size, dtype, device,
+                      startup_timeout_s=startup_timeout_s, control_timeout_s=control_timeout_s)
+    finally:
+        reader.close()
+    tokenizer = load_tokenizer(Path(checkpoint) / "tokenizer")
+    return LoadedWan(built.model, built.controller, built.storage, tokenizer, plan)

@@ -1,0 +1,141 @@
+"""The embedded tiny default: a small random Wan text-to-video model written as a diffusers-format folder.
+
+`python -m examples.wan_t2v` runs on it when no `--checkpoint` is given. It is written once into
+the cache folder, in the layout of the published Wan 2.1 diffusers repos (`model_index.json`,
+`transformer/`, `vae/`, `text_encoder/`, `tokenizer/`, `scheduler/`), so the real loader path
+always runs, and diffusers itself can load the same folder (the parity tests do). The shape
+admits every shipped plan: 4 heads (Ulysses 4), 16 latent channels.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from dtgen.caches import cache_root
+
+TINY_VERSION = 1
+_WORDS = ("a", "an", "the", "cat", "dog", "fox", "bird", "runs", "walks", "flies", "jumps", "on", "in", "over",
+          "grass", "snow", "sky", "water", "red", "blue", "big", "small", "slowly", "quickly", "lighthouse",
+          "sea", "at", "night", "day", "blurry", "low", "quality")
+
+
+def tiny_configs() -> dict[str, dict]:
+    """Every component's config.json (diffusers / transformers field names), tiny values."""
+    return {
+        "text_encoder": {
+            "architectures": ["UMT5EncoderModel"], "model_type": "umt5", "vocab_size": 128, "d_model": 32,
+            "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
+            "relative_attention_max_distance": 16, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
+            "dense_act_fn": "gelu_new", "is_gated_act": True, "pad_token_id": 0, "eos_token_id": 1,
+            "decoder_start_token_id": 0, "tie_word_embeddings": False},
+        "transformer": {
+            "_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": 4,
+            "attention_head_dim": 16, "in_channels": 16, "out_channels": 16, "text_dim": 32, "freq_dim": 32,
+            "ffn_dim": 128, "num_layers": 2, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
+            "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024},
+        "vae": {
+            "_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
+            "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0},
+        "scheduler": {
+            "_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True,
+            "num_train_timesteps": 1000, "flow_shift": 3.0, "solver_order": 2, "solver_type": "bh2",
+            "predict_x0": True, "lower_order_final": True, "final_sigmas_type": "zero",
+            "timestep_spacing": "linspace"},
+    }
+
+
+MODEL_INDEX = {
+    "_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
+    "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": ["transformers", "UMT5EncoderModel"],
+    "tokenizer": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
+
+
+def _init(key: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Every path contributes, nothing explodes (the Hunyuan tiny default's recipe)."""
+    if key.endswith("weight") and len(shape) == 1:   # norm scales
+        return 1 + 0.1 * torch.randn(shape, generator=g)
+    if key.endswith("bias"):
+        return 0.02 * torch.randn(shape, generator=g)
+    if len(shape) >= 3:                               # convolutions, modulation tables
+        return min(0.05, 1 / math.sqrt(math.prod(shape[1:]))) * torch.randn(shape, generator=g)
+    return 0.05 * torch.randn(shape, generator=g)
+
+
+def write_tokenizer(folder: Path) -> None:
+    """A T5-shaped tokenizer.json (Unigram, Metaspace, "$A </s>"): pad 0, eos 1, unk 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+             + [("\u2581" + w, -1.0 - 0.01 * i) for i, w in enumerate(_WORDS)]
+             + [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789,."])
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.add_special_tokens(["<pad>", "</s>", "<unk>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "T5Tokenizer", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+         "extra_ids": 0, "additional_special_tokens": [], "model_max_length": 512}))
+
+
+def write_random_checkpoint(folder: Path, seed: int = 1234) -> None:
+    """Random float32 weights under the diffusers / transformers names, one folder per component."""
+    from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
+    from .config import WanTransformerConfig
+    from .text_encoder import UMT5Config
+    from .vae import WanVAEConfig
+
+    configs = tiny_configs()
+    cfgs = WanConfigs(UMT5Config.from_dict(configs["text_encoder"]),
+                      WanTransformerConfig.from_dict(configs["transformer"]),
+                      WanVAEConfig.from_dict(configs["vae"]))
+    with torch.device("meta"):
+        model = WanT2V(cfgs)
+    g = torch.Generator().manual_seed(seed)
+    files = {"transformer": "diffusion_pytorch_model.safetensors", "vae": "diffusion_pytorch_model.safetensors",
+             "text_encoder": "model.safetensors"}
+    tensors = {c: {} for c in files}
+    for name, p in model.named_parameters():
+        component, _, key = name.partition(".")
+        tensors[component][key] = _init(key, tuple(p.shape), g).contiguous()
+    for component, file in files.items():
+        (folder / component).mkdir(parents=True)
+        save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})
+    for component in ("transformer", "vae", "text_encoder", "scheduler"):
+        (folder / component).mkdir(parents=True, exist_ok=True)
+        name = "scheduler_config.json" if component == "scheduler" else "config.json"
+        (folder / component / name).write_text(json.dumps(configs[component], indent=1))
+    write_tokenizer(folder / "tokenizer")
+    (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=1))
+
+
+def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
+    """The tiny default's folder, written on first use (atomically: a temporary folder renamed
+    into place, so an interrupted run leaves nothing half-written)."""
+    root = Path(root) if root is not None else cache_root()
+    target = root / f"tiny-wan-t2v-v{TINY_VERSION}"
+    if (target / "model_index.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-wan-", dir=root))
+    try:
+        write_random_checkpoint(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / "model_index.json").exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,83 @@
+"""Placement plans for Wan text-to-video, as data.
+
+Three phases over one resident copy of the weights: `encode` (the UMT5 text encoder),
+`denoise` (the DiT) and `decode` (the VAE; split spatially by the harness's VAE group, not by
+the plan). The DiT is never tensor-parallel: its QK norms are RMSNorms across all heads, so it
+runs replicated and spreads over ranks by sequence (SP) and by CFG branch. The text encoder
+is replicated (every rank encodes the same prompt, nothing moves) or TP over the ranks.
+"""
+from dtgen.plan import Output, PhasePlan, Plan, PlanError, Rule
+
+_ENCODER = "text_encoder.encoder.block.*.layer."
+PARAM_RULES = {
+    "text_encoder.shared.weight": Rule.REPLICATE,
+    _ENCODER + "0.layer_norm.weight": Rule.REPLICATE,
+    _ENCODER + "0.SelfAttention.q.weight": Rule.COLUMN,
+    _ENCODER + "0.SelfAttention.k.weight": Rule.COLUMN,
+    _ENCODER + "0.SelfAttention.v.weight": Rule.COLUMN,
+    # [buckets, heads]: split on its last dim into the same head blocks as q (a slicing rule:
+    # its output is per head, not a partial sum, so it has no entry in TP_OUTPUTS).
+    _ENCODER + "0.SelfAttention.relative_attention_bias.weight": Rule.ROW,
+    _ENCODER + "0.SelfAttention.o.weight": Rule.ROW,
+    _ENCODER + "1.layer_norm.weight": Rule.REPLICATE,
+    _ENCODER + "1.DenseReluDense.wi_0.weight": Rule.COLUMN,
+    _ENCODER + "1.DenseReluDense.wi_1.weight": Rule.COLUMN,
+    _ENCODER + "1.DenseReluDense.wo.weight": Rule.ROW,
+    "text_encoder.encoder.final_layer_norm.weight": Rule.REPLICATE,
+    "transformer.*": Rule.REPLICATE,
+    "transformer_2.*": Rule.REPLICATE,   # Wan2.2-A14B's low-noise expert
+    "vae.*": Rule.REPLICATE,
+}
+
+TP_OUTPUTS = {
+    _ENCODER + "0.SelfAttention.o": Output.PARTIAL_SUM,
+    _ENCODER + "1.DenseReluDense.wo": Output.PARTIAL_SUM,
+}
+
+
+def _plan(name, grid, denoise: PhasePlan, summary, encode: PhasePlan | None = None):
+    every = tuple(axis for axis, _ in grid)
+    # Unless the plan says otherwise, every rank encodes the (same) prompt: no rank waits for
+    # another's text encoder and nothing moves afterwards. The VAE is replicated too; the
+    # harness splits its decode spatially over a process group of its own.
+    return Plan(name=name, grid=grid, phases={"encode": encode or PhasePlan(replicate=every), "denoise": denoise,
+                                              "decode": PhasePlan(replicate=every)},
+                params=PARAM_RULES, outputs=TP_OUTPUTS, summary=summary)
+
+
+PLANS = {
+    "single": _plan("single", (), PhasePlan(), "one process, no parallelism"),
+    # 2 ranks --------------------------------------------------------------------------------
+    "ulysses2": _plan("ulysses2", (("sp", 2),), PhasePlan(sp=("sp",), attention="ulysses"),
+                      "denoise on Ulysses SP2; text encoder replicated"),
+    "ulysses2-te-tp2": _plan("ulysses2-te-tp2", (("sp", 2),), PhasePlan(sp=("sp",), attention="ulysses"),
+                             "denoise on Ulysses SP2; text encoder on TP2", encode=PhasePlan(tp=("sp",))),
+    "ulysses2-pipelined": _plan("ulysses2-pipelined", (("sp", 2),),
+                                PhasePlan(sp=("sp",), attention="ulysses-pipelined"),
+                                "denoise on Ulysses SP2 in pipelined head groups"),
+    "ring2": _plan("ring2", (("sp", 2),), PhasePlan(sp=("sp",), attention="ring"), "denoise on ring attention SP2"),
+    "attn2d-1x2": _plan("attn2d-1x2", (("sp", 2),), PhasePlan(sp=("sp",), attention="attn2d"),
+                        "denoise on Attention2D 1 x 2"),
+    "cfg2": _plan("cfg2", (("cfg", 2),), PhasePlan(cfg=("cfg",)),
+                  "denoise on CFG2: conditional and unconditional branch on separate ranks"),
+    # 4 ranks --------------------------------------------------------------------------------
+    "cfg2-ulysses2": _plan("cfg2-ulysses2", (("cfg", 2), ("sp", 2)),
+                           PhasePlan(sp=("sp",), cfg=("cfg",), attention="ulysses"),
+                           "denoise on CFG2 x Ulysses SP2"),
+    "ulysses4": _plan("ulysses4", (("sp", 4),), PhasePlan(sp=("sp",), attention="ulysses"),
+                      "denoise on Ulysses SP4; text encoder on TP4", encode=PhasePlan(tp=("sp",))),
+    "attn2d-2x2": _plan("attn2d-2x2", (("r", 2), ("c", 2)), PhasePlan(sp=("r", "c"), attention="attn2d"),
+                        "denoise on Attention2D 2 x 2"),
+    "ring2-ulysses2": _plan("ring2-ulysses2", (("ring", 2), ("uly", 2)),
+                            PhasePlan(sp=("ring", "uly"), attention="ulysses-ring"),
+                            "denoise on SP4: a ring of 2 over Ulysses 2"),
+    "ulysses2-attn2d2": _plan("ulysses2-attn2d2", (("c", 2), ("uly", 2)),
+                              PhasePlan(sp=("c", "uly"), attention="ulysses-attn2d"),
+                              "denoise on SP4: Attention2D 1 x 2 over Ulysses 2"),
+}
+
+
+def get_plan(name: str) -> Plan:
+    if name not in PLANS:
+        raise PlanError(f"unknown Wan plan {name!r}; known: {sorted(PLANS)}")
+    return PLANS[name]

@@ -1,0 +1,175 @@
+"""Wan text-to-video end to end: diffusers' WanPipeline on the same folder, every plan against one
+process, and the one-line refusals. CPU, float32, the embedded tiny default."""
+import pytest
+import torch
+
+from dtgen.checkpoint import CheckpointError
+from dtgen.launch import RankPool
+from dtgen.plan import PlanError, resolve
+from models.wan.model import WanAdapter, WanConfigs, load
+from models.wan.pipeline import T2VRequest, WanT2VPipeline
+from models.wan.tiny import ensure_tiny_checkpoint
+from placements.wan import PLANS, get_plan
+
+# 9 frames -> 3 latent frames; 48 x 32 px -> 6 x 4 latents -> 3 x 2 patches: 18 tokens a step,
+# which no SP degree of 4 divides (the padding is exercised), 2 rows a rank at SP4 + padding.
+REQUEST = T2VRequest(prompt="a red fox runs on the snow", negative_prompt="blurry, low quality", height=48,
+                     width=32, num_frames=9, steps=3, guidance_scale=5.0, seed=11)
+
+
+@pytest.fixture(scope="module")
+def wan_checkpoint(tmp_path_factory):
+    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("wan"))
+
+
+def _pipe(ckpt, plan="single", rank=0, world=1):
+    loaded = load(ckpt, get_plan(plan), rank, world)
+    return WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0)
+
+
+def _diffusers_pipeline(ckpt):
+    """diffusers' own WanPipeline over the same folder (the VAE's encoder, which the folder does
+    not carry, stays at its random init: text-to-video never runs it)."""
+    diffusers = pytest.importorskip("diffusers")
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    def from_folder(cls, name):   # from_pretrained would want `accelerate` for these classes
+        model = cls.from_config(cls.load_config(ckpt / name))
+        return model, model.load_state_dict(load_file(ckpt / name / "diffusion_pytorch_model.safetensors"),
+                                            strict=False)
+    vae, vae_keys = from_folder(diffusers.AutoencoderKLWan, "vae")
+    assert all(k.startswith(("encoder.", "quant_conv.")) for k in vae_keys.missing_keys) and not vae_keys.unexpected_keys
+    transformer, keys = from_folder(diffusers.WanTransformer3DModel, "transformer")
+    assert not keys.missing_keys and not keys.unexpected_keys
+    return diffusers.WanPipeline(
+        tokenizer=transformers.AutoTokenizer.from_pretrained(ckpt / "tokenizer"),
+        text_encoder=transformers.UMT5EncoderModel.from_pretrained(ckpt / "text_encoder"),
+        transformer=transformer.eval(), vae=vae.eval(),
+        scheduler=diffusers.UniPCMultistepScheduler.from_pretrained(ckpt / "scheduler"))
+
+
+def test_matches_diffusers_wan_pipeline(wan_checkpoint):
+    """The whole request (prompt encoding, 3 UniPC steps with CFG 5.0, VAE decode) against
+    diffusers' WanPipeline loading the same diffusers-format folder, from the same noise."""
+    pipe = _pipe(wan_checkpoint)
+    ref = _diffusers_pipeline(wan_checkpoint)
+    noise = torch.randn(pipe.latent_shape(REQUEST), generator=torch.Generator().manual_seed(3))
+    ours = pipe.generate(REQUEST, latents=noise)
+    kwargs = dict(prompt=REQUEST.prompt, negative_prompt=REQUEST.negative_prompt, height=REQUEST.height,
+                  width=REQUEST.width, num_frames=REQUEST.num_frames, num_inference_steps=REQUEST.steps,
+                  guidance_scale=REQUEST.guidance_scale, latents=noise.clone())
+    with torch.no_grad():
+        want_latents = ref(**kwargs, output_type="latent").frames
+        want_video = ref(**kwargs, output_type="pt").frames[0]          # [F, 3, H, W] in [0, 1]
+    torch.testing.assert_close(ours.latents, want_latents, atol=2e-5, rtol=1e-5)
+    want = (want_video.permute(0, 2, 3, 1) * 255).round()
+    assert ours.video.shape == want.shape == (9, 48, 32, 3)
+    assert (ours.video.float() - want).abs().max() <= 1   # uint8 rounding of equal floats
+
+
+def job_plan(ctx, ckpt, plan):
+    pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
+    result = pipe.generate(REQUEST, decode=False, record=True)
+    for _ in range(2):   # switching back and forth moves nothing and changes nothing
+        pipe.controller.activate("denoise")
+        pipe.controller.activate("encode")
+    again = pipe.generate(REQUEST, decode=False)
+    return {"latents": result.latents, "noise": result.record["noise"],
+            "repeat_equal": torch.equal(result.latents, again.latents),
+            "copied": pipe.controller.last_switch.weights_copied}
+
+
+def _reference(ckpt):
+    return _pipe(ckpt).generate(REQUEST, decode=False, record=True)
+
+
+PLANS_2 = [n for n, p in PLANS.items() if p.world_size == 2]
+PLANS_4 = [n for n, p in PLANS.items() if p.world_size == 4]
+
+
+@pytest.mark.parametrize("world, plans", [(2, PLANS_2), (4, PLANS_4)], ids=["2-ranks", "4-ranks"])
+def test_every_plan_matches_one_process(wan_checkpoint, world, plans):
+    """Every shipped plan (Ulysses, pipelined Ulysses, ring, Attention2D, CFG, and their 4-rank
+    combinations; the text encoder replicated or TP) gives the single process's latents and
+    every step's guided prediction, on every rank."""
+    want = _reference(wan_checkpoint)
+    with RankPool(world, timeout_s=240) as pool:
+        for plan in plans:
+            for rank, got in enumerate(pool.run(job_plan, wan_checkpoint, plan)):
+                where = f"plan {plan}, rank {rank}"
+                assert got["repeat_equal"] and got["copied"] == 0, where
+                for a, b in zip(got["noise"], want.record["noise"], strict=True):
+                    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=where)
+                torch.testing.assert_close(got["latents"], want.latents, atol=2e-5, rtol=1e-5, msg=where)
+
+
+def test_plans_resolve_and_cover_every_denoise_kind():
+    kinds = {p.phases["denoise"].attention for p in PLANS.values()}
+    assert {"ulysses", "ulysses-pipelined", "ring", "attn2d", "ulysses-ring", "ulysses-attn2d"} <= kinds
+    for plan in PLANS.values():
+        resolve(plan, plan.world_size)
+
+
+def test_bad_input_is_refused_in_one_line(wan_checkpoint, tmp_path):
+    pipe = _pipe(wan_checkpoint)
+    cases = {"num_frames=80 does not map to whole latent frames (it must be 4k + 1); nearest valid: 77 or 81":
+             dict(num_frames=80),
+             "height=50 must be a multiple of 16 (VAE x patch size); nearest valid: 48 or 64": dict(height=50)}
+    for message, change in cases.items():
+        with pytest.raises(ValueError) as e:
+            pipe.generate(T2VRequest(**{**REQUEST.__dict__, **change}))
+        assert str(e.value) == message
+    # 4 heads cannot split over Ulysses 8 (the plan check names the numbers).
+    from dtgen.plan import PhasePlan, Plan
+    from placements.wan import PARAM_RULES, TP_OUTPUTS
+    wide = Plan("u8", (("sp", 8),), {"encode": PhasePlan(replicate=("sp",)),
+                                     "denoise": PhasePlan(sp=("sp",), attention="ulysses"),
+                                     "decode": PhasePlan(replicate=("sp",))}, PARAM_RULES, TP_OUTPUTS)
+    with pytest.raises(PlanError, match="4 query heads per TP rank are not divisible by the SP size 8"):
+        load(wan_checkpoint, wide, 0, 8)
+    # A diffusers folder without its VAE folder.
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(wan_checkpoint, broken)
+    shutil.rmtree(broken / "vae")
+    with pytest.raises(CheckpointError, match=r"missing the component folder\(s\) \['vae'\]"):
+        load(broken, get_plan("single"))
+
+
+def test_the_adapter_is_all_the_model_gives_the_build(wan_checkpoint):
+    """The build is the framework's: the adapter names the attention modules (the DiT's self-
+    attention, 4 heads each) and keeps the float32 parameters diffusers keeps."""
+    cfgs = WanConfigs.from_folder(wan_checkpoint)
+    adapter = WanAdapter(cfgs)
+    with torch.device("meta"):
+        model = adapter.build_on_meta()
+    heads = adapter.attention_heads(model)
+    assert sorted(heads) == [f"transformer.blocks.{i}.attn1" for i in range(2)] and set(heads.values()) == {(4, 4)}
+    assert adapter.param_dtype("transformer.blocks.0.scale_shift_table", torch.bfloat16) == torch.float32
+    assert adapter.param_dtype("transformer.blocks.0.attn1.to_q.weight", torch.bfloat16) == torch.bfloat16
+    assert adapter.param_dtype("vae.decoder.conv_in.weight", torch.bfloat16) == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("regions", [False, True], ids=["whole-step", "regions"])
+def test_compiled_bf16_on_gpu_matches_eager(wan_checkpoint, regions):
+    """One GPU, the GPU stack's torch and triton: the tiny pipeline in bf16 with the denoise
+    step compiled by inductor (one graph per step, or one region shared by the blocks) gives
+    the eager run's latents to bf16 rounding, with no graph break, and a second request of the
+    same shape compiles nothing."""
+    import torch._dynamo
+    from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
+    torch._dynamo.reset()
+    loaded = load(wan_checkpoint, get_plan("single"), dtype=torch.bfloat16, device="cuda")
+    eager = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda").generate(REQUEST)
+    compiled = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda",
+                              compile_options=CompileOptions(enabled=True, regions=regions))
+    first = compiled.generate(REQUEST)
+    graphs = unique_graphs()
+    again = compiled.generate(REQUEST)
+    assert graph_breaks() == {} and graphs >= 1 and unique_graphs() == graphs
+    scale = float(eager.latents.abs().max())
+    assert float((first.latents - eager.latents).abs().max()) <= 0.05 * scale
+    assert torch.equal(first.latents, again.latents)
+    assert first.video.shape == eager.video.shape == (9, 48, 32, 3)
