@@ -12,7 +12,7 @@ from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
 from dtgen.launch import RankPool
 from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
 
 REQUEST = dict(prompt="a lighthouse", steps=3, max_new_tokens=3, temperature=0.0, image_size="256x256", seed=3)
@@ -78,10 +78,12 @@ def test_single_process_inductor(tiny_checkpoint):
     _check(_compiled_run(tiny_checkpoint, "single", 0, 1, "inductor"), 1e-4)
 
 
-@pytest.mark.parametrize("plan", ["hybrid", "tp2sp2"])
-def test_four_rank_plans_compile_once(tiny_checkpoint, plan):
+def test_four_rank_hybrid_plan_compiles_once(tiny_checkpoint):
+    """AR on TP4 and denoise on TP2 x Ulysses-2 over 4 gloo ranks: the switch between two
+    topologies keeps every graph. (Each SP kind with a KV cache compiles at the core level in
+    test_sp_attention.py; tp2 compiled runs on two GPUs in test_multigpu.py.)"""
     with RankPool(4, timeout_s=240) as pool:
-        for r in pool.run(job_compiled, tiny_checkpoint, plan):
+        for r in pool.run(job_compiled, tiny_checkpoint, "hybrid"):
             _check(r, 1e-5)
 
 
@@ -101,7 +103,7 @@ def test_sampled_decode_compiles_and_draws_the_eager_tokens(tiny_checkpoint):
 
 def test_profile_writes_table_trace_and_chart(tiny_checkpoint, tmp_path):
     _, pipe = _pipe(tiny_checkpoint, "single")
-    profiler = PhaseProfiler(tmp_path, rank=0)
+    profiler = PhaseProfiler(tmp_path, rank=0, table_rows=PROFILE_ROWS)
     result = pipe.generate(T2IRequest(**REQUEST), profiler)
     summary = profiler.write(result.timings_ms, {"graphs": 0, "graph_breaks": 0, "recompiles_after_warmup": 0})
     for phase in ("ar", "denoise", "vae"):
@@ -179,21 +181,21 @@ def _compile_counters(tmp_path, layers: int, regions: bool, plan_args=()) -> dic
 
 def test_regional_compilation_does_not_grow_with_depth(tmp_path):
     """With --compile-regions the decoder layer is traced once for all layers: the graphs and
-    what is traced at 5 layers equal those at 2 (every step runs eagerly around the layer),
+    what is traced at 3 layers equal those at 2 (every step runs eagerly around the layer),
     where whole-step graphs grow by a whole layer each (compile time follows what is traced;
     the benchmark in docs/performance.md gives the seconds)."""
-    flat = [_compile_counters(tmp_path, n, regions=True) for n in (2, 5)]
+    flat = [_compile_counters(tmp_path, n, regions=True) for n in (2, 3)]
     assert flat[0]["graphs"] == flat[1]["graphs"] and flat[0]["ops_traced"] == flat[1]["ops_traced"] > 0
     assert all(c["graph_breaks"] == 0 and c["recompiles_after_warmup"] == 0 for c in flat)
-    whole = [_compile_counters(tmp_path, n, regions=False) for n in (2, 5)]
-    assert whole[1]["ops_traced"] - whole[0]["ops_traced"] > 50 * 3
+    whole = [_compile_counters(tmp_path, n, regions=False) for n in (2, 3)]
+    assert whole[1]["ops_traced"] - whole[0]["ops_traced"] > 50
 
 
 def test_regional_compilation_is_shared_by_the_layers_of_a_parallel_plan(tmp_path):
     """4 gloo ranks, plan hybrid (AR TP4 with its all-reduce hooks, denoise TP2 x Ulysses-2):
     every layer passes the same guards (shared hooks, same core types), so depth adds no graph
     and nothing traced."""
-    shallow, deep = (_compile_counters(tmp_path, n, True, ("--world-size", "4", "--plan", "hybrid")) for n in (2, 4))
+    shallow, deep = (_compile_counters(tmp_path, n, True, ("--world-size", "4", "--plan", "hybrid")) for n in (2, 3))
     assert shallow["graphs"] == deep["graphs"] and shallow["ops_traced"] == deep["ops_traced"] > 0
     assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
 
