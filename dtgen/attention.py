@@ -135,6 +135,44 @@ class KVCache:
         return self.layers[0].length
 
 
+class KVCachePool:
+    """Static KV caches, zeroed on every request; those asked for with a `role` are kept and
+    reused by the next request of the same shape, so compiled graphs see the same addresses
+    every request and a CUDA-graph step is recorded once, not per request.
+
+    `static_addresses`: tell the compiler the buffers never move (they are written in place
+    by compiled graphs); on for compiled pipelines."""
+
+    def __init__(self, static_addresses: bool = False):
+        self.static_addresses = static_addresses
+        self._kept: dict[str, KVCache] = {}
+
+    def get(self, num_layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype: torch.dtype,
+            device: torch.device | str, role: str | None = None) -> KVCache:
+        kept = self.kept(role) if role is not None else None
+        if kept is not None and (kept.layers[0].k.shape == (batch, kv_heads, length, head_dim)
+                                 and kept.layers[0].k.dtype == dtype and len(kept) == num_layers):
+            for layer in kept.layers:
+                layer.k.zero_()
+                layer.v.zero_()
+            return kept
+        cache = KVCache(num_layers, batch, kv_heads, length, head_dim, dtype, device)
+        if role is not None:
+            self._kept[role] = cache
+        if self.static_addresses:
+            for layer in cache.layers:
+                torch._dynamo.mark_static_address(layer.k)
+                torch._dynamo.mark_static_address(layer.v)
+        return cache
+
+    def kept(self, role: str) -> KVCache | None:
+        return self._kept.get(role)
+
+    def clear(self) -> None:
+        """Drop the kept caches (after an out-of-memory error: the next request allocates again)."""
+        self._kept.clear()
+
+
 # --------------------------------------------------------------------------------------
 # Cores
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import torch
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.attention import structured_mask
 from models.hunyuan_image3.rope import apply_rope, rope_cos_sin
-from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table, sample_token
+from dtgen.sampling import Sampling, sample_token
+from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
 
 
@@ -120,9 +121,9 @@ def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint)
     short_request = T2IRequest(prompt="a fox", **common)
     pipe = _tiny_pipe(tiny_checkpoint)
     pipe.generate(long_request)
-    ar_cache = pipe._kept_caches["ar"]
+    ar_cache = pipe._caches.kept("ar")
     reused = pipe.generate(short_request)
-    assert pipe._kept_caches["ar"] is ar_cache            # same length bucket: same buffers
+    assert pipe._caches.kept("ar") is ar_cache            # same length bucket: same buffers
     fresh = _tiny_pipe(tiny_checkpoint).generate(short_request)
     assert reused.tokens == fresh.tokens
     for a, b in zip(reused.record["ar_logits"], fresh.record["ar_logits"]):
@@ -177,7 +178,6 @@ def test_sampling_settings_are_tensors_for_the_compiled_step():
     """A compiled step takes temperature, top-k and top-p as tensors: new values reuse its
     graph (only the sort width, top-k rounded up to a power of two, is static), and draw
     exactly what the numbers draw."""
-    from models.hunyuan_image3.pipeline import Sampling
     from dtgen.compile import unique_graphs
 
     vocab = 300

@@ -10,16 +10,17 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 from tqdm import tqdm
 
-from dtgen.attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
+from dtgen.attention import AttentionMeta, KVCache, KVCachePool, SlotRuns, slots_of_runs
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.cuda_graph import GraphedStep
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
 
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
@@ -145,73 +146,6 @@ def diffusion_mask(seq: DiffusionSequence) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------
 # AR cache lengths are rounded up to a multiple of this (see `run_ar`).
 AR_CACHE_ROUND = 256
-
-
-class Sampling(NamedTuple):
-    """How the next token is drawn (host values; `step_args` gives what a compiled step takes)."""
-
-    temperature: float
-    top_k: int
-    top_p: float
-
-    def candidates(self, vocab: int) -> int:
-        """How many top logits a step sorts: top-k rounded up to a power of two (all of the
-        vocabulary when top-k is off). The one static number of a sampling setting, so
-        nearby top-k values share a compiled step; the exact k is a tensor."""
-        if self.top_k <= 0 or self.top_k >= vocab:
-            return vocab
-        return min(vocab, 1 << (self.top_k - 1).bit_length())
-
-    def step_args(self, vocab: int, device: torch.device) -> "SamplingArgs":
-        # once per request: building tensors on the device from host numbers waits for it
-        values = torch.tensor([self.temperature, self.top_p], dtype=torch.float32, device=device)
-        return SamplingArgs(values[0], torch.tensor(self.top_k, device=device), values[1],
-                            self.candidates(vocab), self.temperature > 0)
-
-
-class SamplingArgs(NamedTuple):
-    """`Sampling` as a compiled step takes it: tensors, so that a new temperature, top-k or
-    top-p reuses the step's graph; `candidates` (static) is the sort width."""
-
-    temperature: torch.Tensor      # 0-d float32
-    top_k: torch.Tensor            # 0-d int64, <= 0: off
-    top_p: torch.Tensor            # 0-d float32
-    candidates: int
-    draws: bool                    # False: greedy, the step takes no uniforms (static)
-
-
-def sample_token(logits: torch.Tensor, uniform: torch.Tensor | None, temperature, top_k, top_p,
-                 candidates: int | None = None) -> torch.Tensor:
-    """The next token id (a 0-d int64 tensor on logits' device) from logits [V] float32.
-
-    temperature, top_k, top_p: numbers or 0-d tensors. `uniform` None is greedy (argmax);
-    so is a temperature <= 0. Otherwise the Gumbel-max trick: with u ~ U(0, 1) per
-    vocabulary id (`uniform` [V], drawn by the caller from its generator), argmax(logits / T
-    - log(-log u)) over the ids that top-k and top-p keep is a draw from softmax(logits / T)
-    renormalised over those ids. No host sync and no random op inside, so it runs in the
-    compiled (and CUDA-graph) decode step; the caller owns the seed. `candidates`: how many
-    top logits to sort (static; at least top-k; `Sampling.candidates` by default).
-    """
-    greedy = torch.argmax(logits)
-    if uniform is None:
-        return greedy
-    vocab = logits.shape[-1]
-    if candidates is None:
-        candidates = Sampling(0.0, int(top_k), 1.0).candidates(vocab)
-    t, k, p = (torch.as_tensor(x, device=logits.device) for x in (temperature, top_k, top_p))
-    scaled = logits / torch.where(t > 0, t, torch.ones_like(t))
-    # Descending: the top-k cut and the top-p cut are prefixes of the sorted candidates.
-    values, ids = torch.topk(scaled, candidates)
-    rank = torch.arange(candidates, device=logits.device)
-    keep = (k <= 0) | (rank < k)
-    values = values.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(values, dim=-1)
-    keep = keep & ((torch.cumsum(probs, dim=-1) - probs < p) | (p >= 1.0))   # always keeps the top token
-    values = values.masked_fill(~keep, float("-inf"))
-    gumbel = -torch.log(-torch.log(uniform[ids]))
-    # gather, not ids[argmax]: indexing by a tensor value would need it on the host.
-    sampled = ids.gather(0, torch.argmax(values + gumbel, dim=0, keepdim=True)).squeeze(0)
-    return torch.where(t > 0, sampled, greedy)
 
 
 # ----------------------------------------------------------------------------------------
@@ -371,7 +305,7 @@ class HunyuanT2IPipeline:
             self._prefill_fn = self.compiler.wrap(self._ar_prefill)
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
             self._denoise_fn = self.compiler.wrap(self.predict_velocity)
-        self._kept_caches: dict[str, KVCache] = {}
+        self._caches = KVCachePool(static_addresses=self.compiler.options.enabled)
         if prompt_bucket is not None and prompt_bucket < 0:
             raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
         self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
@@ -380,7 +314,7 @@ class HunyuanT2IPipeline:
     def release_caches(self) -> None:
         """Drop the KV caches kept between requests (after an out-of-memory error: the next
         request allocates them again; a CUDA-graph decode step then records again)."""
-        self._kept_caches.clear()
+        self._caches.clear()
         if self._graphed_decode is not None:  # its recordings hold the old caches' addresses
             self._graphed_decode.reset()
         if self.device.type == "cuda":
@@ -396,22 +330,8 @@ class HunyuanT2IPipeline:
         kv_local = attn.qkv_proj.weight.shape[0] // ((attn.group + 2) * attn.head_dim)
         kv = rt.cache_kv_heads(kv_local * attn.group, kv_local)
         length = length + rt.seq.spare_slots()
-        dtype = self.model.lm_head.weight.dtype
-        kept = self._kept_caches.get(reuse)
-        if kept is not None and (kept.layers[0].k.shape == (batch, kv, length, cfg.head_dim)
-                                 and kept.layers[0].k.dtype == dtype):
-            for layer in kept.layers:
-                layer.k.zero_()
-                layer.v.zero_()
-            return kept
-        cache = KVCache(cfg.num_hidden_layers, batch, kv, length, cfg.head_dim, dtype, self.device)
-        if reuse is not None:
-            self._kept_caches[reuse] = cache
-        if self.compiler.options.enabled:
-            for layer in cache.layers:  # written in place by the graphs: keep their addresses fixed
-                torch._dynamo.mark_static_address(layer.k)
-                torch._dynamo.mark_static_address(layer.v)
-        return cache
+        return self._caches.get(cfg.num_hidden_layers, batch, kv, length, cfg.head_dim,
+                                self.model.lm_head.weight.dtype, self.device, role=reuse)
 
     def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor | SlotRuns,
                      first_spare: int, image_blocks, cache: KVCache, hole: SlotHole | None = None) -> torch.Tensor:
