@@ -1,5 +1,7 @@
 """Wan text-to-video end to end: diffusers' WanPipeline on the same folder, every plan against one
 process, and the one-line refusals. CPU, float32, the embedded tiny default."""
+import json
+
 import pytest
 import torch
 
@@ -8,7 +10,7 @@ from dtgen.launch import RankPool
 from dtgen.plan import PlanError, resolve
 from models.wan.model import WanAdapter, WanConfigs, load
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
-from models.wan.tiny import ensure_tiny_checkpoint
+from models.wan.tiny import ensure_tiny_checkpoint, write_random_checkpoint
 from placements.wan import PLANS, get_plan
 
 # 9 frames -> 3 latent frames; 48 x 32 px -> 6 x 4 latents -> 3 x 2 patches: 18 tokens a step,
@@ -20,6 +22,15 @@ REQUEST = T2VRequest(prompt="a red fox runs on the snow", negative_prompt="blurr
 @pytest.fixture(scope="module")
 def wan_checkpoint(tmp_path_factory):
     return ensure_tiny_checkpoint(tmp_path_factory.mktemp("wan"))
+
+
+@pytest.fixture(scope="module")
+def a14b_checkpoint(tmp_path_factory):
+    """Wan2.2-A14B's layout: a high-noise and a low-noise DiT, boundary_ratio 0.875."""
+    folder = tmp_path_factory.mktemp("wan-a14b") / "tiny-a14b"
+    folder.mkdir()
+    write_random_checkpoint(folder, seed=7, two_experts=True)
+    return folder
 
 
 def _pipe(ckpt, plan="single", rank=0, world=1):
@@ -40,13 +51,19 @@ def _diffusers_pipeline(ckpt):
                                             strict=False)
     vae, vae_keys = from_folder(diffusers.AutoencoderKLWan, "vae")
     assert all(k.startswith(("encoder.", "quant_conv.")) for k in vae_keys.missing_keys) and not vae_keys.unexpected_keys
-    transformer, keys = from_folder(diffusers.WanTransformer3DModel, "transformer")
-    assert not keys.missing_keys and not keys.unexpected_keys
+    dits = []
+    for name in ("transformer", "transformer_2"):
+        if (ckpt / name).is_dir():
+            dit, keys = from_folder(diffusers.WanTransformer3DModel, name)
+            assert not keys.missing_keys and not keys.unexpected_keys
+            dits.append(dit.eval())
+    index = json.loads((ckpt / "model_index.json").read_text())
     return diffusers.WanPipeline(
         tokenizer=transformers.AutoTokenizer.from_pretrained(ckpt / "tokenizer"),
         text_encoder=transformers.UMT5EncoderModel.from_pretrained(ckpt / "text_encoder"),
-        transformer=transformer.eval(), vae=vae.eval(),
-        scheduler=diffusers.UniPCMultistepScheduler.from_pretrained(ckpt / "scheduler"))
+        transformer=dits[0], transformer_2=dits[1] if len(dits) > 1 else None, vae=vae.eval(),
+        scheduler=diffusers.UniPCMultistepScheduler.from_pretrained(ckpt / "scheduler"),
+        boundary_ratio=index.get("boundary_ratio"))
 
 
 def test_matches_diffusers_wan_pipeline(wan_checkpoint):
@@ -66,6 +83,29 @@ def test_matches_diffusers_wan_pipeline(wan_checkpoint):
     want = (want_video.permute(0, 2, 3, 1) * 255).round()
     assert ours.video.shape == want.shape == (9, 48, 32, 3)
     assert (ours.video.float() - want).abs().max() <= 1   # uint8 rounding of equal floats
+
+
+@pytest.mark.parametrize("guidance_2", [3.0, 1.0], ids=["guided", "unguided-low-noise"])
+def test_a14b_two_experts_match_diffusers(a14b_checkpoint, guidance_2):
+    """Wan2.2-A14B: both DiTs resident; t >= 875 runs the high-noise one with guidance 5, the
+    rest the low-noise one with guidance_scale_2 (1.0: its conditional row alone, as
+    WanPipeline skips CFG there). 4 steps at shift 3: timesteps 999, 900 (high), 750, 500 (low)."""
+    pipe = _pipe(a14b_checkpoint)
+    assert pipe.model.transformer_2 is not None
+    req = T2VRequest(**{**REQUEST.__dict__, "steps": 4, "guidance_scale_2": guidance_2})
+    noise = torch.randn(pipe.latent_shape(req), generator=torch.Generator().manual_seed(4))
+    ours = pipe.generate(req, latents=noise, decode=False)
+    ref = _diffusers_pipeline(a14b_checkpoint)
+    with torch.no_grad():
+        want = ref(prompt=req.prompt, negative_prompt=req.negative_prompt, height=req.height, width=req.width,
+                   num_frames=req.num_frames, num_inference_steps=req.steps, guidance_scale=req.guidance_scale,
+                   guidance_scale_2=guidance_2, latents=noise.clone(), output_type="latent").frames
+    torch.testing.assert_close(ours.latents, want, atol=2e-5, rtol=1e-5)
+    # The experts differ: with the high-noise DiT throughout, the result is not the same.
+    pipe.model.transformer_2, low = None, pipe.model.transformer_2
+    one_expert = pipe.generate(req, latents=noise, decode=False)
+    pipe.model.transformer_2 = low
+    assert float((one_expert.latents - ours.latents).abs().max()) > 1e-3
 
 
 def job_plan(ctx, ckpt, plan):

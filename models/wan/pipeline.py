@@ -149,6 +149,8 @@ class WanT2VPipeline:
         x = latents.to(self.dtype)
         if rt.cfg_size == 2:   # this rank runs one branch; the other half arrives by all-gather
             rows = text[rt.cfg_rank:rt.cfg_rank + 1]
+        elif guidance <= 1.0:  # no guidance: the conditional row alone (as WanPipeline)
+            return self._step(rt, dit, x, t.expand(1).to(self.device), text[0:1])
         else:
             rows, x = text, x.expand(2, *x.shape[1:])
         out = rt.gather_cfg(self._step(rt, dit, x, t.expand(x.shape[0]).to(self.device), rows))

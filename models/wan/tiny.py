@@ -88,22 +88,27 @@ def write_tokenizer(folder: Path) -> None:
          "extra_ids": 0, "additional_special_tokens": [], "model_max_length": 512}))
 
 
-def write_random_checkpoint(folder: Path, seed: int = 1234) -> None:
-    """Random float32 weights under the diffusers / transformers names, one folder per component."""
+def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = False) -> None:
+    """Random float32 weights under the diffusers / transformers names, one folder per component.
+    `two_experts`: Wan2.2-A14B's layout, a low-noise `transformer_2` beside the high-noise
+    `transformer`, switched at boundary_ratio 0.875 (the A14B T2V value)."""
     from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
     from .config import WanTransformerConfig
     from .text_encoder import UMT5Config
     from .vae import WanVAEConfig
 
     configs = tiny_configs()
-    cfgs = WanConfigs(UMT5Config.from_dict(configs["text_encoder"]),
-                      WanTransformerConfig.from_dict(configs["transformer"]),
-                      WanVAEConfig.from_dict(configs["vae"]))
+    dit = WanTransformerConfig.from_dict(configs["transformer"])
+    cfgs = WanConfigs(UMT5Config.from_dict(configs["text_encoder"]), dit, WanVAEConfig.from_dict(configs["vae"]),
+                      dit if two_experts else None, 0.875 if two_experts else None)
     with torch.device("meta"):
         model = WanT2V(cfgs)
     g = torch.Generator().manual_seed(seed)
     files = {"transformer": "diffusion_pytorch_model.safetensors", "vae": "diffusion_pytorch_model.safetensors",
              "text_encoder": "model.safetensors"}
+    if two_experts:
+        files["transformer_2"] = files["transformer"]
+        configs["transformer_2"] = configs["transformer"]
     tensors = {c: {} for c in files}
     for name, p in model.named_parameters():
         component, _, key = name.partition(".")
@@ -111,12 +116,15 @@ def write_random_checkpoint(folder: Path, seed: int = 1234) -> None:
     for component, file in files.items():
         (folder / component).mkdir(parents=True)
         save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})
-    for component in ("transformer", "vae", "text_encoder", "scheduler"):
+    for component in (*files, "scheduler"):
         (folder / component).mkdir(parents=True, exist_ok=True)
         name = "scheduler_config.json" if component == "scheduler" else "config.json"
         (folder / component / name).write_text(json.dumps(configs[component], indent=1))
     write_tokenizer(folder / "tokenizer")
-    (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=1))
+    index = dict(MODEL_INDEX)
+    if two_experts:
+        index.update(transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
+    (folder / "model_index.json").write_text(json.dumps(index, indent=1))
 
 
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
