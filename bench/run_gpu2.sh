@@ -108,7 +108,10 @@ case "${1:-}" in
       step $run 260 $PY -m examples.hunyuan_t2i --plan single --random-weights full --layers 16 \
         --prompt-tokens 1251,1200 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 \
         --compile --compile-regions --report "$OUT/$run.json" --output "$OUT/$run.png"; done ;;
-  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32|tests2+regions-32|tests2+regions-32+serve|serve-tp2|single-regions-16|ti2i-1gpu"; exit 2 ;;
+  wan-sp)  # issue 13: Wan2.1-14B shapes on 2 GPUs: per-layer attention of every SP kind (480p, 720p),
+    # and the 4-block denoise step's 1 -> 2 GPU scaling (Ulysses 2, pipelined, CFG 2)
+    step wan_sp 400 $PY -m torch.distributed.run --nproc-per-node 2 -m bench.bench_wan_sp --model 14B --layers 4 --out "$OUT/bench_wan_sp.json" ;;
+  *) echo "usage: bash bench/run_gpu2.sh tests|tests2|tp2-32|tests2+tp2-32|cmp16|regions-32|tests2+regions-32|tests2+regions-32+serve|serve-tp2|single-regions-16|ti2i-1gpu|wan-sp"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
 $PY -m bench.gpu2_table "$OUT" || true
