@@ -236,12 +236,13 @@ class PhaseProfiler:
 
 def format_table(timings_ms: dict[str, float], compile_report: dict | None = None, summary: dict | None = None,
                  rows: TableRows | None = None) -> str:
-    lines = [f"{'stage':<14} {'time':>12}"]
     if rows is None:
         rows = tuple((k, k, "ms") for k, v in timings_ms.items() if isinstance(v, (int, float)))
+    width = max([14] + [len(label) for _, label, _ in rows])
+    lines = [f"{'stage':<{width}} {'time':>12}"]
     for key, label, unit in rows:
         if key in timings_ms:
-            lines.append(f"{label:<14} {timings_ms[key]:>10.2f} {unit}")
+            lines.append(f"{label:<{width}} {timings_ms[key]:>10.2f} {unit}")
     if compile_report:
         lines.append(f"compile: {compile_report.get('graphs')} graphs, {compile_report.get('graph_breaks')} breaks, "
                      f"{compile_report.get('recompiles_after_warmup')} recompiles after warm-up")
