@@ -19,9 +19,12 @@ and compiles again from nothing, never trusting the rest of it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_ENV = "TRITON_CACHE_DIR"
@@ -29,6 +32,27 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 
 def cache_root() -> Path:
     return Path(os.environ.get("DTGEN_CACHE", Path.home() / ".cache" / "dtgen"))
+
+
+def write_folder_once(target: Path, marker: str, write: Callable[[Path], None]) -> Path:
+    """`target`, written by `write(folder)` on first use: into a temporary folder beside it,
+    renamed into place, so an interrupted run leaves nothing half-written and concurrent
+    first uses agree. `marker`: a file that exists once the folder is complete."""
+    if (target / marker).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / marker).exists():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _inductor_default() -> Path:

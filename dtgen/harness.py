@@ -93,16 +93,23 @@ def rank_device(ctx: RankContext, args: argparse.Namespace) -> tuple[torch.devic
     return device, dtype
 
 
-def run_example(run_rank: Callable[[RankContext, argparse.Namespace], dict], args: argparse.Namespace,
-                preload: tuple[str, ...] = ()) -> dict | int | None:
-    """run_rank(ctx, args) on every rank (spawned gloo ranks, torchrun's, or here): rank 0's
-    result, None on the other torchrun ranks, or exit status 1 after a rank failed."""
+def example_main(args: argparse.Namespace, prepare: Callable, run_rank: Callable[[RankContext, argparse.Namespace], dict],
+                 write_report: Callable, preload: tuple[str, ...] = ()) -> int:
+    """An example's main: `prepare(args)` -> (problem or None, tiny); then run_rank(ctx, args)
+    on every rank (spawned gloo ranks, torchrun's, or here) and `write_report(args, rank 0's
+    result, tiny)` on rank 0. Exit status: 0, 1 after a rank failed, 2 for a refused command line."""
+    problem, tiny = prepare(args)
+    if problem is not None:
+        return refuse(problem)
     try:
         results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=preload)
     except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
         print(f"error: {e}", file=sys.stderr)
         return 1
-    return next((r for r in results if r["rank"] == 0), None)
+    main_result = next((r for r in results if r["rank"] == 0), None)
+    if main_result is not None:  # under torchrun only rank 0 reports
+        write_report(args, main_result, tiny)
+    return 0
 
 
 def gather_rank_facts(ctx: RankContext, facts: dict, control_group) -> list[dict]:

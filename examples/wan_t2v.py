@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, finish_launch_args,
-                           gather_rank_facts, launch_problem, max_diff, peak_memory, reference_threads, refuse,
-                           rank_device, rel_l2, run_example, table)
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, example_main,
+                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
+                           rank_device, reference_threads, rel_l2, table)
 from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
@@ -209,17 +209,7 @@ def write_report(args, main: dict, tiny: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    problem, tiny = prepare(args)
-    if problem is not None:
-        return refuse(problem)
-    main_result = run_example(run_rank, args, RANK_PRELOAD)
-    if isinstance(main_result, int):
-        return main_result
-    if main_result is None:  # torchrun: only rank 0 reports
-        return 0
-    write_report(args, main_result, tiny)
-    return 0
+    return example_main(parse_args(argv), prepare, run_rank, write_report, RANK_PRELOAD)
 
 
 if __name__ == "__main__":

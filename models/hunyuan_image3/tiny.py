@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from dtgen.caches import cache_root
+from dtgen.caches import cache_root, write_folder_once
 from dtgen.plan import Rule
 
 from .config import HunyuanImage3Config
@@ -108,19 +106,5 @@ def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
     """The tiny default's checkpoint folder, written on first use (atomically: a temporary
     folder renamed into place, so an interrupted run leaves nothing half-written)."""
     root = Path(root) if root is not None else cache_root()
-    target = root / f"tiny-hunyuan-image3-v{TINY_VERSION}"
-    if (target / "model.safetensors.index.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=root))
-    try:
-        write_random_checkpoint(tmp, tiny_config())
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            if not (target / "model.safetensors.index.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return write_folder_once(root / f"tiny-hunyuan-image3-v{TINY_VERSION}", "model.safetensors.index.json",
+                             lambda folder: write_random_checkpoint(folder, tiny_config()))

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from dtgen.caches import cache_root
+from dtgen.caches import cache_root, write_folder_once
 
 TINY_VERSION = 1
 _WORDS = ("a", "an", "the", "cat", "dog", "fox", "bird", "runs", "walks", "flies", "jumps", "on", "in", "over",
@@ -131,19 +129,4 @@ def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
     """The tiny default's folder, written on first use (atomically: a temporary folder renamed
     into place, so an interrupted run leaves nothing half-written)."""
     root = Path(root) if root is not None else cache_root()
-    target = root / f"tiny-wan-t2v-v{TINY_VERSION}"
-    if (target / "model_index.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-wan-", dir=root))
-    try:
-        write_random_checkpoint(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            if not (target / "model_index.json").exists():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return write_folder_once(root / f"tiny-wan-t2v-v{TINY_VERSION}", "model_index.json", lambda folder: write_random_checkpoint(folder))
