@@ -1,7 +1,7 @@
 """Spatial parallelism for convolutional decoders: one image split along one axis over a group.
 
-Generic pieces, no model knowledge (``models/hunyuan_image3/parallel_vae.py`` maps them onto
-the HunyuanImage-3 VAE):
+Generic pieces, no model knowledge (``models/hunyuan_image3/parallel_vae.py`` and
+``models/wan/parallel_vae.py`` map them onto the HunyuanImage-3 and Wan VAEs):
 
 - ``SpatialSplit``: which group, which tensor dim, and how many rows each member holds at a
   reference resolution (uneven splits allowed, ``torch.tensor_split`` convention: the first
@@ -27,6 +27,11 @@ the HunyuanImage-3 VAE):
 - ``spatial_parallel``: a split-aware twin of a module tree that shares every parameter
   tensor with the original (containers are shallow-cloned, leaves wrapped), so the original
   is never modified and nothing needs restoring.
+- ``split_attention``: local queries over keys and values all-gathered along the split dim,
+  for attention blocks (the models wrap their own blocks around it).
+- ``SplitDecoder``: what a model's split decoder shares (argument checks, the latent split,
+  the twin); ``check_output`` / ``route_output``: the "all" / "local" / rank output choice,
+  checked before decoding and gathered after.
 
 Inference only: the exchanges are not differentiable.
 """
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -433,3 +438,120 @@ def spatial_parallel(module: nn.Module, split: SpatialSplit,
         return new
 
     return convert(module, "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over a split map
+
+
+def _map_tokens(y: Tensor) -> Tensor:
+    """[N, C, *spatial] -> [N, 1, positions, C]: one head, every position a token."""
+    return y.flatten(2).transpose(1, 2).unsqueeze(1)
+
+
+def check_pointwise_convs(module: nn.Module, names: tuple[str, ...], dim: int) -> None:
+    """Raise ValueError unless each ``module.<name>`` is a conv of kernel 1 along ``dim``: an
+    attention block's projections must run on a member's own rows with no halo."""
+    for name in names:
+        if check_halo_conv(getattr(module, name), dim):
+            raise ValueError(f"{type(module).__name__}.{name} is not a 1x1 convolution")
+
+
+def split_attention(q: Tensor, k: Tensor, v: Tensor, split: SpatialSplit) -> Tensor:
+    """Single-head attention (scale 1/sqrt(C)) of this member's queries over every position of
+    the whole map.
+
+    ``q``, ``k``, ``v``: this member's rows of channel-first maps [N, C, *spatial] split along
+    ``split.dim`` (a video [B, C, T, H, W], or frames [B*T, C, H, W] for per-frame attention);
+    each position is one token of C channels. Queries stay local; K and V are concatenated and
+    all-gathered once along the split dim (uneven splits: padded gather), so the result, shaped
+    like ``q``, is this member's rows of the unsplit attention.
+    """
+    kv = gather_split(torch.cat([k, v], dim=1), split)  # one gather for K and V
+    k, v = kv.chunk(2, dim=1)
+    o = F.scaled_dot_product_attention(_map_tokens(q), _map_tokens(k), _map_tokens(v))
+    return o.squeeze(1).transpose(1, 2).reshape(q.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a model's split decoder shares
+
+SPLIT_DIMS = {"height": -2, "width": -1}
+SplitOutput = Union[str, int]  # "all", "local" or a group rank
+
+
+def check_output(output: SplitOutput, split: SpatialSplit) -> None:
+    """Raise ValueError unless ``output`` is "all", "local" or a rank of ``split``'s group.
+
+    Call it before decoding: every member then fails alike, instead of some decoding and
+    waiting in the final gather for members that gave up.
+    """
+    if output in ("all", "local"):
+        return
+    if isinstance(output, int) and not isinstance(output, bool) and 0 <= output < split.size:
+        return
+    raise ValueError(f"output must be 'all', 'local' or a rank of the group of {split.size}, got {output!r}")
+
+
+def route_output(local: Tensor, split: SpatialSplit, output: SplitOutput) -> Optional[Tensor]:
+    """This member's decoded rows as ``output`` asks: "all", the full tensor on every member;
+    "local", the rows themselves; a group rank, the full tensor there and None elsewhere."""
+    if output == "all":
+        return gather_split(local, split)
+    if output == "local":
+        return local
+    return gather_split_to(local, split, output)
+
+
+class SplitDecoder:
+    """A model's VAE decode split along the height or width of its latents over a process group.
+
+    ``group``: any process group (None: the default group). ``dim``: "height" or "width".
+    ``exchange``: halo exchange, "p2p" (batch_isend_irecv) or "allgather" (functional
+    collective).
+
+    A model subclasses it, sets the class attributes below and writes its own decode methods,
+    each: ``split_for`` -> ``check_output`` -> ``twin(split)`` on ``split.local(latents)`` ->
+    ``route_output``.
+    """
+
+    # Names of the latent dims (only their number is checked), e.g. ("B", "C", "h", "w").
+    latent_layout: ClassVar[tuple[str, ...]] = ()
+    # {module type: factory(module, split)} for the modules besides convs and GroupNorms that
+    # mix positions along the split dim (attention), see ``spatial_parallel``.
+    overrides: ClassVar[dict[type, Callable[[nn.Module, SpatialSplit], nn.Module]]] = {}
+    # Leaf types that run unchanged on a split tensor.
+    pointwise: ClassVar[tuple[type, ...]] = POINTWISE_LEAVES
+    # Latent rows every member must hold: one covers a 3x3 conv_in (a row from each
+    # neighbour); later layers only see more rows (x2 per upsampler).
+    min_latent_rows: ClassVar[int] = 1
+
+    def __init__(self, vae: nn.Module, group: Optional[dist.ProcessGroup] = None, dim: str = "height",
+                 exchange: str = "p2p"):
+        if dim not in SPLIT_DIMS:
+            raise ValueError(f"dim must be one of {sorted(SPLIT_DIMS)}, got {dim!r}")
+        if exchange not in ("p2p", "allgather"):
+            raise ValueError(f"exchange must be 'p2p' or 'allgather', got {exchange!r}")
+        self.vae = vae
+        self.group = group
+        self.dim = dim
+        self.exchange = exchange
+
+    def split_for(self, latents: Tensor) -> SpatialSplit:
+        """The latent split for these latents; ValueError naming the extent and the group size
+        when some member would get too few rows."""
+        if latents.dim() != len(self.latent_layout):
+            raise ValueError(f"expected latents [{', '.join(self.latent_layout)}], got shape {tuple(latents.shape)}")
+        d = SPLIT_DIMS[self.dim]
+        return SpatialSplit.build(self.group, d, latents.shape[d], min_size=self.min_latent_rows,
+                                  what=f"latent {self.dim}")
+
+    def twin(self, split: SpatialSplit) -> nn.Module:
+        """The split-aware twin of the VAE (same parameter tensors)."""
+        return spatial_parallel(self.vae, split, self.overrides, exchange=self.exchange, pointwise=self.pointwise)
+
+    def local_rows(self, latents: Tensor, factor: int) -> tuple[int, int]:
+        """(offset, size) of this member's rows (or columns) of the decoded output, ``factor``
+        output rows per latent row: what ``output="local"`` returns."""
+        split = self.split_for(latents)
+        return split.offset() * factor, split.sizes[split.rank] * factor
