@@ -140,11 +140,11 @@ def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
     if key is None:
         raise CheckpointError(f"{Path(checkpoint) / 'text_encoder'} holds neither of the token embedding keys "
                               f"{list(EMBEDDING_KEYS)}")
+    tokenizer = load_tokenizer(Path(checkpoint) / "tokenizer")   # before any weight: a bad folder fails fast
     adapter = WanAdapter(cfgs, _DTYPES[vae_dtype], key)
     try:
         built = build(adapter, plan, reader, rank, world_size, dtype, device,
                       startup_timeout_s=startup_timeout_s, control_timeout_s=control_timeout_s)
     finally:
         reader.close()
-    tokenizer = load_tokenizer(Path(checkpoint) / "tokenizer")
     return LoadedWan(built.model, built.controller, built.storage, tokenizer, plan)
