@@ -1,7 +1,8 @@
 """Compiled phases: one graph per phase and shape, no graph breaks, no recompiles, same outputs.
 
-`aot_eager` checks what dynamo captures (fullgraph, collectives and custom ops inside the
-graph) without paying for code generation; one test runs inductor end to end.
+Most tests use dynamo's `eager` / `aot_eager` backends, which check what dynamo captures
+(fullgraph, collectives and custom ops inside the graph) without paying for code generation;
+one single-process test runs inductor end to end (on the GPU stack: the `gpu` tests).
 """
 import pytest
 import torch
@@ -61,10 +62,6 @@ def _check(r, tol):
     assert r["tokens"][0] == r["tokens"][1] == r["tokens"][2]
     assert r["diff"] < tol and r["logit_diff"] < tol
     assert r["repeat_equal"]
-
-
-def test_single_process_aot_eager(tiny_checkpoint):
-    _check(_compiled_run(tiny_checkpoint, "single", 0, 1, "aot_eager"), 1e-5)
 
 
 def test_single_process_inductor(tiny_checkpoint):
@@ -168,16 +165,14 @@ def _random(layers: int, regions: bool) -> tuple[str, ...]:
 
 
 def test_regional_compilation_does_not_grow_with_depth(tmp_path):
-    """With --compile-regions the decoder layer is traced once for all layers: at 3 layers
-    there is one graph per call signature (prefill, decode, first and cached denoise step),
-    as at any depth (every step runs eagerly around the layer), where whole-step graphs grow
-    by a whole layer each (compile time follows what is traced; the benchmark in
-    docs/performance.md gives the seconds)."""
-    regions = _compiled_report(tmp_path, *_random(3, regions=True))["compile"]
-    assert regions["graphs"] == GRAPHS_PER_RUN and regions["ops_traced"] > 0
-    assert regions["graph_breaks"] == 0 and regions["recompiles_after_warmup"] == 0
-    whole = [_compiled_report(tmp_path, *_random(n, regions=False))["compile"] for n in (2, 3)]
-    assert whole[1]["ops_traced"] - whole[0]["ops_traced"] > 50
+    """With --compile-regions the decoder layer is traced once for all layers: at 2 and 3
+    layers the same graphs, one per call signature (prefill, decode, first and cached denoise
+    step), and the same operations traced (every step runs eagerly around the layer), where
+    whole-step graphs grow by a whole layer each (the benchmark in docs/performance.md)."""
+    flat = [_compiled_report(tmp_path, *_random(n, regions=True))["compile"] for n in (2, 3)]
+    assert flat[0]["graphs"] == flat[1]["graphs"] == GRAPHS_PER_RUN
+    assert flat[0]["ops_traced"] == flat[1]["ops_traced"] > 0
+    assert all(c["graph_breaks"] == 0 and c["recompiles_after_warmup"] == 0 for c in flat)
 
 
 def test_four_rank_hybrid_compiled_in_regions_matches_one_process(tiny_checkpoint, monkeypatch, tmp_path):
@@ -215,13 +210,16 @@ def test_prompts_in_one_bucket_share_every_graph_and_match_exact_lengths(tiny_ch
     graphs = []
     for n in (20, 33, 47, 61, 90):
         req = dc_replace(base, prompt_ids=tuple(5 + (i * 7) % 90 for i in range(n)))
-        want, got = eager.generate(req), compiled.generate(req)
+        got = compiled.generate(req)
+        graphs.append(int(counters["stats"]["unique_graphs"]))
+        if n in (33, 61):   # the exactness of three lengths (the shortest, the middle, the longest) will do
+            continue
+        want = eager.generate(req)
         assert want.tokens == got.tokens
         assert got.record["denoise_length"] == want.record["denoise_length"]
         for key in ("ar_logits", "velocity"):
             for a, b in zip(want.record[key], got.record[key], strict=True):
                 torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-5)
-        graphs.append(int(counters["stats"]["unique_graphs"]))
     assert graphs[0] == GRAPHS_PER_RUN and graphs[1:] == [graphs[0]] * 4, graphs
 
 

@@ -34,16 +34,15 @@ def _compile_in_a_new_process(cache: Path):
     return Path(folder), int(hits), int(misses), int(quarantined), run.stderr
 
 
-def test_second_process_loads_the_first_ones_graphs(tmp_path):
+def test_a_second_process_loads_the_cache_and_a_damaged_one_is_set_aside(tmp_path):
+    """A second process loads the first one's graphs; after the cache's files are damaged a
+    third process sets the folder aside (never trusts it) and compiles again; a fourth finds
+    the rebuilt cache sound."""
     folder, hits, misses, _, _ = _compile_in_a_new_process(tmp_path)
     assert folder == tmp_path / "compile" and (folder / "fxgraph").is_dir()
     assert (hits, misses) == (0, 1)
     _, hits, misses, _, _ = _compile_in_a_new_process(tmp_path)
     assert (hits, misses) == (1, 0)
-
-
-def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path):
-    folder, *_ = _compile_in_a_new_process(tmp_path)
     generated = [p for p in folder.rglob("*.py")] + [p for p in folder.rglob("*.so")]
     assert generated
     for p in generated:                 # what a valid cache record points to, now garbage
@@ -51,7 +50,6 @@ def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path):
     _, hits, misses, quarantined, err = _compile_in_a_new_process(tmp_path)
     assert quarantined == 1 and "the compile cache failed to load" in err
     assert len(list(tmp_path.glob("compile.damaged-*"))) == 1
-    # rebuilt: a third process finds a sound cache again
     _, hits, misses, quarantined, _ = _compile_in_a_new_process(tmp_path)
     assert (hits, quarantined) == (1, 0)
 

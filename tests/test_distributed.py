@@ -42,7 +42,10 @@ def _summary(result):
 def job_generate(ctx, ckpt, plan_name):
     out = []
     loaded, pipe, first_result = _generate(ckpt, plan_name, ctx.rank, ctx.world_size, PROMPTS[0])
-    for i, prompt in enumerate(PROMPTS):
+    # The second prompt (a denoise sequence of the other parity) matters where the sequence is split.
+    prompts = PROMPTS if any(p.sp_size > 1 for p in loaded.controller.topology.resolved.phases.values()) \
+        else PROMPTS[:1]
+    for i, prompt in enumerate(prompts):
         first = first_result if i == 0 else pipe.generate(_request(prompt))
         same = True
         if i == 0:  # switching back and forth must change nothing (once is enough: no state per prompt)
@@ -152,7 +155,8 @@ def test_plan_equals_single_process(pool, reference, tiny_checkpoint, plan_name)
         assert _rel(got["latents"], ref["latents"]) < 1e-5
         assert _rel(got["image"], ref["image"]) < 1e-5
         lengths.add(run["denoise_len"] % 2)
-    assert lengths == {0, 1}, "both an even and an odd (padded) denoise sequence must run"
+    if len(results[0]) == len(PROMPTS):   # plans that split the sequence run both parities
+        assert lengths == {0, 1}, "both an even and an odd (padded) denoise sequence must run"
     assert all(run["repeat_identical"] for rank in results for run in rank)
 
 
@@ -184,7 +188,7 @@ def test_phase_views_share_resident_storage(pool, tiny_checkpoint, plan_name):
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.name) for c in discover_cases()] or
                          [pytest.param(None, id="no-golden", marks=pytest.mark.skip(reason="no golden cases"))])
-@pytest.mark.parametrize("plan_name", ["hybrid", "hybrid-aabb"])
+@pytest.mark.parametrize("plan_name", ["hybrid"])   # hybrid-aabb: the same math, ranks renumbered (tested above)
 def test_golden_cases_through_plans(pool, case, plan_name, request):
     assert case.name in request.node.name and plan_name in request.node.name
     for rank_checks in pool.run(job_golden, case, plan_name):

@@ -320,13 +320,13 @@ ATTN2D_2X1 = Plan("attn2d-2x1", (("sp", 2), ("one", 1), ("tp", 2)),
                    "denoise": PhasePlan(tp=("tp",), sp=("sp", "one"), attention="attn2d")},
                   get_plan("hybrid").params, get_plan("hybrid").outputs)
 
+# (Ulysses is plan hybrid and Attention2D 2 x 2 plan hybrid-attn2d: test_distributed and
+# test_topologies run those end to end.)
 MODEL_RUNS = {
-    "ulysses": (_denoise("ulysses"), None),
     "ulysses-pipelined": (_denoise("ulysses-pipelined"), 0),   # 0: split into 2 groups at tiny shapes
     "kv-allgather": (_denoise("kv-allgather"), None),
     "ring": (_denoise("ring"), None),
     "attn2d-1x2": (_denoise("attn2d"), None),
-    "attn2d-2x2": (get_plan("hybrid-attn2d"), None),
     "attn2d-2x1": (ATTN2D_2X1, None),
 }
 
