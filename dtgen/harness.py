@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Callable
 
@@ -19,6 +20,10 @@ from torch._dynamo.utils import counters
 from .compile import CompileReport, StepCompiler, graph_breaks, unique_graphs
 from .devices import parse_device, parse_dtype
 from .launch import RankContext, RankFailure, run_on_ranks, under_torchrun
+
+
+# Under torchrun, how long the ranks other than 0 wait before leaving after a refused command line.
+REFUSE_GRACE_S = 3.0
 
 
 # ---- flags ----------------------------------------------------------------------------------
@@ -75,9 +80,13 @@ def launch_problem(args: argparse.Namespace, plan) -> str | None:
 
 def refuse(problem: str) -> int:
     """Print a command-line problem as one line and return exit status 2. Under torchrun
-    every rank runs main(): rank 0 alone prints."""
-    if not (under_torchrun() and int(os.environ.get("RANK", 0)) != 0):
-        print(f"error: {problem}", file=sys.stderr)
+    every rank runs main(): rank 0 alone prints, and the others leave a moment later, because
+    torchrun stops every rank as soon as one exits and rank 0 could be stopped before its line
+    is out (seen on a loaded 2-core machine)."""
+    if under_torchrun() and int(os.environ.get("RANK", 0)) != 0:
+        time.sleep(REFUSE_GRACE_S)
+    else:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
     return 2
 
 
