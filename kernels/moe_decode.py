@@ -25,7 +25,7 @@ Splitting stage 2 over (H-block, expert), rather than looping over the experts i
 one program per H-block, keeps enough programs streaming at T=1: on an H200 the looping
 version read w_down at 2 TB/s, this one at 3.1 TB/s (stage 1 reads at 3.5 TB/s).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -57,6 +57,7 @@ class DecodeConfig:
     stage1_warps: int = 4
     stage1_stages: int = 3
     fp8_dot_f16: bool = False  # e4m3 weights: stage 1 converts them (and x) to float16, not x's dtype
+    stage2_fp8_via_f16: bool = False  # e4m3 weights: stage 2 converts them to float16, then to act's dtype
     block_ho: int = 64
     block_i2: int = 128
     stage2_warps: int = 4
@@ -64,12 +65,18 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
-# e4m3 weights, either recipe: swept apart (bench_moe) on an H200. 128-wide H tiles won at
-# every T, and converting e4m3 to float16 for the dot (not to bf16) took stage 1 off its
-# conversion bound: channels T=1/2/8/16 44.6/63.6/142/186 us -> 39.2/55.0/122/174 us, with
-# the same error against bf16 (bench/results/h200x2-2026-12-01-session7/). Block scales need
-# tiles inside one 128 block along each GEMM's K (block_h and block_i2 divide 128).
-FP8_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=128, fp8_dot_f16=True)
+# e4m3 weights, swept apart per recipe (bench_moe --part decode) on an H200:
+# - converting e4m3 to float16 for stage 1's dot (not to bf16) took stage 1 off its
+#   conversion bound (session 7: channels T=1 44.6 -> 39.2 us, the same error against bf16);
+# - stage 2 converting e4m3 through float16 (one instruction per pair) before bf16, and
+#   stage 1 with more bytes in flight (256-wide H tiles, 4 stages): channels T=1/16
+#   38.2/172.7 -> 30.8/152.6 us (bench/results/h200-2026-12-01-session9/).
+# Block scales need tiles inside one 128 block along each GEMM's K (block_h and block_i2
+# divide 128), so their stage 1 deepens its pipeline instead.
+FP8_CHANNELS_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=256, stage1_stages=4, fp8_dot_f16=True,
+                                          stage2_fp8_via_f16=True)
+FP8_BLOCKS_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=128, stage1_stages=4, fp8_dot_f16=True,
+                                        stage2_fp8_via_f16=True)
 
 
 @triton.jit
@@ -169,6 +176,7 @@ def _decode_down_kernel(
     stride_y_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
+    VIA_F16: tl.constexpr,
 ):
     """W_SCALES: 1, one scale per output channel over all micros (ws [E, H]), applied at
     the end; 2, one per 128 x 128 block (ws [M, E, H/128, I/128]), applied to each tile's
@@ -191,6 +199,8 @@ def _decode_down_kernel(
                 i_ok = ii < inter
                 a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
                 w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
+                if VIA_F16:  # e4m3 -> float16 is one instruction per pair, and exact
+                    w = w.to(tl.float16)
                 w = w.to(act_ptr.dtype.element_ty)
                 if W_SCALES == 2:  # the tile lies in one I block; its columns may span two
                     s = tl.load(ws_expert + micro * stride_ws_micro + (cols // 128) * stride_ws_row
@@ -217,9 +227,16 @@ def _scale_args(scale: torch.Tensor | None, rows_dim_only: bool) -> tuple:
     return 1, scale, (*scale.stride(), 0)     # channels, gate/up: [M, E, 2I]
 
 
-def decode_config_for(w_gate_up_scale: torch.Tensor | None) -> DecodeConfig:
-    """The swept tiles for bf16/fp32 weights (no scale) or e4m3 weights (either recipe)."""
-    return DEFAULT_DECODE_CONFIG if w_gate_up_scale is None else FP8_DECODE_CONFIG
+def decode_config_for(w_gate_up_scale: torch.Tensor | None, x_dtype: torch.dtype = torch.bfloat16) -> DecodeConfig:
+    """The swept tiles for bf16/fp32 weights (no scale) or e4m3 weights (by their scales'
+    layout), for x of `x_dtype`."""
+    if w_gate_up_scale is None:
+        return DEFAULT_DECODE_CONFIG
+    if w_gate_up_scale.dim() == 4:
+        return FP8_BLOCKS_DECODE_CONFIG
+    if x_dtype.itemsize > 2:  # float32 x tiles: the 128-wide H tiles of session 7 (shared memory)
+        return replace(FP8_CHANNELS_DECODE_CONFIG, block_h=128, stage1_stages=3)
+    return FP8_CHANNELS_DECODE_CONFIG
 
 
 def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
@@ -230,7 +247,7 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
     registers; x and the activation stay in x's dtype (weight-only FP8: half the bytes).
     config: None picks `decode_config_for` the weights."""
     require_triton_device(x)
-    config = config or decode_config_for(w_gate_up_scale)
+    config = config or decode_config_for(w_gate_up_scale, x.dtype)
     if w_gate_up_scale is not None and w_gate_up_scale.dim() == 4 and (128 % config.block_h or 128 % config.block_i2):
         raise ValueError(f"decode with 128x128 block scales needs block_h and block_i2 dividing 128, "
                          f"got {config.block_h} and {config.block_i2}")
@@ -259,7 +276,8 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
         act, ids, w_down, y, scale2, tokens, hidden, inter, micros,
         act.stride(0), act.stride(1), *w_down.stride(), *scale2_strides, y.stride(0),
         **routing, BLOCK_HO=config.block_ho, BLOCK_I=config.block_i2, DOT_PRECISION=dot_precision(x.dtype),
-        W_SCALES=mode2, num_warps=config.stage2_warps, num_stages=config.stage2_stages)
+        W_SCALES=mode2, VIA_F16=config.stage2_fp8_via_f16 and mode2 > 0,
+        num_warps=config.stage2_warps, num_stages=config.stage2_stages)
     return moe_finalize(y.unsqueeze(0), None, topk_weights, x.dtype)
 
 
