@@ -34,7 +34,7 @@ and their FP8 forms.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +71,9 @@ class GemmTiles:
     programs_per_sm: int = 1
     weights_tma: bool = False
     rows_tma: bool = False
+    # Persistent grids: the loop over work items and the K loop pipelined as one, so that the
+    # next item's first loads are in flight during this item's epilogue (tl.range flatten).
+    flatten: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,19 @@ DEFAULT_FUSED_CONFIG = FusedMoeConfig(
 # scale group. Each K step's product is scaled before it is added, so a program holds a
 # second accumulator-sized temporary and waits for every MMA: 128-row gate/up tiles spill
 # registers (80-200 TFLOP/s on an H200), and the best tiles run at bf16's rate (459/474).
+# The down GEMMs flattened (tl.range flatten: the next item's loads overlap this item's
+# epilogue): -4% blocks, -9% channels; the gate/up GEMMs lost with it (bf16 too).
 FP8_FUSED_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=64, block_n=128, block_k=128, num_warps=8, num_stages=4, weights_tma=True),
-    down=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True))
+    down=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True,
+                   flatten=True))
 # e4m3 with channel scales: plain accumulate chains, scaled once in the epilogue; the best of
-# bench/bench_grouped_gemm.py's sweep on an H200: gate/up 844 TFLOP/s, down 812.
+# bench/bench_grouped_gemm.py's sweep on an H200 (--sweep --flatten): gate/up 842 TFLOP/s,
+# down 868 (flattened; 794 not).
 FP8_CHANNELS_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True),
-    down=GemmTiles(block_r=128, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True))
+    down=GemmTiles(block_r=128, block_n=256, block_k=128, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True,
+                   flatten=True))
 # float32 operands (tests; the interpreter) need twice the shared memory per stage.
 FP32_FUSED_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=64, block_n=64, block_k=32, num_warps=4, num_stages=2),
@@ -167,7 +175,7 @@ def _gate_up_act_kernel(
     BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ROWS_TMA: tl.constexpr, WEIGHTS_TMA: tl.constexpr,
     FP8: tl.constexpr, CHANNEL_SCALES: tl.constexpr, OUT_FP8: tl.constexpr, OUT_AMAX: tl.constexpr,
-    GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+    GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """x_desc (ROWS_TMA): the gathered rows [S, H]; w_desc (WEIGHTS_TMA): w_gate_up as
     [M*E*2I, H]. TMA zero-fills past the end and the clamped rows are dropped at the store.
@@ -182,7 +190,7 @@ def _gate_up_act_kernel(
     col_tiles = NUM_MICROS * col_tiles_per_micro
     total = tl.load(tile_ends_ptr + num_experts - 1) * col_tiles
     ks = tl.arange(0, BLOCK_K)
-    for work in range(tl.program_id(0), total, tl.num_programs(0)):
+    for work in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=FLATTEN):
         expert, col_tile, row_start, row_end = _work_item(
             work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
         micro = col_tile // col_tiles_per_micro
@@ -276,7 +284,7 @@ def _down_sum_kernel(
     NUM_MICROS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_E: tl.constexpr, EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ROWS_TMA: tl.constexpr, WEIGHTS_TMA: tl.constexpr, FP8: tl.constexpr, CHANNEL_SCALES: tl.constexpr,
-    GROUP: tl.constexpr,
+    GROUP: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """act_desc (ROWS_TMA): act as [M*S, I]; w_desc (WEIGHTS_TMA): w_down as [M*E*H, I].
     FP8: act and the weights are e4m3, act_scale [M, S, I/G], w_scale [M, E, H/G, I/G].
@@ -286,7 +294,7 @@ def _down_sum_kernel(
     k_tiles = tl.cdiv(inter, BLOCK_K)
     total = tl.load(tile_ends_ptr + num_experts - 1) * col_tiles
     ks = tl.arange(0, BLOCK_K)
-    for work in range(tl.program_id(0), total, tl.num_programs(0)):
+    for work in tl.range(tl.program_id(0), total, tl.num_programs(0), flatten=FLATTEN):
         expert, col_tile, row_start, row_end = _work_item(
             work, tile_ends_ptr, expert_ends_ptr, num_experts, col_tiles, BLOCK_R, BLOCK_E)
         rows = row_start + tl.arange(0, BLOCK_R)
@@ -429,7 +437,7 @@ def gate_up_act(x: torch.Tensor, token_of_slot: torch.Tensor, w_gate_up: torch.T
         BLOCK_E=triton.next_power_of_2(experts), EVEN_K=hidden % tiles.block_k == 0,
         DOT_PRECISION=_dot_precision(x.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
         FP8=fp8, CHANNEL_SCALES=channel, OUT_FP8=quantize_out, OUT_AMAX=row_amax, GROUP=GROUP,
-        ROUND_FIRST=INTERPRETED, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        ROUND_FIRST=INTERPRETED, FLATTEN=tiles.flatten, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     return act, act_scale if quantize_out else amax
 
 
@@ -467,7 +475,8 @@ def down_sum(act: torch.Tensor, w_down: torch.Tensor, expert_ends: torch.Tensor,
         NUM_MICROS=micros, BLOCK_R=tiles.block_r, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         BLOCK_E=triton.next_power_of_2(experts), EVEN_K=inter % tiles.block_k == 0,
         DOT_PRECISION=_dot_precision(act.dtype), ROWS_TMA=rows_tma, WEIGHTS_TMA=weights_tma,
-        FP8=fp8, CHANNEL_SCALES=channel, GROUP=GROUP, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        FP8=fp8, CHANNEL_SCALES=channel, GROUP=GROUP, FLATTEN=tiles.flatten, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages)
     return y
 
 
@@ -477,12 +486,17 @@ INTERPRETER_CONFIG = FusedMoeConfig(gate_up=GemmTiles(16, 32, 32, 4, 1), down=Ge
 INTERPRETER_FP8_BLOCKS_CONFIG = FusedMoeConfig(gate_up=GemmTiles(16, 128, 32, 4, 1), down=GemmTiles(16, 32, 32, 4, 1))
 
 
-def fused_config_for(dtype: torch.dtype, device: torch.device, fp8_recipe: str | None = None) -> FusedMoeConfig:
-    """The tiles for operands of `dtype` (e4m3: with its scale recipe) on `device`."""
+def fused_config_for(dtype: torch.dtype, device: torch.device, fp8_recipe: str | None = None,
+                     out_dtype: torch.dtype = torch.bfloat16) -> FusedMoeConfig:
+    """The tiles for operands of `dtype` (e4m3: with its scale recipe) on `device`, the down
+    GEMM writing `out_dtype`."""
     if device.type != "cuda":
         return INTERPRETER_FP8_BLOCKS_CONFIG if fp8_recipe == "blocks" else INTERPRETER_CONFIG
     if fp8_recipe is not None:
-        return FP8_CHANNELS_CONFIG if fp8_recipe == "channels" else FP8_FUSED_CONFIG
+        config = FP8_CHANNELS_CONFIG if fp8_recipe == "channels" else FP8_FUSED_CONFIG
+        if out_dtype.itemsize > 2:  # a float32 output tile beside the flattened pipeline's buffers
+            config = replace(config, down=replace(config.down, flatten=False))  # overflows shared memory (H200)
+        return config
     return FP32_FUSED_CONFIG if dtype == torch.float32 else DEFAULT_FUSED_CONFIG
 
 

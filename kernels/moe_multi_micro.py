@@ -637,13 +637,13 @@ def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down
     routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
     token_of_slot = (routing.pair_of_slot // topk_ids.shape[1]).to(torch.int32)
     if fp8_recipe(w_gate_up_scale) == "channels":
-        config = fused_config_for(FP8_DTYPE, x.device, "channels")
+        config = fused_config_for(FP8_DTYPE, x.device, "channels", x.dtype)
         x_q, x_scale = quantize_rows(x)
         act, amax = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
                                 x_scale=x_scale, w_scale=w_gate_up_scale, row_amax=True)
         act_q, act_scale = quantize_rows_by_amax(act, amax)
     else:
-        config = fused_config_for(FP8_DTYPE, x.device, "blocks")
+        config = fused_config_for(FP8_DTYPE, x.device, "blocks", x.dtype)
         x_q, x_scale = quantize_row_groups(x)
         act_q, act_scale = gate_up_act(x_q, token_of_slot, w_gate_up, routing.expert_ends, config.gate_up,
                                        x_scale=x_scale, w_scale=w_gate_up_scale, quantize_out=True)
