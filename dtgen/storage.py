@@ -18,6 +18,9 @@ to the official matrices, so every plan quantizes a weight alike:
   (`reduce_max`, one all-reduce per weight), a replicated [E, H].
 - "blocks": one per 128 x 128 block of the official matrix, packed like the weight; a TP
   split must not cut a block (`check_fp8_split`).
+- "tensor": one per official matrix (per expert), the max over every rank's block
+  (`reduce_max`, one all-reduce per weight), held in the channels layout (every row holds
+  its matrix's scale) so that the kernels run their channel path.
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ from typing import Callable
 
 import torch
 
-from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, GROUP, quantize_weight_blocks, quantize_weight_channels, scale_from_amax
+from kernels.fp8_quant import (FP8_DTYPE, FP8_MAX, FP8_RECIPES, GROUP, quantize_weight_blocks,
+                               quantize_weight_channels, quantize_weight_per_expert, scale_from_amax)
 
 from .checkpoint import CheckpointError, CheckpointReader
 from .plan import PlanError, Rule
@@ -60,7 +64,7 @@ class ParamSpec:
     unit: int = 1              # indivisible block along the split dim (rows of one KV group)
     unit_name: str = "rows"
     dtype: torch.dtype | None = None  # None: the model dtype
-    fp8: str | None = None     # "channels" | "blocks": an e4m3 weight, or (with scale_of) its scales
+    fp8: str | None = None     # one of FP8_RECIPES: an e4m3 weight, or (with scale_of) its scales
     scale_of: "ParamSpec | None" = None  # for a scale tensor: its weight's spec (no checkpoint keys)
 
 
@@ -87,7 +91,7 @@ def check_divisible(name: str, spec: ParamSpec, pieces: int) -> None:
                         f"split of {pieces} (storage TP x micros)")
 
 
-FP8_RECIPES = ("channels", "blocks")
+_CHANNEL_LAYOUT = ("channels", "tensor")  # recipes whose scales are one per official row
 
 
 def scale_spec(weight: ParamSpec) -> ParamSpec:
@@ -96,7 +100,7 @@ def scale_spec(weight: ParamSpec) -> ParamSpec:
     if weight.fp8 not in FP8_RECIPES or not weight.micro_packed:
         raise ValueError(f"FP8 scales exist for micro-packed FP8 weights, recipe one of {FP8_RECIPES}; "
                          f"got fp8={weight.fp8!r}, micro_packed={weight.micro_packed}")
-    if weight.fp8 == "channels" and weight.rule == Rule.ROW:
+    if weight.fp8 in _CHANNEL_LAYOUT and weight.rule == Rule.ROW:
         return ParamSpec(keys=(), rule=Rule.REPLICATE, official_shape=(len(weight.keys), weight.official_shape[0]),
                          dtype=torch.float32, fp8=weight.fp8, scale_of=weight)
     return ParamSpec(keys=(), rule=weight.rule, official_shape=weight.official_shape, stacked=weight.stacked,
@@ -118,7 +122,7 @@ def check_fp8_split(name: str, spec: ParamSpec, pieces: int) -> None:
 
 
 def _scale_shape(recipe: str, rows: int, cols: int) -> tuple[int, ...]:
-    return (rows,) if recipe == "channels" else (-(-rows // GROUP), -(-cols // GROUP))
+    return (rows,) if recipe in _CHANNEL_LAYOUT else (-(-rows // GROUP), -(-cols // GROUP))
 
 
 def _quantize_block(recipe: str, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,6 +193,12 @@ def _read_block(reader: CheckpointReader, key: str, spec: ParamSpec, block: int,
 def _quantize_resident(spec: ParamSpec, raw: torch.Tensor, shard: StorageShard,
                        reduce_max: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
     """A resident weight [n, E, rows, cols] in a float dtype -> (e4m3, its scales)."""
+    if spec.fp8 == "tensor":  # per official matrix: the max over its micros, rows and every rank's block
+        if not spec.stacked:
+            raise ValueError(f"FP8 recipe 'tensor' needs stacked expert weights (keys {spec.keys[:2]}...)")
+        amax = raw.abs().amax(dim=(0, 2, 3)).float()
+        amax = reduce_max(amax) if reduce_max else amax  # tensor scales are global, like the official matrix
+        return quantize_weight_per_expert(raw, resident_shape(scale_spec(spec), shard), amax)
     if spec.fp8 == "channels" and spec.rule == Rule.ROW:  # per official row: the max over every rank's columns
         amax = raw.abs().amax(dim=-1).amax(dim=0).float()
         scale = scale_from_amax(reduce_max(amax) if reduce_max else amax)

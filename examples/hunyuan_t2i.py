@@ -89,7 +89,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
     p.add_argument("--fp8-scales", default="channels", choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
-                        "one), or per 128x128 weight block and 128 activation columns ('blocks')")
+                        "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
+                        "matrix and activation row ('tensor', as fast as 'channels')")
     p.add_argument("--profile-steps", type=int, default=None,
                    help="denoise steps of the profiled run (default: --steps)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,

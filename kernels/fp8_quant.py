@@ -1,4 +1,4 @@
-"""FP8 (e4m3) quantization for the MoE, in two recipes.
+"""FP8 (e4m3) quantization for the MoE: two scale layouts, three weight recipes.
 
 - Blocks (the DeepSeek-V3 recipe, also what vLLM and SGLang serve): weights in 128 x 128
   blocks, activations per token and group of 128 columns. The scales change along K, so a
@@ -6,6 +6,9 @@
 - Channels: weights per output channel, activations per row. The scales are constant
   along K, so a GEMM accumulates plain products and scales once in its epilogue, which
   keeps the tensor cores' accumulate chain unbroken (see kernels/moe_grouped_gemm.py).
+- Tensor: one weight scale per expert matrix, the common form of FP8 checkpoints, held in
+  the channel layout (each row holds its matrix's scale): activations and kernels as for
+  channels, at the same speed.
 
 A quantized tensor is a pair ``(q, scale)`` with ``q`` in float8_e4m3fn and ``scale``
 float32, and ``value ~= q * scale`` block by block:
@@ -85,16 +88,39 @@ def quantize_weight_channels(w: torch.Tensor, reduce_dims: tuple[int, ...] = (-1
     return q, scale.squeeze(reduce_dims).contiguous()
 
 
+FP8_RECIPES = ("channels", "blocks", "tensor")
+
+
 def quantize_experts(w_gate_up: torch.Tensor, w_down: torch.Tensor, recipe: str = "channels"):
     """Micro-packed experts (w_gate_up [M, E, 2I, H], w_down [M, E, H, I]) in the model's
     FP8 layout -> (gate_up q, its scales, down q, its scales). "channels": gate/up per row
     [M, E, 2I], down per output channel over all micros [E, H]; "blocks": 128 x 128 blocks
-    of each micro's matrices. (The loader makes the same from a checkpoint, shard by shard.)"""
+    of each micro's matrices; "tensor": one scale per expert matrix (all its micros), laid
+    out as channel scales (every row holds it), so it runs the channel kernels.
+    (The loader makes the same from a checkpoint, shard by shard.)"""
     if recipe == "blocks":
         return (*quantize_weight_blocks(w_gate_up), *quantize_weight_blocks(w_down))
+    if recipe == "tensor":
+        return (*quantize_weight_per_expert(w_gate_up, scale_shape=w_gate_up.shape[:3]),
+                *quantize_weight_per_expert(w_down, scale_shape=(w_down.shape[1], w_down.shape[2])))
     if recipe != "channels":
-        raise ValueError(f"FP8 recipe must be 'channels' or 'blocks', got {recipe!r}")
+        raise ValueError(f"FP8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
     return (*quantize_weight_channels(w_gate_up), *quantize_weight_channels(w_down, reduce_dims=(0, -1)))
+
+
+def quantize_weight_per_expert(w: torch.Tensor, scale_shape: tuple[int, ...],
+                               amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [M, E, rows, cols] -> (q, scale): one scale per expert (amax over its micros, rows
+    and columns, or the given [E] amax), broadcast to the channel-scale shape `scale_shape`
+    ([M, E, rows] or [E, rows]). Float32 temporaries of one micro at a time."""
+    if amax is None:
+        amax = w.abs().amax(dim=(0, 2, 3)).float()
+    scale = scale_from_amax(amax)
+    q = torch.empty(w.shape, dtype=FP8_DTYPE, device=w.device)
+    for m in range(w.shape[0]):
+        q[m] = (w[m].float() / scale[:, None, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    per_expert = scale.view(*([1] * (len(scale_shape) - 2)), -1, 1)
+    return q, per_expert.expand(scale_shape).contiguous()
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int = GROUP) -> torch.Tensor:

@@ -148,7 +148,7 @@ FP8_TILES_TMA = gg.GemmTiles(block_r=16, block_n=128, block_k=32, num_warps=4, n
 
 
 def quantized_experts(w_gate_up, w_down, recipe="blocks"):
-    """recipe: "blocks", "per_matrix" (the blocks recipe with one scale per matrix) or "channels"."""
+    """recipe: "blocks", "per_matrix" (the blocks recipe with one scale per matrix), "channels" or "tensor"."""
     if recipe == "per_matrix":
         return (*fq.quantize_weight_per_matrix(w_gate_up), *fq.quantize_weight_per_matrix(w_down))
     return fq.quantize_experts(w_gate_up, w_down, recipe)
@@ -270,7 +270,8 @@ def test_fp8_channel_gemms_match_their_reference(tokens, hidden, inter, experts,
     bf16 activation one step off from the emulation's can land on the other side of an e4m3
     rounding tie: bf16 holds every e4m3 midpoint, so that happens to ~3% of elements.)"""
     x, ids, _, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens + 7)
-    gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, "channels")
+    # "tensor" (one scale per expert matrix) is held in the channel layout: same kernels.
+    gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, "tensor" if tokens == 24 else "channels")
     assert gu_s.shape == (micros, experts, 2 * inter) and dn_s.shape == (experts, hidden)
     routing, token_of_slot = slots_of(x, ids, experts)
     x_q, x_s = fq.quantize_rows(x)
@@ -332,7 +333,7 @@ def test_fp8_decode_matches_its_weight_only_reference(tokens, hidden, inter, exp
     out = moe_decode_fp8(*args, impl="triton")
     assert ((out - expected).norm() / expected.norm()) < 2e-3
     if tokens in (2, 3):  # the odd shapes (the interpreter is slow): the dot in x's dtype is exact
-        exact_dot = replace(decode_config_for(args[4]), fp8_dot_f16=False)
+        exact_dot = replace(decode_config_for(args[4], x.dtype), fp8_dot_f16=False)
         q_gu, s_gu, q_dn, s_dn = args[3:]
         out = moe_decode_triton(x, ids, weights, q_gu, q_dn, config=exact_dot, w_gate_up_scale=s_gu, w_down_scale=s_dn)
         torch.testing.assert_close(out, expected, **FP32_TOL)

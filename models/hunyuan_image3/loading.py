@@ -112,7 +112,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     the plan's rules like every other weight: replicated in the shipped plans).
 
     `moe_dtype` "fp8": the routed experts are quantized to e4m3 as they are read, with
-    `fp8_scales` "channels" (one scale per weight row) or "blocks" (128 x 128 blocks).
+    `fp8_scales` "channels" (one scale per weight row), "blocks" (128 x 128 blocks) or
+    "tensor" (one per expert matrix).
 
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
