@@ -21,6 +21,7 @@ tiles besides the default.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -67,10 +68,11 @@ FP8_GATE_UP_SWEEP = [
 FP8_CHANNELS_GATE_UP_SWEEP = [
     GemmTiles(128, 128, 128, 8, 3, **T), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 128, 8, 4, **TT),
     GemmTiles(64, 256, 128, 8, 3, **TT), GemmTiles(128, 128, 128, 8, 4, persistent=False, **T),
+    GemmTiles(64, 256, 128, 8, 2, **TT), GemmTiles(64, 128, 128, 4, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT),
 ]
 FP8_CHANNELS_DOWN_SWEEP = [
     GemmTiles(128, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **T),
-    GemmTiles(128, 128, 128, 8, 4, **TT),
+    GemmTiles(128, 128, 128, 8, 4, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **TT),
 ]
 FP8_DOWN_SWEEP = [
     GemmTiles(128, 128, 128, 8, 3, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(64, 128, 128, 4, 4, **TT),
@@ -87,9 +89,14 @@ def _us(fn) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=2674)
+    p.add_argument("--routing", choices=("random", "balanced"), default="random",
+                   help="balanced: every expert gets the same rows (with --tokens 3072, whole 128-row tiles): "
+                        "the kernels' rate without ragged tails")
     p.add_argument("--out", default="outputs/bench_grouped_gemm.json")
     p.add_argument("--autotune", action="store_true", help="also inductor max-autotune (Triton templates)")
     p.add_argument("--sweep", action="store_true", help="time the fused kernels' tile sweep, not only the default")
+    p.add_argument("--flatten", action="store_true",
+                   help="also each timed tile with its work-item loop and K loop pipelined as one (tl.range flatten)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         print("bench_grouped_gemm needs CUDA and torch._grouped_mm; nothing to do here.")
@@ -97,7 +104,10 @@ def main(argv=None) -> int:
     dev, bf = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     rows = args.tokens * TOPK
-    ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
+    if args.routing == "balanced":  # every expert gets tokens*K/E rows: with --tokens 3072, exactly 3 tiles of 128
+        ids = (torch.arange(args.tokens, device=dev)[:, None] + torch.arange(TOPK, device=dev)[None, :] * (E // TOPK)) % E
+    else:
+        ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
     counts = torch.bincount(ids.flatten(), minlength=E)
     ends = torch.cumsum(counts, 0).to(torch.int32)
     x = torch.randn(rows, H, device=dev, dtype=bf, generator=g)
@@ -155,6 +165,14 @@ def main(argv=None) -> int:
     return 0
 
 
+def _tiles_to_time(args, default: GemmTiles, sweep: list[GemmTiles]) -> list[GemmTiles]:
+    """The default tiles, the sweep's (--sweep), and each flattened (--flatten)."""
+    tiles = [default] + (sweep if args.sweep else [])
+    if args.flatten:
+        tiles += [dataclasses.replace(t, flatten=True) for t in tiles if t.persistent]
+    return list(dict.fromkeys(tiles))
+
+
 def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -162,7 +180,7 @@ def _rel(a, b) -> float:
 def _label(kind: str, tiles: GemmTiles) -> str:
     return (f"{kind} {tiles.block_r}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
             f"{' persistent' if tiles.persistent else ''}{f' x{tiles.programs_per_sm}' if tiles.programs_per_sm > 1 else ''}"
-            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}")
+            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}{' flat' if tiles.flatten else ''}")
 
 
 def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
@@ -204,15 +222,13 @@ def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, 
     us = _us(lambda: quantize_row_groups(x_tok))
     report["quantize_x_us"] = round(us, 1)
     print(f"{'fp8 quantize x (T x H, per 128 columns)':<60}{us:>9.1f} us")
-    gate_up_tiles = [FP8_FUSED_CONFIG.gate_up] + (FP8_GATE_UP_SWEEP if args.sweep else [])
-    down_tiles = [FP8_FUSED_CONFIG.down] + (FP8_DOWN_SWEEP if args.sweep else [])
-    for tiles in dict.fromkeys(gate_up_tiles):
+    for tiles in _tiles_to_time(args, FP8_FUSED_CONFIG.gate_up, FP8_GATE_UP_SWEEP):
         fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
                                              x_scale=x_s, w_scale=gu_s, quantize_out=True)
         row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0].float() * out[1].repeat_interleave(128, -1))
         report["gate_up"].append({"tiles": vars(tiles), **row})
         _print_row(_label("fp8 gate_up", tiles), row)
-    for tiles in dict.fromkeys(down_tiles):
+    for tiles in _tiles_to_time(args, FP8_FUSED_CONFIG.down, FP8_DOWN_SWEEP):
         fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
         row = _time_row(fn, y_expected, down_flop)
         report["down"].append({"tiles": vars(tiles), **row})
@@ -239,13 +255,13 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
         us = _us(fn)
         report[name.replace(" ", "_") + "_us"] = round(us, 1)
         print(f"{'fp8 channels ' + name:<60}{us:>9.1f} us")
-    for tiles in dict.fromkeys([FP8_CHANNELS_CONFIG.gate_up] + (FP8_CHANNELS_GATE_UP_SWEEP if args.sweep else [])):
+    for tiles in _tiles_to_time(args, FP8_CHANNELS_CONFIG.gate_up, FP8_CHANNELS_GATE_UP_SWEEP):
         fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
                                              x_scale=x_s, w_scale=gu_s, row_amax=True)
         row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0])
         report["gate_up"].append({"tiles": vars(tiles), **row})
         _print_row(_label("fp8 channels gate_up", tiles), row)
-    for tiles in dict.fromkeys([FP8_CHANNELS_CONFIG.down] + (FP8_CHANNELS_DOWN_SWEEP if args.sweep else [])):
+    for tiles in _tiles_to_time(args, FP8_CHANNELS_CONFIG.down, FP8_CHANNELS_DOWN_SWEEP):
         fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
         row = _time_row(fn, y_expected, down_flop)
         report["down"].append({"tiles": vars(tiles), **row})
@@ -288,14 +304,12 @@ def _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down
     print(f"{'cutlass gate/up + gather + act':<44}{report['cutlass_gate_up_with_gather_and_act']['us']:>9.1f} us "
           f"{report['cutlass_gate_up_with_gather_and_act']['tflops']:>7.1f} TFLOP/s")
     print(f"{'cutlass down (M*E groups)':<44}{report['cutlass_down']['us']:>9.1f} us {report['cutlass_down']['tflops']:>7.1f} TFLOP/s")
-    gate_up_tiles = [DEFAULT_FUSED_CONFIG.gate_up] + (GATE_UP_SWEEP if args.sweep else [])
-    down_tiles = [DEFAULT_FUSED_CONFIG.down] + (DOWN_SWEEP if args.sweep else [])
-    for tiles in dict.fromkeys(gate_up_tiles):
+    for tiles in _tiles_to_time(args, DEFAULT_FUSED_CONFIG.gate_up, GATE_UP_SWEEP):
         fn = lambda tiles=tiles: gate_up_act(x_tok, token_of_slot, gu_micro, ends, tiles)[0]  # noqa: E731
         row = _time_row(fn, act_expected, gate_up_flop)
         report["gate_up"].append({"tiles": vars(tiles), **row})
         _print_row(_label("fused gate_up", tiles), row)
-    for tiles in dict.fromkeys(down_tiles):
+    for tiles in _tiles_to_time(args, DEFAULT_FUSED_CONFIG.down, DOWN_SWEEP):
         fn = lambda tiles=tiles: down_sum(act_micro, dn_micro, ends, tiles)  # noqa: E731
         row = _time_row(fn, y_expected, down_flop)
         report["down"].append({"tiles": vars(tiles), **row})

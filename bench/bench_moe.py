@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.testing
 
-from kernels.moe_decode import DEFAULT_DECODE_CONFIG, FP8_DECODE_CONFIG, DecodeConfig, moe_decode_triton
+from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_config_for, moe_decode_triton
 from kernels.fp8_quant import quantize_experts
 from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_reference
 
@@ -73,6 +73,26 @@ def graph_ms_per_call(calls):
         for call in calls:
             call()
     return median_ms(graph.replay) / len(calls)
+
+
+def kernel_us_per_call(calls, replays: int = 20) -> dict[str, float]:
+    """Device time of each kernel per call, under torch.profiler, over replays of one CUDA
+    graph of the calls (the kernels as the timed rows run them)."""
+    from torch.profiler import ProfilerActivity, profile
+    for call in calls:
+        call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    per_call = replays * len(calls)
+    return {e.key[:60]: round(e.self_device_time_total / per_call, 2) for e in prof.key_averages()
+            if e.self_device_time_total > 0}
 
 
 def rel_error(actual, expected):
@@ -121,17 +141,18 @@ def bench_prefill(gen):
 STAGE1_SWEEP = [dict(block_i=16), dict(block_i=64), dict(block_h=128), dict(block_h=256), dict(block_h=512),
                 dict(block_h=1024, stage1_warps=8), dict(stage1_stages=4), dict(stage1_stages=5),
                 dict(block_i=16, stage1_stages=4), dict(stage1_warps=8),
-                dict(fp8_dot_f16=True), dict(fp8_dot_f16=True, block_i=64)]  # fp8_dot_f16: e4m3 weights only
+                dict(fp8_dot_f16=True), dict(fp8_dot_f16=True, block_i=64),  # the f16 switches: e4m3 weights only
+                dict(fp8_dot_f16=False), dict(block_h=256, stage1_stages=3)]
 STAGE2_SWEEP = [dict(block_ho=32), dict(block_ho=128), dict(block_i2=64), dict(block_i2=128), dict(block_i2=256),
                 dict(block_i2=256, stage2_stages=2), dict(stage2_stages=4), dict(stage2_warps=8),
-                dict(block_ho=32, block_i2=256)]
+                dict(block_ho=32, block_i2=256), dict(stage2_fp8_via_f16=True), dict(stage2_fp8_via_f16=False)]
 
 
 def sweep_decode_config(default: DecodeConfig, time_config, fp8_recipe: str | None):
     """(best config, its ms, [(config, ms)]) over the stage variants around `default`."""
     def allowed(c):
         if fp8_recipe is None:
-            return not c.fp8_dot_f16
+            return not (c.fp8_dot_f16 or c.stage2_fp8_via_f16)
         return fp8_recipe != "blocks" or (128 % c.block_h == 0 and 128 % c.block_i2 == 0)
     timed = {default: time_config(default)}
     best = {}
@@ -152,12 +173,15 @@ def sweep_decode_config(default: DecodeConfig, time_config, fp8_recipe: str | No
     return config, timed[config], list(timed.items())
 
 
-def bench_decode(gen):
+DECODE_KINDS = ("bf16", "fp8_channels", "fp8_blocks")
+
+
+def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=False):
     w_gate_up, w_down = make_weights(1, gen)
     expert_bytes = 3 * INTER * HIDDEN * w_gate_up.element_size()
     fp8_weights = {recipe: quantize_experts(w_gate_up, w_down, recipe) for recipe in ("channels", "blocks")}
     rows = []
-    for tokens in DECODE_TOKENS:
+    for tokens in decode_tokens:
         x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
         routings = [make_routing(tokens, gen) for _ in range(ROUTINGS)]
         distinct = sum(ids.unique().numel() for ids, _ in routings) / ROUTINGS
@@ -181,11 +205,12 @@ def bench_decode(gen):
                 return fn(x, ids, w, w_gate_up, w_down)
             return call
 
-        kinds = {"": (None, DEFAULT_DECODE_CONFIG, {}, 1.0)}
+        runs = {"": (None, DEFAULT_DECODE_CONFIG, {}, 1.0)} if "bf16" in kinds else {}
         for recipe, (q_gu, s_gu, q_dn, s_dn) in fp8_weights.items():
-            kinds[f"_fp8_{recipe}"] = (recipe, FP8_DECODE_CONFIG,
-                                       dict(w_gate_up_scale=s_gu, w_down_scale=s_dn, fp8=(q_gu, q_dn)), 0.5)
-        for suffix, (recipe, default, scales, bytes_ratio) in kinds.items():
+            if f"fp8_{recipe}" in kinds:
+                runs[f"_fp8_{recipe}"] = (recipe, decode_config_for(s_gu),
+                                          dict(w_gate_up_scale=s_gu, w_down_scale=s_dn, fp8=(q_gu, q_dn)), 0.5)
+        for suffix, (recipe, default, scales, bytes_ratio) in runs.items():
             fp8 = scales.pop("fp8", None)
 
             def run(x_, ids, w, gate_up, down, config, scales=scales, fp8=fp8):
@@ -201,6 +226,12 @@ def bench_decode(gen):
                 return rel_error(run(x, *routings[0], w_gate_up, w_down, config=config), expected)
 
             extra = dict(fp8_weight_bytes_ratio=bytes_ratio) if fp8 else {}
+            if profile:  # the default tiles' kernels, no sweep
+                extra["kernel_us"] = kernel_us_per_call(calls(lambda *a: run(*a, config=default)))
+                record(f"decode_triton{suffix}", time_config(default), "cuda_graph", error(default),
+                       config=vars(default), **extra)
+                print(f"decode T={tokens} {suffix or 'bf16'} kernels (us per call): {extra['kernel_us']}")
+                continue
             best, best_ms, timed = sweep_decode_config(default, time_config, recipe)
             record(f"decode_triton{suffix}", dict(timed)[default], "cuda_graph", error(default), config=vars(default),
                    **extra)
@@ -237,12 +268,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/bench_moe.json")
     parser.add_argument("--part", choices=("both", "prefill", "decode"), default="both")
+    parser.add_argument("--decode-tokens", type=int, nargs="+", default=list(DECODE_TOKENS))
+    parser.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
+    parser.add_argument("--profile-decode", action="store_true",
+                        help="decode: each kind's default tiles, timed and profiled per kernel (no tile sweep)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_moe needs a CUDA GPU (it measures the H200 kernels); none is visible here.")
     gen = torch.Generator(device="cuda").manual_seed(0)
     prefill = bench_prefill(gen) if args.part != "decode" else []
-    decode = bench_decode(gen) if args.part != "prefill" else []
+    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode) if args.part != "prefill" else []
     report = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),

@@ -2,7 +2,7 @@
 # The MoE kernels and FP8 experts on one GPU, in calls that fit the device's 10-minute limit:
 #   bash bench/run_gpu_fp8.sh tests   # GPU tests: MoE kernels (bf16, FP8), FP8 model on the golden case, CUDA-graph decode
 #   bash bench/run_gpu_fp8.sh bench   # bench_layers (bf16 and FP8 layers), bench_moe, bench_grouped_gemm
-#   bash bench/run_gpu_fp8.sh e2e     # full width, 2 layers, compiled: bf16 experts against FP8 (channels, blocks)
+#   bash bench/run_gpu_fp8.sh e2e     # full width, 2 layers, compiled: bf16 experts against FP8 (channels, tensor)
 # Results land in $OUT (default outputs/gpu-fp8); a summary table prints last.
 set -u
 MODE=${1:-tests}
@@ -33,7 +33,8 @@ case "$MODE" in
     step bench_grouped_gemm 120 python3 -m bench.bench_grouped_gemm --out "$OUT/bench_grouped_gemm.json" ;;
   e2e)
     e2e t2i_2layers_bf16
-    e2e t2i_2layers_fp8_channels --moe-dtype fp8 ;;
+    e2e t2i_2layers_fp8_channels --moe-dtype fp8
+    e2e t2i_2layers_fp8_tensor --moe-dtype fp8 --fp8-scales tensor ;;
   *) echo "unknown mode $MODE (tests | bench | e2e)"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
