@@ -180,8 +180,9 @@ def test_four_rank_hybrid_compiled_in_regions_matches_one_process(tiny_checkpoin
     the collectives inside the compiled layer), compiled: every layer passes the same guards
     (shared hooks, same core types), so the layers share their graphs (fewer than two per
     call signature: 5 measured, where layers failing each other's guards would compile one
-    each); nothing recompiles after the warm-up; and --check against the single-process
-    eager model holds to float32 rounding."""
+    each); nothing recompiles after the warm-up; --check against the single-process eager
+    model holds to float32 rounding (logits, latents, the decoded image); and the AR ->
+    denoise switch moved no weight. (The example's 4-rank --check run, compiled or not.)"""
     monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
     report = _compiled_report(tmp_path, "--compile-regions", "--world-size", "4", "--plan", "hybrid", "--check")
     deep = report["compile"]
@@ -189,6 +190,10 @@ def test_four_rank_hybrid_compiled_in_regions_matches_one_process(tiny_checkpoin
     assert deep["graph_breaks"] == 0 and deep["recompiles_after_warmup"] == 0
     check = report["check"]
     assert check["max_abs_diff_logits"] < 1e-4 and check["max_abs_diff_velocity"] < 1e-4, check
+    assert check["max_abs_diff_latents"] < 1e-4 and check["max_abs_diff_image"] < 1e-4, check
+    switch = report["phase_switch"]
+    assert switch["weights_copied"] == 0 and switch["allocated_bytes_delta"] == 0
+    assert switch["param_bytes_before"] == switch["param_bytes_after"] > 0
 
 
 def test_prompts_in_one_bucket_share_every_graph_and_match_exact_lengths(tiny_checkpoint):

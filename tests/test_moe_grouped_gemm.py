@@ -229,9 +229,16 @@ FP8_CASES = [  # tokens, hidden, inter, experts, top_k, micros
 ]
 
 
+def _pointers_everywhere_tma_on_the_edge_case(pointers, tma):
+    """Pointer loads at every shape; TMA loads (their own code path, zero-filled past the
+    edge) at the first, whose H is not a multiple of 128. The interpreter is slow."""
+    return [pytest.param(*case, pointers, id=f"{'-'.join(map(str, case))}-pointers") for case in FP8_CASES] + [
+        pytest.param(*FP8_CASES[0], tma, id=f"{'-'.join(map(str, FP8_CASES[0]))}-tma")]
+
+
 @needs_triton
-@pytest.mark.parametrize("tiles", [FP8_TILES, FP8_TILES_TMA], ids=["pointers", "tma"])
-@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros", FP8_CASES)
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros,tiles",
+                         _pointers_everywhere_tma_on_the_edge_case(FP8_TILES, FP8_TILES_TMA))
 def test_fp8_gemms_match_their_references(tokens, hidden, inter, experts, top_k, micros, tiles):
     x, ids, _, w_gate_up, w_down = make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=tokens)
     gu_q, gu_s, dn_q, dn_s = quantized_experts(w_gate_up, w_down, "per_matrix" if tokens == 24 else "blocks")
@@ -262,8 +269,8 @@ CHANNEL_TILES_TMA = gg.GemmTiles(block_r=16, block_n=32, block_k=32, num_warps=4
 
 
 @needs_triton
-@pytest.mark.parametrize("tiles", [CHANNEL_TILES, CHANNEL_TILES_TMA], ids=["pointers", "tma"])
-@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros", FP8_CASES)
+@pytest.mark.parametrize("tokens,hidden,inter,experts,top_k,micros,tiles",
+                         _pointers_everywhere_tma_on_the_edge_case(CHANNEL_TILES, CHANNEL_TILES_TMA))
 def test_fp8_channel_gemms_match_their_reference(tokens, hidden, inter, experts, top_k, micros, tiles):
     """Channel scales, stage by stage on the same inputs: the gate/up GEMM's bf16 activation
     and row maxima, the row quantization from those maxima, the down GEMM. (End to end, a

@@ -3,7 +3,7 @@
 Every plan runs a whole request (AR, phase switch, denoise, the parallel VAE decode over all
 ranks) on spawned gloo ranks, one pool per world size, against one single-process run of the
 same request. 8 ranks on 2 cores is slow but fine for the tiny model. (The example's own
---check path runs in tests/test_example.py.)
+--check path runs in tests/test_compile.py, on 4 ranks.)
 """
 import dataclasses
 
@@ -18,7 +18,9 @@ from placements.hunyuan_image3 import get_plan
 
 # At 8 ranks (slow on 2 cores) the Ulysses-ring plan only: hybrid8-tp4 and hybrid8-cfg use the
 # mechanisms of tp2sp2 / hybrid-cfg at 4 ranks with larger groups (their layouts: test_cfg_layouts).
-PLANS = {2: ["hybrid2", "tp2", "hybrid2-cfg"], 4: ["hybrid-cfg", "hybrid-attn2d"], 8: ["hybrid8"]}
+# tp2 (TP in both phases) runs as tp4 and tp2sp2 in test_distributed.py, and as itself in
+# test_fp8_experts.py (--check) and behind the server in test_serve_http.py.
+PLANS = {2: ["hybrid2", "hybrid2-cfg"], 4: ["hybrid-cfg", "hybrid-attn2d"], 8: ["hybrid8"]}
 REQUEST = T2IRequest(prompt="a lighthouse", steps=3, max_new_tokens=3, temperature=0.0, image_size="256x256", seed=3)
 
 
