@@ -133,24 +133,31 @@ def test_fp8_checkpoint_and_bad_options_are_refused_by_name(tiny_checkpoint, tmp
         loading.load(tiny_checkpoint, get_plan("single"), moe_dtype="fp8")
 
 
-def test_column_split_weights_take_their_row_scales_over_all_ranks():
-    """Storage plumbing: a column-split (ROW) FP8 weight hands its local row maxima to
-    `reduce_max` and is quantized with what comes back; a row-split one needs no exchange."""
+def _two_rank_expert_storage(recipe: str):
+    """Rank 0 of storage TP2: a column-split (ROW) down weight and a row-split (PAIR) gate/up,
+    two experts each, random, quantized with `recipe`. reduce_max stands in for the
+    all-reduce ("the other rank's maxima were twice ours") and records what it was given."""
     from dtgen.plan import Rule
     from dtgen.storage import ParamSpec, ResidentStorage, scale_spec
 
     down = ParamSpec(keys=("e0", "e1"), rule=Rule.ROW, official_shape=(8, 64), stacked=True, micro_packed=True,
-                     dtype=FP8_DTYPE, fp8="channels")
+                     dtype=FP8_DTYPE, fp8=recipe)
     gate_up = ParamSpec(keys=("e0", "e1"), rule=Rule.PAIR, official_shape=(16, 8), stacked=True, micro_packed=True,
-                        dtype=FP8_DTYPE, fp8="channels")
+                        dtype=FP8_DTYPE, fp8=recipe)
     specs = {"down": down, "down_scale": scale_spec(down), "gate_up": gate_up, "gate_up_scale": scale_spec(gate_up)}
     seen = []
 
-    def reduce_max(amax):  # stands in for the all-reduce: "the other rank's maxima were twice ours"
+    def reduce_max(amax):
         seen.append(amax.clone())
         return amax * 2
 
-    storage = ResidentStorage.random(specs, StorageShard(2, 0, 1), torch.float32, reduce_max=reduce_max)
+    return ResidentStorage.random(specs, StorageShard(2, 0, 1), torch.float32, reduce_max=reduce_max), seen
+
+
+def test_column_split_weights_take_their_row_scales_over_all_ranks():
+    """Storage plumbing: a column-split (ROW) FP8 weight hands its local row maxima to
+    `reduce_max` and is quantized with what comes back; a row-split one needs no exchange."""
+    storage, seen = _two_rank_expert_storage("channels")
     assert len(seen) == 1 and seen[0].shape == (2, 8)          # down only: [E, H] row maxima
     torch.testing.assert_close(storage.tensors["down_scale"], seen[0] * 2 / 448)
     assert storage.tensors["down"].shape == (1, 2, 8, 32)       # this rank's half of the columns
@@ -162,21 +169,7 @@ def test_column_split_weights_take_their_row_scales_over_all_ranks():
 def test_tensor_scales_are_one_per_official_matrix_over_all_ranks():
     """Recipe "tensor": every weight, split by rows or by columns, hands its local per-expert
     maxima to `reduce_max`, and its scales (the channels layout) hold the global one."""
-    from dtgen.plan import Rule
-    from dtgen.storage import ParamSpec, ResidentStorage, scale_spec
-
-    down = ParamSpec(keys=("e0", "e1"), rule=Rule.ROW, official_shape=(8, 64), stacked=True, micro_packed=True,
-                     dtype=FP8_DTYPE, fp8="tensor")
-    gate_up = ParamSpec(keys=("e0", "e1"), rule=Rule.PAIR, official_shape=(16, 8), stacked=True, micro_packed=True,
-                        dtype=FP8_DTYPE, fp8="tensor")
-    specs = {"down": down, "down_scale": scale_spec(down), "gate_up": gate_up, "gate_up_scale": scale_spec(gate_up)}
-    seen = []
-
-    def reduce_max(amax):  # "the other rank's maxima were twice ours"
-        seen.append(amax.clone())
-        return amax * 2
-
-    storage = ResidentStorage.random(specs, StorageShard(2, 0, 1), torch.float32, reduce_max=reduce_max)
+    storage, seen = _two_rank_expert_storage("tensor")
     assert [t.shape for t in seen] == [(2,), (2,)]              # one max per expert, each weight
     down_scale, gate_up_scale = storage.tensors["down_scale"], storage.tensors["gate_up_scale"]
     assert down_scale.shape == (2, 8) and gate_up_scale.shape == (1, 2, 8)
