@@ -63,8 +63,8 @@ def median_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
-def graph_ms_per_call(calls):
-    """Capture the calls (one per routing) in one CUDA graph; time a replay per call."""
+def capture(calls) -> torch.cuda.CUDAGraph:
+    """The calls (one per routing) in one CUDA graph, their kernels compiled before."""
     for call in calls:  # warm up: compile kernels outside the capture
         call()
     torch.cuda.synchronize()
@@ -72,19 +72,19 @@ def graph_ms_per_call(calls):
     with torch.cuda.graph(graph):
         for call in calls:
             call()
-    return median_ms(graph.replay) / len(calls)
+    return graph
+
+
+def graph_ms_per_call(calls):
+    """Time a replay of the calls' CUDA graph, per call."""
+    return median_ms(capture(calls).replay) / len(calls)
 
 
 def kernel_us_per_call(calls, replays: int = 20) -> dict[str, float]:
     """Device time of each kernel per call, under torch.profiler, over replays of one CUDA
     graph of the calls (the kernels as the timed rows run them)."""
     from torch.profiler import ProfilerActivity, profile
-    for call in calls:
-        call()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
+    graph = capture(calls)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
