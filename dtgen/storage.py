@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from kernels.fp8_quant import (FP8_DTYPE, FP8_MAX, FP8_RECIPES, GROUP, quantize_weight_blocks,
+from kernels.fp8_quant import (FP8_DTYPE, FP8_MAX, FP8_RECIPES, GROUP, expert_amax, quantize_weight_blocks,
                                quantize_weight_channels, quantize_weight_per_expert, scale_from_amax)
 
 from .checkpoint import CheckpointError, CheckpointReader
@@ -196,7 +196,7 @@ def _quantize_resident(spec: ParamSpec, raw: torch.Tensor, shard: StorageShard,
     if spec.fp8 == "tensor":  # per official matrix: the max over its micros, rows and every rank's block
         if not spec.stacked:
             raise ValueError(f"FP8 recipe 'tensor' needs stacked expert weights (keys {spec.keys[:2]}...)")
-        amax = raw.abs().amax(dim=(0, 2, 3)).float()
+        amax = expert_amax(raw)
         amax = reduce_max(amax) if reduce_max else amax  # tensor scales are global, like the official matrix
         return quantize_weight_per_expert(raw, resident_shape(scale_spec(spec), shard), amax)
     if spec.fp8 == "channels" and spec.rule == Rule.ROW:  # per official row: the max over every rank's columns

@@ -108,13 +108,19 @@ def quantize_experts(w_gate_up: torch.Tensor, w_down: torch.Tensor, recipe: str 
     return (*quantize_weight_channels(w_gate_up), *quantize_weight_channels(w_down, reduce_dims=(0, -1)))
 
 
+def expert_amax(w: torch.Tensor) -> torch.Tensor:
+    """w [M, E, rows, cols] -> [E] float32: max |w| per expert over its micros, rows and
+    columns, with temporaries of one micro at a time (a full-width |w| would double it)."""
+    return torch.stack([w[m].abs().amax(dim=(1, 2)) for m in range(w.shape[0])]).amax(0).float()
+
+
 def quantize_weight_per_expert(w: torch.Tensor, scale_shape: tuple[int, ...],
                                amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """w [M, E, rows, cols] -> (q, scale): one scale per expert (amax over its micros, rows
     and columns, or the given [E] amax), broadcast to the channel-scale shape `scale_shape`
     ([M, E, rows] or [E, rows]). Float32 temporaries of one micro at a time."""
     if amax is None:
-        amax = w.abs().amax(dim=(0, 2, 3)).float()
+        amax = expert_amax(w)
     scale = scale_from_amax(amax)
     q = torch.empty(w.shape, dtype=FP8_DTYPE, device=w.device)
     for m in range(w.shape[0]):
