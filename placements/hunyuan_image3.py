@@ -25,6 +25,8 @@ PARAM_RULES = {
     "timestep_emb.*": Rule.REPLICATE,
     "time_embed.*": Rule.REPLICATE,
     "time_embed_2.*": Rule.REPLICATE,
+    "guidance_emb.*": Rule.REPLICATE,      # Instruct-Distil only
+    "timestep_r_emb.*": Rule.REPLICATE,    # Instruct-Distil only
     "patch_embed.*": Rule.REPLICATE,
     "final_layer.*": Rule.REPLICATE,
     "vae.*": Rule.REPLICATE,

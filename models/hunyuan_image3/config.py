@@ -59,6 +59,11 @@ class HunyuanImage3Config:
     # config carries them (the tiny fixtures do). A real checkpoint takes them from its
     # tokenizer instead.
     special_token_ids: dict[str, int] = field(default_factory=dict)
+    # The Instruct-Distil checkpoint's sampler: `cfg_distilled` embeds the guidance scale as a
+    # `<guidance>` token (guidance_emb) instead of running an unconditional row; `use_meanflow`
+    # adds a `<timestep_r>` token (timestep_r_emb) holding the step's end time.
+    cfg_distilled: bool = False
+    use_meanflow: bool = False
     raw: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -148,6 +153,8 @@ class HunyuanImage3Config:
             pad_token_id=int(d.get("pad_token_id", -1)),
             image_token_id=int(need("image_token_id")),
             special_token_ids={str(k): int(v) for k, v in specials.items()},
+            cfg_distilled=bool(d.get("cfg_distilled", False)),
+            use_meanflow=bool(d.get("use_meanflow", False)),
             raw=dict(d),
         )
 

@@ -22,7 +22,8 @@ from .rope import rope_cos_sin
 from .cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
 from .instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix, prompt_condition,
                        splice_rows)
-from .pipeline import HunyuanT2IPipeline, build_diffusion_sequence, build_instruct_diffusion_sequence, resolution_table
+from .pipeline import (HunyuanT2IPipeline, T2IRequest, build_diffusion_sequence, build_instruct_diffusion_sequence,
+                       resolution_table)
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
 # TI2I (image editing) cases live apart, so that the T2I tests do not pick them up.
@@ -75,11 +76,14 @@ class GoldenCase:
     def has(self, *names: str) -> bool:
         return all(n in self.t for n in names)
 
-    def check(self, name: str, ours: torch.Tensor, golden: torch.Tensor) -> GoldenCheck:
+    def check(self, name: str, ours: torch.Tensor, golden: torch.Tensor, rtol: float | None = None,
+              atol: float | None = None) -> GoldenCheck:
+        """Values within atol + rtol * |golden| (the case's single-call tolerances by default)."""
+        rtol, atol = self.rtol if rtol is None else rtol, self.atol if atol is None else atol
         ours = ours.detach().float().cpu().reshape(golden.shape)
         golden = golden.float()
         diff = (ours - golden).abs()
-        ok = bool((diff <= self.atol + self.rtol * golden.abs()).all())
+        ok = bool((diff <= atol + rtol * golden.abs()).all())
         rel_l2 = float((ours - golden).norm() / golden.norm().clamp_min(1e-30))
         return GoldenCheck(name, float(diff.max()), ok, rel_l2=rel_l2)
 
@@ -379,4 +383,109 @@ def compare_ti2i_case(case: GoldenCase, pipe: HunyuanT2IPipeline, localisation: 
                                  condition=cond)
     out.append(case.check("diff_pred_step2_full", full, t["diff_pred_step2_full"]))
     out += _vae(case, pipe)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Whole sampling runs: the Taylor cache and the distilled (Instruct-Distil) sampler
+# ----------------------------------------------------------------------------------------
+# Their tensors differ from the T2I and TI2I cases' (no AR, no single-step probes): a root of their own.
+TAYLOR_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden-taylor"
+
+
+def discover_taylor_cases() -> list[Path]:
+    """Sampling-run case folders: under ../shared/golden-taylor and every folder in $DTGEN_GOLDEN_TAYLOR_DIRS."""
+    return discover_cases(TAYLOR_ROOT, "DTGEN_GOLDEN_TAYLOR_DIRS")
+
+
+def sampling_runs(case: GoldenCase) -> list[str]:
+    """The run names of a sampling case, from its golden.json."""
+    return list(case.meta["runs"])
+
+
+def sampling_request(case: GoldenCase, run: str) -> T2IRequest:
+    """The request a golden run made: its seed, steps, guidance and shift, and its Taylor cache
+    from the official `generate_image` keywords (golden.json `runs`)."""
+    from .requests import taylor_from_official
+    r = case.meta["runs"][run]
+    cache = taylor_from_official(r.get("generate_image_kwargs", {})) if r.get("use_taylor_cache") else None
+    return T2IRequest(prompt=r["prompt"], seed=int(r["seed"]), steps=int(r["steps"]), guidance=float(r["guidance_scale"]),
+                      flow_shift=float(r["flow_shift"]), step_cache=cache)
+
+
+def sampling_sequence(case: GoldenCase, pipe: HunyuanT2IPipeline):
+    """The case's diffusion sequence, built by the pipeline from its text ids and image shape."""
+    t, d = case.t, case.meta["diffusion"]
+    ids = t["input_ids"][0]
+    boi = d["timestep_index"] - 3          # <boi> <img_size> <img_ratio_k> <timestep>
+    ratio = pipe.special.ratio.index(int(ids[d["timestep_index"] - 1]))
+    return build_diffusion_sequence(ids[1:boi].tolist(), pipe.special, pipe.cfg.image_base_size, ratio,
+                                    d["latent_h"], d["latent_w"])
+
+
+@torch.no_grad()
+def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, image: bool = True) -> list[GoldenCheck]:
+    """One whole golden sampling run through the pipeline's own denoise loop (`run_denoise`,
+    under whatever plan the model was loaded with): the sequence, the schedule, what the model
+    is fed at every step, every step's prediction and latents, the cache's decisions, the image.
+    `image`: decode and compare the image (every rank decodes the same latents)."""
+    from .pipeline import _no_progress, _Run, _Timer, to_uint8
+    from dtgen.profiling import NullProfiler
+    t, meta = case.t, case.meta
+    # A trajectory's differences grow with the steps: its own (looser) tolerance.
+    tol = meta["recommended_tolerances"].get("trajectory", {})
+    traj = {"rtol": float(tol.get("rtol", 1e-4)), "atol": float(tol.get("atol", 1e-4))}
+    seq = sampling_sequence(case, pipe)
+    rows = t["input_ids"].shape[0]          # 2: a CFG batch [cond, uncond]; 1: CFG-distilled
+    out = [case.exact("input_ids", torch.stack([seq.cond_ids, seq.uncond_ids][:rows]), t["input_ids"])]
+    slots = torch.arange(seq.length)
+    out.append(case.exact("attention_mask", structured_mask(slots, slots, (seq.image_slots,))[None, None],
+                          t["attention_mask"]))
+    img_mask = torch.zeros(seq.length, dtype=torch.bool)
+    img_mask[seq.image_slots[0]:seq.image_slots[1]] = True
+    out.append(case.exact("image_mask", img_mask.expand(rows, -1), t["image_mask"]))
+    out.append(case.exact("timestep_index", [[seq.timestep_slot]] * rows, t["timestep_index"]))
+    for k, name in enumerate(("guidance_index", "timestep_r_index"), start=1):
+        if name in t:
+            out.append(case.exact(name, [[seq.timestep_slot + k]] * rows, t[name]))
+    out.append(case.exact("step2_position_ids", torch.arange(seq.timestep_slot, seq.image_slots[1]).expand(rows, -1),
+                          t["step2_position_ids"]))
+    out.append(case.exact("rope_pos_yx", seq.rope_pos.expand(rows, -1, -1), t["rope_pos_yx"]))
+    req = sampling_request(case, run)
+    from dtgen.schedulers import flow_match_sigmas
+    sigmas = flow_match_sigmas(req.steps, req.flow_shift)
+    out.append(case.exact("sigmas", sigmas, t["sigmas"]))
+    out.append(case.exact("timesteps", sigmas[:-1] * 1000, t["timesteps"]))
+
+    r = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+    latents = pipe.run_denoise(req, seq, r)
+    rec = r.record
+    fed = rec["step_inputs"]
+    out.append(case.exact(f"{run}_model_timesteps", [[s["t"]] * rows for s in fed], t[f"{run}_model_timesteps"]))
+    if f"{run}_model_timesteps_r" in t:
+        out.append(case.exact(f"{run}_model_timesteps_r", [[s["t_end"]] * rows for s in fed],
+                              t[f"{run}_model_timesteps_r"]))
+    if f"{run}_model_guidance" in t:
+        out.append(case.exact(f"{run}_model_guidance", [[s["guidance"]] * rows for s in fed], t[f"{run}_model_guidance"]))
+    out.append(case.check(f"{run}_model_pred", torch.stack(rec["velocity"]), t[f"{run}_model_pred"], **traj))
+    out.append(case.check(f"{run}_latents", torch.stack(rec["step_latents"] + [latents]), t[f"{run}_latents"], **traj))
+    out.append(case.check(f"{run}_final_latents", latents, t[f"{run}_final_latents"], **traj))
+    report = (rec.get("step_cache") or [None])[0]
+    full = [True] * req.steps if report is None else [i in report["full_steps"] for i in range(req.steps)]
+    out.append(case.exact(f"{run}_step_full_compute", full, t[f"{run}_step_full_compute"]))
+    for key, name in (("taylor_order", "step_taylor_order"), ("taylor_distance", "step_taylor_distance"),
+                      ("derivative_update", "step_derivative_update")):
+        if f"{run}_{name}" in t:
+            out.append(case.exact(f"{run}_{name}", report[key] if report else [], t[f"{run}_{name}"]))
+    if image:
+        if f"{run}_vae_decoded" in t:
+            vae = pipe.model.vae
+            out.append(case.check(f"{run}_vae_decoded", vae.decode(latents.to(next(vae.parameters()).dtype)),
+                                  t[f"{run}_vae_decoded"]))
+        decoded = pipe.decode_image(latents)
+        if decoded is not None:
+            ours, golden = to_uint8(decoded).int(), t[f"{run}_image_uint8"].int()
+            diff = int((ours - golden).abs().max())
+            # +-1 where a value sits on a rounding boundary (the README's rule)
+            out.append(GoldenCheck(f"{run}_image_uint8", float(diff), diff <= 1))
     return out

@@ -44,6 +44,10 @@ class HunyuanImage3ForCausalMM(nn.Module):
         self.time_embed_2 = TimestepEmbedder(H)
         self.patch_embed = PatchEmbed(cfg.vae.latent_channels, cfg.patch_embed_hidden_dim, H)
         self.final_layer = FinalLayer(H, cfg.patch_embed_hidden_dim, cfg.vae.latent_channels)
+        # Instruct-Distil: the guidance scale and the meanflow end time enter as tokens of
+        # their own (plain None attributes otherwise: no parameters, no checkpoint keys).
+        self.guidance_emb = TimestepEmbedder(H) if cfg.cfg_distilled else None
+        self.timestep_r_emb = TimestepEmbedder(H) if cfg.use_meanflow else None
         self.vae = HunyuanVAE(cfg.vae, with_encoder=image_editing)
         # Plain None attributes when not editing: no parameters, so no checkpoint keys.
         self.vision_model = self.vision_aligner = self.vision_processor = None
@@ -59,7 +63,9 @@ class HunyuanImage3ForCausalMM(nn.Module):
     def unbuilt_modules(self) -> tuple[str, ...]:
         """Name prefixes of the modules this instance was built without (a plan's rules for
         them match nothing here)."""
-        return () if self.vision_model is not None else ("vision_model.", "vision_aligner.")
+        unbuilt = () if self.vision_model is not None else ("vision_model.", "vision_aligner.")
+        unbuilt += () if self.guidance_emb is not None else ("guidance_emb.",)
+        return unbuilt + (() if self.timestep_r_emb is not None else ("timestep_r_emb.",))
 
     @property
     def vision_dtype(self) -> torch.dtype:
@@ -80,6 +86,18 @@ class HunyuanImage3ForCausalMM(nn.Module):
     def timestep_token(self, t: torch.Tensor) -> torch.Tensor:
         """The `<timestep>` slot's embedding: timestep_emb(t), [B, H]."""
         return self.timestep_emb(t)
+
+    def step_tokens(self, t: torch.Tensor, guidance: torch.Tensor | None = None,
+                    t_end: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows before the image that carry the step: [B, n, H], n = 1 (`<timestep>`) plus
+        `<guidance>` (guidance_emb of the embedded guidance value) and `<timestep_r>`
+        (timestep_r_emb of the step's end time) on a distilled checkpoint, in that order."""
+        rows = [self.timestep_emb(t)]
+        if self.guidance_emb is not None:
+            rows.append(self.guidance_emb(guidance))
+        if self.timestep_r_emb is not None:
+            rows.append(self.timestep_r_emb(t_end))
+        return torch.stack(rows, dim=1)
 
     def velocity(self, h_image: torch.Tensor, t: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """final_layer(last hidden at the image slots, time_embed_2(t)) -> [B, C, h, w] (no ln_f)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Callable
 
 import torch
@@ -22,6 +23,7 @@ from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
+from dtgen.step_cache import DenoiserCall, StepCacheConfig, make_step_cache, merged_report, run_step
 
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
                        PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
@@ -54,7 +56,7 @@ class DiffusionSequence:
     cond_ids: torch.Tensor       # [S], S counting padding rows
     uncond_ids: torch.Tensor     # [S], prompt and CoT ids replaced by <cfg>
     rope_pos: torch.Tensor       # [S, 2] (y, x)
-    timestep_slot: int
+    timestep_slot: int           # <timestep>; a distilled checkpoint's <guidance>, <timestep_r> follow it
     image_start: int
     height: int                  # latent grid
     width: int
@@ -76,6 +78,12 @@ class DiffusionSequence:
         return self.image_start, self.image_start + self.height * self.width
 
     @property
+    def step_rows(self) -> int:
+        """Rows between <timestep> and the image that carry the step (1, or 3 on a distilled
+        checkpoint): with the image, the rows every KV-cached step feeds."""
+        return self.image_start - self.timestep_slot
+
+    @property
     def attention_blocks(self) -> tuple[tuple[int, int], ...]:
         """Every bidirectional block, in slot order: the condition's (if any), then the image."""
         return (self.condition.blocks if self.condition else ()) + (self.image_slots,)
@@ -92,15 +100,21 @@ def build_diffusion_sequence(text_ids: list[int], special: SpecialTokens, base: 
     <bos> + text pad to a multiple of that many rows (see `DiffusionSequence`), so that every
     text length of a bucket gives the same shapes and slots, and so the same compiled graphs."""
     return assemble_diffusion_sequence([special.bos] + list(text_ids), [special.bos] + [special.cfg] * len(text_ids),
-                                       [special.boi, special.size[base], special.ratio[ratio], special.timestep],
+                                       [special.boi, special.size[base], special.ratio[ratio]] + step_token_ids(special),
                                        [special.eoi], special, h, w, bucket)
+
+
+def step_token_ids(special: SpecialTokens) -> list[int]:
+    """<timestep>, then (Instruct-Distil) <guidance> and <timestep_r>: the rows right before
+    the image that carry the step's t, guidance and end time."""
+    return [special.timestep] + [i for i in (special.guidance, special.timestep_r) if i is not None]
 
 
 def assemble_diffusion_sequence(head: list[int], uncond_head: list[int], image_head: list[int], post: list[int],
                                 special: SpecialTokens, h: int, w: int, bucket: int = 0,
                                 condition: ConditionLayout | None = None) -> DiffusionSequence:
     """head (the text; `uncond_head` its CFG row, same length) [padding] image_head (ends with
-    <timestep>) <img> x h*w post. Padding rows go between the head and the image head, so the
+    the step tokens: `step_token_ids`) <img> x h*w post. Padding rows go between the head and the image head, so the
     image keeps its slots for every head length of a bucket. `condition` lies inside the head."""
     if len(uncond_head) != len(head):
         raise ValueError(f"the uncond row's text has {len(uncond_head)} ids, the cond row's {len(head)}")
@@ -118,7 +132,8 @@ def assemble_diffusion_sequence(head: list[int], uncond_head: list[int], image_h
     if condition is not None:
         pos = condition.apply_rope(pos)
     hole = SlotHole(torch.tensor(len(head)), len(head) + pad) if bucket else None
-    return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, image_start - 1, image_start, h, w,
+    timestep_slot = len(head) + pad + image_head.index(special.timestep)
+    return DiffusionSequence(torch.tensor(ids), torch.tensor(uncond), pos, timestep_slot, image_start, h, w,
                              pad, hole, condition)
 
 
@@ -129,7 +144,7 @@ def build_instruct_diffusion_sequence(prefix: InstructPrefix, cot_ids: list[int]
     <answer> and the image, then </answer> "\n\n". Bucket padding goes before <answer>."""
     head = prefix.ids + list(cot_ids)
     uncond = prefix.uncond_ids + cot_uncond(list(cot_ids), special_ids(special, extra), special.cfg)
-    image_head = [extra.answer, special.boi, special.size[base], special.ratio[ratio], special.timestep]
+    image_head = [extra.answer, special.boi, special.size[base], special.ratio[ratio]] + step_token_ids(special)
     post = [special.eoi, extra.end_answer] + encode(ANSWER_SUFFIX)
     return assemble_diffusion_sequence(head, uncond, image_head, post, special, h, w, bucket, prefix.condition)
 
@@ -173,6 +188,9 @@ class T2IRequest:
     # cond_image.load_reference_image), and the system prompt written before the user turn.
     reference: torch.Tensor | None = None
     system_prompt: str = ""
+    # Fewer full denoise steps (dtgen/step_cache.py): HunyuanImage-3 takes "taylor" (the
+    # official Taylor cache) and "taylorseer"; None computes every step.
+    step_cache: StepCacheConfig | None = None
 
 
 @dataclass
@@ -295,7 +313,7 @@ class HunyuanT2IPipeline:
             # is recorded as a CUDA graph around the regions (dtgen/cuda_graph.py).
             self.model.model.run_layer = self.compiler.region(run_layer)
             self._prefill_fn = self.compiler.timed(self._ar_prefill)
-            self._denoise_fn = self.compiler.timed(self.predict_velocity)
+            self._denoise_fn = self.compiler.timed(self.denoise_step)
             if self.decode_cuda_graph:
                 self._graphed_decode = GraphedStep(self._ar_decode)
                 self._decode_fn = self.compiler.timed(self._graphed_decode)
@@ -304,7 +322,9 @@ class HunyuanT2IPipeline:
         else:
             self._prefill_fn = self.compiler.wrap(self._ar_prefill)
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
-            self._denoise_fn = self.compiler.wrap(self.predict_velocity)
+            self._denoise_fn = self.compiler.wrap(self.denoise_step)
+        # A cached step's head (final_layer alone) is a graph of its own in both modes.
+        self._head_fn = self.compiler.wrap(self.head_velocity)
         self._caches = KVCachePool(static_addresses=self.compiler.options.enabled)
         if prompt_bucket is not None and prompt_bucket < 0:
             raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
@@ -525,33 +545,50 @@ class HunyuanT2IPipeline:
     def denoise_cache(self, rt, batch: int, seq: DiffusionSequence, reuse: str | None = None) -> KVCache:
         return self._cache(rt, batch, seq.length, reuse)
 
-    def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
-                         t: torch.Tensor, cache: KVCache, first_step: bool,
-                         condition: ConditionTokens | None = None) -> torch.Tensor:
-        """One model evaluation of the denoiser: [B, C, h, w] velocity for latents at timesteps t [B].
+    def denoise_step(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
+                     t: torch.Tensor, cache: KVCache, first_step: bool, condition: ConditionTokens | None = None,
+                     guidance: torch.Tensor | None = None,
+                     t_end: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One model evaluation of the denoiser for latents at timesteps t [B]: (hidden, velocity).
+
+        hidden [B, seq.step_rows + h*w, H]: the decoder stack's output (no ln_f) at the rows
+        every KV-cached step feeds (<timestep>, on a distilled checkpoint <guidance> and
+        <timestep_r>, then the image), what a step cache keeps (dtgen/step_cache.py);
+        velocity [B, C, h, w] float32 = `head_velocity(hidden)`.
 
         The first step feeds the whole sequence (ids [B, S]; a reference image's `condition`
         rows spliced in at `seq.condition`) and fills the cache with the text and condition
-        K/V; later steps feed only <timestep> + image rows at their own slots and reuse it
-        (exact: no row before the image attends to it).
+        K/V; later steps feed only the step rows + image rows at their own slots and reuse it
+        (exact: no row before them attends to them). `guidance` / `t_end` [B]: a distilled
+        checkpoint's embedded guidance value and meanflow end time.
         """
         m = self.model
         S, (img0, img1) = seq.length, seq.image_slots
+        first = seq.timestep_slot
         img = m.image_tokens(latents, t)
-        ts = m.timestep_token(t).unsqueeze(1)
+        step = m.step_tokens(t, guidance, t_end)
         rope = seq.rope_pos.to(self.device)
         if first_step:
             pieces = condition.splices(seq.condition) if condition is not None else []
-            embeds = splice_rows(m.embed_tokens(ids), pieces + [(seq.timestep_slot, ts), (img0, img)])
+            embeds = splice_rows(m.embed_tokens(ids), pieces + [(first, step), (img0, img)])
             h = self.forward_rows(rt, embeds, rope, ((0, S),), S, seq.attention_blocks, cache, seq.hole)
-            h_img = h[:, img0:img1]
+            h = h[:, first:img1]
         else:
-            # <timestep> sits right before the image: the rows fed are one run of slots.
-            first = seq.timestep_slot
-            h = self.forward_rows(rt, torch.cat([ts, img], dim=1), rope[first:img1], ((first, img1),), S,
+            # The step rows sit right before the image: the rows fed are one run of slots.
+            h = self.forward_rows(rt, torch.cat([step, img], dim=1), rope[first:img1], ((first, img1),), S,
                                   seq.attention_blocks, cache, seq.hole)
-            h_img = h[:, 1:]
-        return m.velocity(h_img, t, seq.height, seq.width).float()
+        return h, self.head_velocity(h, t, seq)
+
+    def head_velocity(self, hidden: torch.Tensor, t: torch.Tensor, seq: DiffusionSequence) -> torch.Tensor:
+        """final_layer(image rows of `hidden`, time_embed_2(t)) -> [B, C, h, w] float32: the part
+        of a step that always runs, at a cached step on the cache's extrapolated `hidden`."""
+        return self.model.velocity(hidden[:, seq.step_rows:], t, seq.height, seq.width).float()
+
+    def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
+                         t: torch.Tensor, cache: KVCache, first_step: bool, condition: ConditionTokens | None = None,
+                         guidance: torch.Tensor | None = None, t_end: torch.Tensor | None = None) -> torch.Tensor:
+        """The velocity alone (`denoise_step`'s second half), [B, C, h, w] float32."""
+        return self.denoise_step(rt, seq, ids, latents, t, cache, first_step, condition, guidance, t_end)[1]
 
     def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run",
                     condition: ConditionTokens | None = None) -> torch.Tensor:
@@ -559,16 +596,30 @@ class HunyuanT2IPipeline:
         record, timer, timings = run.record, run.timer, run.timings
         timings["phase_switch"] = self.controller.last_switch.ms
         dev = self.device
-        branches = [seq.cond_ids, seq.uncond_ids]
-        if rt.cfg_size > 1:       # CFG-parallel: this half of the ranks runs one branch
-            groups = [[rt.cfg_rank]]
+        distilled = self.cfg.cfg_distilled
+        if distilled:     # the guidance is embedded: one row, no unconditional branch
+            if rt.cfg_size > 1:
+                raise ValueError(f"plan '{self.controller.topology.resolved.plan.name}' splits the CFG branches, but "
+                                 "this checkpoint is CFG-distilled (one row a step): choose a plan without a cfg axis")
+            groups, branches = [[0]], [seq.cond_ids]
         else:
-            groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
+            branches = [seq.cond_ids, seq.uncond_ids]
+            if rt.cfg_size > 1:   # CFG-parallel: this half of the ranks runs one branch
+                groups = [[rt.cfg_rank]]
+            else:
+                groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
         caches = [self.denoise_cache(rt, len(g), seq, reuse=f"denoise{i}") for i, g in enumerate(groups)]
+        # One step cache per call site (a CFG branch run on its own is one), new for every
+        # request: nothing carries over to the next (dtgen/step_cache.py).
+        step_caches = [make_step_cache(req.step_cache, req.steps) for _ in groups]
+        # The official initial noise: drawn in bfloat16 from a CPU generator seeded by the
+        # request, upcast; both CFG branches start from it.
         generator = torch.Generator().manual_seed(req.seed)
-        # Both CFG branches start from the same latent, as in the official pipeline.
-        latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator).to(dev)
-        sigmas = flow_match_sigmas(req.steps, req.flow_shift)
+        latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator,
+                              dtype=torch.bfloat16).float().to(dev)
+        sigmas = flow_match_sigmas(req.steps, req.flow_shift)   # float32, as the official scheduler
+        # A distilled checkpoint embeds 1000 * guidance, rounded to bf16 as the official code does.
+        embedded = float(torch.tensor([1000.0 * req.guidance], dtype=torch.bfloat16)) if distilled else None
         # Everything a step reads from the host goes to the device once, here: a copy from
         # pageable memory inside the loop waits for the device to drain, and the device then
         # idles while the host checks the next call's guards (1-2 ms per branch; more on a
@@ -577,14 +628,29 @@ class HunyuanT2IPipeline:
                       hole=None if seq.hole is None else seq.hole._replace(start=seq.hole.start.to(dev)))
         ids = [torch.stack([branches[b] for b in g]).to(dev) for g in groups]
 
+        def call(i: int, g_ids: torch.Tensor, cache: KVCache, latents: torch.Tensor) -> DenoiserCall:
+            n = g_ids.shape[0]
+            t_value, t_end_value = 1000.0 * float(sigmas[i]), 1000.0 * float(sigmas[i + 1])
+            t = torch.full((n,), t_value, device=dev)
+            guidance = torch.full((n,), embedded, device=dev) if distilled else None
+            t_end = torch.full((n,), t_end_value, device=dev) if self.cfg.use_meanflow else None
+            if g_ids is ids[0]:   # what the model is fed (float32 values, kept on the host)
+                f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
+                record.setdefault("step_inputs", []).append(
+                    {"t": f32(t_value), "guidance": embedded, "t_end": f32(t_end_value) if t_end is not None else None})
+            return DenoiserCall(
+                head=partial(self._head_fn, t=t, seq=seq),
+                full=partial(self._denoise_fn, rt, seq, g_ids, latents.expand(n, -1, -1, -1), t, cache, i == 0,
+                             condition, guidance, t_end))
+
         def step(i: int, latents: torch.Tensor) -> torch.Tensor:
-            sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-            v = rt.gather_cfg(torch.cat([
-                self._denoise_fn(rt, seq, g_ids, latents.expand(len(g), -1, -1, -1),
-                                 torch.full((len(g),), 1000.0 * sigma, device=dev), cache, i == 0, condition)
-                for g, g_ids, cache in zip(groups, ids, caches)]))
+            v = rt.gather_cfg(torch.cat([run_step(sc, i, call(i, g_ids, cache, latents))
+                                         for g_ids, cache, sc in zip(ids, caches, step_caches)]))
             record.setdefault("velocity", []).append(v)
-            return euler_step(latents, classifier_free_guidance(v[0:1], v[1:2], req.guidance), sigma, sigma_next)
+            record.setdefault("step_latents", []).append(latents)
+            if not distilled:
+                v = classifier_free_guidance(v[0:1], v[1:2], req.guidance)
+            return euler_step(latents, v, float(sigmas[i]), float(sigmas[i + 1]))
 
         bar = tqdm(total=req.steps, desc="denoise", disable=not self.is_main, leave=False)
 
@@ -616,6 +682,17 @@ class HunyuanT2IPipeline:
         step_ms = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
+        report = merged_report(step_caches)
+        if report is not None:
+            full = set(report["full_steps"])
+            full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
+            cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
+            if full_ms:
+                timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
+            if cached_ms:
+                timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
+            record["step_cache"] = [report]
+        record["denoise_step_ms"] = [step_ms]
         record["latents"] = [latents]
         record["denoise_length"] = [seq.real_length]
         return latents

@@ -25,6 +25,8 @@ class SpecialTokens:
     timestep: int
     size: dict[int, int]        # image base size -> `<img_size_N>` id
     ratio: tuple[int, ...]      # `<img_ratio_k>` ids, k = 0..36
+    guidance: int | None = None     # `<guidance>` (Instruct-Distil's embedded guidance), if the vocabulary has it
+    timestep_r: int | None = None   # `<timestep_r>` (its meanflow end time)
 
     @classmethod
     def from_lookup(cls, lookup, cfg: HunyuanImage3Config) -> "SpecialTokens":
@@ -34,6 +36,9 @@ class SpecialTokens:
                 raise ValueError(f"the tokenizer has no special token {name!r}")
             return int(i)
 
+        for flag, name in (("cfg_distilled", "<guidance>"), ("use_meanflow", "<timestep_r>")):
+            if getattr(cfg, flag) and lookup(name) is None:
+                raise ValueError(f"config.json says {flag}: true, but the tokenizer has no {name} token")
         sizes = {}
         for base in (256, 512, 768, 1024, 1280, 1536, 2048, 3072, 4096):
             i = lookup(f"<img_size_{base}>")
@@ -44,7 +49,13 @@ class SpecialTokens:
                              f"{cfg.image_base_size}")
         return cls(bos=cfg.bos_token_id, eos=cfg.eos_token_id, boi=need("<boi>"), eoi=need("<eoi>"),
                    img=cfg.image_token_id, cfg=need("<cfg>"), timestep=need("<timestep>"), size=sizes,
-                   ratio=tuple(need(f"<img_ratio_{k}>") for k in range(NUM_RATIO_TOKENS)))
+                   ratio=tuple(need(f"<img_ratio_{k}>") for k in range(NUM_RATIO_TOKENS)),
+                   guidance=_maybe(lookup("<guidance>")) if cfg.cfg_distilled else None,
+                   timestep_r=_maybe(lookup("<timestep_r>")) if cfg.use_meanflow else None)
+
+
+def _maybe(i) -> int | None:
+    return None if i is None else int(i)
 
 
 INSTRUCT_TOKENS = ("<joint_img_sep>", "<think>", "</think>", "<recaption>", "</recaption>", "<answer>", "</answer>")
