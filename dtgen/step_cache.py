@@ -52,7 +52,7 @@ class StepCacheError(ValueError):
     """A bad step-cache setting; `knob` names it (a CLI flag or request field maps from it)."""
 
     def __init__(self, knob: str, message: str):
-        self.knob = knob
+        self.knob, self.message = knob, message
         super().__init__(f"step cache {knob}: {message}")
 
 

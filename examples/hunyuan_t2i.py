@@ -37,15 +37,25 @@ from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.loading import MOE_DTYPES, load
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.requests import check_t2i_request
+from models.hunyuan_image3.requests import OFFICIAL_TAYLOR_KNOBS, check_t2i_request, taylor_from_official
+from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
 from models.hunyuan_image3.pipeline import (PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
-                                            to_uint8)
+                                            to_uint8, warmup_request)
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
 
 DEFAULT_PROMPT = "A photo of a red fox in fresh snow, golden hour"
+# The official Taylor-cache flags: (flag, type, the official default); `--taylor-cache-X` maps
+# to the official keyword `taylor_cache_X` (models/hunyuan_image3/requests.py).
+TAYLOR_FLAGS = (("--taylor-cache-interval", int, 5), ("--taylor-cache-order", int, 2),
+                ("--taylor-cache-enable-first-enhance", bool, False), ("--taylor-cache-first-enhance-steps", int, 3),
+                ("--taylor-cache-enable-tailing-enhance", bool, False), ("--taylor-cache-tailing-enhance-steps", int, 1),
+                ("--taylor-cache-low-freqs-order", int, 2), ("--taylor-cache-high-freqs-order", int, 2))
+# Request defaults a checkpoint's generation_config.json may set (its key, the flag's attribute, the fallback).
+GENERATION_DEFAULTS = (("diff_infer_steps", "steps", 50), ("diff_guidance_scale", "guidance", 5.0),
+                       ("flow_shift", "flow_shift", 3.0))
 # What spawned CPU ranks import before they fork (dtgen.launch.RankPool): this example's code.
 RANK_PRELOAD = ("examples.hunyuan_t2i",)
 
@@ -58,9 +68,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     """The model, plan, compile and request flags (the server adds its own to these)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
-    p.add_argument("--random-weights", choices=("full", "tiny"), default=None,
+    p.add_argument("--random-weights", choices=("full", "full-distil", "tiny"), default=None,
                    help="no checkpoint: random weights made on each rank, for the released architecture "
-                        "('full') or the tiny default's ('tiny')")
+                        "('full'), Instruct-Distil's (its CFG-distilled meanflow sampler: 'full-distil') or the "
+                        "tiny default's ('tiny')")
     p.add_argument("--layers", type=int, default=None, help="with --random-weights: decoder layers (default 32)")
     p.add_argument("--prompt", action="append", default=None,
                    help=f"the prompt (default: {DEFAULT_PROMPT!r}); repeat it for several requests in one run")
@@ -69,9 +80,13 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="edit this reference image (the Instruct template: the prompt says what to change)")
     p.add_argument("--system-prompt", default="", help="with --image: the system prompt before the user turn")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--flow-shift", type=float, default=3.0)
+    p.add_argument("--steps", type=int, default=None,
+                   help="denoise steps (default: the checkpoint's generation_config.json diff_infer_steps, else 50)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="guidance scale: the CFG weight, or on a CFG-distilled checkpoint the embedded guidance "
+                        "(default: generation_config.json diff_guidance_scale, else 5.0)")
+    p.add_argument("--flow-shift", type=float, default=None,
+                   help="the flow-matching shift (default: generation_config.json flow_shift, else 3.0)")
     p.add_argument("--image-size", default="auto", help="'auto' (the model picks the ratio) or HxW from the table")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
@@ -81,7 +96,22 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-k", type=int, default=1024)
     p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--cfg-mode", choices=("serial", "batch"), default="serial")
+    p.add_argument("--cfg-mode", choices=("serial", "batch"), default=None,
+                   help="the two CFG branches one at a time ('serial', the default) or as a batch of 2; a "
+                        "CFG-distilled checkpoint runs one row and takes neither")
+    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]",
+                   help="compute fewer full denoise steps: 'taylor' (the official Taylor cache; knobs interval, "
+                        "order, first_enhance, first_enhance_steps, tailing_enhance, tailing_enhance_steps, "
+                        "low_freqs_order, high_freqs_order) or 'taylorseer' (diffusers'; interval, "
+                        "disable_before, disable_after, order, factors_dtype); e.g. taylor:interval=5,order=2")
+    official = p.add_argument_group("the official command line's Taylor-cache flags (run_image_gen.py; the same "
+                                    "cache as --step-cache taylor)")
+    official.add_argument("--use-taylor-cache", action="store_true", help="the Taylor cache, at the defaults below")
+    for flag, kind, default in TAYLOR_FLAGS:
+        if kind is bool:
+            official.add_argument(flag, action="store_true", default=None, help=f"(default: off)")
+        else:
+            official.add_argument(flag, type=kind, default=None, metavar="N", help=f"(default: {default})")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
@@ -188,8 +218,30 @@ def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
     return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, cfg_mode=args.cfg_mode, ignore_stop=args.ignore_eos, prompt_ids=prompt_ids,
-                      reference=getattr(args, "reference", None), system_prompt=args.system_prompt)
+                      top_p=args.top_p, cfg_mode=args.cfg_mode or "serial", ignore_stop=args.ignore_eos,
+                      prompt_ids=prompt_ids, reference=getattr(args, "reference", None),
+                      system_prompt=args.system_prompt, step_cache=_step_cache(args))
+
+
+def _step_cache(args):
+    """--step-cache, or the official --use-taylor-cache flags, as a config (None: no cache).
+    ValueError with the one-line problem, naming the flag."""
+    given = [(flag, getattr(args, flag[2:].replace("-", "_"))) for flag, _, _ in TAYLOR_FLAGS]
+    given = [(flag, value) for flag, value in given if value is not None]
+    if given and not args.use_taylor_cache:
+        raise ValueError(f"{given[0][0]} needs --use-taylor-cache")
+    if args.use_taylor_cache and args.step_cache:
+        raise ValueError("give --step-cache or --use-taylor-cache, not both")
+    try:
+        if args.use_taylor_cache:
+            return taylor_from_official({"use_taylor_cache": True,
+                                         **{flag[2:].replace("-", "_"): value for flag, value in given}})
+        return parse_step_cache(args.step_cache)
+    except StepCacheError as e:
+        if args.use_taylor_cache:
+            official = {knob: name for name, knob in OFFICIAL_TAYLOR_KNOBS.items()}
+            raise ValueError(f"--taylor-cache-{official.get(e.knob, e.knob).replace('_', '-')} {e.message}") from None
+        raise ValueError(f"--step-cache {args.step_cache!r}: {e.knob}: {e.message}") from None
 
 
 class InjectedFailure(RuntimeError):
@@ -269,7 +321,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         if shapes:
             pipe.warm_up(shapes, requests[0], progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
         else:
-            pipe.generate(replace(requests[0], steps=min(args.steps, 2)),
+            pipe.generate(warmup_request(requests[0]),
                           progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
@@ -302,6 +354,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                  progress=_progress_hook(ctx, None))
         profile_summary = profiler.write(profiled.timings_ms, compile_report)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
+           "step_cache": (result.record.get("step_cache") or [None])[0],
            "first_denoise_step_done_s": ready_s[0] if ready_s else None,
            "requests": per_request,
            "image_size": result.image_size, "switch": loaded.controller.last_switch.as_dict(),
@@ -337,8 +390,34 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
 
 def _random_config(args) -> dict | None:
     return {"full": lambda: full_config(args.layers or 32),
+            "full-distil": lambda: full_config(args.layers or 32, distilled=True),
             "tiny": lambda: tiny_config(args.layers or 2),
             None: lambda: None}[args.random_weights]()
+
+
+def _fill_request_defaults(args) -> None:
+    """--steps, --guidance, --flow-shift not given: the checkpoint's generation_config.json
+    (diff_infer_steps, diff_guidance_scale, flow_shift: 8 steps on Instruct-Distil, say), else
+    the official defaults."""
+    path = Path(args.checkpoint) / "generation_config.json" if args.checkpoint else None
+    generation = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    for key, attr, fallback in GENERATION_DEFAULTS:
+        if getattr(args, attr) is None:
+            setattr(args, attr, type(fallback)(generation.get(key, fallback)))
+
+
+def _distilled_problem(args, config: dict) -> str | None:
+    """A CFG-distilled checkpoint runs one row a step: no --cfg-mode, no plan with a cfg axis."""
+    if not config.get("cfg_distilled"):
+        return None
+    if args.cfg_mode is not None:
+        return ("--cfg-mode does not apply: this checkpoint is CFG-distilled (one row a step, the guidance "
+                "embedded as a token)")
+    plan = get_plan(args.plan)
+    if plan.phases["denoise"].cfg:
+        return (f"--plan {args.plan} splits the CFG branches over ranks, but this checkpoint is CFG-distilled "
+                "(one row a step): choose a plan without a cfg axis")
+    return None
 
 
 def _check_args(args, plan) -> str | None:
@@ -355,6 +434,7 @@ def _check_args(args, plan) -> str | None:
         if value is not None and value < least:
             return f"{flag} must be at least {least}, got {value}"
     _prompt_lengths(args.prompt_tokens)     # raises ValueError naming a bad length
+    _step_cache(args)                       # raises ValueError naming a bad cache flag
     if args.prompt_tokens is not None and (args.prompt or args.prompts_file):
         return "--prompt-tokens makes its own prompts: give it, or --prompt / --prompts-file, not both"
     if args.prompts_file and not Path(args.prompts_file).is_file():
@@ -378,14 +458,15 @@ def _check_args(args, plan) -> str | None:
 # The request fields' flags: `check_t2i_request` names fields, the CLI names flags.
 _FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
                   "flow_shift": "--flow-shift", "image_size": "--image-size", "max_new_tokens": "--max-new-tokens",
-                  "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "cfg_mode": "--cfg-mode"}
+                  "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "cfg_mode": "--cfg-mode",
+                  "step_cache": "--step-cache"}
 
 
-def _request_problem(args, image_base_size: int) -> str | None:
+def _request_problem(args, image_base_size: int, distilled: bool = False) -> str | None:
     """The first bad request setting, in the server's words with the CLI's flag, or None."""
     try:
         for req in _requests(args):
-            check_t2i_request(req, image_base_size)
+            check_t2i_request(req, image_base_size, distilled=distilled)
     except RequestError as e:
         return f"{_FLAG_OF_FIELD.get(e.field, e.field)} {e.message}"
     return None
@@ -417,9 +498,12 @@ def prepare(args) -> tuple[str | None, bool]:
             if tiny:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
+            _fill_request_defaults(args)
             if args.image is not None:
                 problem = _editing_problem(args, base)
-            problem = problem or _request_problem(args, int(base.get("image_base_size", 1024)))
+            problem = problem or _distilled_problem(args, base)
+            problem = problem or _request_problem(args, int(base.get("image_base_size", 1024)),
+                                                  bool(base.get("cfg_distilled")))
             shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
             if args.warmup_shapes and args.warmup is False and problem is None:
                 problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
@@ -432,6 +516,13 @@ def prepare(args) -> tuple[str | None, bool]:
 
 def main(argv=None) -> int:
     return example_main(parse_args(argv), prepare, run_rank, write_report, RANK_PRELOAD)
+
+
+def _cache_line(report: dict, t: dict) -> str:
+    full, cached = report["full_steps"], report["cached_steps"]
+    times = "".join(f", {what} {t[key]:.1f} ms" for what, key in (("full step", "denoise_full_step"),
+                                                                 ("cached step", "denoise_cached_step")) if key in t)
+    return f"{report['method']}: {len(full)} full steps {full}, {len(cached)} cached{times}"
 
 
 def write_report(args, main_result: dict, tiny: bool) -> dict:
@@ -455,7 +546,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",
                                                   "denoise_first_step", "vae_decode", "total")
-                       + (("condition_encode",) if "condition_encode" in t else ())},
+                       + tuple(k for k in ("condition_encode", "denoise_full_step", "denoise_cached_step") if k in t)},
+        "step_cache": main_result["step_cache"],
         "edit": None if args.image is None else {"image": args.image, "system_prompt": args.system_prompt},
         "warmup_ms": main_result["warmup_ms"],
         # process start (this rank's) to the end of the first denoise step of the run (warm-up included)
@@ -490,6 +582,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
                              f"param bytes {switch['param_bytes_before']} -> {switch['param_bytes_after']}"),
             ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {h}x{w}; "
                         f"the first, whole-sequence step {t.get('denoise_first_step', 0):.1f} ms)"),
+            *([("step cache", _cache_line(main_result["step_cache"], t))] if main_result["step_cache"] else []),
             ("VAE decode", f"{t.get('vae_decode', 0):9.1f} ms"),
             ("total", f"{t.get('total', 0):9.1f} ms")]
     if all(p is not None for p in peak):

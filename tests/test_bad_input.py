@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the problem, and leaves nothing half-written."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -174,6 +175,15 @@ def test_unknown_device_or_dtype():
     (["--warmup-shapes", "64:256x256", "--no-warmup"], "--warmup-shapes needs the warm-up"),
     (["--image", "/nonexistent/ref.png"], "--image: reference image /nonexistent/ref.png: no such file"),
     (["--system-prompt", "Edit."], "--system-prompt belongs to image editing: give --image too"),
+    (["--step-cache", "taylor:interval=0"], "--step-cache 'taylor:interval=0': interval: must be >= 1, got 0"),
+    (["--step-cache", "tailor"], "--step-cache 'tailor': method: unknown method 'tailor'"),
+    (["--step-cache", "taylor:intervall=5"], "intervall: is not a knob of taylor; its knobs: interval, order"),
+    (["--step-cache", "taylor:order=5"], "order: must be >= 0 and <= 4, got 5"),
+    (["--step-cache", "first-block"], "--step-cache HunyuanImage-3 runs the step caches taylor, taylorseer"),
+    (["--taylor-cache-interval", "3"], "--taylor-cache-interval needs --use-taylor-cache"),
+    (["--use-taylor-cache", "--taylor-cache-order", "9"], "--taylor-cache-order must be >= 0 and <= 4, got 9"),
+    (["--use-taylor-cache", "--taylor-cache-interval", "0"], "--taylor-cache-interval must be >= 1, got 0"),
+    (["--use-taylor-cache", "--step-cache", "taylor"], "give --step-cache or --use-taylor-cache, not both"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main
@@ -233,3 +243,37 @@ def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypa
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+DISTIL_CASE = Path(__file__).resolve().parents[2] / "shared" / "golden-taylor" / "hunyuan3_tiny_distil_a"
+
+
+@pytest.mark.skipif(not DISTIL_CASE.is_dir(), reason="needs ../shared/golden-taylor/hunyuan3_tiny_distil_a")
+@pytest.mark.parametrize("argv, message", [
+    (["--cfg-mode", "batch"], "--cfg-mode does not apply: this checkpoint is CFG-distilled"),
+    (["--cfg-mode", "serial"], "--cfg-mode does not apply: this checkpoint is CFG-distilled"),
+    (["--plan", "hybrid-cfg", "--world-size", "4"], "--plan hybrid-cfg splits the CFG branches over ranks, but "
+                                                    "this checkpoint is CFG-distilled"),
+])
+def test_distilled_checkpoint_mistakes_are_one_line(capsys, argv, message):
+    from examples.hunyuan_t2i import main
+    assert main(["--checkpoint", str(DISTIL_CASE), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+@pytest.mark.skipif(not DISTIL_CASE.is_dir(), reason="needs ../shared/golden-taylor/hunyuan3_tiny_distil_a")
+def test_distilled_config_and_weights_must_agree(tmp_path):
+    """cfg_distilled without guidance_emb.* weights (and the other way round): one line each."""
+    ckpt = tmp_path / "distil"
+    shutil.copytree(DISTIL_CASE, ckpt)
+    for name in ("golden.safetensors", "golden.json"):
+        (ckpt / name).unlink()
+    key = "guidance_emb.mlp.0.weight"
+    _rewrite(ckpt, key, lambda t: [t.pop(k) for k in [k for k in t if k.startswith("guidance_emb.")]])
+    with pytest.raises(CheckpointError, match=r"says cfg_distilled: true .* has no guidance_emb\.\* weights"):
+        load(ckpt, get_plan("single"))
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "cfg_distilled": False, "use_meanflow": False}))
+    with pytest.raises(CheckpointError, match=r"has timestep_r_emb\.\* weights .* does not say use_meanflow: true"):
+        load(ckpt, get_plan("single"))

@@ -193,6 +193,9 @@ def test_a_client_that_disconnects_cancels_its_job(server):
     ({"prompt": "x", "guidance_scale": -1}, "guidance_scale", "must be >= 0"),
     ({"prompt": "x " * 5000}, "prompt", "positions; the model has"),
     (["x"], "body", "must be a JSON object"),
+    ({"prompt": "x", "step_cache": "taylor:interval=0"}, "step_cache.interval", "must be >= 1, got 0"),
+    ({"prompt": "x", "step_cache": {"method": "taylor", "intervall": 5}}, "step_cache.intervall", "is not a knob"),
+    ({"prompt": "x", "step_cache": "first-block"}, "step_cache", "runs the step caches taylor, taylorseer"),
 ])
 def test_bad_fields_get_422_naming_the_field(server, body, field, message):
     server, _, _ = server
@@ -201,6 +204,19 @@ def test_bad_fields_get_422_naming_the_field(server, body, field, message):
         assert status == 422, answer
         error = answer["error"]
         assert error["field"] == field and message in error["message"] and "\n" not in error["message"], error
+
+
+def test_a_step_cache_request_reports_its_steps(server):
+    """`step_cache` reaches the pipeline: a 2-step request with the official Taylor cache runs
+    step 0 in full and reuses it at step 1 (the warm-up compiled the cached step's graph)."""
+    server, _, _ = server
+    status, body, _ = call(server, "POST", "/v1/images/generations", dict(FOX, step_cache="taylor"))
+    assert status == 200, body
+    report = body["dtgen"]["step_cache"]
+    assert report["method"] == "taylor" and report["full_steps"] == [0] and report["cached_steps"] == [1]
+    status, plain, _ = call(server, "POST", "/v1/images/generations", FOX)
+    assert plain["dtgen"]["step_cache"] is None
+    assert plain["data"][0]["b64_json"] != body["data"][0]["b64_json"]   # the cache changed the image
 
 
 def test_not_json_and_unknown_job(server):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dtgen.build import ModelAdapter, ParamSource, build, check_heads_fit, param_specs as framework_param_specs
-from dtgen.checkpoint import CheckpointReader
+from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
@@ -91,6 +91,24 @@ def check_plan_fits(cfg: HunyuanImage3Config, resolved: ResolvedPlan) -> None:
     check_heads_fit({"attention": (cfg.num_attention_heads, cfg.num_key_value_heads)}, resolved)
 
 
+# The Instruct-Distil sampler's embedders: the config flag that builds each, and its weights.
+DISTILLED_EMBEDDERS = (("cfg_distilled", "guidance_emb."), ("use_meanflow", "timestep_r_emb."))
+
+
+def _check_distilled_weights(cfg: HunyuanImage3Config, reader: CheckpointReader) -> None:
+    """A config and a checkpoint that disagree about the distilled sampler, said in one line
+    (rather than as a list of missing or unexpected keys)."""
+    keys = reader.keys()
+    for flag, prefix in DISTILLED_EMBEDDERS:
+        has = any(k.startswith(prefix) for k in keys)
+        if getattr(cfg, flag) and not has:
+            raise CheckpointError(f"config.json says {flag}: true (the Instruct-Distil sampler), but the checkpoint "
+                                  f"has no {prefix}* weights")
+        if has and not getattr(cfg, flag):
+            raise CheckpointError(f"the checkpoint has {prefix}* weights (the Instruct-Distil sampler), but config.json "
+                                  f"does not say {flag}: true")
+
+
 @dataclass
 class LoadedModel:
     model: HunyuanImage3ForCausalMM
@@ -136,6 +154,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
     adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl)
     reader = None if random_config is not None else CheckpointReader(checkpoint)
+    if reader is not None:
+        _check_distilled_weights(cfg, reader)
     try:
         built = build(adapter, plan, reader, rank, world_size, dtype, device,
                       fp8_scales if moe_dtype == "fp8" else None, startup_timeout_s, control_timeout_s)

@@ -23,7 +23,7 @@ from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
-from dtgen.step_cache import DenoiserCall, StepCacheConfig, make_step_cache, merged_report, run_step
+from dtgen.step_cache import DenoiserCall, StepCacheConfig, TaylorConfig, make_step_cache, merged_report, run_step
 
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
                        PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
@@ -806,9 +806,10 @@ class HunyuanT2IPipeline:
 
 
     def warm_up(self, shapes: list[tuple[int, str]], template: T2IRequest,
-                progress: Progress | None = None) -> list[float]:
-        """Compile ahead of traffic: one short request (2 denoise steps) per (prompt tokens,
-        image size) in `shapes`, with `template`'s other settings. Every prompt whose AR
+                progress: Progress | None = None, cached_step: bool = True) -> list[float]:
+        """Compile ahead of traffic: one short request (`warmup_request`: 2 denoise steps, 3
+        with `cached_step`, so a step-cache request finds its head's graph too) per (prompt
+        tokens, image size) in `shapes`, with `template`'s other settings. Every prompt whose AR
         prompt, AR cache and denoise text land in the same buckets then runs on graphs made
         here. The AR phase replays `template.max_new_tokens` filler tokens, so the denoise
         text is prompt + max_new_tokens long: requests that stop earlier may fall into a
@@ -826,11 +827,21 @@ class HunyuanT2IPipeline:
         seconds = []
         for tokens, size in shapes:
             t0 = time.perf_counter()
-            self.generate(replace(template, prompt_ids=filler_ids(tokens - 1), image_size=size,
-                                  steps=min(template.steps, 2), forced_tokens=filler_ids(template.max_new_tokens)),
-                          progress=progress)
+            self.generate(replace(warmup_request(template, cached_step), prompt_ids=filler_ids(tokens - 1), image_size=size,
+                                  forced_tokens=filler_ids(template.max_new_tokens)), progress=progress)
             seconds.append(time.perf_counter() - t0)
         return seconds
+
+
+def warmup_request(req: T2IRequest, cached_step: bool = False) -> T2IRequest:
+    """A short request of `req`'s shapes that compiles every graph `req` runs: the whole-
+    sequence first step and a KV-cached one (2 steps), and with a step cache (or
+    `cached_step`: a server, whose requests may ask for one) a cached step too (3 steps: two
+    full, then one cached: the head's own graph). The cache's knobs change no shape, so any
+    config that reaches a cached step does."""
+    if req.step_cache is None and not cached_step:
+        return replace(req, steps=min(req.steps, 2))
+    return replace(req, steps=3, step_cache=TaylorConfig(interval=3, first_enhance=True, first_enhance_steps=2))
 
 
 def filler_ids(n: int) -> tuple[int, ...]:

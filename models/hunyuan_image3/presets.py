@@ -9,9 +9,12 @@ range; the byte tokenizer uses them.
 from __future__ import annotations
 
 
-def full_config(layers: int = 32) -> dict:
-    """Official config.json fields of the released model (optionally fewer layers)."""
+def full_config(layers: int = 32, distilled: bool = False) -> dict:
+    """Official config.json fields of the released model (optionally fewer layers).
+    `distilled`: Instruct-Distil's (cfg_distilled + use_meanflow: the guidance and the step's
+    end time as tokens, one row a step)."""
     specials = {f"<img_ratio_{k}>": 128050 + k for k in range(37)}
+    specials.update({"<guidance>": 128012, "<timestep_r>": 128013})
     specials.update({"<img_size_1024>": 128037, "<boi>": 128000, "<eoi>": 128001, "<img>": 128006,
                      "<cfg>": 128010, "<timestep>": 128011,
                      # the Instruct template's (image editing), stand-ins too
@@ -44,5 +47,5 @@ def full_config(layers: int = 32) -> dict:
                           "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
                           "patch_size": 16, "max_num_patches": 1024},
         "bos_token_id": 127958, "eos_token_id": 127957, "pad_token_id": 128009, "image_token_id": 128006,
-        "cfg_distilled": False, "use_meanflow": False, "special_token_ids": specials,
+        "cfg_distilled": distilled, "use_meanflow": distilled, "special_token_ids": specials,
     }

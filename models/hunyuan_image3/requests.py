@@ -102,4 +102,4 @@ def check_step_cache(config) -> None:
     try:
         config.check()
     except StepCacheError as e:
-        raise RequestError("step_cache", str(e).removeprefix("step cache ")) from None
+        raise RequestError("step_cache", f"{e.knob}: {e.message}") from None

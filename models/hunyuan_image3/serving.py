@@ -3,7 +3,9 @@
 Request fields (JSON), OpenAI's first:
 - `prompt` (required), `n` (1), `size` ("auto" or OpenAI's "WIDTHxHEIGHT", one of the
   model's resolutions), `response_format` ("b64_json"), `model` (accepted, ignored);
-- the model's own: `seed`, `num_inference_steps`, `guidance_scale`, `max_new_tokens`.
+- the model's own: `seed`, `num_inference_steps`, `guidance_scale`, `max_new_tokens`,
+  `step_cache` (fewer full denoise steps: "taylor", "taylor:interval=5,order=2", or
+  {"method": "taylor", "interval": 5, ...}; `taylorseer` too; null: every step in full).
 Fields not given take the server's defaults (the T2I example's flags). Any other field is
 refused by name. Validation is `check_t2i_request`, the CLI's own.
 """
@@ -15,13 +17,15 @@ from dataclasses import replace
 
 from dtgen.compile import unique_graphs
 from dtgen.serve.errors import RequestError
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, resolution_table, to_uint8
+from dtgen.step_cache import StepCacheError, parse_step_cache
+from models.hunyuan_image3.pipeline import (HunyuanT2IPipeline, T2IRequest, filler_ids, resolution_table, to_uint8,
+                                            warmup_request)
 from models.hunyuan_image3.requests import check_t2i_request
 
 # JSON field -> T2IRequest field (None: OpenAI's, handled here)
 FIELDS = {"prompt": "prompt", "seed": "seed", "num_inference_steps": "steps", "guidance_scale": "guidance",
-          "max_new_tokens": "max_new_tokens", "size": "image_size", "n": None, "response_format": None,
-          "model": None}
+          "max_new_tokens": "max_new_tokens", "size": "image_size", "step_cache": "step_cache", "n": None,
+          "response_format": None, "model": None}
 _JSON_NAME = {t2i: name for name, t2i in FIELDS.items() if t2i is not None}
 
 
@@ -59,11 +63,17 @@ class HunyuanServeAdapter:
         values = {FIELDS[k]: v for k, v in fields.items() if FIELDS[k] is not None}
         if "image_size" in values:
             values["image_size"] = _height_by_width(values["image_size"])
+        if "step_cache" in values:
+            # "taylor:interval=5" or {"method": "taylor", "interval": 5}; null: no cache
+            try:
+                values["step_cache"] = parse_step_cache(values["step_cache"])
+            except StepCacheError as e:
+                raise RequestError(f"step_cache.{e.knob}", e.message) from None
         req = replace(self.defaults, **values)
         cfg = self.pipe.cfg
         try:
             tokens = len(self.pipe.tok.encode(req.prompt)) if isinstance(req.prompt, str) else None
-            check_t2i_request(req, cfg.image_base_size, cfg.max_position_embeddings, tokens)
+            check_t2i_request(req, cfg.image_base_size, cfg.max_position_embeddings, tokens, cfg.cfg_distilled)
         except RequestError as e:
             if e.field == "image_size":  # in OpenAI's order: the pipeline's message is in HxW
                 h, w = (req.image_size.split("x") + [""])[:2]
@@ -84,13 +94,15 @@ class HunyuanServeAdapter:
                 "ar_tokens": len(result.tokens),
                 # graphs this request compiled: 0 for every request of a warmed-up bucket
                 "new_graphs": unique_graphs() - graphs,
-                "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}}
+                "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
+                # which denoise steps ran in full and which a step cache reused (None: no cache)
+                "step_cache": (result.record.get("step_cache") or [None])[0]}
 
     def warm_up(self, progress) -> None:
         if self.warmup_shapes:
             self.pipe.warm_up(self.warmup_shapes, self.defaults, progress=progress)
         elif self.warmup:
-            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2),
+            self.pipe.generate(replace(warmup_request(self.defaults, cached_step=True),
                                        forced_tokens=filler_ids(self.defaults.max_new_tokens)), progress=progress)
 
     def free_caches(self) -> None:
