@@ -682,15 +682,16 @@ class HunyuanT2IPipeline:
         step_ms = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
         timings["denoise_step"] = sum(step_ms) / len(step_ms)
         timings["denoise_first_step"] = step_ms[0]
+        # Later steps apart: in full (the first, whole-sequence one left out) and cached.
         report = merged_report(step_caches)
+        full = set(range(req.steps) if report is None else report["full_steps"])
+        full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
+        cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
+        if full_ms:
+            timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
+        if cached_ms:
+            timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
         if report is not None:
-            full = set(report["full_steps"])
-            full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
-            cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
-            if full_ms:
-                timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
-            if cached_ms:
-                timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
             record["step_cache"] = [report]
         record["denoise_step_ms"] = [step_ms]
         record["latents"] = [latents]
