@@ -57,3 +57,48 @@ def test_a_whole_edit_request(case_results):
     height, width = result.image_size
     assert result.image.shape == (height, width, 3) and (height, width) == tuple(case.t["cond_vae_resized_uint8"].shape[:2])
     assert result.timings_ms["condition_encode"] > 0
+
+
+def test_an_edit_through_the_taylor_cache(case_results):
+    """TI2I's denoise loop through the official Taylor cache (the condition rows in the cached
+    sequence): every step in full (interval 1) is the uncached run bit for bit, and a cached
+    step is the head on the extrapolation of the full steps' stack outputs (order 0 after one
+    update: the last full step's output, at the cached step's timestep)."""
+    from dtgen.profiling import NullProfiler
+    from dtgen.step_cache import TaylorConfig
+    from models.hunyuan_image3.golden import ti2i_condition
+    from models.hunyuan_image3.instruct import encode_with_specials, instruct_prefix
+    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, build_instruct_diffusion_sequence
+    case, _, pipe = case_results
+    inputs = case.meta["conditioning"]["inputs"]
+    shape, cond = ti2i_condition(case, pipe)
+    prefix = instruct_prefix(pipe.tok.encode, pipe.special, pipe.tok.instruct, pipe.cfg.image_base_size, shape,
+                             pipe.tok.encode(inputs["prompt"]), inputs["system_prompt"])
+    cot = encode_with_specials(pipe.tok.encode, inputs["cot_text"], pipe.tok.instruct)
+    seq = build_instruct_diffusion_sequence(prefix, cot, pipe.tok.encode, pipe.special, pipe.tok.instruct,
+                                            pipe.cfg.image_base_size, shape.ratio, shape.vae_h, shape.vae_w)
+    hidden = []
+    full_step = pipe._denoise_fn
+
+    def recording(*args, **kwargs):
+        h, v = full_step(*args, **kwargs)
+        hidden.append(h)
+        return h, v
+
+    def denoise(cache):
+        run = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+        pipe.run_denoise(T2IRequest(steps=4, seed=3, step_cache=cache), seq, run, cond)
+        return run.record
+    plain = denoise(None)
+    assert all(torch.equal(a, b) for a, b in zip(plain["velocity"], denoise(TaylorConfig(interval=1))["velocity"]))
+    pipe._denoise_fn = recording
+    try:
+        cached = denoise(TaylorConfig(interval=3))     # full at 0 and 3; 1 and 2 cached (order 0)
+    finally:
+        pipe._denoise_fn = full_step
+    assert cached["step_cache"][0]["full_steps"] == [0, 3]
+    t1 = torch.full((1,), cached["step_inputs"][1]["t"])
+    for branch in (0, 1):     # serial CFG: one call site per branch, in this order
+        expected = pipe.head_velocity(hidden[branch], t1, seq)
+        assert torch.equal(cached["velocity"][1][branch:branch + 1], expected)
+    assert not torch.equal(cached["velocity"][1], plain["velocity"][1])
