@@ -111,7 +111,7 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
             return job
         while not job.finished.is_set():
             if await request.is_disconnected():
-                job.cancel("the client disconnected")
+                board.cancel(job, "the client disconnected")
             await asyncio.sleep(0.05)
         return finished_response(job)
 
@@ -137,7 +137,7 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
         job = board.get(job_id)
         if job is None:
             return _error(404, f"no job {job_id!r}")
-        job.cancel("cancelled by DELETE")
+        board.cancel(job, "cancelled by DELETE")
         return job.as_dict()
 
     @app.get("/health")

@@ -30,7 +30,9 @@ def control_link(rank: int, world_size: int) -> RankLink:
     if world_size == 1:
         return RankLink(0, 1, None)
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
-    return RankLink(rank, world_size, group)
+    # The job-end check talks through the job's store (torchrun's, or the spawned ranks'),
+    # which works whatever collective a rank is stuck in.
+    return RankLink(rank, world_size, group, dist.distributed_c10d._get_default_store())
 
 
 def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptions,
