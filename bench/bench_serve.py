@@ -1,34 +1,46 @@
-"""Server overhead: the same generations through `examples.hunyuan_serve` and in process.
+"""The server under load, and its overhead over the CLI, on loopback.
 
-    python -m bench.bench_serve [--world-size 2 --plan tp2] [--requests 5] [-- extra model flags]
-    python -m bench.bench_serve --torchrun --world-size 2 --plan tp2 -- --random-weights full ...  (GPUs)
+    .venv/bin/python -m bench.bench_serve --out bench/results/cpu-2026-12-01-serve2/bench_serve.json
+    .venv/bin/python -m bench.bench_serve --torchrun --world-size 2 --plan tp2 -- --random-weights full ...  (GPUs)
 
-Runs `examples.hunyuan_t2i` with N prompts (in process, its report's per-request totals),
-then a server with the same flags, and sends the same N requests one after another over
-HTTP. Three figures per request, medians over the N:
-- in process: the CLI's request total (`timings_ms.total`);
-- server, inside: the pipeline's total as the server ran it (the per-step agreement of the
-  ranks included, which the CLI does not do);
-- server, end to end: what the client waited (HTTP, JSON, queue hand-off, PNG and base64).
-Overhead = end to end / in process - 1. Target: <= 2% on the tiny model (issue 12).
+Two parts, one JSON (which holds the command that made it):
+- overhead: `examples.hunyuan_t2i` runs N prompts in process (its report's per-request
+  totals), then a server with the same flags gets the same N requests one after another.
+  The figure is the MEDIAN OF PER-REQUEST DIFFERENCES (server end to end minus the CLI's
+  total for the same request), as ms and as a fraction of that request's CLI time; a
+  difference of medians would compare different requests. Target: <= 2%.
+- load: `--requests` requests at each of `--concurrency` (1, 4, 16): random sizes from the
+  model's table (some over its position budget: 422 up front), 10% cancelled after a random
+  wait, 5% malformed bodies, 5% clients that disconnect mid-request. Every request must get
+  a definite answer (a status; a cancelled job's final state), no job may be lost or end
+  twice (the server's own counters: accepted = finished, and no id twice), and memory must
+  stay flat (the server's RSS, all its processes, sampled every 0.25 s). p50/p99 latency of
+  the images made and images per minute, per level.
+Loopback only, and bounded: every request has a timeout and the whole run `--budget`.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
+import random
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_OVERHEAD = 0.02
+RSS_GROWTH_LIMIT = 0.10   # "flat": the last level ends within 10% of where the first ended
 
 
 def _free_port() -> int:
@@ -37,94 +49,259 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=600) as answer:
-        return json.loads(answer.read())
+def call(base: str, method: str, path: str, body: bytes | None = None, timeout: float = 300.0):
+    request = urllib.request.Request(base + path, data=body, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+def _tree_rss_bytes(pid: int) -> int:
+    """RSS of a process and all its descendants (the server and its rank processes)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, AttributeError):
+            continue
+    return total
+
+
+class Server:
+    def __init__(self, launch: list[str], flags: list[str], log: Path, timeout_s: float):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        with log.open("w") as out:
+            self.proc = subprocess.Popen([*launch, "-m", "examples.serve", *flags, "--host", "127.0.0.1",
+                                          "--port", str(self.port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                if call(self.base, "GET", "/ready", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                sys.exit(f"the server exited before it was ready (its output: {log})")
+            if time.monotonic() > end:
+                self.stop()
+                sys.exit(f"the server was not ready within {timeout_s:.0f} s (its output: {log})")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def metrics(base: str) -> dict[str, float]:
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(dtgen_\S+) (\S+)$", text, re.M)}
+
+
+# ---- the load test -----------------------------------------------------------------------------
+def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict) -> dict:
+    """One client: its kind, its definite answer, and for a job the id and final state."""
+    roll = rng.random()
+    body = dict(fields, prompt=f"a red fox in fresh snow, take {i}", seed=i, size=rng.choice(sizes))
+    t0 = time.perf_counter()
+    if roll < 0.05:     # malformed: not JSON, or a field of the wrong type
+        data = b"{not json" if rng.random() < 0.5 else json.dumps(dict(body, num_inference_steps="two")).encode()
+        status, answer = call(base, "POST", "/v1/images/generations", data)
+        return {"kind": "malformed", "status": status, "ms": (time.perf_counter() - t0) * 1e3}
+    if roll < 0.10:     # a client that leaves mid-request: the server cancels its job
+        data = json.dumps(body).encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /v1/images/generations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            time.sleep(rng.uniform(0.05, 1.0))
+        return {"kind": "disconnect", "status": "client left", "ms": (time.perf_counter() - t0) * 1e3}
+    if roll < 0.20:     # a job cancelled after a random wait (queued or running)
+        status, job = call(base, "POST", "/v1/jobs", json.dumps(body).encode())
+        if status != 202:
+            return {"kind": "cancel", "status": status, "ms": (time.perf_counter() - t0) * 1e3}
+        time.sleep(rng.uniform(0.0, 2.0))
+        _, deleted = call(base, "DELETE", f"/v1/jobs/{job['id']}")
+        while True:
+            _, seen = call(base, "GET", f"/v1/jobs/{job['id']}")
+            if seen["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.05)
+        return {"kind": "cancel", "status": seen["status"], "id": job["id"], "delete_answered": deleted["status"],
+                "ms": (time.perf_counter() - t0) * 1e3}
+    status, answer = call(base, "POST", "/v1/images/generations", json.dumps(body).encode())
+    out = {"kind": "image", "status": status, "size": body["size"], "ms": (time.perf_counter() - t0) * 1e3}
+    if status != 200:
+        out["error"] = (answer.get("error") or {}).get("message") if isinstance(answer, dict) else str(answer)[:200]
+    return out
+
+
+def load_level(server: Server, concurrency: int, requests: int, rng: random.Random, sizes: list[str],
+               fields: dict, budget_end: float) -> dict:
+    before = metrics(server.base)
+    rss = []
+    sampling = threading.Event()
+
+    def sample():
+        while not sampling.wait(0.25):
+            rss.append(_tree_rss_bytes(server.proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    seeds = [(i, random.Random(rng.random())) for i in range(requests)]
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        futures = [pool.submit(one_request, server.base, server.port, i, r, sizes, fields) for i, r in seeds]
+        results = []
+        for f in futures:
+            left = budget_end - time.monotonic()
+            results.append(f.result(timeout=max(left, 1.0)))
+    wall = time.perf_counter() - t0
+    # the last jobs (a disconnected client's) may still be ending: wait until every accepted one has
+    end = time.monotonic() + 120
+    while True:
+        after = metrics(server.base)
+        accepted = after.get('dtgen_requests_total{outcome="accepted"}', 0) - before.get(
+            'dtgen_requests_total{outcome="accepted"}', 0)
+        finished = sum(after.get(k, 0) - before.get(k, 0) for k in after if k.startswith("dtgen_jobs_total{"))
+        if finished >= accepted or time.monotonic() > end:
+            break
+        time.sleep(0.2)
+    sampling.set()
+    sampler.join()
+    images = [r for r in results if r["kind"] == "image" and r["status"] == 200]
+    lat = sorted(r["ms"] for r in images)
+    ids = [r["id"] for r in results if "id" in r]
+    outcomes: dict[str, int] = {}
+    for r in results:
+        key = f"{r['kind']}:{r['status']}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    definite = all(r["status"] not in (None, "queued", "running") for r in results)
+    return {"concurrency": concurrency, "requests": requests, "wall_s": round(wall, 2),
+            "outcomes": dict(sorted(outcomes.items())),
+            "images": len(images), "images_per_min": round(len(images) / wall * 60, 2),
+            "latency_ms": {"p50": round(statistics.median(lat), 1) if lat else None,
+                           "p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None},
+            "every_request_answered": definite and len(results) == requests,
+            "server_accepted": int(accepted), "server_finished": int(finished),
+            "no_job_lost_or_twice": finished == accepted and len(set(ids)) == len(ids),
+            "cancelled_jobs_final": {s: sum(1 for r in results if r["kind"] == "cancel" and r["status"] == s)
+                                     for s in ("cancelled", "succeeded", "failed")},
+            "rss_bytes": {"start": rss[0] if rss else None, "end": rss[-1] if rss else None,
+                          "max": max(rss) if rss else None, "samples": len(rss)}}
+
+
+# ---- the overhead --------------------------------------------------------------------------------
+def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, timeout_s: float) -> dict:
+    prompts = [f"a red fox in fresh snow, take {i}" for i in range(requests)]
+    report = tmp / "t2i.json"
+    cli = [*launch, "-m", "examples.hunyuan_t2i", *common, "--warmup", "--report", str(report),
+           "--output", str(tmp / "img.png")]
+    for prompt in prompts:
+        cli += ["--prompt", prompt]
+    subprocess.run(cli, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    in_process = [r["timings_ms"]["total"] for r in json.loads(report.read_text())["requests"]]
+    server = Server(launch, common, tmp / "overhead-server.log", timeout_s)
+    size = common[common.index("--image-size") + 1]
+    try:
+        inside, end_to_end = [], []
+        for prompt in prompts:
+            t0 = time.perf_counter()
+            status, answer = call(server.base, "POST", "/v1/images/generations",
+                                  json.dumps({"prompt": prompt, "size": size, "seed": 0}).encode())
+            end_to_end.append((time.perf_counter() - t0) * 1e3)
+            if status != 200:
+                sys.exit(f"overhead request failed: {status} {answer}")
+            inside.append(answer["dtgen"]["timings_ms"]["total"])
+    finally:
+        server.stop()
+    diffs = [s - c for s, c in zip(end_to_end, in_process)]
+    fractions = [d / c for d, c in zip(diffs, in_process)]
+    return {"requests": requests, "per_request": {"in_process_ms": in_process, "server_inside_ms": inside,
+                                                   "server_end_to_end_ms": end_to_end, "difference_ms": diffs},
+            "median_difference_ms": statistics.median(diffs), "overhead": statistics.median(fractions),
+            "outside_generate_ms": statistics.median([e - i for e, i in zip(end_to_end, inside)]),
+            "target_overhead": TARGET_OVERHEAD}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--plan", default="single")
-    p.add_argument("--requests", type=int, default=5)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--size", default="256x256", help="HxW (square by default, so WxH is the same)")
+    p.add_argument("--steps", type=int, default=2, help="denoise steps of every request")
+    p.add_argument("--max-new-tokens", type=int, default=2)
+    p.add_argument("--size", default="256x256", help="WIDTHxHEIGHT of the overhead requests")
+    p.add_argument("--requests", type=int, default=100, help="load requests per concurrency level")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--overhead-requests", type=int, default=5, help="0: skip the overhead part")
+    p.add_argument("--max-queued", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=float, default=3600, help="seconds the whole load part may take")
     p.add_argument("--torchrun", action="store_true",
-                   help="launch both through torchrun, one process per rank (GPUs); else one process that "
-                        "spawns its CPU ranks")
-    p.add_argument("--timeout", type=float, default=900, help="seconds the server may take to become ready")
+                   help="launch through torchrun, one process per rank (GPUs); else one process that spawns CPU ranks")
+    p.add_argument("--timeout", type=float, default=900, help="seconds a server may take to become ready")
     p.add_argument("--out", default="outputs/bench_serve.json")
-    p.add_argument("extra", nargs="*", help="more model flags for both runs (after --)")
+    p.add_argument("extra", nargs="*", help="more model flags for the CLI and the server (after --)")
     args = p.parse_args()
-    prompts = [f"a red fox in fresh snow, take {i}" for i in range(args.requests)]
-    common = ["--world-size", str(args.world_size), "--plan", args.plan, "--steps", str(args.steps),
-              "--image-size", args.size, *args.extra]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
               str(args.world_size)] if args.torchrun else [sys.executable]
-
+    common = ["--world-size", str(args.world_size), "--plan", args.plan, "--steps", str(args.steps),
+              "--max-new-tokens", str(args.max_new_tokens), "--ignore-eos", *args.extra]
+    result = {"command": " ".join([Path(sys.executable).name, "-m", "bench.bench_serve", *sys.argv[1:]]),
+              "world_size": args.world_size, "plan": args.plan, "steps": args.steps,
+              "max_new_tokens": args.max_new_tokens, "extra_flags": args.extra}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "t2i.json"
-        cli = [*launch, "-m", "examples.hunyuan_t2i", *common, "--warmup", "--report", str(report),
-               "--output", str(Path(tmp) / "img.png")]
-        for prompt in prompts:
-            cli += ["--prompt", prompt]
-        subprocess.run(cli, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
-        in_process = [r["timings_ms"]["total"] for r in json.loads(report.read_text())["requests"]]
-
-    port = _free_port()
-    server_log = Path(args.out).with_suffix(".server.log")   # where to look when it fails
-    server_log.parent.mkdir(parents=True, exist_ok=True)
-    with server_log.open("w") as log:
-        server = subprocess.Popen([*launch, "-m", "examples.hunyuan_serve", *common, "--port", str(port)],
-                                  cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    ready_by = time.monotonic() + args.timeout
-    try:
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/ready", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-            if server.poll() is not None:
-                sys.exit(f"the server exited before it was ready (its output: {server_log})")
-            if time.monotonic() > ready_by:
-                sys.exit(f"the server was not ready within {args.timeout:.0f} s")
-        inside, end_to_end, new_graphs = [], [], []
-        h, w = args.size.split("x")
-        for prompt in prompts:
-            t0 = time.perf_counter()
-            answer = _post(base + "/v1/images/generations", {"prompt": prompt, "size": f"{w}x{h}", "seed": 0})
-            end_to_end.append((time.perf_counter() - t0) * 1e3)
-            inside.append(answer["dtgen"]["timings_ms"]["total"])
-            new_graphs.append(answer["dtgen"]["new_graphs"])
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
-
-    med = {k: statistics.median(v) for k, v in
-           (("in_process_ms", in_process), ("server_inside_ms", inside), ("server_end_to_end_ms", end_to_end))}
-    overhead = med["server_end_to_end_ms"] / med["in_process_ms"] - 1
-    result = dict(world_size=args.world_size, plan=args.plan, steps=args.steps, size=args.size,
-                  requests=args.requests, medians=med, per_request=dict(in_process_ms=in_process,
-                                                                         server_inside_ms=inside,
-                                                                         server_end_to_end_ms=end_to_end,
-                                                                         new_graphs=new_graphs),
-                  overhead=overhead, outside_generate_ms=med["server_end_to_end_ms"] - med["server_inside_ms"],
-                  target_overhead=TARGET_OVERHEAD)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"{args.plan} on {args.world_size} rank(s), {args.requests} requests of {args.steps} steps at {args.size}")
-    for k, v in med.items():
-        print(f"  {k:<22} {v:9.1f} ms (median)")
-    print(f"  overhead               {overhead * 100:+.2f}% (target <= {TARGET_OVERHEAD * 100:.0f}%); outside the "
-          f"pipeline {result['outside_generate_ms']:.1f} ms")
-    print(f"  graphs compiled by each request after /ready: {new_graphs}")
-    print(f"wrote {args.out}")
+        tmp = Path(tmp)
+        if args.overhead_requests:
+            result["overhead"] = overhead(launch, [*common, "--image-size", args.size], args.overhead_requests,
+                                          tmp, args.timeout)
+            o = result["overhead"]
+            print(f"overhead: median of per-request differences {o['median_difference_ms']:.1f} ms = "
+                  f"{o['overhead'] * 100:+.2f}% (target <= {TARGET_OVERHEAD * 100:.0f}%)", flush=True)
+        server = Server(launch, [*common, "--max-queued", str(args.max_queued)], out.with_suffix(".server.log"),
+                        args.timeout)
+        try:
+            info = json.loads(urllib.request.urlopen(server.base + "/info", timeout=10).read())
+            table = info["defaults"]["sizes"]
+            rng = random.Random(args.seed)
+            # mostly sizes of the table (any may fit or not: those that do not are 422 up front), some auto
+            sizes = ["auto", "auto"] + table
+            budget_end = time.monotonic() + args.budget
+            result["load"] = []
+            for c in (int(x) for x in args.concurrency.split(",")):
+                level = load_level(server, c, args.requests, rng, sizes, {"num_inference_steps": args.steps,
+                                                                          "max_new_tokens": args.max_new_tokens},
+                                   budget_end)
+                result["load"].append(level)
+                print(f"concurrency {c:>2}: {level['images']} images, {level['images_per_min']:.1f} images/min, "
+                      f"p50 {level['latency_ms']['p50']} ms, p99 {level['latency_ms']['p99']} ms; "
+                      f"answered {level['every_request_answered']}, nothing lost {level['no_job_lost_or_twice']}; "
+                      f"{level['outcomes']}", flush=True)
+        finally:
+            server.stop()
+    levels = result["load"]
+    first_end, last_end = levels[0]["rss_bytes"]["end"], levels[-1]["rss_bytes"]["end"]
+    growth = (last_end - first_end) / first_end if first_end else None
+    result["memory"] = {"rss_end_of_first_level": first_end, "rss_end_of_last_level": last_end, "growth": growth,
+                        "limit": RSS_GROWTH_LIMIT, "flat": growth is not None and growth <= RSS_GROWTH_LIMIT}
+    result["all_answered_nothing_lost"] = all(l["every_request_answered"] and l["no_job_lost_or_twice"] for l in levels)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"memory: {first_end / 1e6:.0f} MB -> {last_end / 1e6:.0f} MB ({growth * 100:+.1f}%); wrote {out}")
 
 
 if __name__ == "__main__":

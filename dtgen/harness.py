@@ -159,6 +159,60 @@ def compile_facts(compiler: StepCompiler, warm_graphs: int) -> dict:
     return out
 
 
+INJECT_MODES = ("", "hang", "inside", "oom")
+
+
+def parse_injections(text: str | None, phases: tuple[str, ...] = ("ar", "denoise")) -> list[tuple]:
+    """--inject-failure "RANK:PHASE:STEP[:MODE][,...]" -> [(rank or "*", phase, step, mode)];
+    ValueError (one line) for a bad item. RANK "*": every rank at once."""
+    if not text:
+        return []
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if (len(parts) not in (3, 4) or not (parts[0].isdigit() or parts[0] == "*") or parts[1] not in phases
+                or not parts[2].isdigit() or (parts[3:] or [""])[0] not in INJECT_MODES):
+            raise ValueError(f"--inject-failure {text!r}: expected RANK:PHASE:STEP[:hang|:inside|:oom][,...], "
+                             f"RANK a number or *, PHASE {' or '.join(phases)}")
+        out.append((parts[0] if parts[0] == "*" else int(parts[0]), parts[1], int(parts[2]), (parts[3:] or [""])[0]))
+    return out
+
+
+class Injections:
+    """Failures forced for tests (`parse_injections`), each once, at the step where it is due:
+    `at(phase, done)` raises (mode ""), hangs ("hang"), or makes `layer`'s next forward raise
+    inside the next step ("inside": a RuntimeError, "oom": an out-of-memory error)."""
+
+    def __init__(self, specs: list[tuple], rank: int, layer: torch.nn.Module | None = None,
+                 what: str = "injected failure", error: type = RuntimeError):
+        self.specs, self.rank, self.layer, self.what, self.error = list(specs), rank, layer, what, error
+
+    def at(self, phase: str, done: int) -> None:
+        for i, (rank, p, step, mode) in enumerate(self.specs):
+            if (rank == "*" or rank == self.rank) and (p, step) == (phase, done):
+                del self.specs[i]
+                break
+        else:
+            return
+        while mode == "hang":  # a stall watch must notice, report and end the job
+            time.sleep(1.0)
+        what = f"{self.what}: rank {self.rank} fails"
+        if mode == "":
+            raise self.error(f"{what} after {phase} step {done}")
+        error = (torch.OutOfMemoryError(f"{what} (out of memory) inside the step after {phase} step {done}")
+                 if mode == "oom" else self.error(f"{what} inside the step after {phase} step {done}"))
+        raise_inside(self.layer, error)
+
+
+def raise_inside(module: torch.nn.Module, error: BaseException) -> None:
+    """Make `module`'s next forward raise `error`, once: a failure INSIDE a step (after the
+    collectives of the layers before it), for tests of the error paths."""
+    def hook(*_):
+        handle.remove()
+        raise error
+    handle = module.register_forward_pre_hook(hook)
+
+
 # ---- numbers and the table ----------------------------------------------------------------------
 def peak_memory(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

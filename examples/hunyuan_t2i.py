@@ -29,15 +29,18 @@ from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
 from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
-                           rank_device, reference_threads, rel_l2, table)
+                           Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.serve.errors import RequestError
 from dtgen.storage import FP8_RECIPES
+from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load
+from models.hunyuan_image3.tokenizer import load_tokenizer
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.requests import OFFICIAL_TAYLOR_KNOBS, check_t2i_request, taylor_from_official
+from models.hunyuan_image3.requests import (OFFICIAL_TAYLOR_KNOBS, check_positions, check_t2i_request, size_to_hw,
+                                            taylor_from_official)
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
 from models.hunyuan_image3.pipeline import (PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
@@ -64,21 +67,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return finish_args(build_parser().parse_args(argv))
 
 
-def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str = __doc__.split("\n")[0]):
-    """The model, plan, compile and request flags (the server adds its own to these)."""
+# What only the CLI reads (a server's parser leaves these out, with these values).
+CLI_ONLY = dict(prompt=None, prompts_file=None, prompt_tokens=None, image=None, system_prompt="",
+                profile_steps=None, check=False, profile=None, output=None, report=None)
+
+
+def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str = __doc__.split("\n")[0],
+                 cli: bool = True):
+    """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
+    without the flags only the CLI reads (`CLI_ONLY`)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
+    add = p.add_argument if cli else (lambda *a, **k: None)
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--random-weights", choices=("full", "full-distil", "tiny"), default=None,
                    help="no checkpoint: random weights made on each rank, for the released architecture "
                         "('full'), Instruct-Distil's (its CFG-distilled meanflow sampler: 'full-distil') or the "
                         "tiny default's ('tiny')")
     p.add_argument("--layers", type=int, default=None, help="with --random-weights: decoder layers (default 32)")
-    p.add_argument("--prompt", action="append", default=None,
+    add("--prompt", action="append", default=None,
                    help=f"the prompt (default: {DEFAULT_PROMPT!r}); repeat it for several requests in one run")
-    p.add_argument("--prompts-file", default=None, help="one prompt per line (blank lines skipped), after any --prompt")
-    p.add_argument("--image", default=None, metavar="PATH",
+    add("--prompts-file", default=None, help="one prompt per line (blank lines skipped), after any --prompt")
+    add("--image", default=None, metavar="PATH",
                    help="edit this reference image (the Instruct template: the prompt says what to change)")
-    p.add_argument("--system-prompt", default="", help="with --image: the system prompt before the user turn")
+    add("--system-prompt", default="", help="with --image: the system prompt before the user turn")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=None,
                    help="denoise steps (default: the checkpoint's generation_config.json diff_infer_steps, else 50)")
@@ -87,11 +98,12 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "(default: generation_config.json diff_guidance_scale, else 5.0)")
     p.add_argument("--flow-shift", type=float, default=None,
                    help="the flow-matching shift (default: generation_config.json flow_shift, else 3.0)")
-    p.add_argument("--image-size", default="auto", help="'auto' (the model picks the ratio) or HxW from the table")
+    p.add_argument("--image-size", default="auto",
+                   help="'auto' (the model picks the ratio among the sizes that fit) or WIDTHxHEIGHT from the table")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
     p.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
-    p.add_argument("--prompt-tokens", default=None, metavar="N[,M,...]",
+    add("--prompt-tokens", default=None, metavar="N[,M,...]",
                    help="benchmark prompts of these lengths (fixed ids), one request each, instead of --prompt")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-k", type=int, default=1024)
@@ -121,7 +133,7 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
                         "matrix and activation row ('tensor', as fast as 'channels')")
-    p.add_argument("--profile-steps", type=int, default=None,
+    add("--profile-steps", type=int, default=None,
                    help="denoise steps of the profiled run (default: --steps)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile on GPU: replay the AR decode step as a CUDA graph")
@@ -129,13 +141,16 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="run a short request first (same shapes; 2 denoise steps) so that compilation and "
                         "first-call kernel JIT stay out of the figures; its wall time is reported on its own "
                         "(default: on with --compile or on GPU, where Triton kernels JIT on first call)")
-    p.add_argument("--warmup-shapes", default=None, metavar="TOKENS:HxW[,...]",
+    p.add_argument("--warmup-shapes", default=None, metavar="TOKENS:WIDTHxHEIGHT[,...]",
                    help="the warm-up compiles these shapes instead of the first request's: prompt tokens "
                         "(<bos> included) and image size, each run with --max-new-tokens AR tokens "
                         "(e.g. 256:1024x1024,512:1024x1024; a server warms up its buckets before traffic)")
-    p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang]",
-                   help="testing the error path: raise (or hang, with ':hang') on RANK after STEP of PHASE "
-                        "(ar, denoise) of the timed run")
+    p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang|:inside|:oom][,...]",
+                   help="testing the error path: raise on RANK (* every rank) after STEP of PHASE (ar, denoise) of "
+                        "the timed run (a server: of the first job that gets there; each item once, in order); "
+                        "':hang' hangs there instead, ':inside' "
+                        "raises inside the next step (from the last decoder layer, after the others' "
+                        "collectives), ':oom' raises an out-of-memory error there")
     p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
                    help="pad the AR prompt and the denoise text to a multiple of N rows (exact: no real row "
                         "attends to the padding), so that prompts of similar length share every compiled "
@@ -149,7 +164,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="with several ranks, split the VAE decode over all of them (halo exchange)")
     add_launch_flags(p, PLANS)
     add_compile_flags(p)
-    add_report_flags(p, "outputs/hunyuan_t2i.png")
+    if cli:
+        add_report_flags(p, "outputs/hunyuan_t2i.png")
+    else:
+        p.set_defaults(**CLI_ONLY)
     return p
 
 
@@ -171,17 +189,21 @@ def _prompt_lengths(text: str | None) -> list[int] | None:
 
 
 def _warmup_shapes(text: str | None, base: int) -> list[tuple[int, str]] | None:
-    """--warmup-shapes "TOKENS:HxW[,...]" -> [(tokens, "HxW"), ...]; ValueError naming the bad item."""
+    """--warmup-shapes "TOKENS:WIDTHxHEIGHT[,...]" -> [(tokens, the pipeline's "HxW"), ...];
+    ValueError naming the bad item."""
     if text is None:
         return None
     shapes = []
     for item in text.split(","):
         tokens, _, size = item.strip().partition(":")
         if not tokens.isdigit() or int(tokens) < 1 or not size:
-            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} is not TOKENS:HxW with TOKENS >= 1")
-        if size == "auto" or parse_image_size(size, base) is None:
-            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} needs an image size HxW, not 'auto'")
-        shapes.append((int(tokens), size))
+            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} is not TOKENS:WIDTHxHEIGHT with TOKENS >= 1")
+        if size == "auto":
+            raise ValueError(f"--warmup-shapes {text!r}: {item.strip()!r} needs an image size WIDTHxHEIGHT, not 'auto'")
+        try:
+            shapes.append((int(tokens), size_to_hw(size, "size", base)))
+        except RequestError as e:
+            raise ValueError(f"--warmup-shapes {text!r}: {e.message}") from None
     return shapes
 
 
@@ -216,7 +238,7 @@ def _requests(args) -> list[T2IRequest]:
 
 def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
     return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
-                      flow_shift=args.flow_shift, image_size=args.image_size,
+                      flow_shift=args.flow_shift, image_size=args.image_size_hw,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p, cfg_mode=args.cfg_mode or "serial", ignore_stop=args.ignore_eos,
                       prompt_ids=prompt_ids, reference=getattr(args, "reference", None),
@@ -272,19 +294,14 @@ def _first_denoise_step_clock(hook, ready_s: list[float]):
     return progress
 
 
-def _progress_hook(ctx: RankContext, inject: str | None):
-    """progress(phase, done, total): tells the stall watch, and raises where --inject-failure says."""
-    target, hang = None, False
-    if inject:
-        rank, phase, step, *mode = inject.split(":")
-        target, hang = (int(rank), phase, int(step)), mode == ["hang"]
+def _progress_hook(ctx: RankContext, inject: str | None, layer=None):
+    """progress(phase, done, total): tells the stall watch, and fails where --inject-failure
+    says (`layer`: the module whose next forward raises, for ':inside' and ':oom')."""
+    injections = Injections(parse_injections(inject), ctx.rank, layer, "--inject-failure", InjectedFailure)
 
     def progress(phase: str, done: int, total: int) -> None:
         ctx.progress(f"{phase} {done}/{total}")
-        if target is not None and target == (ctx.rank, phase, done):
-            while hang:  # the stall watch must notice, report and end the job
-                time.sleep(1.0)
-            raise InjectedFailure(f"--inject-failure: rank {ctx.rank} fails after {phase} step {done}")
+        injections.at(phase, done)
 
     return progress
 
@@ -296,7 +313,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                  image_editing=args.image is not None)
+                  image_editing=getattr(args, "image_editing", args.image is not None))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
@@ -332,8 +349,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     with GcPauses() as gc_pauses:
         for req in requests:
             graphs, compile_s = unique_graphs(), pipe.compiler.compile_s
-            res = pipe.generate(req, progress=_first_denoise_step_clock(_progress_hook(ctx, args.inject_failure),
-                                                                        ready_s))
+            hook = _progress_hook(ctx, args.inject_failure, loaded.model.model.layers[-1])
+            res = pipe.generate(req, progress=_first_denoise_step_clock(hook, ready_s))
             results.append(res)
             per_request.append({
                 "prompt_tokens": len(req.prompt_ids) + 1 if req.prompt_ids is not None
@@ -447,11 +464,7 @@ def _check_args(args, plan) -> str | None:
         return "--system-prompt belongs to image editing: give --image too"
     if args.image is not None and args.prompt_tokens is not None:
         return "--image edits with a text prompt: give --prompt, not --prompt-tokens"
-    if args.inject_failure:
-        parts = args.inject_failure.split(":")
-        if (len(parts) not in (3, 4) or not parts[0].isdigit() or parts[1] not in ("ar", "denoise")
-                or not parts[2].isdigit() or parts[3:] not in ([], ["hang"])):
-            return f"--inject-failure {args.inject_failure!r}: expected RANK:PHASE:STEP[:hang], PHASE ar or denoise"
+    parse_injections(args.inject_failure)  # raises ValueError naming a bad item
     return None
 
 
@@ -462,13 +475,27 @@ _FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "g
                   "step_cache": "--step-cache"}
 
 
-def _request_problem(args, image_base_size: int, distilled: bool = False) -> str | None:
-    """The first bad request setting, in the server's words with the CLI's flag, or None."""
+def _request_problem(args, config: dict) -> str | None:
+    """The first bad request setting, in the server's words with the CLI's flag, or None:
+    the fields (`check_t2i_request`), then every request's positions (`check_positions`),
+    so that a size the model cannot hold is one line here, not a traceback on a rank."""
+    base = int(config.get("image_base_size", 1024))
     try:
-        for req in _requests(args):
-            check_t2i_request(req, image_base_size, distilled=distilled)
+        args.image_size_hw = size_to_hw(args.image_size, "image_size", base)
+        requests = _requests(args)
+        for req in requests:
+            check_t2i_request(req, base, distilled=bool(config.get("cfg_distilled")))
+        if not args.random_weights and args.image is None:  # an edit's rows are checked by the pipeline
+            cfg = HunyuanImage3Config.from_dict(config)
+            tok = load_tokenizer(args.checkpoint, cfg)
+            for req in requests:
+                ids = list(req.prompt_ids) if req.prompt_ids is not None else tok.encode(req.prompt)
+                check_positions(req, ids, tok.special, base, tuple(cfg.vae_downsample_factor),
+                                cfg.max_position_embeddings, field="image_size")
     except RequestError as e:
-        return f"{_FLAG_OF_FIELD.get(e.field, e.field)} {e.message}"
+        flag = _FLAG_OF_FIELD.get(e.field, e.field)
+        return f"{flag} {e.message}" if e.field != "prompt" or args.prompt_tokens is None else \
+            f"--prompt-tokens {e.message}"
     return None
 
 
@@ -502,13 +529,12 @@ def prepare(args) -> tuple[str | None, bool]:
             if args.image is not None:
                 problem = _editing_problem(args, base)
             problem = problem or _distilled_problem(args, base)
-            problem = problem or _request_problem(args, int(base.get("image_base_size", 1024)),
-                                                  bool(base.get("cfg_distilled")))
             shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
             if args.warmup_shapes and args.warmup is False and problem is None:
                 problem = "--warmup-shapes needs the warm-up: drop --no-warmup"
             problem = problem or _longest_prompt_problem(args, [t for t, _ in shapes],
                                                          int(base.get("max_position_embeddings", 0)))
+            problem = problem or _request_problem(args, base)
     except (KeyError, ValueError) as e:
         problem = e.args[0]
     return problem, tiny

@@ -30,6 +30,7 @@ from dtgen.profiling import PhaseProfiler
 from dtgen.samplers import SAMPLERS
 from models.wan.model import load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request
+from models.wan.serving import encode_mp4
 from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
 
@@ -37,10 +38,14 @@ DEFAULT_PROMPT = "A red fox runs through fresh snow at golden hour, cinematic"
 RANK_PRELOAD = ("examples.wan_t2v",)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m examples.wan_t2v", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __doc__.split("\n")[0],
+                 cli: bool = True) -> argparse.ArgumentParser:
+    """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
+    without the flags only the CLI reads (the prompt, --check, --profile, --output, --report)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Wan folder (default: the embedded tiny model)")
-    p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    if cli:
+        p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative-prompt", default="")
     p.add_argument("--height", type=int, default=None, help="pixels (default: 480, or 48 on the tiny default)")
     p.add_argument("--width", type=int, default=None, help="pixels (default: 832, or 64 on the tiny default)")
@@ -60,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "stay out of the figures (default: on with --compile or on GPU)")
     add_launch_flags(p, PLANS)
     add_compile_flags(p)
-    add_report_flags(p, "outputs/wan_t2v.mp4")
+    if cli:
+        add_report_flags(p, "outputs/wan_t2v.mp4")
+    else:
+        p.set_defaults(prompt=DEFAULT_PROMPT, check=False, profile=None, output=None, report=None)
     return p
 
 
@@ -153,14 +161,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
 
 def write_video(frames: torch.Tensor, path: Path, fps: int) -> None:
     """[F, H, W, 3] uint8 -> H.264 MP4 (PyAV ships its own FFmpeg)."""
-    import av
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        for frame in frames.numpy():
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+    encode_mp4(frames, str(path), fps)
 
 
 def write_report(args, main: dict, tiny: bool) -> dict:

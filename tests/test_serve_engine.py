@@ -10,20 +10,25 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from dtgen.launch import RankFailure, run_on_ranks
 from dtgen.serve.engine import Engine, RankLink
 from dtgen.serve.errors import RequestError
-from dtgen.serve.jobs import CANCELLED, FAILED, QUEUED, SUCCEEDED, JobBoard, QueueFull
+from dtgen.serve.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobBoard, QueueFull
 from dtgen.serve.server import control_link
 
 
 class StepAdapter:
-    """A request is {"steps": n, "fail": (rank, step) or None, "oom": bool}; each step
-    sleeps `step_s`. Records the last step every request reached on this rank."""
+    """A request is {"steps": n, "fail": (rank, step) or None, "oom": bool, "inside": [(rank,
+    step, what), ...]}; each step sleeps `step_s` and, on several ranks, runs two collectives
+    on `model_group` (the model's data plane); "inside" raises `what` ("error" or "oom")
+    between them: inside the step. Records the last step every request reached here."""
 
-    def __init__(self, rank: int, step_s: float = 0.02):
-        self.rank, self.step_s = rank, step_s
+    kind = "image"
+
+    def __init__(self, rank: int, step_s: float = 0.02, model_group=None):
+        self.rank, self.step_s, self.model_group = rank, step_s, model_group
         self.reached: list[int] = []
         self.freed = 0
         self._fail = None
@@ -33,13 +38,24 @@ class StepAdapter:
             raise RequestError("steps", "is required")
         return fields
 
+    def phases(self, request):
+        return ("denoise",)
+
     def generate(self, request, progress):
         self._fail = request.get("fail")
+        inside = {(r, s): what for r, s, what in request.get("inside", [])}
         self.reached.append(0)
         for step in range(1, request["steps"] + 1):
             time.sleep(self.step_s)
-            if request.get("oom") and step == 2:
+            if self.model_group is not None:
+                dist.all_reduce(torch.ones(4), group=self.model_group)
+            what = inside.get((self.rank, step))
+            if what == "oom" or (request.get("oom") and step == 2):
                 raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            if what == "error":
+                raise RuntimeError(f"injected inside step {step} on rank {self.rank}")
+            if self.model_group is not None:
+                dist.all_reduce(torch.ones(4), group=self.model_group)
             self.reached[-1] = step
             progress("denoise", step, request["steps"])
         return {"rank": self.rank, "steps": request["steps"]} if self.rank == 0 else None
@@ -55,29 +71,29 @@ class StepAdapter:
             raise RuntimeError(f"injected on rank {self.rank} at step {done}")
 
 
-def test_board_is_a_bounded_fifo_and_skips_jobs_cancelled_or_expired_while_queued():
+def test_board_is_a_bounded_fifo_and_a_cancelled_queued_job_frees_its_slot_at_once():
     finished = []
     board = JobBoard(max_queued=2, on_finish=finished.append)
     a, b = board.submit("a"), board.submit("b", deadline_s=0.0)
-    with pytest.raises(QueueFull, match="2 jobs are waiting"):
-        board.submit("c")
-    assert board.depth() == 2 and a.state == QUEUED
     time.sleep(0.01)
-    taken = board.next(timeout_s=0.1)
-    assert taken is a and board.depth() == 1
-    a.cancel("by DELETE")  # running: the engine stops it at its next step
-    assert a.stop_reason() == ("by DELETE", 499)
-    assert board.next(timeout_s=0.05) is None            # b expired while it waited
-    assert b.state == CANCELLED and b.http_status == 504 and finished == [b]
-    board.finish(a, CANCELLED, "by DELETE", 499)
+    assert board.depth() == 1 and b.state == CANCELLED and b.http_status == 504  # expired: gone at once
     c = board.submit("c")
-    c.cancel("client gone")
-    assert board.next(timeout_s=0.05) is None and c.state == CANCELLED
+    with pytest.raises(QueueFull, match="2 jobs are waiting"):
+        board.submit("d")
+    board.cancel(c, "cancelled by DELETE")      # queued: it leaves the queue now, not when the engine comes
+    assert c.state == CANCELLED and c.finished.is_set() and board.depth() == 1
+    c2 = board.submit("c2")                     # its slot is free
+    taken = board.next(timeout_s=0.1)
+    assert taken is a and a.state == RUNNING and board.depth() == 1
+    board.cancel(a, "by DELETE")                # running: the engine stops it at its next step
+    assert a.state == RUNNING and a.stop_reason() == ("by DELETE", 499)
+    assert board.finish(a, CANCELLED, "by DELETE", 499) and not board.finish(a, FAILED, "twice")
+    assert a.state == CANCELLED, "a job ends once"
     d = board.submit("d")
-    assert board.close() == [d] and d.state == CANCELLED and d.http_status == 503
+    assert board.close() == [c2, d] and d.state == CANCELLED and d.http_status == 503
     with pytest.raises(QueueFull, match="shutting down"):
         board.submit("e")
-    assert [j.id for j in finished] == [b.id, a.id, c.id, d.id]
+    assert [j.id for j in finished] == [b.id, c.id, a.id, c2.id, d.id]
 
 
 def _run_jobs(engine: Engine, board: JobBoard, jobs: list[dict], cancel_at: dict[int, int] | None = None,
@@ -89,7 +105,7 @@ def _run_jobs(engine: Engine, board: JobBoard, jobs: list[dict], cancel_at: dict
         job = board.submit(request, deadline_s)
         while cancel_at and i in cancel_at and not job.finished.is_set():
             if job.done >= cancel_at[i]:
-                job.cancel("cancelled by DELETE")
+                board.cancel(job, "cancelled by DELETE")
                 break
             time.sleep(0.002)
         assert job.finished.wait(30), f"job {i} did not finish"
@@ -130,22 +146,27 @@ def test_engine_deadline_answers_504():
 def _lockstep_job(ctx, out_dir):
     """Rank 0 runs jobs through the engine; every rank writes which step each request reached."""
     link = control_link(ctx.rank, ctx.world_size)
-    adapter = StepAdapter(ctx.rank)
+    adapter = StepAdapter(ctx.rank, model_group=dist.group.WORLD)
     if ctx.rank == 0:
         board = JobBoard(4)
         engine = Engine(link, adapter, board, ping_s=0.05)
         engine.start()
         assert engine.ready.wait(30)
         time.sleep(0.2)  # a few idle pings
-        jobs = _run_jobs(engine, board, [{"steps": 4}, {"steps": 60}, {"steps": 6, "fail": (1, 3)}, {"steps": 5}],
-                         cancel_at={1: 4})
+        jobs = _run_jobs(engine, board, [
+            {"steps": 4}, {"steps": 60}, {"steps": 6, "fail": (1, 3)},
+            # every rank raises at the same point inside step 2: in step, so the job fails alone
+            {"steps": 5, "inside": [(0, 2, "error"), (1, 2, "error")]},
+            {"steps": 5, "inside": [(0, 3, "oom"), (1, 3, "oom")]},
+            {"steps": 5}], cancel_at={1: 4})
         engine.stop()
-        states = [(j.state, j.error, j.result) for j in jobs]
+        states = [(j.state, j.error, j.result, j.http_status) for j in jobs]
+        broken = engine.broken
     else:
-        Engine(link, adapter).serve_worker()
-        states = None
+        assert Engine(link, adapter).serve_worker() is None
+        states = broken = None
     with open(os.path.join(out_dir, f"rank{ctx.rank}.json"), "w") as f:
-        json.dump({"reached": adapter.reached, "states": states}, f)
+        json.dump({"reached": adapter.reached, "states": states, "freed": adapter.freed, "broken": broken}, f)
     return ctx.rank
 
 
@@ -153,12 +174,75 @@ def test_ranks_stop_at_the_same_step_and_a_failed_job_leaves_the_server_serving(
     assert run_on_ranks(_lockstep_job, 2, str(tmp_path), timeout_s=60) == [0, 1]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["reached"] == r1["reached"], "every rank stops after the same step"
-    assert r0["reached"][0] == 4 and 4 <= r0["reached"][1] < 60 and r0["reached"][3] == 5
+    assert r0["reached"][0] == 4 and 4 <= r0["reached"][1] < 60 and r0["reached"][5] == 5
     assert r0["reached"][2] == 3  # rank 1 raised in step 3's hook: every rank stopped there
+    assert r0["reached"][3:5] == [1, 2]
     states = r0["states"]
-    assert [s[0] for s in states] == [SUCCEEDED, CANCELLED, FAILED, SUCCEEDED]
-    assert "another rank failed at denoise step 3" in states[2][1]
-    assert states[3][2] == {"rank": 0, "steps": 5}
+    assert [s[0] for s in states] == [SUCCEEDED, CANCELLED, FAILED, FAILED, FAILED, SUCCEEDED]
+    # the failing rank's own message, not "another rank failed"
+    assert states[2][1] == "rank 1: RuntimeError: injected on rank 1 at step 3 (after denoise step 3)", states[2]
+    assert states[3][1].startswith("rank 0: RuntimeError: injected inside step 2 on rank 0") and states[3][3] == 500
+    assert "out of memory" in states[4][1] and states[4][3] == 503 and r0["freed"] == r1["freed"] == 1
+    assert states[5][2] == {"rank": 0, "steps": 5} and r0["broken"] is None
+
+
+def _inside_a_step_job(ctx, out_path, failing_rank, what):
+    """One rank raises inside step 2, between two model collectives; its peer waits in the
+    second. Rank 0 writes what the job answered, when, and why the server stopped."""
+    link = control_link(ctx.rank, ctx.world_size)
+    adapter = StepAdapter(ctx.rank, model_group=dist.group.WORLD)
+    request = {"steps": 5, "inside": [(failing_rank, 2, what)]}
+    if ctx.rank != 0:
+        return Engine(link, adapter).serve_worker()
+    stopped = threading.Event()
+    board = JobBoard(4)
+    engine = Engine(link, adapter, board, ping_s=0.05, end_timeout_s=2.0)
+    engine.start(on_broken=lambda why: stopped.set())
+    assert engine.ready.wait(30)
+    t0 = time.monotonic()
+    job = board.submit(request)
+    answered = job.finished.wait(30)
+    answered_s = time.monotonic() - t0
+    ended = stopped.wait(30)
+    with open(out_path, "w") as f:
+        json.dump({"answered": answered, "answered_s": answered_s, "ended": ended, "stopped_s": time.monotonic() - t0,
+                   "state": job.state, "error": job.error, "status": job.http_status, "why": engine.broken,
+                   "ready": engine.ready.is_set(), "refused": _refused(board)}, f)
+    # rank 0's engine thread (or its peer) is stuck in the collective: end this rank as a server ends
+    raise SystemExit("the server stops")
+
+
+def _refused(board):
+    try:
+        board.submit({"steps": 1})
+        return False
+    except QueueFull:
+        return True
+
+
+@pytest.mark.parametrize("failing_rank, what", [(1, "error"), (0, "oom")])
+def test_a_rank_that_raises_inside_a_step_fails_the_job_and_ends_the_server_with_its_message(
+        tmp_path, failing_rank, what):
+    """Issue 30's hang: rank 1 raising between two collectives of a step left rank 0 blocked
+    in the second one, its job "running" forever. Now: the job fails with rank 1's message
+    at once (rank 0 sees it waits in a collective rank 1 left); rank 0's own out of memory
+    inside a step answers 503 at once and ends the server after the end timeout (2 s here),
+    since rank 1 never leaves the collective. Either way the server ends with the message."""
+    out = tmp_path / "rank0.json"
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match="the server stops"):
+        run_on_ranks(_inside_a_step_job, 2, str(out), failing_rank, what, timeout_s=60)
+    assert time.monotonic() - t0 < 45, "no hang"
+    r = json.loads(out.read_text())
+    assert r["answered"] and r["ended"] and not r["ready"] and r["refused"], r
+    assert r["state"] == FAILED and r["answered_s"] < 5 and r["stopped_s"] < 30, r
+    if what == "error":
+        assert r["error"].startswith("rank 1: RuntimeError: injected inside step 2 on rank 1"), r
+        assert r["status"] == 500 and "rank 0 waits in a collective of group" in r["why"], r
+    else:
+        assert r["error"].startswith("rank 0: out of memory") and r["status"] == 503, r
+        assert "rank(s) [1] did not leave job-1 within 2 s" in r["why"], r
+    assert r["why"].startswith(r["error"]), "the server ends with the job's message"
 
 
 def _dying_worker_job(ctx, out_path):

@@ -1,15 +1,23 @@
-"""The HTTP side (rank 0): an OpenAI-style image route, job routes, health, metrics, a UI.
+"""The HTTP side (rank 0): OpenAI-style image and video routes, job routes, health, metrics, a UI.
 
-Routes:
+Routes (an image model's server; a video model's has the video ones instead):
 - `POST /v1/images/generations`: the request's JSON fields; answers when the image is made
   (`{"created", "data": [{"b64_json"}]}`). A client that disconnects cancels its job.
-- `POST /v1/jobs` (202 and an id), `GET /v1/jobs/{id}` (status, progress, the result when
-  done), `DELETE /v1/jobs/{id}` (cancel).
+- `POST /v1/images/edits`: OpenAI's multipart form: an `image` file, `prompt` and the other
+  fields of a generation; answers as the generations route.
+- `POST /v1/videos` (JSON or a multipart form; 202 and a video object), `GET /v1/videos/{id}`
+  (status, progress 0-100), `GET /v1/videos/{id}/content` (the MP4), `DELETE /v1/videos/{id}`.
+- `POST /v1/jobs` (202 and an id, any model), `GET /v1/jobs/{id}` (status, phase, progress,
+  the image when done), `DELETE /v1/jobs/{id}` (cancel: a queued job leaves the queue now).
 - `GET /health` (the process is up), `GET /ready` (503 until every rank has warmed up, and
-  again once a rank is gone), `GET /metrics` (Prometheus), `GET /` (a one-page UI).
+  again once the server cannot go on), `GET /metrics` (Prometheus), `GET /info` (the model,
+  what it makes, its defaults), `GET /` (a one-page UI).
 
-Statuses: 422 a bad field (one line naming it), 429 the queue is full (Retry-After),
-503 out of memory or not ready, 504 the server-side deadline passed, 499 cancelled.
+Statuses: 422 a bad field (one line naming it), 413 a body over the upload limit, 404 a
+route of the other kind of model or an unknown job, 409 a video's content before it is
+made, 429 the queue is full (Retry-After), 503 out of memory or not ready, 504 the
+server-side deadline passed, 499 cancelled, 500 a job that failed (its message).
+Every request writes one line to the log (its status and time; an error's message).
 The event loop only queues, reads and cancels jobs; the engine thread runs them.
 """
 from __future__ import annotations
@@ -18,6 +26,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -25,10 +34,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from .engine import Engine
 from .errors import RequestError
-from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard, QueueFull
+from .forms import TooLarge, parse_body, read_body
+from .jobs import CANCELLED, FAILED, FINISHED, SUCCEEDED, Job, JobBoard, QueueFull
 
 UI_PAGE = Path(__file__).with_name("ui.html")
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+# OpenAI's video statuses for dtgen's job states
+_VIDEO_STATUS = {"queued": "queued", "running": "in_progress", "succeeded": "completed", "failed": "failed",
+                 "cancelled": "cancelled"}
 
 
 class Metrics:
@@ -47,6 +60,7 @@ class Metrics:
         self.phase_s = Histogram("dtgen_phase_seconds", "time per phase of a job", ["phase"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.errors = Counter("dtgen_errors", "failed jobs by kind", ["kind"], registry=r)
+        self._also = board.on_finish
         board.on_finish = self.finished
 
     def started(self, job: Job) -> None:
@@ -59,7 +73,10 @@ class Metrics:
             self.errors.labels("out_of_memory" if job.http_status == 503 else "job_failed").inc()
         timings = (job.result or {}).get("timings_ms", {}) if isinstance(job.result, dict) else {}
         for phase, ms in timings.items():
-            self.phase_s.labels(phase).observe(ms / 1e3)
+            if isinstance(ms, (int, float)):
+                self.phase_s.labels(phase).observe(ms / 1e3)
+        if self._also is not None:
+            self._also(job)
 
 
 def _error(status: int, message: str, field: str | None = None, headers: dict | None = None) -> JSONResponse:
@@ -69,77 +86,213 @@ def _error(status: int, message: str, field: str | None = None, headers: dict | 
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class AccessLog:
+    """ASGI middleware: one line per HTTP request (method, path, status, milliseconds) and,
+    for an answer of 400 or more, its error message."""
+
+    def __init__(self, app, log: Callable[[str], None]):
+        self.app, self.log = app, log
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        t0 = time.perf_counter()
+        seen = {"status": None, "body": b""}
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                seen["status"] = message["status"]
+            elif message["type"] == "http.response.body" and (seen["status"] or 0) >= 400 and len(seen["body"]) < 4096:
+                seen["body"] += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            status = seen["status"] or "-"
+            line = f'{scope.get("client", ("-",))[0]} "{scope["method"]} {scope["path"]}" {status} ' \
+                   f"{(time.perf_counter() - t0) * 1e3:.0f} ms"
+            if isinstance(status, int) and status >= 400:
+                try:
+                    line += ": " + json.loads(seen["body"])["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+            self.log(line)
+
+
 def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: float | None = None,
-               retry_after_s: int = 5) -> FastAPI:
+               retry_after_s: int = 5, max_upload_bytes: int = 32 << 20,
+               log: Callable[[str], None] | None = None) -> FastAPI:
     app = FastAPI(title="dtgen", docs_url=None, redoc_url=None)
     adapter = engine.adapter
+    kind = adapter.kind
 
-    async def submit(request: Request) -> Job | JSONResponse:
+    def refuse(status: int, message: str, field: str | None = None, outcome: str = "invalid") -> JSONResponse:
+        metrics.requests.labels(outcome).inc()
+        return _error(status, message, field)
+
+    async def submit(request: Request, route: str) -> Job | JSONResponse:
+        """Read, parse and queue a request for `route` ("generations", "edits", "videos")."""
         try:
-            fields = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            metrics.requests.labels("invalid").inc()
-            return _error(422, "the body is not JSON")
+            body = await read_body(request, max_upload_bytes)
+        except TooLarge as e:
+            return refuse(413, f"{'image' if route == 'edits' else 'body'}: {e}", "image" if route == "edits" else "body")
         try:
-            if not isinstance(fields, dict):
-                raise RequestError("body", "must be a JSON object")
-            parsed = adapter.parse(fields)
+            fields, files, form = parse_body(request.headers.get("content-type", ""), body)
+            if route == "jobs":  # an image model's job with an image file is an edit
+                route = "videos" if kind == "video" else "edits" if files and getattr(adapter, "can_edit", False) \
+                    else "generations"
+            if route == "edits":
+                if not form:
+                    raise RequestError("body", "an edit is a multipart/form-data upload (an image file and the fields)")
+                # decoding the image and sizing its condition is CPU work: off the event loop
+                parsed = await asyncio.to_thread(adapter.parse_edit, fields, files, form)
+            else:
+                if files:
+                    name = sorted(files)[0]
+                    raise RequestError(name, f"a file is not taken here (image edits: POST /v1/images/edits)")
+                parsed = await asyncio.to_thread(adapter.parse, fields, form)
         except RequestError as e:
-            metrics.requests.labels("invalid").inc()
-            return _error(422, str(e), e.field)
+            return refuse(422, str(e), e.field)
         if not engine.ready.is_set():
             metrics.requests.labels("not_ready").inc()
             return _error(503, engine.broken or "warming up: see /ready", headers={"Retry-After": str(retry_after_s)})
         try:
-            job = board.submit(parsed, deadline_s)
+            job = board.submit(parsed, deadline_s, kind=kind, phases=adapter.phases(parsed))
         except QueueFull as e:
             metrics.requests.labels("queue_full").inc()
             return _error(429, f"queue full: {e}", headers={"Retry-After": str(retry_after_s)})
         metrics.requests.labels("accepted").inc()
         return job
 
-    def finished_response(job: Job) -> JSONResponse:
+    def wrong_kind(path: str) -> JSONResponse:
+        if kind == "image":
+            return refuse(404, f"{path}: this server makes images ({adapter.name}); video routes need a video model "
+                               "(a Wan checkpoint). Here: POST /v1/images/generations, /v1/images/edits, /v1/jobs",
+                          outcome="wrong_route")
+        return refuse(404, f"{path}: this server makes videos ({adapter.name}); image routes need an image model "
+                           "(a HunyuanImage-3 checkpoint). Here: POST /v1/videos, /v1/jobs", outcome="wrong_route")
+
+    def finished_image(job: Job) -> JSONResponse:
         if job.state == SUCCEEDED:
             return JSONResponse({"created": int(time.time()), "data": [job.result["image"]],
                                  "dtgen": {k: v for k, v in job.result.items() if k != "image"}})
         return _error(job.http_status if job.state in (FAILED, CANCELLED) else 500, job.error or job.state)
 
-    @app.post("/v1/images/generations")
-    async def generations(request: Request):
-        job = await submit(request)
-        if isinstance(job, JSONResponse):
-            return job
+    async def answer_when_done(request: Request, job: Job) -> JSONResponse:
         while not job.finished.is_set():
             if await request.is_disconnected():
-                job.cancel("the client disconnected")
+                board.cancel(job, "the client disconnected")
             await asyncio.sleep(0.05)
-        return finished_response(job)
+        return finished_image(job)
+
+    @app.post("/v1/images/generations")
+    async def generations(request: Request):
+        if kind != "image":
+            return wrong_kind("POST /v1/images/generations")
+        job = await submit(request, "generations")
+        return job if isinstance(job, JSONResponse) else await answer_when_done(request, job)
+
+    @app.post("/v1/images/edits")
+    async def edits(request: Request):
+        if kind != "image":
+            return wrong_kind("POST /v1/images/edits")
+        if not getattr(adapter, "can_edit", False):
+            return refuse(404, "POST /v1/images/edits: this server was started without image editing ("
+                               f"{adapter.edit_problem})", outcome="wrong_route")
+        job = await submit(request, "edits")
+        return job if isinstance(job, JSONResponse) else await answer_when_done(request, job)
+
+    # ---- jobs (any model) ---------------------------------------------------------------
+    def job_body(job: Job) -> dict:
+        body = job.as_dict()
+        if job.state == SUCCEEDED:
+            body["result"] = ({"data": [job.result["image"]]} if job.kind == "image"
+                              else {"content": f"/v1/videos/{job.id}/content"})
+        return body
 
     @app.post("/v1/jobs", status_code=202)
     async def create_job(request: Request):
-        job = await submit(request)
+        job = await submit(request, "jobs")
         if isinstance(job, JSONResponse):
             return job
-        return JSONResponse(job.as_dict(), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+        return JSONResponse(job_body(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
     @app.get("/v1/jobs/{job_id}")
     async def read_job(job_id: str):
         job = board.get(job_id)
         if job is None:
             return _error(404, f"no job {job_id!r}")
-        body = job.as_dict()
-        if job.state == SUCCEEDED:
-            body["result"] = {"data": [job.result["image"]]}
-        return body
+        return job_body(job)
 
     @app.delete("/v1/jobs/{job_id}")
     async def cancel_job(job_id: str):
         job = board.get(job_id)
         if job is None:
             return _error(404, f"no job {job_id!r}")
-        job.cancel("cancelled by DELETE")
-        return job.as_dict()
+        board.cancel(job, "cancelled by DELETE")
+        return job_body(job)
 
+    # ---- videos -------------------------------------------------------------------------
+    def video_body(job: Job) -> dict:
+        body = {"id": job.id, "object": "video", "model": adapter.name, "status": _VIDEO_STATUS[job.state],
+                "progress": job.percent(), "created_at": int(time.time() - (time.monotonic() - job.created)),
+                **adapter.describe(job.request), "dtgen": {"phase": job.phase, "done": job.done, "total": job.total}}
+        if job.error is not None:
+            body["error"] = {"message": job.error}
+        if job.state == SUCCEEDED:
+            body["content"] = f"/v1/videos/{job.id}/content"
+        return body
+
+    def video_job(job_id: str) -> Job | JSONResponse:
+        job = board.get(job_id)
+        if job is None:
+            return _error(404, f"no video {job_id!r}")
+        if job.kind != "video":
+            return _error(404, f"{job_id} is an image job: GET /v1/jobs/{job_id}")
+        return job
+
+    @app.post("/v1/videos")
+    async def create_video(request: Request):
+        if kind != "video":
+            return wrong_kind("POST /v1/videos")
+        job = await submit(request, "videos")
+        if isinstance(job, JSONResponse):
+            return job
+        return JSONResponse(video_body(job), status_code=202, headers={"Location": f"/v1/videos/{job.id}"})
+
+    @app.get("/v1/videos/{job_id}")
+    async def read_video(job_id: str):
+        if kind != "video":
+            return wrong_kind(f"GET /v1/videos/{job_id}")
+        job = video_job(job_id)
+        return job if isinstance(job, JSONResponse) else video_body(job)
+
+    @app.get("/v1/videos/{job_id}/content")
+    async def video_content(job_id: str):
+        if kind != "video":
+            return wrong_kind(f"GET /v1/videos/{job_id}/content")
+        job = video_job(job_id)
+        if isinstance(job, JSONResponse):
+            return job
+        if job.state != SUCCEEDED:
+            where = f" ({job.phase} {job.done}/{job.total})" if job.phase and job.state not in FINISHED else ""
+            return _error(409, f"{job_id} is {job.state}{where}" + (f": {job.error}" if job.error else
+                                                                     "; its content is there once it is completed"))
+        return Response(job.result["video"], media_type="video/mp4",
+                        headers={"Content-Disposition": f'inline; filename="{job_id}.mp4"'})
+
+    @app.delete("/v1/videos/{job_id}")
+    async def cancel_video(job_id: str):
+        if kind != "video":
+            return wrong_kind(f"DELETE /v1/videos/{job_id}")
+        job = video_job(job_id)
+        if isinstance(job, JSONResponse):
+            return job
+        board.cancel(job, "cancelled by DELETE")
+        return video_body(job)
+
+    # ---- the rest -------------------------------------------------------------------------
     @app.get("/health")
     async def health():
         return {"status": "ok"}
@@ -154,8 +307,13 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/info")
+    async def info():
+        return {"model": adapter.name, "kind": kind, "edits": bool(getattr(adapter, "can_edit", False)),
+                "defaults": adapter.defaults_dict()}
+
     @app.get("/", response_class=HTMLResponse)
     async def page():
         return UI_PAGE.read_text()
 
-    return app
+    return AccessLog(app, log) if log is not None else app

@@ -7,8 +7,22 @@
   (gloo fails the send) rather than at the next request.
 - At every step (each AR token, each denoise step) every rank agrees on one flag, the
   largest of what each rank brings: go on, stop (rank 0: the job was cancelled, or its
-  deadline passed), or failed (this rank raised in the step's host code). So a cancel
-  stops every rank after the same step, and one rank's error fails the job on all of them.
+  deadline passed), or failed (this rank raised in the step's hook). So a cancel stops
+  every rank after the same step, and an error at a step boundary fails the job on all.
+- A rank can also raise INSIDE a step (out of memory, a bug, a bad shape), between two of
+  the model's collectives; its peers then wait in the next one, which nothing can release
+  short of destroying the communicators. So every job ends with a check, through the
+  job's store (torchrun's, or the spawned ranks' TCP store), never a collective: each rank
+  posts how it left the job and how many collectives it issued on each process group
+  (`group_sequence_numbers`). Rank 0 waits up to `end_timeout_s` for every rank's post;
+  if all came and every group's members issued the same number of collectives, the ranks
+  are in step: the job answers (the first rank's error, if any, by its message; 503 for
+  out of memory) and the server goes on. Otherwise some rank is stuck in a collective its
+  peers will never issue: the job fails with the error, and the server ends with it
+  (`broken`), at once when rank 0 can see it is the one stuck (its own count for a group
+  passed the failed rank's), else after `end_timeout_s`. Nothing tries to rebuild the
+  model's groups: an aborted NCCL communicator cannot be reused, and every phase's groups
+  and compiled graphs hold them; a supervisor restarting the server is the honest repair.
 - The model plugs in as a `ServeAdapter`: it parses a request's fields (rank 0) and runs
   one request on a rank with a progress hook.
 
@@ -16,6 +30,7 @@ Process groups are passed in; nothing here reads a global group inside a step.
 """
 from __future__ import annotations
 
+import json
 import threading
 import time
 import traceback
@@ -30,20 +45,27 @@ from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard
 
 GO, STOP, FAIL = 0, 1, 2
 
-Progress = Callable[[str, int, int], None]
+# How a rank left a job (its post at the job's end).
+OK, STOPPED, PEER, OOM, ERROR = "ok", "cancelled", "peer", "out_of_memory", "error"
 
 
 class ServeAdapter(Protocol):
     """What a model gives the server."""
 
+    kind: str  # what its jobs make: "image" or "video"
+
     def parse(self, fields: dict) -> Any:
         """A validated request from JSON fields (rank 0); `RequestError` names a bad field."""
 
-    def generate(self, request: Any, progress: Progress) -> Any:
-        """Run one request on this rank; the result on rank 0 (JSON-ready), anything elsewhere.
-        `progress(phase, done, total)` after every step, on every rank."""
+    def phases(self, request: Any) -> tuple[str, ...]:
+        """The phases a request goes through, in order (the overall percent of progress)."""
 
-    def warm_up(self, progress: Progress) -> None:
+    def generate(self, request: Any, progress: "StepProgress") -> Any:
+        """Run one request on this rank; the result on rank 0 (JSON-ready), anything elsewhere.
+        `progress(phase, done, total)` after every step, on every rank (the ranks agree
+        there); `progress.show(phase, done, total)` only reports (rank 0), no agreement."""
+
+    def warm_up(self, progress) -> None:
         """Compile and run what requests will need, before /ready."""
 
     def free_caches(self) -> None:
@@ -62,13 +84,28 @@ class LinkBroken(RuntimeError):
     """A rank is gone: the server cannot go on."""
 
 
+def group_sequence_numbers() -> dict[str, int]:
+    """Collectives issued so far on each process group this rank belongs to, by group name
+    (names are given in creation order, the same on every rank)."""
+    c10d = dist.distributed_c10d
+    out = {}
+    for group in list(c10d._world.pg_map):
+        try:
+            out[c10d._get_process_group_name(group)] = int(group._get_sequence_number_for_group())
+        except (RuntimeError, AttributeError, KeyError):  # a backend without the counter
+            continue
+    return out
+
+
 @dataclass
 class RankLink:
-    """The control channel between rank 0 and the others (None group: one process)."""
+    """The control channel between rank 0 and the others (None group: one process).
+    `store`: the job's key-value store (the job-end check); None on one process."""
 
     rank: int
     world_size: int
     group: dist.ProcessGroup | None
+    store: Any = None
 
     def send(self, command: dict) -> None:
         """Rank 0: every other rank receives `command`."""
@@ -94,77 +131,183 @@ class RankLink:
             raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
         return int(t.item())
 
+    # ---- the job-end check, through the store -------------------------------------------
+    def post(self, job_no: int, outcome: dict) -> None:
+        self.store.set(f"dtgen/serve/{job_no}/rank{self.rank}", json.dumps(outcome))
+
+    def posted(self, job_no: int, rank: int) -> dict | None:
+        key = f"dtgen/serve/{job_no}/rank{rank}"
+        if not self.store.check([key]):
+            return None
+        return json.loads(self.store.get(key))
+
+    def set_verdict(self, job_no: int, verdict: str) -> None:
+        self.store.set(f"dtgen/serve/{job_no}/verdict", verdict)
+
+    def verdict(self, job_no: int) -> str | None:
+        key = f"dtgen/serve/{job_no}/verdict"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def forget(self, job_no: int) -> None:
+        """Drop a job's keys (rank 0, once every rank has read its verdict)."""
+        for name in [f"rank{r}" for r in range(self.world_size)] + ["verdict"]:
+            try:
+                self.store.delete_key(f"dtgen/serve/{job_no}/{name}")
+            except Exception:
+                pass
+
 
 def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:200]
+    return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def run_job_on_rank(link: RankLink, adapter: ServeAdapter, request: Any, job: Job | None,
-                    on_progress: Callable[[str, int, int], None] | None = None) -> Any:
-    """One request on this rank, stopping with every other rank. `job` (rank 0) says when to
-    stop; raises `Cancelled`, `PeerFailed` or this rank's own error."""
-    own_error: list[BaseException] = []
+class StepProgress:
+    """The progress hook a request runs with on one rank: calling it is a step boundary
+    (every rank agrees there to go on, stop or fail); `show` only reports (rank 0)."""
 
-    def progress(phase: str, done: int, total: int) -> None:
-        flag = GO
+    def __init__(self, link: RankLink, job: Job | None, on_step: Callable[[str, int, int], None],
+                 on_show: Callable[[str, int, int], None] | None = None):
+        self.link, self.job, self.on_step, self.on_show = link, job, on_step, on_show
+        self.at = ("", 0, 0)     # the last boundary every rank passed
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        flag, own = GO, None
         try:
-            if on_progress is not None:
-                on_progress(phase, done, total)
+            self.on_step(phase, done, total)
         except Exception as e:  # this rank's error, at a step boundary: tell the others first
-            own_error.append(e)
-            flag = FAIL
-        stop = job.stop_reason() if job is not None else None
+            own, flag = e, FAIL
+        stop = self.job.stop_reason() if self.job is not None else None
         if flag == GO and stop is not None:
             flag = STOP
-        agreed = link.agree(flag)
-        if own_error:
-            raise own_error[0]
+        agreed = self.link.agree(flag)
+        self.at = (phase, done, total)
+        if own is not None:
+            raise own
         if agreed == FAIL:
             raise PeerFailed(f"another rank failed at {phase} step {done}")
         if agreed == STOP:
             raise Cancelled(stop[0] if stop else "cancelled")
 
-    return adapter.generate(request, progress)
+    def show(self, phase: str, done: int, total: int) -> None:
+        if self.on_show is not None:
+            self.on_show(phase, done, total)
+
+
+def run_job_on_rank(link: RankLink, adapter: ServeAdapter, request: Any, job: Job | None,
+                    on_step: Callable[[str, int, int], None], on_show=None) -> tuple[dict, Any]:
+    """One request on this rank, stopping with every other rank at step boundaries.
+    Returns (how this rank left it, the result): never raises but for `LinkBroken`."""
+    progress = StepProgress(link, job, on_step, on_show)
+    try:
+        result = adapter.generate(request, progress)
+        outcome = {"kind": OK}
+    except Cancelled as e:
+        result, outcome = None, {"kind": STOPPED, "message": e.reason}
+    except PeerFailed as e:
+        result, outcome = None, {"kind": PEER, "message": str(e)}
+    except LinkBroken:
+        raise
+    except torch.OutOfMemoryError as e:
+        adapter.free_caches()
+        result, outcome = None, {"kind": OOM, "message": f"out of memory: {_first_line(e)}"}
+    except Exception as e:
+        phase, done, _ = progress.at
+        where = f" (after {phase} step {done})" if phase else ""
+        result, outcome = None, {"kind": ERROR, "message": f"{type(e).__name__}: {_first_line(e)}{where}",
+                                 "traceback": traceback.format_exc()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # Collectives still queued on the device (a CUDA-graph replay's are not counted
+        # below) must be done before this rank says it left in step: if a peer never joins
+        # one, this waits, the post never comes, and rank 0 gives up on the ranks.
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # the device itself failed: nothing on it can be trusted
+            outcome = {"kind": ERROR, "message": f"the device failed: {type(e).__name__}: {_first_line(e)}",
+                       "fatal": True, "traceback": traceback.format_exc()}
+    if link.group is not None:
+        outcome["seqs"] = group_sequence_numbers()
+    return outcome, result
+
+
+def in_step(outcomes: dict[int, dict]) -> tuple[bool, str]:
+    """Whether every rank left the job having issued the same collectives on each group it
+    shares with others: (True, "") or (False, the first group whose counts differ)."""
+    by_group: dict[str, dict[int, int]] = {}
+    for rank, outcome in outcomes.items():
+        for name, seq in outcome.get("seqs", {}).items():
+            by_group.setdefault(name, {})[rank] = seq
+    for name, counts in sorted(by_group.items()):
+        if len(set(counts.values())) > 1:
+            return False, f"group {name}: collectives issued by rank {counts}"
+    return True, ""
+
+
+def job_answer(outcomes: dict[int, dict], world_size: int) -> tuple[str, str | None, int]:
+    """(state, error, HTTP status) of a job from every rank's outcome: a rank's own error
+    first (its message, with its rank), then a cancel, else success."""
+    for rank in sorted(outcomes):
+        o = outcomes[rank]
+        if o["kind"] in (OOM, ERROR):
+            prefix = f"rank {rank}: " if world_size > 1 else ""
+            return FAILED, prefix + o["message"], 503 if o["kind"] == OOM else 500
+    for rank in sorted(outcomes):
+        if outcomes[rank]["kind"] == STOPPED:
+            return CANCELLED, outcomes[rank]["message"], 499
+    if any(o["kind"] == PEER for o in outcomes.values()):  # a peer failed but posted nothing of its own
+        return FAILED, next(o["message"] for o in outcomes.values() if o["kind"] == PEER), 500
+    return SUCCEEDED, None, 200
 
 
 class Engine:
     """Rank 0's job runner (a thread) and the worker ranks' loop."""
 
     def __init__(self, link: RankLink, adapter: ServeAdapter, board: JobBoard | None = None,
-                 ping_s: float = 1.0, metrics: Any = None, heartbeat: Callable[[str], None] | None = None):
+                 ping_s: float = 1.0, metrics: Any = None, heartbeat: Callable[[str], None] | None = None,
+                 end_timeout_s: float = 10.0, log: Callable[[str], None] | None = None):
         """`heartbeat(where)`: called at every ping, step and command (a stall watch that
-        must not take an idle server for a hung one)."""
+        must not take an idle server for a hung one). `end_timeout_s`: how long every rank
+        has to leave a job once one left it (see the module's docstring). `log(line)`:
+        where a job's end is written (one line per job)."""
         self.link, self.adapter, self.board = link, adapter, board
         self.heartbeat = heartbeat or (lambda where: None)
         self.ping_s = ping_s
         self.metrics = metrics
+        self.end_timeout_s = end_timeout_s
+        self.log = log or (lambda line: None)
         self.ready = threading.Event()
         self.broken: str | None = None       # why the server cannot go on
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._on_broken = None
         self._current: Job | None = None
+        self._job_no = 0
+        self._lock = threading.Lock()        # the current job's end: the engine thread or the watch
         # The current CUDA device is per thread: the engine thread takes the one this rank set.
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
 
     # ---- rank 0 ------------------------------------------------------------------------
     def start(self, on_broken: Callable[[str], None] | None = None) -> None:
         """Warm up every rank, then run jobs on a thread of its own until `stop()`."""
-        self._thread = threading.Thread(target=self._main, args=(on_broken,), name="dtgen-engine", daemon=True)
+        self._on_broken = on_broken
+        self._thread = threading.Thread(target=self._main, name="dtgen-engine", daemon=True)
         self._thread.start()
+        if self.link.world_size > 1:
+            threading.Thread(target=self._watch, name="dtgen-engine-watch", daemon=True).start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Refuse new jobs, cancel the queued ones and the running one (every rank stops at
-        its next step), tell the other ranks to exit."""
+        its next step), tell the other ranks to exit. A broken engine's thread may be stuck
+        in a collective: it is not waited for."""
         if self.board is not None:
             self.board.close()
         current = self._current
         if current is not None:
             current.cancel("the server is shutting down", 503)
         self.stopped.set()
-        if self._thread is not None:
+        if self._thread is not None and self.broken is None:
             self._thread.join(timeout_s)
 
-    def _main(self, on_broken) -> None:
+    def _main(self) -> None:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
         try:
@@ -172,7 +315,7 @@ class Engine:
             self.adapter.warm_up(lambda phase, done, total: None)
             self.ready.set()
             last = time.monotonic()
-            while not self.stopped.is_set():
+            while not self.stopped.is_set() and self.broken is None:
                 job = self.board.next(timeout_s=min(self.ping_s, 0.2))
                 if job is None:
                     if time.monotonic() - last >= self.ping_s:
@@ -180,74 +323,175 @@ class Engine:
                         self.heartbeat("idle")
                         last = time.monotonic()
                     continue
-                self._current = job
                 self._run(job)
-                self._current = None
                 last = time.monotonic()
-            self.link.send({"op": "exit"})
+            if self.broken is None:
+                self.link.send({"op": "exit"})
         except LinkBroken as e:
-            self._break(str(e), on_broken)
+            self._break(str(e))
         except BaseException:
-            self._break("the engine failed:\n" + traceback.format_exc(), on_broken)
+            self._break("the engine failed:\n" + traceback.format_exc())
 
-    def _break(self, why: str, on_broken) -> None:
+    def _break(self, why: str) -> None:
+        if self.broken is not None:
+            return
         self.broken = why
         self.ready.clear()
         if self.board is not None:
             self.board.close()
-        if on_broken is not None:
-            on_broken(why)
+        if self._on_broken is not None:
+            self._on_broken(why)
+
+    def _end(self, job: Job, state: str, error: str | None, status: int, result: Any = None) -> None:
+        if self.board.finish(job, state, error=error, http_status=status, result=result):
+            took = (job.ended or time.monotonic()) - (job.started or job.created)
+            self.log(f"{job.id} {job.kind} {state} in {took:.2f} s" + (f" ({status}): {error}" if error else ""))
 
     def _run(self, job: Job) -> None:
         m = self.metrics
         if m is not None:
             m.started(job)
+        self._job_no += 1
+        job_no = self._job_no
 
-        def on_progress(phase: str, done: int, total: int) -> None:
+        def on_step(phase: str, done: int, total: int) -> None:
             job.phase, job.done, job.total = phase, done, total
             self.heartbeat(f"{job.id} {phase} {done}/{total}")
             self.adapter.on_step(phase, done, total)
 
+        def on_show(phase: str, done: int, total: int) -> None:
+            job.phase, job.done, job.total = phase, done, total
+
+        self._current = job
         try:
-            self.link.send({"op": "run", "request": job.request})
-            result = run_job_on_rank(self.link, self.adapter, job.request, job, on_progress)
-            self.board.finish(job, SUCCEEDED, result=result)
-        except Cancelled as e:
-            stop = job.stop_reason()
-            self.board.finish(job, CANCELLED, error=e.reason, http_status=stop[1] if stop else 499)
-        except LinkBroken:
-            self.board.finish(job, FAILED, error="a rank is gone; the server stops", http_status=503)
-            raise
-        except torch.OutOfMemoryError as e:
-            self.adapter.free_caches()
-            self.board.finish(job, FAILED, error=f"out of memory: {_first_line(e)}", http_status=503)
-        except PeerFailed as e:
-            self.board.finish(job, FAILED, error=str(e), http_status=500)
-        except Exception as e:
-            self.board.finish(job, FAILED, error=f"{type(e).__name__}: {_first_line(e)}", http_status=500)
+            self.link.send({"op": "run", "job": job_no, "request": job.request})
+            try:
+                mine, result = run_job_on_rank(self.link, self.adapter, job.request, job, on_step, on_show)
+            except LinkBroken:
+                self._end(job, FAILED, "a rank is gone; the server stops", 503)
+                raise
+            if mine["kind"] == ERROR:
+                print(f"[rank 0] {job.id} failed:\n{mine['traceback']}", flush=True)
+            if mine["kind"] in (ERROR, OOM):  # answered now; the check below decides if the server goes on
+                self._end(job, *job_answer({0: mine}, self.link.world_size))
+            outcomes = {0: mine}
+            if self.link.world_size > 1:
+                outcomes = self._collect(job_no, mine)
+                if outcomes is None:  # the watch thread ended the job and the server
+                    return
+            with self._lock:
+                if self.broken is not None:
+                    return
+                state, error, status = job_answer(outcomes, self.link.world_size)
+                if state == CANCELLED:
+                    stop = job.stop_reason()
+                    status = stop[1] if stop else 499
+                self._end(job, state, error, status, result if state == SUCCEEDED else None)
+                fatal = [r for r, o in outcomes.items() if o.get("fatal")]
+                missing = sorted(set(range(self.link.world_size)) - set(outcomes))
+                fine, why = in_step(outcomes)
+                if fatal or missing or not fine:
+                    self._give_up(job_no, error or "the ranks left the job out of step",
+                                  f"rank {fatal[0]}'s device failed" if fatal else
+                                  f"rank(s) {missing} did not leave {job.id} within {self.end_timeout_s:g} s, "
+                                  "stuck in a collective their peers will not issue" if missing else
+                                  f"the ranks left {job.id} out of step ({why})")
+                    return
+                if self.link.world_size > 1:
+                    self.link.set_verdict(job_no, "go")
+                    if job_no > 1:
+                        self.link.forget(job_no - 1)
+        finally:
+            self._current = None
+
+    def _collect(self, job_no: int, mine: dict) -> dict[int, dict] | None:
+        """Every rank's post for this job, waiting up to `end_timeout_s` for the others."""
+        self.link.post(job_no, mine)
+        outcomes = {0: mine}
+        end = time.monotonic() + self.end_timeout_s
+        while len(outcomes) < self.link.world_size and time.monotonic() < end and self.broken is None:
+            for r in range(1, self.link.world_size):
+                if r not in outcomes:
+                    got = self.link.posted(job_no, r)
+                    if got is not None:
+                        outcomes[r] = got
+            if len(outcomes) < self.link.world_size:
+                time.sleep(0.002)
+        return None if self.broken is not None else outcomes
+
+    def _give_up(self, job_no: int, error: str, why: str) -> None:
+        """The ranks cannot be brought back in step: tell them, end the server."""
+        if self.link.store is not None:
+            try:
+                self.link.set_verdict(job_no, f"stop: {error}")
+            except Exception:
+                pass
+        self._break(f"{error}; the server stops: {why}")
+
+    def _watch(self) -> None:
+        """Rank 0, while a job runs: a rank that failed inside a step, while rank 0's thread
+        is stuck in a collective waiting for it, ends the job and the server from here."""
+        seen: dict[int, tuple[int, float, dict]] = {}  # rank -> (job, when, its post)
+        while not self.stopped.is_set() and self.broken is None:
+            time.sleep(0.05)
+            job, job_no = self._current, self._job_no
+            if job is None:
+                continue
+            try:
+                for r in range(1, self.link.world_size):
+                    if r in seen and seen[r][0] == job_no:
+                        continue
+                    got = self.link.posted(job_no, r)
+                    if got is not None and got["kind"] in (ERROR, OOM):
+                        seen[r] = (job_no, time.monotonic(), got)
+            except Exception:
+                continue
+            for r, (no, when, post) in sorted(seen.items()):
+                if no != job_no:
+                    continue
+                mine = group_sequence_numbers()
+                ahead = [name for name, seq in post.get("seqs", {}).items() if mine.get(name, -1) > seq]
+                late = time.monotonic() - when > self.end_timeout_s
+                if not (ahead or late):
+                    continue
+                with self._lock:
+                    if self._current is not job or job.finished.is_set() or self.broken is not None:
+                        break
+                    error = f"rank {r}: {post['message']}"
+                    self._end(job, FAILED, error, 503 if post["kind"] == OOM else 500)
+                    self._give_up(no, error, f"rank 0 waits in a collective of group {ahead[0]} that rank {r} left "
+                                             "inside a step" if ahead else f"rank 0 did not leave {job.id} within "
+                                             f"{self.end_timeout_s:g} s of rank {r}'s failure")
+                break
 
     # ---- the other ranks ---------------------------------------------------------------
     def _worker_step(self, phase: str, done: int, total: int) -> None:
         self.heartbeat(f"{phase} {done}/{total}")
         self.adapter.on_step(phase, done, total)
 
-    def serve_worker(self) -> None:
-        """Run what rank 0 sends until it says exit (ranks 1..N-1)."""
+    def serve_worker(self) -> str | None:
+        """Run what rank 0 sends until it says exit (ranks 1..N-1). Returns None, or why
+        rank 0 ended the server after a job the ranks could not leave in step."""
         while True:
             command = self.link.receive()
             op = command["op"]
             self.heartbeat(op)
             if op == "exit":
-                return
+                return None
             if op == "warm_up":
                 self.adapter.warm_up(lambda phase, done, total: None)
             elif op == "run":
-                try:
-                    run_job_on_rank(self.link, self.adapter, command["request"], None, self._worker_step)
-                except (Cancelled, PeerFailed):
-                    pass
-                except torch.OutOfMemoryError:
-                    self.adapter.free_caches()
-                except Exception:
-                    # Rank 0 reports the job's failure; this rank goes on serving.
-                    traceback.print_exc()
+                job_no = command["job"]
+                outcome, _ = run_job_on_rank(self.link, self.adapter, command["request"], None, self._worker_step)
+                if outcome["kind"] == ERROR:
+                    print(f"[rank {self.link.rank}] job failed:\n{outcome['traceback']}", flush=True)
+                self.link.post(job_no, outcome)
+                if outcome["kind"] not in (ERROR, OOM):
+                    continue  # left at the end or at a boundary every rank passed: in step
+                # Back to the control group only once rank 0 has seen every rank leave in step:
+                # after an error inside a step, rank 0 may still be in another collective there.
+                while (verdict := self.link.verdict(job_no)) is None:
+                    self.heartbeat(f"waiting for the end of job {job_no}")
+                    time.sleep(0.02)
+                if verdict != "go":
+                    return verdict.removeprefix("stop: ")

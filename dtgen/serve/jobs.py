@@ -2,6 +2,9 @@
 
 Thread-safe: the HTTP event loop submits, reads and cancels; the engine thread takes the
 next job and reports on it. Nothing here knows about ranks or HTTP.
+
+A queued job that is cancelled (or whose deadline passes) leaves the queue at once: its
+slot is free for the next submission, and it answers "cancelled" from then on.
 """
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ class Job:
     id: str
     request: Any
     deadline: float | None                 # time.monotonic() by which it must finish, or None
+    kind: str = "image"                    # what it makes: "image" or "video" (the routes that show it)
+    phases: tuple[str, ...] = ()           # the phases it goes through, in order (for the overall percent)
     created: float = field(default_factory=time.monotonic)
     state: str = QUEUED
     phase: str = ""
@@ -38,11 +43,10 @@ class Job:
     cancel_reason: str | None = None       # set by cancel(); the engine stops the ranks at the next step
     cancel_status: int = 499               # the HTTP status a cancelled job answers (504: deadline)
     finished: threading.Event = field(default_factory=threading.Event)
-    phase_ms: dict[str, float] = field(default_factory=dict)
 
     def cancel(self, reason: str, http_status: int = 499) -> None:
-        """Ask for the job to stop (a queued job never starts; a running one stops at its
-        next step on every rank). The first reason wins."""
+        """Ask a running job to stop at its next step on every rank (queued jobs: use
+        `JobBoard.cancel`, which also frees the slot). The first reason wins."""
         if self.cancel_reason is None:
             self.cancel_reason, self.cancel_status = reason, http_status
 
@@ -57,9 +61,18 @@ class Job:
             return "deadline passed", 504
         return None
 
+    def percent(self) -> int:
+        """0-100 over every phase (each counts the same), 100 only once it succeeded."""
+        if self.state == SUCCEEDED:
+            return 100
+        if self.phase not in self.phases:
+            return 0
+        within = self.done / self.total if self.total else 0.0
+        return min(99, int(100 * (self.phases.index(self.phase) + within) / len(self.phases)))
+
     def as_dict(self) -> dict:
-        out = {"id": self.id, "status": self.state, "phase": self.phase,
-               "progress": {"done": self.done, "total": self.total}}
+        out = {"id": self.id, "kind": self.kind, "status": self.state, "phase": self.phase,
+               "progress": {"done": self.done, "total": self.total, "percent": self.percent()}}
         if self.error is not None:
             out["error"] = self.error
         if self.state in FINISHED and self.started is not None:
@@ -82,16 +95,18 @@ class JobBoard:
         self._keep = keep_finished
         self._ids = itertools.count(1)
         self.closed = False
-        self.on_finish = on_finish      # called with each job as it finishes (metrics)
+        self.on_finish = on_finish      # called with each job as it finishes (metrics, the log)
 
-    def submit(self, request: Any, deadline_s: float | None = None) -> Job:
+    def submit(self, request: Any, deadline_s: float | None = None, kind: str = "image",
+               phases: tuple[str, ...] = ()) -> Job:
         with self._lock:
             if self.closed:
                 raise QueueFull("the server is shutting down")
+            self._drop_expired_locked()
             if len(self._queue) >= self.max_queued:
                 raise QueueFull(f"{len(self._queue)} jobs are waiting (the limit is {self.max_queued})")
             job = Job(f"job-{next(self._ids)}", request,
-                      None if deadline_s is None else time.monotonic() + deadline_s)
+                      None if deadline_s is None else time.monotonic() + deadline_s, kind, tuple(phases))
             self._queue.append(job)
             self._jobs[job.id] = job
             self._lock.notify()
@@ -103,31 +118,51 @@ class JobBoard:
 
     def depth(self) -> int:
         with self._lock:
+            self._drop_expired_locked()
             return len(self._queue)
 
+    def cancel(self, job: Job, reason: str, http_status: int = 499) -> Job:
+        """A queued job leaves the queue now (cancelled, its slot free); a running one stops
+        at its next step on every rank; a finished one stays as it is."""
+        with self._lock:
+            if job.state == QUEUED and job in self._queue:
+                self._queue.remove(job)
+                job.cancel(reason, http_status)
+                self._finish_locked(job, CANCELLED, reason, http_status)
+            elif job.state == RUNNING:
+                job.cancel(reason, http_status)
+            return job
+
     def next(self, timeout_s: float) -> Job | None:
-        """The oldest queued job, now RUNNING, or None after `timeout_s`. Jobs cancelled or
-        expired while they waited are finished here, never started."""
+        """The oldest queued job, now RUNNING, or None after `timeout_s`."""
         end = time.monotonic() + timeout_s
         with self._lock:
             while True:
-                while self._queue:
+                self._drop_expired_locked()
+                if self._queue:
                     job = self._queue.popleft()
-                    stop = job.stop_reason()
-                    if stop is None:
-                        job.state, job.started = RUNNING, time.monotonic()
-                        return job
-                    self._finish_locked(job, CANCELLED, stop[0], stop[1])
+                    job.state, job.started = RUNNING, time.monotonic()
+                    return job
                 left = end - time.monotonic()
                 if left <= 0 or self.closed:
                     return None
                 self._lock.wait(left)
 
     def finish(self, job: Job, state: str, error: str | None = None, http_status: int = 200,
-               result: Any = None) -> None:
+               result: Any = None) -> bool:
+        """Record how a job ended; False (and nothing changes) if it had ended already."""
         with self._lock:
+            if job.state in FINISHED:
+                return False
             job.result = result
             self._finish_locked(job, state, error, http_status)
+            return True
+
+    def _drop_expired_locked(self) -> None:
+        now = time.monotonic()
+        for job in [j for j in self._queue if j.expired(now)]:
+            self._queue.remove(job)
+            self._finish_locked(job, CANCELLED, "deadline passed", 504)
 
     def _finish_locked(self, job: Job, state: str, error: str | None, http_status: int) -> None:
         job.state, job.error, job.http_status, job.ended = state, error, http_status, time.monotonic()

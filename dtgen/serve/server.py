@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -16,6 +17,10 @@ from .jobs import JobBoard
 CONTROL_TIMEOUT_S = 3600.0
 
 
+class ServerStopped(RuntimeError):
+    """The server could not go on (a rank gone, or ranks that left a job out of step)."""
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     host: str = "127.0.0.1"
@@ -23,6 +28,13 @@ class ServeOptions:
     max_queued: int = 16             # jobs waiting; more get 429
     deadline_s: float | None = None  # per job, from submission; past it: 504 and cancelled
     ping_s: float = 1.0              # idle rank 0 checks the other ranks this often
+    end_timeout_s: float = 10.0      # how long every rank has to leave a job once one left it
+    max_upload_bytes: int = 32 << 20  # a request body (an edit's image) larger than this: 413
+
+
+def log_line(text: str) -> None:
+    """The server's log: one timestamped line on stderr (requests, job ends)."""
+    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
 def control_link(rank: int, world_size: int) -> RankLink:
@@ -30,18 +42,22 @@ def control_link(rank: int, world_size: int) -> RankLink:
     if world_size == 1:
         return RankLink(0, 1, None)
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
-    return RankLink(rank, world_size, group)
+    # The job-end check talks through the job's store (torchrun's, or the spawned ranks'),
+    # which works whatever collective a rank is stuck in.
+    return RankLink(rank, world_size, group, dist.distributed_c10d._get_default_store())
 
 
-def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptions,
-          heartbeat=None) -> str | None:
-    """Serve until stopped (rank 0: Ctrl-C / SIGTERM, or a rank gone). Returns why the
-    server stopped when it could not go on (rank 0), else None. `heartbeat(where)`: a stall
-    watch's progress report (`RankContext.progress`)."""
+def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptions, heartbeat=None) -> None:
+    """Serve until stopped (rank 0: Ctrl-C / SIGTERM). Raises `ServerStopped` with the
+    reason when the server cannot go on (rank 0; a worker told so by rank 0), so that the
+    launcher ends every rank, including one stuck in a collective. `heartbeat(where)`: a
+    stall watch's progress report (`RankContext.progress`)."""
     link = control_link(rank, world_size)
     if rank != 0:
-        Engine(link, adapter, heartbeat=heartbeat).serve_worker()
-        return None
+        why = Engine(link, adapter, heartbeat=heartbeat, end_timeout_s=options.end_timeout_s).serve_worker()
+        if why is not None:
+            raise ServerStopped(why)
+        return
 
     import uvicorn
 
@@ -49,18 +65,21 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
 
     board = JobBoard(options.max_queued)
     metrics = Metrics(board)
-    engine = Engine(link, adapter, board, ping_s=options.ping_s, metrics=metrics, heartbeat=heartbeat)
-    app = create_app(engine, board, metrics, deadline_s=options.deadline_s)
+    engine = Engine(link, adapter, board, ping_s=options.ping_s, metrics=metrics, heartbeat=heartbeat,
+                    end_timeout_s=options.end_timeout_s, log=log_line)
+    app = create_app(engine, board, metrics, deadline_s=options.deadline_s,
+                     max_upload_bytes=options.max_upload_bytes, log=log_line)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
-                                           lifespan="off"))
+                                           lifespan="off", access_log=False))
 
     def on_broken(why: str) -> None:
         print(f"error: the server stops: {why}", file=sys.stderr, flush=True)
         server.should_exit = True
 
     engine.start(on_broken)
-    print(f"dtgen: serving on http://{options.host}:{options.port} ({world_size} rank(s)); "
+    print(f"dtgen: serving {adapter.name} on http://{options.host}:{options.port} ({world_size} rank(s)); "
           f"/ready answers 200 once every rank has warmed up", flush=True)
     server.run()
     engine.stop()
-    return engine.broken
+    if engine.broken:
+        raise ServerStopped(engine.broken.splitlines()[0])

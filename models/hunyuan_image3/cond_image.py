@@ -8,6 +8,7 @@ same pixels as the official code.
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Union
 
@@ -48,26 +49,37 @@ def load_reference_image(path: PathLike) -> Image.Image:
         raise ValueError(f"reference image {path}: no such file")
     if not path.is_file():
         raise ValueError(f"reference image {path}: not a file")
+    return _open_checked(path, f"reference image {path}")
+
+
+def load_reference_bytes(data: bytes, name: str = "image") -> Image.Image:
+    """An uploaded image (a server's edit request), with the checks of `load_reference_image`."""
+    if not data:
+        raise ValueError(f"{name}: the file is empty")
+    return _open_checked(io.BytesIO(data), name)
+
+
+def _open_checked(source, label: str) -> Image.Image:
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             # Size and mode come from the header: check them before decoding any pixel.
             width, height = image.size
             if min(width, height) < MIN_SIDE:
-                raise ValueError(f"reference image {path}: {width}x{height} (WxH) is too small, "
+                raise ValueError(f"{label}: {width}x{height} (WxH) is too small, "
                                  f"each side must be at least MIN_SIDE={MIN_SIDE} px")
             if max(width, height) > MAX_SIDE:
-                raise ValueError(f"reference image {path}: {width}x{height} (WxH) is too large, "
+                raise ValueError(f"{label}: {width}x{height} (WxH) is too large, "
                                  f"each side must be at most MAX_SIDE={MAX_SIDE} px")
             if image.mode not in RGB_CONVERTIBLE_MODES:
-                raise ValueError(f"reference image {path}: mode {image.mode!r} is not supported "
+                raise ValueError(f"{label}: mode {image.mode!r} is not supported "
                                  f"(supported: {', '.join(RGB_CONVERTIBLE_MODES)}); convert it to 8-bit RGB first")
             image.load()
             return ImageOps.exif_transpose(image).convert("RGB")
     except Image.DecompressionBombError as err:
-        raise ValueError(f"reference image {path}: too large to decode safely "
+        raise ValueError(f"{label}: too large to decode safely "
                          f"(MAX_SIDE={MAX_SIDE} px): {_one_line(err)}") from None
     except (OSError, SyntaxError) as err:  # UnidentifiedImageError is an OSError; some plugins raise SyntaxError
-        raise ValueError(f"reference image {path}: not a readable image file ({_one_line(err)})") from None
+        raise ValueError(f"{label}: not a readable image file ({_one_line(err)})") from None
 
 
 def vae_bucket(height: int, width: int, base_size: int) -> tuple[int, int]:

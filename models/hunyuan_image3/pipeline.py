@@ -522,11 +522,24 @@ class HunyuanT2IPipeline:
         with run.profiler.region("ar_image_head", units=len(head)):
             for j, token in enumerate(head):
                 logits, _ = self._feed(self._decode_fn, rt, [token], start + j, cache, length, sampling, generator)
-            chosen = int(torch.argmax(logits[list(sp.ratio)]))
+            # 'auto' picks among the sizes whose denoise sequence fits the model's positions
+            # (a small model's table holds sizes it cannot): the others never win.
+            too_long = self._sizes_too_long(len(ids) + len(generated), logits.device)
+            chosen = int(torch.argmax(logits[list(sp.ratio)].masked_fill(too_long, float("-inf"))))
         record["ar_logits"].append(logits)
         ratio = chosen if req.forced_ratio is None else req.forced_ratio
         self._check_ranks_agree(generated, ratio)
         return generated, ratio
+
+    def _sizes_too_long(self, text_rows: int, device) -> torch.Tensor:
+        """[sizes] bool: the T2I sizes whose denoise sequence, after `text_rows` rows of text
+        (<bos> included), would not fit max_position_embeddings."""
+        if not hasattr(self, "_size_rows"):  # <bos> + image head + image + <eoi>, per size
+            base, down = self.cfg.image_base_size, self.cfg.vae_downsample_factor
+            self._size_rows = [build_diffusion_sequence([], self.special, base, k, h // down[0], w // down[1]).real_length
+                               for k, (h, w) in enumerate(resolution_table(base))]
+        limit = self.cfg.max_position_embeddings
+        return torch.tensor([text_rows - 1 + n > limit for n in self._size_rows], device=device)
 
     def _check_ranks_agree(self, tokens: list[int], ratio: int) -> None:
         """Every rank must leave AR with the same tokens: the denoise sequence (and so every

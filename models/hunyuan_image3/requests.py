@@ -10,6 +10,7 @@ from __future__ import annotations
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
 from models.hunyuan_image3.pipeline import T2IRequest, parse_image_size
+from models.hunyuan_image3.resolutions import resolution_table
 
 MAX_STEPS = 1000
 MAX_SEED = 2**63 - 1
@@ -103,3 +104,72 @@ def check_step_cache(config) -> None:
         config.check()
     except StepCacheError as e:
         raise RequestError("step_cache", f"{e.knob}: {e.message}") from None
+
+
+# ---- sizes: what a user types is WIDTHxHEIGHT (OpenAI's `size`), everywhere -----------------
+# The CLI's --image-size and --warmup-shapes, the server's `size` and the UI all read
+# WIDTHxHEIGHT; only `T2IRequest.image_size` (the pipeline's, internal) is "HxW".
+def size_to_hw(size, field: str, base: int) -> str:
+    """"auto" or "WIDTHxHEIGHT" from the model's table -> the pipeline's "auto" / "HxW";
+    `RequestError(field, ...)` in the user's order otherwise, with the nearest sizes."""
+    if not isinstance(size, str):
+        raise RequestError(field, f"must be 'auto' or 'WIDTHxHEIGHT', got {size!r}")
+    if size == "auto":
+        return size
+    parts = size.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise RequestError(field, f"{size!r} is not 'auto' or 'WIDTHxHEIGHT' (e.g. {base}x{base})")
+    w, h = (int(p) for p in parts)
+    table = resolution_table(base)
+    if (h, w) not in table:
+        near = sorted(table, key=lambda s: abs(s[1] / s[0] - w / max(h, 1)))[:3]
+        raise RequestError(field, f"{w}x{h} is not one of the model's sizes (WIDTHxHEIGHT); nearest: "
+                                  + ", ".join(f"{b}x{a}" for a, b in near))
+    return f"{h}x{w}"
+
+
+def hw_to_size(hw: str) -> str:
+    """The pipeline's "HxW" (or "auto") -> "WIDTHxHEIGHT"."""
+    if hw == "auto":
+        return hw
+    h, w = hw.split("x")
+    return f"{w}x{h}"
+
+
+def check_positions(req: T2IRequest, prompt_ids: list[int], special, base: int, latent_down: tuple[int, int],
+                    max_positions: int, field: str = "size", condition_prefix: int | None = None,
+                    encode=None, instruct=None) -> None:
+    """Refuse, before any work, a request whose AR or denoise sequence would not fit the
+    model's positions: `RequestError(field, ...)` naming the image size, or the prompt when
+    even the AR part does not fit. With size "auto" the model picks among the sizes that
+    fit (the pipeline), so only the smallest needs to. `condition_prefix`: an edit's
+    Instruct prefix (the InstructPrefix), whose rows replace <bos> + prompt."""
+    from models.hunyuan_image3.pipeline import build_diffusion_sequence, build_instruct_diffusion_sequence
+    from models.hunyuan_image3.pipeline import filler_ids
+    cot = list(filler_ids(req.max_new_tokens))
+    head = 1 + len(prompt_ids) if condition_prefix is None else len(condition_prefix.ids) + 1
+    ar = head + req.max_new_tokens + 2
+    if ar > max_positions:
+        raise RequestError("prompt", f"{head} prompt rows + {req.max_new_tokens} new tokens + 2 image-head tokens "
+                                     f"need {ar} positions; the model has {max_positions}")
+    table = resolution_table(base)
+    forced = parse_image_size(req.image_size, base)
+    if forced is None and condition_prefix is not None:
+        forced = condition_prefix.condition.shape.ratio     # an edit keeps the reference's bucket
+    candidates = [forced] if forced is not None else range(len(table))
+
+    def length(ratio: int) -> int:
+        height, width = table[ratio]
+        h, w = height // latent_down[0], width // latent_down[1]
+        if condition_prefix is None:
+            return build_diffusion_sequence(prompt_ids + cot, special, base, ratio, h, w).real_length
+        return build_instruct_diffusion_sequence(condition_prefix, cot, encode, special, instruct, base, ratio,
+                                                 h, w).real_length
+
+    need = {ratio: length(ratio) for ratio in candidates}
+    if min(need.values()) > max_positions:
+        ratio = min(need, key=need.get)
+        height, width = table[ratio]
+        what = f"a {width}x{height} image" if forced is not None else f"even the smallest size, {width}x{height},"
+        raise RequestError(field, f"{what} with this prompt and {req.max_new_tokens} new tokens needs "
+                                  f"{need[ratio]} positions; the model has {max_positions} (max_position_embeddings)")

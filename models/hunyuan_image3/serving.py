@@ -1,32 +1,55 @@
-"""HunyuanImage-3 text-to-image behind `dtgen.serve`: the adapter a server plugs in.
+"""HunyuanImage-3 text-to-image and image editing behind `dtgen.serve`: the adapter a server plugs in.
 
-Request fields (JSON), OpenAI's first:
-- `prompt` (required), `n` (1), `size` ("auto" or OpenAI's "WIDTHxHEIGHT", one of the
-  model's resolutions), `response_format` ("b64_json"), `model` (accepted, ignored);
+Request fields (JSON, or form text on the edits route), OpenAI's first:
+- `prompt` (required), `n` (1), `size` ("auto" or "WIDTHxHEIGHT", one of the model's
+  sizes: the same convention as the CLI's --image-size and the UI), `response_format`
+  ("b64_json"), `model` and `user` (accepted, ignored);
 - the model's own: `seed`, `num_inference_steps`, `guidance_scale`, `max_new_tokens`,
   `step_cache` (fewer full denoise steps: "taylor", "taylor:interval=5,order=2", or
-  {"method": "taylor", "interval": 5, ...}; `taylorseer` too; null: every step in full).
+  {"method": "taylor", "interval": 5, ...}; `taylorseer` too; null: every step in full), and
+  on the edits route `system_prompt`; the edit's `image` is a file (one), `mask` is refused.
 Fields not given take the server's defaults (the T2I example's flags). Any other field is
-refused by name. Validation is `check_t2i_request`, the CLI's own.
+refused by name. Validation is `check_t2i_request` (the CLI's own) plus the position budget
+of the whole request (`check_positions`), before the job is queued.
+
+A new `T2IRequest` field reaches requests with one `FIELDS` entry (its JSON name, the
+request's attribute, its type) and its check in `check_t2i_request`; nothing else here.
 """
 from __future__ import annotations
 
 import base64
 import io
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+import torch
 
 from dtgen.compile import unique_graphs
+from dtgen.harness import Injections
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
+from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
+from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
 from models.hunyuan_image3.pipeline import (HunyuanT2IPipeline, T2IRequest, filler_ids, resolution_table, to_uint8,
                                             warmup_request)
-from models.hunyuan_image3.requests import check_t2i_request
+from models.hunyuan_image3.requests import check_positions, check_t2i_request, hw_to_size, size_to_hw
 
-# JSON field -> T2IRequest field (None: OpenAI's, handled here)
-FIELDS = {"prompt": "prompt", "seed": "seed", "num_inference_steps": "steps", "guidance_scale": "guidance",
-          "max_new_tokens": "max_new_tokens", "size": "image_size", "step_cache": "step_cache", "n": None,
-          "response_format": None, "model": None}
-_JSON_NAME = {t2i: name for name, t2i in FIELDS.items() if t2i is not None}
+
+@dataclass(frozen=True)
+class Field:
+    attr: str | None     # the T2IRequest attribute (None: OpenAI's, handled here)
+    type: type           # what form text becomes (JSON values are checked as they are)
+    routes: tuple[str, ...] = ("generations", "edits")
+
+
+FIELDS = {
+    "prompt": Field("prompt", str), "seed": Field("seed", int), "num_inference_steps": Field("steps", int),
+    "guidance_scale": Field("guidance", float), "max_new_tokens": Field("max_new_tokens", int),
+    "size": Field("image_size", str), "step_cache": Field("step_cache", str),
+    "system_prompt": Field("system_prompt", str, ("edits",)),
+    "n": Field(None, int), "response_format": Field(None, str), "model": Field(None, str), "user": Field(None, str),
+}
+_JSON_NAME = {f.attr: name for name, f in FIELDS.items() if f.attr is not None}
+FORM_TYPES = {name: f.type for name, f in FIELDS.items()}
 
 
 def png_b64(image) -> str:
@@ -39,54 +62,122 @@ def png_b64(image) -> str:
 class HunyuanServeAdapter:
     """`defaults`: the request every field not given comes from. `warmup_shapes`: (prompt
     tokens, "HxW") to compile ahead of traffic (`pipe.warm_up`); None warms up with one
-    short request of the defaults' shape. `inject_failure` (tests): (rank, phase, step):
-    raise there, once."""
+    short request of the defaults' shape. `inject_failure` (tests): `parse_injections`'
+    list: each raises once, where it is due (inside a step: from the last decoder layer)."""
+
+    kind = "image"
+    name = "HunyuanImage-3"
 
     def __init__(self, pipe: HunyuanT2IPipeline, rank: int, defaults: T2IRequest,
                  warmup_shapes: list[tuple[int, str]] | None = None, warmup: bool = True,
-                 inject_failure: tuple[int, str, int] | None = None):
+                 inject_failure: list[tuple] | None = None):
         self.pipe, self.rank, self.defaults = pipe, rank, defaults
         self.warmup_shapes, self.warmup = warmup_shapes, warmup
-        self.inject_failure = inject_failure
+        self.injections = Injections(inject_failure or [], rank, pipe.model.model.layers[-1])
+        m = pipe.model
+        self.edit_problem = ("the model was loaded without the vision tower and the VAE encoder (the checkpoint "
+                             "has none, or --no-edits)" if m.vision_model is None or m.vae.encoder is None else
+                             "the tokenizer has no Instruct tokens" if pipe.tok.instruct is None else None)
+        self.can_edit = self.edit_problem is None
+
+    def defaults_dict(self) -> dict:
+        d = self.defaults
+        return {"size": hw_to_size(d.image_size), "num_inference_steps": d.steps, "seed": d.seed,
+                "guidance_scale": d.guidance, "max_new_tokens": d.max_new_tokens,
+                "sizes": [f"{w}x{h}" for h, w in resolution_table(self.pipe.cfg.image_base_size)]}
 
     # ---- rank 0: fields -> request ----------------------------------------------------
-    def parse(self, fields: dict) -> T2IRequest:
-        unknown = sorted(set(fields) - set(FIELDS))
+    def _values(self, fields: dict, route: str) -> dict:
+        unknown = sorted(k for k in fields if k not in FIELDS or route not in FIELDS[k].routes)
         if unknown:
-            raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(FIELDS)}")
+            accepted = ", ".join(k for k, f in FIELDS.items() if route in f.routes)
+            raise RequestError(unknown[0], f"unknown field; accepted: {accepted}")
         if "prompt" not in fields:
             raise RequestError("prompt", "is required")
         if fields.get("n", 1) != 1:
             raise RequestError("n", f"must be 1 (one image per request), got {fields['n']!r}")
         if fields.get("response_format", "b64_json") != "b64_json":
             raise RequestError("response_format", f"must be 'b64_json', got {fields['response_format']!r}")
-        values = {FIELDS[k]: v for k, v in fields.items() if FIELDS[k] is not None}
+        values = {FIELDS[k].attr: v for k, v in fields.items() if FIELDS[k].attr is not None}
         if "image_size" in values:
-            values["image_size"] = _height_by_width(values["image_size"])
+            values["image_size"] = size_to_hw(values["image_size"], "size", self.pipe.cfg.image_base_size)
         if "step_cache" in values:
             # "taylor:interval=5" or {"method": "taylor", "interval": 5}; null: no cache
             try:
                 values["step_cache"] = parse_step_cache(values["step_cache"])
             except StepCacheError as e:
                 raise RequestError(f"step_cache.{e.knob}", e.message) from None
-        req = replace(self.defaults, **values)
-        cfg = self.pipe.cfg
+        return values
+
+    def _check(self, req: T2IRequest, prefix=None) -> T2IRequest:
+        cfg, pipe = self.pipe.cfg, self.pipe
         try:
-            tokens = len(self.pipe.tok.encode(req.prompt)) if isinstance(req.prompt, str) else None
-            check_t2i_request(req, cfg.image_base_size, cfg.max_position_embeddings, tokens, cfg.cfg_distilled)
+            check_t2i_request(req, cfg.image_base_size, distilled=cfg.cfg_distilled)
+            prompt_ids = pipe.tok.encode(req.prompt)
+            check_positions(req, prompt_ids, pipe.special, cfg.image_base_size, tuple(cfg.vae_downsample_factor),
+                            cfg.max_position_embeddings, condition_prefix=prefix(prompt_ids) if prefix else None,
+                            encode=pipe.tok.encode, instruct=pipe.tok.instruct)
         except RequestError as e:
-            if e.field == "image_size":  # in OpenAI's order: the pipeline's message is in HxW
-                h, w = (req.image_size.split("x") + [""])[:2]
-                sizes = sorted(resolution_table(cfg.image_base_size), key=lambda s: abs(s[1] / s[0] - _ratio(w, h)))
-                raise RequestError("size", f"{w}x{h} is not one of the model's sizes (WIDTHxHEIGHT); nearest: "
-                                           + ", ".join(f"{b}x{a}" for a, b in sizes[:3])) from None
             raise RequestError(_JSON_NAME.get(e.field, e.field), e.message) from None
         return req
+
+    def parse(self, fields: dict, form: bool = False) -> T2IRequest:
+        if form:
+            from dtgen.serve.forms import coerce
+            fields = coerce(fields, FORM_TYPES)
+        return self._check(replace(self.defaults, **self._values(fields, "generations")))
+
+    def parse_edit(self, fields: dict, files: dict, form: bool = True) -> T2IRequest:
+        """An edit: the form's fields and its one `image` file (OpenAI's `image` or `image[]`)."""
+        from dtgen.serve.forms import coerce
+        if "mask" in files or "mask" in fields:
+            raise RequestError("mask", "not supported: the edit covers the whole image (HunyuanImage-3 takes no mask)")
+        other = sorted(set(files) - {"image", "image[]"})
+        if other:
+            raise RequestError(other[0], "unknown file field; an edit takes one `image` file")
+        images = files.get("image", []) + files.get("image[]", [])
+        if not images:
+            raise RequestError("image", "is required: the image to edit, as a file field of the form")
+        if len(images) > 1:
+            raise RequestError("image", f"one image per edit, got {len(images)}")
+        if "image" in fields or "image[]" in fields:
+            raise RequestError("image", "must be a file, not text")
+        filename, data = images[0]
+        try:
+            reference = reference_tensor(load_reference_bytes(data, filename or "image"))
+        except ValueError as e:
+            raise RequestError("image", str(e)) from None
+        values = self._values(coerce(fields, FORM_TYPES) if form else fields, "edits")
+        req = replace(self.defaults, **values, reference=reference)
+        m, cfg = self.pipe.model, self.pipe.cfg
+        base = cfg.image_base_size
+        bucket = vae_bucket(reference.shape[0], reference.shape[1], base)
+        down = cfg.vae_downsample_factor
+        _, _, spatial = m.vision_processor(reference)
+        vit_rows, vit_cols = (int(v) for v in spatial[0])
+        shape = ConditionShape(resolution_table(base).index(bucket), bucket[0] // down[0], bucket[1] // down[1],
+                               vit_rows, vit_cols, m.vision_processor.max_num_patches)
+        tok = self.pipe.tok
+        return self._check(req, prefix=lambda ids: instruct_prefix(tok.encode, tok.special, tok.instruct, base,
+                                                                   shape, ids, req.system_prompt))
+
+    def phases(self, req: T2IRequest) -> tuple[str, ...]:
+        return (("condition",) if req.reference is not None else ()) + ("ar", "denoise", "vae")
 
     # ---- every rank -------------------------------------------------------------------
     def generate(self, req: T2IRequest, progress) -> dict | None:
         graphs = unique_graphs()
-        result = self.pipe.generate(req, progress=progress)
+        progress.show("condition" if req.reference is not None else "ar", 0, 1 if req.reference is not None
+                      else req.max_new_tokens)
+
+        def hook(phase: str, done: int, total: int) -> None:
+            if phase == "vae":       # only the ranks that decode report it: no agreement there
+                return progress.show(phase, done, total)
+            progress(phase, done, total)
+            if phase == "denoise" and done == total:
+                progress.show("vae", 0, 1)
+
+        result = self.pipe.generate(req, progress=hook)
         if self.rank != 0:
             return None
         h, w = result.image_size
@@ -109,25 +200,4 @@ class HunyuanServeAdapter:
         self.pipe.release_caches()
 
     def on_step(self, phase: str, done: int, total: int) -> None:
-        if self.inject_failure == (self.rank, phase, done):
-            self.inject_failure = None  # once
-            raise RuntimeError(f"injected failure on rank {self.rank} after {phase} step {done}")
-
-
-def _height_by_width(size) -> str:
-    """OpenAI's "WIDTHxHEIGHT" (or "auto") -> the pipeline's "HxW"."""
-    if not isinstance(size, str):
-        raise RequestError("size", f"must be 'auto' or 'WIDTHxHEIGHT', got {size!r}")
-    if size == "auto":
-        return size
-    parts = size.lower().split("x")
-    if len(parts) != 2:
-        raise RequestError("size", f"{size!r} is not 'auto' or 'WIDTHxHEIGHT'")
-    return f"{parts[1]}x{parts[0]}"
-
-
-def _ratio(width: str, height: str) -> float:
-    try:
-        return int(width) / int(height)
-    except (ValueError, ZeroDivisionError):
-        return 1.0
+        self.injections.at(phase, done)

@@ -1,0 +1,181 @@
+"""Wan text-to-video behind `dtgen.serve`: async video jobs (`POST /v1/videos`, progress,
+the MP4, DELETE) on the same job board, engine and metrics as the image server.
+
+Request fields (JSON or form text), OpenAI's videos API first:
+- `prompt` (required), `size` ("WIDTHxHEIGHT", multiples of the model's 16 px; the same
+  convention as the image server and the UI), `seconds` (OpenAI's; with `fps`, num_frames =
+  seconds * fps + 1), `model` (accepted, ignored); `input_reference` is refused (text to
+  video only);
+- the model's own: `num_frames` (4k + 1), `fps` (of the MP4), `negative_prompt`,
+  `num_inference_steps`, `guidance_scale`, `guidance_scale_2` (Wan2.2-A14B's low-noise
+  expert only), `flow_shift`, `sampler`, `seed`.
+Fields not given take the server's defaults (the T2V example's flags). Checked before the
+job is queued by `check_request`, the CLI's own.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, replace
+
+import torch
+
+from dtgen.harness import Injections
+from dtgen.samplers import SAMPLERS
+from dtgen.serve.errors import RequestError
+from models.wan.pipeline import T2VRequest, WanT2VPipeline, check_request
+
+MAX_FRAMES = 1001
+MAX_SIDE = 4096
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """What a video job runs: the pipeline's request and the MP4's frame rate."""
+    request: T2VRequest
+    fps: int
+
+
+# JSON name -> (T2VRequest attribute or None, type)
+FIELDS = {"prompt": ("prompt", str), "negative_prompt": ("negative_prompt", str), "size": (None, str),
+          "num_frames": ("num_frames", int), "seconds": (None, float), "fps": (None, int),
+          "num_inference_steps": ("steps", int), "guidance_scale": ("guidance_scale", float),
+          "guidance_scale_2": ("guidance_scale_2", float), "flow_shift": ("shift", float),
+          "sampler": ("sampler", str), "seed": ("seed", int), "model": (None, str)}
+_JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr}
+FORM_TYPES = {name: kind for name, (_, kind) in FIELDS.items()}
+
+
+def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
+    """[F, H, W, 3] uint8 -> H.264 MP4 at `target` (a path or a binary file object; PyAV
+    ships its own FFmpeg)."""
+    import av
+    with av.open(target, "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for frame in frames.numpy():
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+
+
+class WanServeAdapter:
+    kind = "video"
+    name = "Wan"
+
+    def __init__(self, pipe: WanT2VPipeline, rank: int, defaults: T2VRequest, fps: int = 16, warmup: bool = True,
+                 inject_failure: list[tuple] | None = None):
+        self.pipe, self.rank, self.defaults, self.default_fps = pipe, rank, defaults, fps
+        self.warmup = warmup
+        self.injections = Injections(inject_failure or [], rank, pipe.model.transformer.blocks[-1])
+        vae = pipe.model.vae.cfg
+        self.temporal, self.spatial = vae.temporal_factor, vae.spatial_factor * pipe.model.transformer.patch_size[1]
+        self.two_experts = pipe.model.transformer_2 is not None
+        self.name = "Wan2.2-A14B" if self.two_experts else "Wan 2.1"
+
+    def defaults_dict(self) -> dict:
+        d = self.defaults
+        return {"size": f"{d.width}x{d.height}", "num_frames": d.num_frames, "num_inference_steps": d.steps,
+                "seed": d.seed, "guidance_scale": d.guidance_scale, "fps": self.default_fps}
+
+    def describe(self, job: VideoJob) -> dict:
+        r = job.request
+        return {"size": f"{r.width}x{r.height}", "num_frames": r.num_frames, "fps": job.fps,
+                "seconds": str(round((r.num_frames - 1) / job.fps, 2))}
+
+    # ---- rank 0: fields -> request ----------------------------------------------------
+    def parse(self, fields: dict, form: bool = False) -> VideoJob:
+        if form:
+            from dtgen.serve.forms import coerce
+            fields = coerce(fields, FORM_TYPES)
+        if "input_reference" in fields:
+            raise RequestError("input_reference", "not supported: this server makes videos from text only")
+        unknown = sorted(set(fields) - set(FIELDS))
+        if unknown:
+            raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(FIELDS)}")
+        if not isinstance(fields.get("prompt"), str) or not fields["prompt"].strip():
+            raise RequestError("prompt", "is required" if "prompt" not in fields else "must be a non-empty string")
+        for name, value in fields.items():
+            kind = FIELDS[name][1]
+            ok = isinstance(value, str) if kind is str else (
+                isinstance(value, int) and not isinstance(value, bool) if kind is int else
+                isinstance(value, (int, float)) and not isinstance(value, bool) and value == value)
+            if not ok:
+                raise RequestError(name, f"must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
+                                         f", got {value!r}")
+        values = {FIELDS[k][0]: v for k, v in fields.items() if FIELDS[k][0] is not None}
+        if "size" in fields:
+            parts = fields["size"].lower().split("x")
+            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+                raise RequestError("size", f"{fields['size']!r} is not 'WIDTHxHEIGHT' (e.g. 832x480)")
+            values["width"], values["height"] = (int(p) for p in parts)
+        fps = fields.get("fps", self.default_fps)
+        if not 1 <= fps <= 120:
+            raise RequestError("fps", f"must be >= 1 and <= 120, got {fps}")
+        if "seconds" in fields:
+            if "num_frames" in fields:
+                raise RequestError("seconds", "give seconds or num_frames, not both")
+            frames = fields["seconds"] * fps + 1
+            if frames != int(frames) or (int(frames) - 1) % self.temporal:
+                raise RequestError("seconds", f"{fields['seconds']:g} s at {fps} fps is {frames:g} frames; it must "
+                                              f"make {self.temporal}k + 1 frames")
+            values["num_frames"] = int(frames)
+        if "guidance_scale_2" in fields and not self.two_experts:
+            raise RequestError("guidance_scale_2", "this checkpoint has one transformer (Wan 2.1); the field is "
+                                                   "Wan2.2-A14B's low-noise expert's guidance")
+        if values.get("sampler", self.defaults.sampler) not in SAMPLERS:
+            raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {values['sampler']!r}")
+        req = replace(self.defaults, **values)
+        for name, value, low, high in (("num_inference_steps", req.steps, 1, 1000),
+                                       ("num_frames", req.num_frames, 1, MAX_FRAMES),
+                                       ("seed", req.seed, 0, 2**63 - 1)):
+            if not low <= value <= high:
+                raise RequestError(name, f"must be >= {low} and <= {high}, got {value}")
+        if max(req.width, req.height) > MAX_SIDE:
+            raise RequestError("size", f"{req.width}x{req.height}: each side must be at most {MAX_SIDE} px")
+        for name, value in (("guidance_scale", req.guidance_scale), ("guidance_scale_2", req.guidance_scale_2),
+                            ("flow_shift", req.shift)):
+            if value is not None and not 0 <= value <= 100:
+                raise RequestError(name, f"must be >= 0 and <= 100, got {value:g}")
+        try:
+            check_request(req, self.temporal, self.spatial)
+        except ValueError as e:
+            text = str(e)
+            field = "size" if text.startswith(("height", "width")) else (
+                "seconds" if "seconds" in fields else "num_frames") if text.startswith("num_frames") else \
+                "num_inference_steps"
+            raise RequestError(field, text) from None
+        return VideoJob(req, fps)
+
+    def phases(self, job: VideoJob) -> tuple[str, ...]:
+        return ("encode", "denoise", "decode")
+
+    # ---- every rank -------------------------------------------------------------------
+    def generate(self, job: VideoJob, progress) -> dict | None:
+        progress.show("encode", 0, 1)
+
+        def hook(phase: str, done: int, total: int) -> None:
+            progress(phase, done, total)
+            if phase == "denoise" and done == total:
+                progress.show("decode", 0, 1)
+
+        result = self.pipe.generate(job.request, progress=hook)
+        if self.rank != 0:
+            return None
+        buffer = io.BytesIO()
+        encode_mp4(result.video, buffer, job.fps)
+        t = result.timings_ms
+        r = job.request
+        return {"video": buffer.getvalue(), "size": f"{r.width}x{r.height}", "num_frames": r.num_frames,
+                "fps": job.fps, "seed": r.seed,
+                "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
+                               "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
+
+    def warm_up(self, progress) -> None:
+        if self.warmup:
+            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
+
+    def free_caches(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def on_step(self, phase: str, done: int, total: int) -> None:
+        self.injections.at(phase, done)

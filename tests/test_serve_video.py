@@ -1,0 +1,104 @@
+"""The Wan server over real HTTP on 127.0.0.1 (`examples.serve --model wan`: the tiny Wan,
+one process): async video jobs with progress through every phase, the MP4, cancellation,
+one-line 4xx naming the field, and the UI in headless Chromium (progress, a video, a cancel)."""
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+av = pytest.importorskip("av")
+
+from tests.test_serve_http import CHROMIUM, call, chromium_dom, progress_log, running_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    log = tmp_path_factory.mktemp("wan") / "server.log"
+    with running_server(log, "--model", "wan", "--steps", "2", "--ping", "0.2", module="examples.serve") as (base, _):
+        yield base, log
+
+
+def wait_video(base: str, job_id: str, timeout_s: float = 120) -> tuple[dict, list[str]]:
+    seen, end = [], time.monotonic() + timeout_s
+    while True:
+        _, video, _ = call(base, "GET", f"/v1/videos/{job_id}")
+        seen.append(f"{video['status']} {video['dtgen']['phase']} {video['progress']}")
+        if video["status"] not in ("queued", "in_progress"):
+            return video, seen
+        assert time.monotonic() < end, video
+        time.sleep(0.02)
+
+
+def test_a_video_job_runs_through_every_phase_and_gives_an_mp4(wan):
+    base, log = wan
+    status, video, headers = call(base, "POST", "/v1/videos", {"prompt": "a fox runs", "seed": 1, "num_frames": 9})
+    assert status == 202 and video["object"] == "video" and video["status"] == "queued", video
+    assert headers["location"] == f"/v1/videos/{video['id']}" and video["size"] == "64x48"
+    done, seen = wait_video(base, video["id"])
+    assert done["status"] == "completed" and done["progress"] == 100, done
+    progress = [int(s.split()[-1]) for s in seen]
+    assert progress == sorted(progress), "progress only goes up"
+    status, _, _ = call(base, "GET", f"/v1/videos/{video['id']}/content")
+    assert status == 200
+    import urllib.request
+    raw = urllib.request.urlopen(f"{base}/v1/videos/{video['id']}/content", timeout=30).read()
+    with av.open(io.BytesIO(raw)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 9 and frames[0].shape == (48, 64, 3)
+    assert f'"GET /v1/videos/{video["id"]}/content" 200' in log.read_text()
+
+
+def test_a_video_job_is_cancelled_and_its_content_says_so(wan):
+    base, _ = wan
+    status, video, _ = call(base, "POST", "/v1/videos", {"prompt": "a fox", "num_inference_steps": 400})
+    end = time.monotonic() + 60
+    while call(base, "GET", f"/v1/videos/{video['id']}")[1]["dtgen"]["done"] < 2:
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    status, answer, _ = call(base, "GET", f"/v1/videos/{video['id']}/content")
+    assert status == 409 and "in_progress" not in answer["error"]["message"] and "running" in answer["error"]["message"]
+    assert call(base, "DELETE", f"/v1/videos/{video['id']}")[0] == 200
+    done, _ = wait_video(base, video["id"])
+    assert done["status"] == "cancelled" and done["error"]["message"] == "cancelled by DELETE", done
+
+
+@pytest.mark.parametrize("body, field, message", [
+    ({"prompt": "x", "num_frames": 10}, "num_frames", "4k + 1); nearest valid: 9 or 13"),
+    ({"prompt": "x", "size": "63x48"}, "size", "width=63 must be a multiple of 16"),
+    ({"prompt": "x", "seconds": 1, "num_frames": 17}, "seconds", "not both"),
+    ({"prompt": "x", "guidance_scale_2": 3.0}, "guidance_scale_2", "one transformer (Wan 2.1)"),
+    ({"prompt": "x", "input_reference": "a.png"}, "input_reference", "text only"),
+    ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
+    ({"size": "64x48"}, "prompt", "is required"),
+])
+def test_bad_video_fields_get_422_naming_the_field(wan, body, field, message):
+    base, _ = wan
+    status, answer, _ = call(base, "POST", "/v1/videos", body)
+    assert status == 422 and answer["error"]["field"] == field and message in answer["error"]["message"], answer
+
+
+def test_an_image_request_to_a_video_model_is_refused_in_one_line(wan):
+    base, _ = wan
+    for path in ("/v1/images/generations", "/v1/images/edits"):
+        status, answer, _ = call(base, "POST", path, {"prompt": "x"})
+        assert status == 404 and "this server makes videos" in answer["error"]["message"], answer
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")
+def test_video_ui_in_headless_chromium(wan, tmp_path):
+    """The page, told by /info it serves video, follows a video job through its phases to
+    100% and shows the MP4; a second one is cancelled from its button at denoise step 2."""
+    base, _ = wan
+    dom = chromium_dom(f"{base}/?prompt=a+fox&steps=2&frames=9&go=1", tmp_path / "a")
+    assert '<progress id="bar" max="100" value="100">' in dom and '<div id="status">completed' in dom, dom[-2000:]
+    phases = {line.split(", ")[1].split()[0] for line in progress_log(dom) if ", " in line}
+    assert {"encode", "denoise", "decode"} <= phases or {"denoise", "decode"} <= phases, progress_log(dom)
+    assert re.search(r'<video id="video" controls="" class="" src="/v1/videos/job-\d+/content">', dom), dom[-2000:]
+    dom = chromium_dom(f"{base}/?prompt=a+fox&steps=400&frames=9&go=1&cancel_at=denoise:2", tmp_path / "b")
+    log = progress_log(dom)
+    assert "in_progress, denoise 2/400" in log and "cancel requested" in log, log
+    assert '<div id="status">cancelled' in dom, log
