@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tokenizers,serve,video]"
+	$(PY) -m pip install -q -e ".[test,serve,video]"
 	touch $(STAMP)
 
 demo: $(STAMP)
