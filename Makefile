@@ -27,10 +27,10 @@ test: $(STAMP)
 GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 test-gpu:
-	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" --durations=10 tests
+	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" --durations=0 tests
 
 test-gpu2:
-	$(GPU_PY) -m pytest -q -m multigpu --durations=10 tests
+	$(GPU_PY) -m pytest -q -m multigpu --durations=0 tests
 
 clean:
 	rm -rf $(VENV) outputs .cache
