@@ -669,8 +669,9 @@ TABLES += [
              Value(decode_row(None, v, t) + ".gbps", "{:.0f} GB/s")], file=S9M)
         for v, label in (("decode_triton", "bf16"), ("decode_triton_fp8_channels", "FP8 channels"),
                          ("decode_triton_fp8_blocks", "FP8 blocks")) for t in (1, 16)
-    ], note="`bytes read`, `floor` and `achieved` are recomputed here from the stored `us` and `distinct_experts` "
-            "of each row with `bench.floors.moe_decode_expert_bytes` (e4m3 weights at 1 B plus their float32 "
+    ], note="`bytes read`, `floor` and `achieved` are recomputed here from the stored raw timings (`us`) and "
+            "`distinct_experts` of each row with `bench.floors.moe_decode_expert_bytes` (the formula of commit "
+            "d6918a0: e4m3 weights at 1 B plus their float32 "
             "scales; bf16 at 2 B) and one HBM peak, 4.3 TB/s (the copy bandwidth measured on this workplace's "
             "H200; the datasheet's 4.8 is not reachable). The stored `floor_us` and `gbps` of these files counted "
             "bf16 bytes for every row, hence FP8 \"bandwidths\" above the HBM peak; bench_moe now writes the "
