@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,tokenizers,serve,video]"
+	$(PY) -m pip install -q -e ".[test,serve,video]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -27,10 +27,10 @@ test: $(STAMP)
 GPU_PY = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
 
 test-gpu:
-	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" --durations=10 tests
+	$(GPU_PY) -m pytest -q -m "gpu and not multigpu" --durations=0 tests
 
 test-gpu2:
-	$(GPU_PY) -m pytest -q -m multigpu --durations=10 tests
+	$(GPU_PY) -m pytest -q -m multigpu --durations=0 tests
 
 clean:
 	rm -rf $(VENV) outputs .cache

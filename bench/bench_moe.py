@@ -16,12 +16,20 @@ T*K*(2*H*2I + 2*I*H) with I = 1536 (both micros) at 694 TFLOP/s (dense bf16 GEMM
 measured on this H200). Targets: <= 2.4 ms at T=4096 and >= 1.2x vs two dispatches.
 
 Decode, T = 1, 2, 8, 16: the Triton decode op vs the torch reference vs the multi-micro
-op. Floor: the distinct selected experts' weight bytes at 4.3 TB/s (T=1: 8 experts,
-151 MB, 35 us). Target: <= 55 us at T=1. Each timed call uses another of 8 routings, so
+op. Floor: the distinct selected experts' bytes in the row's storage (bf16 2 B per weight,
+e4m3 1 B plus its float32 scales; `bench.floors.moe_decode_expert_bytes`) at 4.3 TB/s, the
+measured copy bandwidth (T=1, 8 experts: bf16 151 MB, 35 us; FP8 channels 76 MB, 18 us);
+`gbps` counts the same bytes. Target: <= 55 us at T=1 (bf16), <= 30 us (FP8). Each timed call uses another of 8 routings, so
 weights come from HBM rather than L2. The Triton decode op is timed as CUDA-graph
 replays (eager launch overhead is a large share of ~50 us) and eagerly; the others
 eagerly (the reference syncs with the host).
-Decode tiles are swept per weight kind (bf16, FP8 channels, FP8 blocks; stage 1 and\nstage 2 apart, then their bests together); the best is reported beside the default.
+Decode tiles are swept per weight kind (bf16, FP8 channels, FP8 blocks; stage 1 and
+stage 2 apart, then their bests together); the best is reported beside the default.
+
+`--autotune` adds the multi-micro op's torch-level form (`moe_multi_micro_graph`, MoE impl
+"graph") compiled with inductor's grouped-GEMM autotuning (what `--compile-autotune` runs):
+its time and its error against two dispatches. Each T autotunes ~100 Triton templates
+per GEMM shape (about two minutes); the GPU suite leaves this to the bench.
 
 Times are medians of triton.testing.do_bench.
 """
@@ -37,13 +45,15 @@ import triton.testing
 
 from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_config_for, moe_decode_triton
 from kernels.fp8_quant import quantize_experts
-from kernels.moe_multi_micro import concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_reference
+from kernels.moe_multi_micro import (concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_graph,
+                                     moe_multi_micro_reference)
+
+from bench.floors import DENSE_BF16_TFLOPS as PEAK_TFLOPS, HBM_TBPS as PEAK_TBPS, moe_decode_expert_bytes
 
 HIDDEN, EXPERTS, TOP_K, INTER = 4096, 64, 8, 768
-PEAK_TFLOPS, PEAK_TBPS = 694.0, 4.3
 PREFILL_TOKENS, DECODE_TOKENS = (2048, 4096, 8192), (1, 2, 8, 16)
 ROUTINGS = 8  # decode rotates over this many routings
-TARGET_PREFILL_MS, TARGET_SPEEDUP, TARGET_DECODE_US = 2.4, 1.2, 55.0
+TARGET_PREFILL_MS, TARGET_SPEEDUP, TARGET_DECODE_US, TARGET_FP8_DECODE_US = 2.4, 1.2, 55.0, 30.0
 
 
 def make_routing(tokens, gen):
@@ -99,7 +109,16 @@ def rel_error(actual, expected):
     return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
 
 
-def bench_prefill(gen):
+def copy_tbps() -> float:
+    """Device-to-device copy bandwidth (read + write) of a 2 GiB buffer: what the floors'
+    HBM peak stands for, measured on the machine of this run."""
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e12
+
+
+def bench_prefill(gen, autotune=False):
     w_gate_up, w_down = make_weights(2, gen)
     cat_gate_up, cat_down = concat_micros(w_gate_up, w_down)  # the copy, outside the timing
     compiled = torch.compile(moe_multi_micro, fullgraph=True)
@@ -115,6 +134,9 @@ def bench_prefill(gen):
         "two_dispatch": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="two_dispatch"),
         "one_dispatch_concat": lambda *a: moe_multi_micro(*a, cat_gate_up, cat_down),
     }
+    if autotune:
+        tuned = torch.compile(moe_multi_micro_graph, fullgraph=True, options={"max_autotune_gemm": True})
+        variants["multi_micro_graph_autotuned"] = lambda *a: tuned(*a, w_gate_up, w_down)
     rows = []
     for tokens in PREFILL_TOKENS:
         x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
@@ -178,23 +200,24 @@ DECODE_KINDS = ("bf16", "fp8_channels", "fp8_blocks")
 
 def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=False):
     w_gate_up, w_down = make_weights(1, gen)
-    expert_bytes = 3 * INTER * HIDDEN * w_gate_up.element_size()
     fp8_weights = {recipe: quantize_experts(w_gate_up, w_down, recipe) for recipe in ("channels", "blocks")}
     rows = []
     for tokens in decode_tokens:
         x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
         routings = [make_routing(tokens, gen) for _ in range(ROUTINGS)]
         distinct = sum(ids.unique().numel() for ids, _ in routings) / ROUTINGS
-        floor_us = distinct * expert_bytes / (PEAK_TBPS * 1e12) * 1e6
         expected = moe_multi_micro_reference(x, *routings[0], w_gate_up, w_down)
 
         def calls(fn):
             return [lambda ids=ids, w=w: fn(x, ids, w, w_gate_up, w_down) for ids, w in routings]
 
-        def record(variant, ms, timing, err, **extra):
+        def record(variant, ms, timing, err, kind="bf16", **extra):
+            moved = distinct * moe_decode_expert_bytes(kind, HIDDEN, INTER)  # in the row's own storage
+            floor_us = moved / (PEAK_TBPS * 1e12) * 1e6
             rows.append(dict(bench="decode", tokens=tokens, variant=variant, us=ms * 1e3, timing=timing,
-                             distinct_experts=distinct, floor_us=floor_us, ratio_to_floor=ms * 1e3 / floor_us,
-                             gbps=distinct * expert_bytes / (ms * 1e-3) / 1e9, rel_err_vs_reference=err, **extra))
+                             weight_kind=kind, distinct_experts=distinct, bytes=moved, floor_us=floor_us,
+                             ratio_to_floor=ms * 1e3 / floor_us, gbps=moved / (ms * 1e-3) / 1e9,
+                             rel_err_vs_reference=err, **extra))
 
         def rotating(fn):
             state = {"i": 0}
@@ -225,7 +248,7 @@ def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=F
             def error(config, run=run):
                 return rel_error(run(x, *routings[0], w_gate_up, w_down, config=config), expected)
 
-            extra = dict(fp8_weight_bytes_ratio=bytes_ratio) if fp8 else {}
+            extra = dict(fp8_weight_bytes_ratio=bytes_ratio, kind=f"fp8_{recipe}") if fp8 else {}
             if profile:  # the default tiles' kernels, no sweep
                 extra["kernel_us"] = kernel_us_per_call(calls(lambda *a: run(*a, config=default)))
                 record(f"decode_triton{suffix}", time_config(default), "cuda_graph", error(default),
@@ -255,13 +278,13 @@ def print_table(prefill, decode):
         print(f"{r['tokens']:>5} {r['variant']:<26} {r['ms']:>8.3f} {r['tflops']:>8.1f} "
               f"{r['ratio_to_floor']:>8.2f} {r['speedup_vs_two_dispatch']:>8.2f}x")
     print(f"targets: multi_micro <= {TARGET_PREFILL_MS} ms at T=4096 (floor 1.79 ms), >= {TARGET_SPEEDUP}x vs two dispatches")
-    print("\ndecode MoE (one micro of I=768), bf16")
+    print("\ndecode MoE (one micro of I=768)")
     print(f"{'T':>5} {'variant':<26} {'us':>8} {'GB/s':>8} {'floor us':>8} {'x floor':>8}")
     for r in decode:
         print(f"{r['tokens']:>5} {r['variant']:<26} {r['us']:>8.1f} {r['gbps']:>8.0f} "
               f"{r['floor_us']:>8.1f} {r['ratio_to_floor']:>8.2f}")
-    print(f"target: decode_triton <= {TARGET_DECODE_US} us at T=1 (floor ~35 us); "
-          f"FP8 decode <= 30 us at T=1 (floor ~18 us: half the bytes)")
+    print(f"targets: decode_triton <= {TARGET_DECODE_US} us at T=1 (bf16), FP8 decode <= {TARGET_FP8_DECODE_US} us; "
+          f"floors: the row's bytes at {PEAK_TBPS} TB/s")
 
 
 def main():
@@ -272,18 +295,23 @@ def main():
     parser.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
     parser.add_argument("--profile-decode", action="store_true",
                         help="decode: each kind's default tiles, timed and profiled per kernel (no tile sweep)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="prefill: also moe_multi_micro_graph under inductor's GEMM autotuning (minutes per T)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_moe needs a CUDA GPU (it measures the H200 kernels); none is visible here.")
     gen = torch.Generator(device="cuda").manual_seed(0)
-    prefill = bench_prefill(gen) if args.part != "decode" else []
+    measured_copy_tbps = copy_tbps()
+    prefill = bench_prefill(gen, args.autotune) if args.part != "decode" else []
     decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode) if args.part != "prefill" else []
     report = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),
-        floors=dict(peak_tflops=PEAK_TFLOPS, peak_tbps=PEAK_TBPS,
+        floors=dict(peak_tflops=PEAK_TFLOPS, peak_tbps=PEAK_TBPS, measured_copy_tbps=measured_copy_tbps,
                     prefill_flops="T*K*(2*H*2I + 2*I*H), I = 1536 (both micros)",
-                    decode_bytes="distinct selected experts * 3*I*H*2 B (one micro), mean over the routings"),
+                    decode_bytes="distinct selected experts (mean over the routings) * bench.floors."
+                                 "moe_decode_expert_bytes(weight_kind): 3*I*H weights at 2 B (bf16) or 1 B "
+                                 "(e4m3) plus the FP8 rows' float32 scales"),
         notes=["times are medians of triton.testing.do_bench",
                "one_dispatch_concat: the expert-major concat of the micros is a copy made before timing, not timed",
                f"decode: each call uses another of {ROUTINGS} routings; cuda_graph rows time one graph "
@@ -291,7 +319,7 @@ def main():
                "rel_err: relative Frobenius error vs two_dispatch (prefill) or the fp32-math reference (decode)"],
         prefill=prefill, decode=decode,
         targets=dict(prefill_ms_at_4096=TARGET_PREFILL_MS, speedup_vs_two_dispatch=TARGET_SPEEDUP,
-                     decode_us_at_1=TARGET_DECODE_US),
+                     decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US),
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -130,6 +130,36 @@ def check_heads_fit(heads: dict[str, tuple[int, int]], resolved: ResolvedPlan) -
                                 f"SP{layout.sp_size}): {e}") from None
 
 
+def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None):
+    """Steps 1-3 up to the fit: the plan resolved and checked against the model on meta."""
+    resolved = resolve(plan, world_size)
+    with torch.device("meta"):
+        model = adapter.build_on_meta()
+    sources = adapter.param_sources(model)
+    rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], adapter.unbuilt_modules(model))
+    rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
+    outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
+    heads = adapter.attention_heads(model)
+    check_heads_fit(heads, resolved)
+    specs = param_specs(adapter, model, rules, dtype, fp8)
+    pieces = resolved.storage_tp * resolved.num_micros
+    for name, spec in specs.items():  # before any byte is read
+        check_divisible(name, spec, pieces)
+        check_fp8_split(name, spec, pieces)
+    return resolved, model, outputs, heads, specs
+
+
+def plan_problem(adapter: ModelAdapter, plan: Plan, world_size: int, fp8: str | None = None) -> str | None:
+    """Why `build` would refuse this plan for this model at this world size (the same checks:
+    the world size, heads per rank, divisibility of every split, FP8 block splits), or None.
+    Nothing is read or allocated; the device fit is not part of it."""
+    try:
+        _checked(adapter, plan, world_size, torch.float32, fp8)
+    except PlanError as e:
+        return str(e)
+    return None
+
+
 def _all_ranks_max(timeout_s: float):
     """Elementwise max over every rank, on a gloo group of its own with the start-up
     timeout: ranks reach each weight as fast as they read, so the control group's short
@@ -163,20 +193,7 @@ def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, ra
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
     """
     device = torch.device(device)
-    resolved = resolve(plan, world_size)
-    with torch.device("meta"):
-        model = adapter.build_on_meta()
-    sources = adapter.param_sources(model)
-    rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], adapter.unbuilt_modules(model))
-    rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
-    outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
-    heads = adapter.attention_heads(model)
-    check_heads_fit(heads, resolved)
-    specs = param_specs(adapter, model, rules, dtype, fp8)
-    pieces = resolved.storage_tp * resolved.num_micros
-    for name, spec in specs.items():  # before any byte is read
-        check_divisible(name, spec, pieces)
-        check_fp8_split(name, spec, pieces)
+    resolved, model, outputs, heads, specs = _checked(adapter, plan, world_size, dtype, fp8)
     # Every storage shard has the same size: check the fit before any group or byte exists.
     shard_shape = StorageShard(resolved.storage_tp, 0, resolved.num_micros)
     check_fits(planned_nbytes(specs, shard_shape, dtype), device, plan.name, reserve_bytes=1 << 30)

@@ -4,6 +4,10 @@ Triton kernels run on the CPU under TRITON_INTERPRET=1; the variable must be set
 triton is imported, so it is set here when no GPU is present. GPU-only tests carry the
 `gpu` marker and are skipped without CUDA; multi-GPU tests carry `multigpu` and are
 skipped with fewer than 2 GPUs.
+
+Under DTGEN_REQUIRE_GOLDEN=1 (CI) a missing golden folder ends the run at collection with
+the one-line message of `models.hunyuan_image3.golden.discover_cases`, instead of turning
+the official-parity tests into skips.
 """
 import os
 
@@ -29,6 +33,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
         elif "gpu" in item.keywords and gpus < 1:
             item.add_marker(skip_gpu)
+
+
+def pytest_exception_interact(node, call, report):
+    """A golden folder that DTGEN_REQUIRE_GOLDEN=1 demands is missing: stop the whole run
+    with its one line (the first module to look for it raises; nothing else runs)."""
+    from models.hunyuan_image3.golden import GoldenDataMissing
+    if report.when == "collect" and call.excinfo is not None and isinstance(call.excinfo.value, GoldenDataMissing):
+        pytest.exit(str(call.excinfo.value), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")

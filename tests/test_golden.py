@@ -25,6 +25,9 @@ def _params():
 def case_results(request):
     folder, moe_impl = request.param
     case = GoldenCase(folder)
+    if moe_impl == "eager":
+        # The VAE runs no MoE: its outputs are checked once, under "auto" (the slow part on CPU).
+        case.t = {k: v for k, v in case.t.items() if not k.startswith("vae_")}
     loaded = load(case.folder, get_plan("single"), dtype=torch.float32, moe_impl=moe_impl)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
     return case, {c.name: c for c in compare_case(case, pipe)}
@@ -40,9 +43,11 @@ EXPECTED = ["ar_prefill_logits", "ar_prefill_last_hidden_state", "ar_generated_i
 
 
 @pytest.mark.parametrize("output", EXPECTED)
-def test_golden_output(case_results, output):
+def test_golden_output(case_results, output, request):
     case, results = case_results
     if output not in results:
+        if output.startswith("vae_") and "moe_eager" in request.node.name:
+            pytest.skip("the VAE runs no MoE: checked under moe_auto")
         pytest.skip(f"case {case.folder.name} has no {output}")
     r = results[output]
     assert r.ok, f"{case.folder.name}/{output}: max abs {r.max_abs:.3e} beyond rtol {case.rtol} atol {case.atol} {r.detail}"

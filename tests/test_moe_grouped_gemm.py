@@ -41,8 +41,11 @@ def make_inputs(tokens, hidden, inter, experts, top_k, micros, seed=0, dtype=tor
     weights, ids = torch.softmax(logits, -1).topk(top_k, -1)
     weights = weights / weights.sum(-1, keepdim=True)
     x = torch.randn(tokens, hidden, generator=gen)
-    w_gate_up = torch.randn(micros, experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)
-    w_down = torch.randn(micros, experts, hidden, inter, generator=gen) / math.sqrt(inter)
+    # At HunyuanImage-3 shapes the weights are 1.2 G values: on a GPU they are drawn there
+    # (drawing them on the host took ~8 s a test); on the CPU the draws are as they were.
+    wgen = gen if torch.device(device).type == "cpu" else torch.Generator(device).manual_seed(seed)
+    w_gate_up = torch.randn(micros, experts, 2 * inter, hidden, generator=wgen, device=device) / math.sqrt(hidden)
+    w_down = torch.randn(micros, experts, hidden, inter, generator=wgen, device=device) / math.sqrt(inter)
     return (x.to(device, dtype), ids.to(device), weights.to(device),
             w_gate_up.to(device, dtype), w_down.to(device, dtype))
 

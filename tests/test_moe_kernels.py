@@ -47,8 +47,11 @@ def make_moe(tokens, hidden, inter, experts, top_k, micros, dtype=torch.float32,
     logits[:, seed % experts] = -math.inf
     weights, ids = torch.softmax(logits, dim=-1).topk(top_k, dim=-1)
     weights = weights / weights.sum(dim=-1, keepdim=True)
-    w_gate_up = torch.randn(micros, experts, 2 * inter, hidden, generator=gen) / math.sqrt(hidden)
-    w_down = torch.randn(micros, experts, hidden, inter, generator=gen) / math.sqrt(inter)
+    # At HunyuanImage-3 shapes the weights are 1.2 G values: on a GPU they are drawn there
+    # (drawing them on the host took ~8 s a test); on the CPU the draws are as they were.
+    wgen = gen if torch.device(device).type == "cpu" else torch.Generator(device).manual_seed(seed)
+    w_gate_up = torch.randn(micros, experts, 2 * inter, hidden, generator=wgen, device=device) / math.sqrt(hidden)
+    w_down = torch.randn(micros, experts, hidden, inter, generator=wgen, device=device) / math.sqrt(inter)
     return (x.to(device, dtype), ids.to(device), weights.to(device),
             w_gate_up.to(device, dtype), w_down.to(device, dtype))
 
@@ -346,14 +349,16 @@ def test_gpu_multi_micro_hunyuan_shapes(impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("autotune", [False, True])
-def test_gpu_traceable_fast_path_compiled(autotune):
-    """What the compiled prefill/denoise steps run: the torch-level fast path through
-    inductor, with and without its grouped-GEMM autotuning."""
+def test_gpu_traceable_fast_path_compiled():
+    """What the compiled prefill/denoise steps run with MoE impl "graph": the torch-level fast
+    path traced by inductor (fullgraph) at HunyuanImage-3 shapes, against the fp32 reference
+    and the op. With inductor's grouped-GEMM autotuning (`--compile-autotune`) the same graph
+    compiles ~100 Triton templates per GEMM shape (126 s here): that variant is measured and
+    checked (its error against two dispatches) in `python -m bench.bench_moe`
+    (`multi_micro_graph_autotuned`), not in this suite."""
     args = make_moe(tokens=300, micros=2, dtype=torch.bfloat16, device="cuda", **HUNYUAN)
     torch._dynamo.reset()
-    options = {"max_autotune_gemm": True} if autotune else None
-    compiled = torch.compile(mm.moe_multi_micro_graph, fullgraph=True, options=options)
+    compiled = torch.compile(mm.moe_multi_micro_graph, fullgraph=True)
     out = compiled(*args)
     assert out.dtype == torch.bfloat16
     assert rel_error(out, _fp32_reference(args)) < 1e-2

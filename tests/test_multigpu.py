@@ -31,13 +31,16 @@ pytestmark = pytest.mark.multigpu
 ROOT = Path(__file__).resolve().parents[1]
 # "+regions": the plan with regional compilation (--compile-regions)
 PLANS = ["tp2", "hybrid2", "hybrid2-cfg", "tp2+regions"]
-# float32: the parallel plans regroup sums; inductor reorders float32 math (as on the CPU).
-# (Measured on 2 x H200, 2026-11-30: 0.0 for every plan, compiled and eager.)
+# Bounds from every measured run (2 x H200: bench/results/h200x2-2026-11-30*/multigpu-*.json
+# and h200x2-2026-12-01-session4/tp2+regions-*.json, all four plans, compiled and eager):
+# float32: the parallel plans regroup sums, inductor reorders float32 math; measured
+# 5.0e-7..2.2e-6 relative to the largest value: bound 1e-4 (45x the largest).
 # bfloat16, relative to the largest value: the reference is the plain single-process model
 # (eager MoE loop) against the plans' Triton MoE kernels and bf16 all-reduces; on the tiny
-# random model, whose logits are small sums that nearly cancel, that measured 0.052-0.072.
-# A wrong shard, gather or head split is off by O(1).
-TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1}
+# random model, whose logits are small sums that nearly cancel, that measured 0.052-0.072
+# (the logits' 0.068 / 0.072 the same in every run: one bf16 rounding, not noise): bound
+# 0.15, twice the largest. A wrong shard, gather or head split is off by O(1).
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.15}
 
 
 def _env(tiny_checkpoint) -> dict:

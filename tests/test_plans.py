@@ -3,10 +3,11 @@ import dataclasses
 
 import pytest
 
+from dtgen.build import plan_problem
 from dtgen.plan import PhasePlan, PlanError, Rule, match_outputs, match_rules, resolve
 from dtgen.storage import check_divisible
 from models.hunyuan_image3.config import HunyuanImage3Config
-from models.hunyuan_image3.loading import build_on_meta, check_plan_fits, load, param_specs
+from models.hunyuan_image3.loading import HunyuanAdapter, build_on_meta, check_plan_fits, load, param_specs
 from models.hunyuan_image3.tiny import tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
 
@@ -116,6 +117,18 @@ def test_heads_that_ulysses_cannot_split():
     with pytest.raises(PlanError, match=r"plan 'tp2sp2', phase 'ar' \(TP2 x SP2\): Ulysses: 3 query heads per TP "
                                         r"rank are not divisible by the SP size 2"):
         check_plan_fits(cfg6, r)
+
+
+def test_plan_problem_is_the_build_refusal():
+    """`plan_problem` (what the golden-through-plans tests skip on) says what `load` would
+    refuse, without reading or allocating: None where the plan fits."""
+    fits = HunyuanAdapter(HunyuanImage3Config.from_dict(tiny_config()))
+    assert plan_problem(fits, get_plan("hybrid"), 4) is None
+    six_two = HunyuanAdapter(HunyuanImage3Config.from_dict({**tiny_config(), "num_attention_heads": 6,
+                                                             "num_key_value_heads": 2}))
+    assert "3 query heads per TP rank are not divisible by the SP size 2" in plan_problem(six_two, get_plan("hybrid"), 4)
+    assert "2 KV-head groups along dim 0" in plan_problem(six_two, get_plan("tp4"), 4)
+    assert "laid out for 2 ranks" in plan_problem(fits, get_plan("tp2"), 4)
 
 
 def test_load_checks_the_plan_before_reading(tiny_checkpoint):

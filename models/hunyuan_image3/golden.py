@@ -30,13 +30,39 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
 TI2I_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden-ti2i"
 
 
+REQUIRE_ENV = "DTGEN_REQUIRE_GOLDEN"
+
+
+class GoldenDataMissing(FileNotFoundError):
+    """A golden folder that $DTGEN_REQUIRE_GOLDEN=1 demands is missing or holds no case."""
+
+
+def golden_required() -> bool:
+    """$DTGEN_REQUIRE_GOLDEN: "1" makes a missing or empty golden folder an error (CI sets it),
+    "0" or unset lets the parity tests skip (a clone without ../shared)."""
+    value = os.environ.get(REQUIRE_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${REQUIRE_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def discover_cases(root: Path = DEFAULT_ROOT, env: str = "DTGEN_GOLDEN_DIRS") -> list[Path]:
-    """Case folders under `root` and under every folder in $`env` (os.pathsep-separated)."""
+    """Case folders under `root` and under every folder in $`env` (os.pathsep-separated).
+
+    Under $DTGEN_REQUIRE_GOLDEN=1 every one of those folders must exist and hold a case
+    (a folder with golden.json): otherwise `GoldenDataMissing`, one line naming the folder,
+    so that CI cannot pass with the official-parity tests turned into skips."""
     roots = [root] + [Path(p) for p in os.environ.get(env, "").split(os.pathsep) if p]
+    required = golden_required()
     cases = []
     for r in roots:
-        if r.is_dir():
-            cases += sorted(p for p in r.iterdir() if (p / "golden.json").is_file())
+        found = sorted(p for p in r.iterdir() if (p / "golden.json").is_file()) if r.is_dir() else []
+        if required and not found:
+            what = "holds no golden case (no */golden.json)" if r.is_dir() else "does not exist"
+            source = "the default golden folder" if r == root else f"listed in ${env}"
+            raise GoldenDataMissing(f"${REQUIRE_ENV}=1 but {r} ({source}) {what}: the official-parity "
+                                    f"tests cannot run; put the golden fixtures there or unset ${REQUIRE_ENV}")
+        cases += found
     return cases
 
 

@@ -1,6 +1,6 @@
 """Tokenizers and the special-token ids the text-to-image and Instruct (image editing) templates need.
 
-A real checkpoint ships `tokenizer.json` (read through the optional `tokenizers` package).
+A real checkpoint ships `tokenizer.json` (read through the `tokenizers` package, a dependency).
 The embedded tiny default has none: it uses a byte-level tokenizer whose text ids are
 byte + 1, with the special ids listed in its config.
 """
@@ -107,7 +107,7 @@ class HFTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise ImportError("reading tokenizer.json needs the 'tokenizers' package: "
-                              "pip install 'dtgen[tokenizers]'") from None
+                              "pip install tokenizers") from None
         self.tok = Tokenizer.from_file(str(path))
         self.special = SpecialTokens.from_lookup(self.tok.token_to_id, cfg)
         self.instruct = InstructTokens.find(self.tok.token_to_id)

@@ -1,0 +1,857 @@
+"""The tables of docs/performance.md, as data (rendered by `python -m bench.report`).
+
+`RUNS`: every JSON a table reads (path under bench/results/) and the command that made it;
+`TABLES`: the tables, in any order (the doc's markers place them). See bench/report.py for
+the cell kinds and how to add a benchmark's figures.
+"""
+from __future__ import annotations
+
+from bench.floors import HBM_TBPS, moe_decode_expert_bytes
+from bench.report import Calc, Join, Row, RunInfo, Runs, Table, Text, Value, Verdict
+
+GPU_IMAGE = "torch 2.11.0+cu130, triton 3.6.0"
+CPU_STACK = "torch 2.13.0+cpu, triton 3.9.0"
+T2I_2LAYERS = ("python -m examples.hunyuan_t2i --random-weights full --layers 2 --plan single --prompt-tokens 1251 "
+               "--ignore-eos --image-size 1024x1024")
+
+# ---- the runs -----------------------------------------------------------------------------------
+S1, S1B = "h200-2026-11-29", "h200-2026-11-29-session2"
+X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-session2", "h200x2-2026-11-30-session3",
+                  "h200x2-2026-12-01-session4")
+S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-session6", "h200-2026-12-01-session7",
+                          "h200x2-2026-12-01-session7", "h200-2026-12-01-session8", "h200-2026-12-01-session9")
+SERVE = "cpu-2026-12-01-serve/bench_serve.json"
+CPU_COMPILE = "compile-cpu-2026-11-30.json"
+
+RUNS: dict[str, RunInfo] = {
+    # one H200, 2026-11-29 (bash bench/run_gpu.sh)
+    f"{S1}/bench_layers.json": RunInfo("python -m bench.bench_layers --profile"),
+    f"{S1}/bench_moe.json": RunInfo("python -m bench.bench_moe"),
+    f"{S1}/bench_attention.json": RunInfo("python -m bench.bench_attention"),
+    f"{S1}/t2i_full_2layers.json": RunInfo(f"{T2I_2LAYERS} --max-new-tokens 256 --steps 10", software=GPU_IMAGE),
+    f"{S1}/t2i_full_2layers_compiled.json": RunInfo(f"{T2I_2LAYERS} --max-new-tokens 256 --steps 10 --compile",
+                                                    software=GPU_IMAGE),
+    f"{S1B}/bench_layers_op_path.json": RunInfo("python -m bench.bench_layers --profile"),
+    f"{S1B}/bench_layers_traced_moe_inductor_finalize.json": RunInfo(
+        "python -m bench.bench_layers --profile (MoE traced: impl graph, inductor's finalize)"),
+    f"{S1B}/bench_grouped_gemm.json": RunInfo("python -m bench.bench_grouped_gemm --autotune"),
+    f"{S1B}/bench_decode.json": RunInfo("python -m bench.bench_decode"),
+    f"{S1B}/bench_decode_host_sampling.json": RunInfo("python -m bench.bench_decode (before: sampling on the host)"),
+    f"{S1B}/t2i_full_2layers_compiled.json": RunInfo(
+        f"{T2I_2LAYERS} --max-new-tokens 128 --steps 4 --compile --profile", software=GPU_IMAGE),
+    # two H200s, 2026-11-30 (bash bench/run_gpu2.sh)
+    f"{X1}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32 (session 1)"),
+    f"{X2}/table.json": RunInfo("python -m bench.gpu2_table outputs/gpu2 (over the reports of tp2-32 and cmp16)",
+                                software=GPU_IMAGE),
+    f"{X2}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32"),
+    f"{X2}/tp2_16.json": RunInfo("bash bench/run_gpu2.sh cmp16"),
+    f"{X2}/hybrid2_16.json": RunInfo("bash bench/run_gpu2.sh cmp16"),
+    **{f"{folder}/multigpu-{plan}-{dtype}.json": RunInfo("make test-gpu2 (tests/multigpu_job.py)")
+       for folder in (X1, X2) for plan in ("tp2", "hybrid2", "hybrid2-cfg") for dtype in ("float32", "bfloat16")},
+    **{f"{X4}/tp2+regions-{dtype}.json": RunInfo("make test-gpu2 (tests/multigpu_job.py --regions)")
+       for dtype in ("float32", "bfloat16")},
+    f"{X3}/tp2_32_regions.json": RunInfo("bash bench/run_gpu2.sh regions-32 (cold process)"),
+    f"{X3}/tp2_32_regions_warm.json": RunInfo("bash bench/run_gpu2.sh regions-32 (second process, warm cache)"),
+    f"{X3}/earlier_tp2_32_regions.json": RunInfo("bash bench/run_gpu2.sh regions-32 (cold; an earlier machine)"),
+    f"{X3}/earlier_tp2_32_regions_warm.json": RunInfo("bash bench/run_gpu2.sh regions-32 (warm; an earlier machine)"),
+    f"{X3}/bench_layers_hole_flash.json": RunInfo(
+        "python -m bench.bench_layers --layer denoise (the key-prefix attention's impl forced to flash)"),
+    f"{X4}/tp2_32_regions.json": RunInfo("bash bench/run_gpu2.sh regions-32 (cold process; commit 3b99d10)"),
+    f"{X4}/tp2_32_regions_warm.json": RunInfo("bash bench/run_gpu2.sh regions-32 (warm cache; commit 3b99d10)"),
+    # one H200, 2026-12-01
+    f"{S5}/bench_grouped_gemm.json": RunInfo("python -m bench.bench_grouped_gemm --sweep"),
+    f"{S5}/bench_moe_prefill.json": RunInfo("python -m bench.bench_moe --part prefill"),
+    f"{S5}/bench_layers_denoise.json": RunInfo("python -m bench.bench_layers --layer denoise"),
+    f"{S6}/bench_layers.json": RunInfo("python -m bench.bench_layers"),
+    f"{S6}/bench_moe.json": RunInfo("python -m bench.bench_moe"),
+    f"{S6}/bench_moe_decode.json": RunInfo("python -m bench.bench_moe --part decode"),
+    f"{S6}/bench_grouped_gemm.json": RunInfo("python -m bench.bench_grouped_gemm --sweep"),
+    f"{S6}/t2i_2layers_bf16.json": RunInfo("bash bench/run_gpu_fp8.sh e2e (bf16 experts)"),
+    f"{S6}/t2i_2layers_fp8_channels.json": RunInfo("bash bench/run_gpu_fp8.sh e2e (--moe-dtype fp8)"),
+    f"{S7}/single_16_regions.json": RunInfo("bash bench/run_gpu2.sh single-regions-16 (cold process)"),
+    f"{S7}/single_16_regions_warm.json": RunInfo("bash bench/run_gpu2.sh single-regions-16 (warm cache)"),
+    f"{S7}/startup_4layers_cold.json": RunInfo("python -m bench.startup_profile (4 layers, cold cache)"),
+    f"{S7}/startup_4layers_warm.json": RunInfo("python -m bench.startup_profile (4 layers, warm cache)"),
+    f"{S7}/ti2i_1gpu.json": RunInfo("bash bench/run_gpu2.sh ti2i-1gpu (eager)"),
+    f"{S7}/ti2i_1gpu_compiled.json": RunInfo("bash bench/run_gpu2.sh ti2i-1gpu (--compile)"),
+    f"{X7}/bench_moe_decode.json": RunInfo("python -m bench.bench_moe --part decode", gpu="GPU 0 of 2 x H200"),
+    f"{S8}/bench_wan_1.3B.json": RunInfo("python -m bench.bench_wan --model 1.3B"),
+    f"{S8}/bench_wan_14B_8layers.json": RunInfo("python -m bench.bench_wan --model 14B --layers 8"),
+    f"{S8}/wan_tiny.json": RunInfo("python -m examples.wan_t2v --compile"),
+    f"{S9}/bench_moe.json": RunInfo("python -m bench.bench_moe --decode-tokens 1 16"),
+    f"{S9}/bench_moe_decode_profile.json": RunInfo(
+        "python -m bench.bench_moe --part decode --decode-tokens 1 16 --profile-decode"),
+    f"{S9}/bench_moe_decode_profile_t1_rerun.json": RunInfo(
+        "python -m bench.bench_moe --part decode --decode-tokens 1 --decode-kinds fp8_channels --profile-decode"),
+    f"{S9}/decode_sweep_2.json": RunInfo(
+        "python -m bench.bench_moe --part decode --decode-tokens 1 16 --decode-kinds fp8_channels fp8_blocks "
+        "(whole-config sweep)"),
+    f"{S9}/grouped_gemm_flatten.json": RunInfo("python -m bench.bench_grouped_gemm --flatten"),
+    f"{S9}/grouped_gemm_sweep_flatten.json": RunInfo("python -m bench.bench_grouped_gemm --flatten --sweep"),
+    f"{S9}/grouped_gemm_flatten_balanced_3072.json": RunInfo(
+        "python -m bench.bench_grouped_gemm --flatten --routing balanced --tokens 3072"),
+    f"{S9}/bench_layers_denoise.json": RunInfo("python -m bench.bench_layers --layer denoise --profile"),
+    f"{S9}/bench_layers_ar_decode.json": RunInfo("python -m bench.bench_layers --layer ar_decode --profile"),
+    f"{S9}/t2i_2layers_fp8_channels.json": RunInfo(
+        f"{T2I_2LAYERS} --compile --max-new-tokens 64 --steps 6 --moe-dtype fp8"),
+    f"{S9}/t2i_2layers_fp8_tensor.json": RunInfo(
+        f"{T2I_2LAYERS} --compile --max-new-tokens 64 --steps 6 --moe-dtype fp8 --fp8-scales tensor"),
+    # CPU
+    CPU_COMPILE: RunInfo("python -m bench.bench_compile --layers 2,16 --modes regions,whole", software=CPU_STACK),
+    SERVE: RunInfo("python -m bench.bench_serve --requests 5 --steps 8", software=CPU_STACK),
+}
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def ms(path, file=None, fmt="{:.1f} ms"):
+    return Value(path, fmt, file)
+
+
+def gb(path, file=None):
+    return Value(path, "{:.1f} GB", file, scale=1e-9)
+
+
+def rank0_gb(path, file=None):
+    return Value(f"{path}[0]", "{:.1f} GB", file, scale=1e-9)
+
+
+def kernel(file, phase, prefix, per: float, fmt="{:.2f} ms"):
+    """A profiled run's kernel (`profile.top_kernels.<phase>`: [name, total ms, calls]) per unit."""
+    return Calc(lambda total: total / per, [Value(f"profile.top_kernels.{phase}[^{prefix}][1]", file=file)], fmt)
+
+
+def per_call_us(file, phase, prefix, fmt="{:.1f} us"):
+    total = Value(f"profile.top_kernels.{phase}[^{prefix}][1]", file=file)
+    calls = Value(f"profile.top_kernels.{phase}[^{prefix}][2]", file=file)
+    return Calc(lambda t, n: t / n * 1e3, [total, calls], fmt)
+
+
+def decode_row(file, variant, tokens):
+    return f"decode[variant={variant},tokens={tokens}]"
+
+
+def _entry(section, gemm, tiles: dict | None):
+    """bench_grouped_gemm's fused kernels: the run's default tiles (the first entry: the bench
+    times the default first), or the sweep entry with exactly these tile fields."""
+    if tiles is None:
+        return f"{section}.{gemm}[0]"
+    return f"{section}.{gemm}[" + ",".join(f"tiles/{k}={v}" for k, v in tiles.items()) + "]"
+
+
+def fused(file, section, gemm, fmt="{:.0f}", tiles=None):
+    return Value(_entry(section, gemm, tiles) + ".tflops", fmt, file)
+
+
+def fused_us(file, section, gemm, tiles=None):
+    return Value(_entry(section, gemm, tiles) + ".us", "{:.0f} us", file)
+
+
+def _tiles(r, n, k, warps, stages, weights_tma=True, rows_tma=False, flatten=None):
+    t = dict(block_r=r, block_n=n, block_k=k, num_warps=warps, num_stages=stages, weights_tma=weights_tma,
+             rows_tma=rows_tma)
+    return t if flatten is None else {**t, "flatten": flatten}
+
+
+# Sweep entries named in the text (session 5's best FP8 tiles, which became the defaults; session 9's
+# flattened FP8-channels down GEMM, the default now):
+S5_BLOCKS_GATE_UP = _tiles(64, 128, 128, 8, 4)
+S5_BLOCKS_DOWN = _tiles(64, 256, 128, 8, 4, rows_tma=True)
+S5_CH_GATE_UP = _tiles(64, 256, 128, 8, 3, rows_tma=True)
+S5_CH_DOWN = _tiles(128, 256, 128, 8, 4, rows_tma=True)
+S9_CH_DOWN_FLAT = _tiles(128, 256, 128, 8, 3, rows_tma=True, flatten=True)
+S9_CH_DOWN_FLAT_S4 = _tiles(128, 256, 128, 8, 4, rows_tma=True, flatten=True)
+
+
+def recomputed_decode(file, variant, tokens, what: str, fmt):
+    """bench_moe's decode floor or bandwidth recomputed from the stored us and distinct-expert
+    count with the row's own bytes (`bench.floors.moe_decode_expert_bytes`)."""
+    from bench.floors import decode_kind_of
+    kind = decode_kind_of(variant)
+    row = decode_row(file, variant, tokens)
+    moved = Calc(lambda n: n * moe_decode_expert_bytes(kind, 4096, 768), [Value(f"{row}.distinct_experts", file=file)])
+    if what == "floor_us":
+        return Calc(lambda b: b / (HBM_TBPS * 1e12) * 1e6, [moved], fmt)
+    if what == "tbps":
+        return Calc(lambda b, us: b / (us * 1e-6) / 1e12, [moved, Value(f"{row}.us", file=file)], fmt)
+    if what == "mb":
+        return Calc(lambda b: b / 1e6, [moved], fmt)
+    raise ValueError(what)
+
+
+FP8_T1_RUNS = [(f"{S9}/bench_moe.json", decode_row(None, "decode_triton_fp8_channels", 1) + ".us"),
+               (f"{S9}/decode_sweep_2.json", decode_row(None, "decode_triton_fp8_channels_best_config", 1) + ".us"),
+               (f"{S9}/bench_moe_decode_profile.json", decode_row(None, "decode_triton_fp8_channels", 1) + ".us"),
+               (f"{S9}/bench_moe_decode_profile_t1_rerun.json", decode_row(None, "decode_triton_fp8_channels", 1) + ".us")]
+FP8_T16_RUNS = [(f"{S9}/bench_moe.json", decode_row(None, "decode_triton_fp8_channels", 16) + ".us"),
+                (f"{S9}/bench_moe_decode_profile.json", decode_row(None, "decode_triton_fp8_channels", 16) + ".us")]
+
+
+def goal(label: str, cell, target: float, op: str = "<="):
+    """"<label>: met" / "<label>: **missed**", the verdict computed from `cell`'s median."""
+    return Join([Verdict(cell, target, op)], prefix=f"{label}: ")
+
+
+def prefill_runs(files, tokens, key, fmt, unit):
+    """bench_moe's multi-micro op at T: `multi_micro` and `multi_micro_fused` are the same path
+    since `auto` became `fused` (session 5), so both timings of every file count."""
+    return Runs([(f, f"prefill[variant={v},tokens={tokens}].{key}") for f in files
+                 for v in ("multi_micro", "multi_micro_fused")], fmt, unit)
+
+
+def multigpu(folder, plan, dtype, key):
+    return (f"{folder}/multigpu-{plan}-{dtype}.json", f"plans.{plan}.{key}")
+
+
+DEVIATIONS = ("eager_vs_single_logits", "eager_vs_single_velocity", "compiled_vs_eager_logits",
+              "compiled_vs_eager_velocity", "compiled_vs_single_velocity")
+
+
+def deviations(dtype, fn):
+    """fn (min or max) over every deviation of every 2-rank plan, both 2026-11-30 sessions and
+    the regions job of session 4."""
+    cells = [Value(path, file=f) for folder in (X1, X2) for plan in ("tp2", "hybrid2", "hybrid2-cfg")
+             for f, path in (multigpu(folder, plan, dtype, k) for k in DEVIATIONS)]
+    cells += [Value(f"plans.tp2.{k}", file=f"{X4}/tp2+regions-{dtype}.json") for k in DEVIATIONS]
+    return Calc(lambda *v: fn(v), cells, "{:.2g}")
+
+
+def req(i, key, file, fmt="{:.1f}"):
+    return Value(f"requests[{i}].timings_ms.{key}", fmt, file)
+
+
+def cached_mean(i, file):
+    """The mean of a request's cached denoise steps: (10 x the mean of all 10 - the first) / 9."""
+    return Calc(lambda mean, first: (10 * mean - first) / 9,
+                [Value(f"requests[{i}].timings_ms.denoise_step", file=file),
+                 Value(f"requests[{i}].timings_ms.denoise_first_step", file=file)], "{:.1f}")
+
+
+# ---- the tables -----------------------------------------------------------------------------------
+W13, W14 = f"{S8}/bench_wan_1.3B.json", f"{S8}/bench_wan_14B_8layers.json"
+TP2_32 = f"{X2}/tp2_32.json"
+TABLE = f"{X2}/table.json"
+
+TABLES = [
+    Table("wan-dit", ["model", "blocks", "eager", "compiled (one region per block)", "TFLOP/s compiled", "floor",
+                      "ratio to floor", "self-attention share", "self-attention TFLOP/s"], [
+        Row(["Wan2.1 1.3B (12 heads), per step", Value("layers"), ms("eager.step_ms", fmt="{:.0f} ms"),
+             ms("compiled_regions.step_ms", fmt="**{:.0f} ms**"), Value("compiled_regions.tflops", "{:.0f}"),
+             ms("floor_ms", fmt="{:.0f} ms"), Value("compiled_regions.floor_ratio", "{:.2f}"),
+             Value("self_attention.share_of_compiled_step", "{:.0%}"), Value("self_attention.tflops", "{:.0f}")],
+            file=W13),
+        Row(["Wan2.1 14B (40 heads), per block", Join([Value("layers"), Text("40")], " of "),
+             ms("eager.per_block_ms"), ms("compiled_regions.per_block_ms", fmt="**{:.1f} ms**"),
+             Value("compiled_regions.tflops", "{:.0f}"),
+             Calc(lambda f, n: f / n, [Value("floor_ms"), Value("layers")], "{:.0f} ms"),
+             Value("compiled_regions.floor_ratio", "{:.2f}"), Value("self_attention.share_of_compiled_step", "{:.0%}"),
+             Value("self_attention.tflops", "{:.0f}")], file=W14),
+    ]),
+    Table("wan-tiny", ["run", "graphs", "graph breaks", "recompiles after warm-up", "denoise step"], [
+        Row(["tiny default, `--compile`, one H200", Value("compile.graphs"), Value("compile.graph_breaks"),
+             Value("compile.recompiles_after_warmup"), ms("timings_ms.denoise_step")], file=f"{S8}/wan_tiny.json"),
+    ]),
+    Table("x2-s2", ["run", "figure", "measured", "target"], [
+        Row(["`tp2`, 32 layers", "AR decode", Value("@[2].ar_decode_ms_per_token", "**{:.2f} ms/token** (256 tokens)"),
+             goal("<= 6 ms/token", Value("@[2].ar_decode_ms_per_token"), 6.0)], file=TABLE),
+        Row(["`tp2`, 32 layers", "DiT step (mean of 10; the first, whole-sequence step)",
+             Join([Value("@[2].dit_ms_per_step", "**{:.1f} ms**"), Value("@[2].dit_first_step_ms", "{:.1f}")],
+                  " (first: ", suffix=")"), goal("<= 280 ms", Value("@[2].dit_ms_per_step"), 280.0)], file=TABLE),
+        Row(["`tp2`, 32 layers", "NCCL share of the wall time",
+             Join([Value("@[2].nccl_share_ar_decode"), Value("@[2].nccl_share_denoise")], "; denoise ",
+                  prefix="AR decode "), ""], file=TABLE),
+        Row(["`tp2`, 32 layers", "phase switch",
+             Join([Value("@[2].phase_switch_ms", "{:.2f} ms"), Value("@[2].phase_switch_agree_ms", "{:.2f} ms"),
+                   Value("@[2].phase_switch_allocated_bytes"), Value("@[2].weights_copied")],
+                  [" (the gloo phase agreement ", "), ", " bytes allocated, "], suffix=" weights copied"), ""],
+            file=TABLE),
+        Row(["`tp2`, 32 layers", "memory per rank",
+             Join([Value("@[2].weights_gb_per_rank[0]", "{:.1f} GB weights"),
+                   Value("@[2].peak_gb_per_rank[0]", "{:.1f} GB peak")], ", "), ""], file=TABLE),
+        Row(["`tp2`, 32 layers", "cold compile",
+             Join([Value("@[2].cold_compile_s", "{:.0f} s"), Value("@[2].graphs", "{} graphs"),
+                   Value("@[2].recompiles_after_warmup", "{} recompiles after warm-up")], ", "), ""], file=TABLE),
+        Row(["`hybrid2` vs `tp2`, 16 layers", "DiT ms/step (first step)",
+             Join([Value("@[0].dit_ms_per_step", "hybrid2 **{:.1f}**"), Value("@[0].dit_first_step_ms", " ({:.1f})"),
+                   Value("@[1].dit_ms_per_step", ", tp2 **{:.1f}**"), Value("@[1].dit_first_step_ms", " ({:.1f})")], ""),
+             goal("hybrid2 ahead on DiT", Calc(lambda h, t: h - t, [Value("@[0].dit_ms_per_step"),
+                                                                   Value("@[1].dit_ms_per_step")]), 0.0)], file=TABLE),
+        Row(["`hybrid2` vs `tp2`, 16 layers", "AR ms/token",
+             Join([Value("@[0].ar_decode_ms_per_token", "hybrid2 {:.2f}"),
+                   Value("@[1].ar_decode_ms_per_token", "tp2 {:.2f}")], ", "),
+             goal("hybrid2 not behind on AR", Calc(lambda h, t: h - t, [Value("@[0].ar_decode_ms_per_token"),
+                                                                        Value("@[1].ar_decode_ms_per_token")]), 0.0)],
+            file=TABLE),
+        Row(["`hybrid2` vs `tp2`, 16 layers", "weights / peak per rank, cold compile",
+             Join([Value("@[0].weights_gb_per_rank[0]", "hybrid2 {:.1f}"), Value("@[0].peak_gb_per_rank[0]", " / {:.1f} GB"),
+                   Value("@[0].cold_compile_s", ", {:.0f} s"), Value("@[1].weights_gb_per_rank[0]", "; tp2 {:.1f}"),
+                   Value("@[1].peak_gb_per_rank[0]", " / {:.1f} GB"), Value("@[1].cold_compile_s", ", {:.0f} s")], ""),
+             ""], file=TABLE),
+    ], note="Targets: issue 9's. For reference, the seed's figures on 4 x H200 (its report, not measured here): "
+            "46.3 ms/token and 285.1 ms/step."),
+    Table("x2-s2-profile", ["`tp2`, 32 layers, rank 0, per unit", "wall", "compute", "NCCL alone",
+                            "waiting for the other rank", "idle", "compute + NCCL"], [
+        Row(["AR decode, per token", ms("profile.regions.ar[region=ar_decode].per_unit_ms.wall_ms", fmt="{:.2f} ms"),
+             ms("profile.regions.ar[region=ar_decode].per_unit_ms.compute_ms", fmt="{:.2f} ms"),
+             ms("profile.regions.ar[region=ar_decode].per_unit_ms.communication_ms", fmt="{:.2f} ms"),
+             ms("profile.regions.ar[region=ar_decode].per_unit_ms.waiting_ms", fmt="{:.2f} ms"),
+             ms("profile.regions.ar[region=ar_decode].per_unit_ms.idle_ms", fmt="{:.2f} ms"),
+             Calc(lambda a, b: a + b, [Value("profile.regions.ar[region=ar_decode].per_unit_ms.compute_ms"),
+                                       Value("profile.regions.ar[region=ar_decode].per_unit_ms.communication_ms")],
+                  "{:.2f} ms")], file=TP2_32),
+        Row(["denoise, per cached step", ms("profile.regions.denoise[region=denoise_step].per_unit_ms.wall_ms"),
+             ms("profile.regions.denoise[region=denoise_step].per_unit_ms.compute_ms"),
+             ms("profile.regions.denoise[region=denoise_step].per_unit_ms.communication_ms"),
+             ms("profile.regions.denoise[region=denoise_step].per_unit_ms.waiting_ms"),
+             ms("profile.regions.denoise[region=denoise_step].per_unit_ms.idle_ms"),
+             Calc(lambda a, b: a + b,
+                  [Value("profile.regions.denoise[region=denoise_step].per_unit_ms.compute_ms"),
+                   Value("profile.regions.denoise[region=denoise_step].per_unit_ms.communication_ms")],
+                  "{:.1f} ms")], file=TP2_32),
+    ], note="One more run after the timed one, under the profiler (`--profile`, 3 denoise steps)."),
+    Table("x2-s2-kernels", ["`tp2`, 32 layers, rank 0", "per token (AR) or per step (denoise)", "per call"], [
+        Row(["AR: decode MoE stage 1 (`_decode_gate_up_kernel`)", kernel(TP2_32, "ar", "_decode_gate_up", 256),
+             per_call_us(TP2_32, "ar", "_decode_gate_up")]),
+        Row(["AR: decode MoE stage 2 (`_decode_down_kernel`)", kernel(TP2_32, "ar", "_decode_down", 256),
+             per_call_us(TP2_32, "ar", "_decode_down")]),
+        Row(["AR: dense GEMVs (three cuBLAS `nvjet_..._64x8` kernels: qkv, o, shared MLP)",
+             Calc(lambda a, b, c: (a + b + c) / 256, [
+                 Value("profile.top_kernels.ar[^nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK][1]", file=TP2_32),
+                 Value("profile.top_kernels.ar[^nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT][1]", file=TP2_32),
+                 Value("profile.top_kernels.ar[^nvjet_sm90_tst_64x8_64x16_4x1_v_badd][1]", file=TP2_32)], "{:.2f} ms"),
+             ""]),
+        Row(["AR: the attention mask, built again in every layer (`triton_poi_fused__scaled_dot_product...`)",
+             kernel(TP2_32, "ar", "triton_poi_fused__scaled_dot_product", 256),
+             per_call_us(TP2_32, "ar", "triton_poi_fused__scaled_dot_product")]),
+        Row(["AR: attention (cuDNN)", kernel(TP2_32, "ar", "cudnn_generated", 256),
+             per_call_us(TP2_32, "ar", "cudnn_generated")]),
+        Row(["AR: router top-k (`gatherTopK` + `bitonicSortKVInPlace`)",
+             Calc(lambda a, b: (a + b) / 256, [
+                 Value("profile.top_kernels.ar[^void at::native::sbtopk::gatherTopK][1]", file=TP2_32),
+                 Value("profile.top_kernels.ar[^void at::native::bitonicSortKVInPlace][1]", file=TP2_32)], "{:.2f} ms"),
+             Calc(lambda a, b, n: (a + b) / n * 1e3, [
+                 Value("profile.top_kernels.ar[^void at::native::sbtopk::gatherTopK][1]", file=TP2_32),
+                 Value("profile.top_kernels.ar[^void at::native::bitonicSortKVInPlace][1]", file=TP2_32),
+                 Value("profile.top_kernels.ar[^void at::native::sbtopk::gatherTopK][2]", file=TP2_32)], "{:.1f} us")]),
+        Row(["AR: NCCL all-reduce", kernel(TP2_32, "ar", "ncclDevKernel_AllReduce", 256),
+             per_call_us(TP2_32, "ar", "ncclDevKernel_AllReduce")]),
+        Row(["denoise: the MoE's grouped GEMMs (CUTLASS `_grouped_mm`)", kernel(TP2_32, "denoise", "_ZN7cutlass", 3,
+                                                                                 "{:.0f} ms"), ""]),
+        Row(["denoise: NCCL all-reduce (2 per layer and branch)", kernel(TP2_32, "denoise", "ncclDevKernel_AllReduce", 3,
+                                                                          "{:.1f} ms"), ""]),
+        Row(["denoise: attention (cuDNN flash)", kernel(TP2_32, "denoise", "cudnn_generated", 3, "{:.1f} ms"), ""]),
+    ], note="Per token: the profiled run's total over its 256 AR tokens; per step: over its 3 denoise steps "
+            "(the whole-sequence first step and two cached ones)."),
+    Table("x2-switch", ["`tp2`, 32 layers", "phase switch", "longest GC pause in the timed run"], [
+        Row(["session 1 (GC not yet frozen)", ms("phase_switch.ms"), "-"], file=f"{X1}/tp2_32.json"),
+        Row(["session 2 (heap frozen after warm-up)", ms("phase_switch.ms", fmt="{:.2f} ms"),
+             ms("gc_pauses_per_rank[0].max_ms", fmt="{:.2f} ms")], file=TP2_32),
+    ]),
+    Table("x2-tests", ["`make test-gpu2`, 2 x H200", "largest deviation", "smallest", "bound"], [
+        Row(["float32: compiled vs eager vs one process, logits and velocities, `tp2` / `hybrid2` / `hybrid2-cfg` "
+             "(and `tp2` with regions)", deviations("float32", max), deviations("float32", min), "1e-4"]),
+        Row(["bfloat16, the same plans, relative to the largest value", deviations("bfloat16", max),
+             deviations("bfloat16", min), "0.15 (tests/test_multigpu.py)"]),
+    ], note="Each job also checks: replays identical, 0 recompiles after warm-up, CUDA-graph decode with 0 cudagraph "
+            "skips, compiled sampling drew eager's tokens (float32)."),
+    Table("cpu-compile-depth", ["mode", "layers", "compile", "graphs", "ops traced", "denoise ms/step", "AR ms/token"], [
+        Row([Text(label), Value(f"rows[mode={mode},layers={n}].layers"),
+             Value(f"rows[mode={mode},layers={n}].compile_s", "{:.1f} s"), Value(f"rows[mode={mode},layers={n}].graphs"),
+             Value(f"rows[mode={mode},layers={n}].ops_traced"),
+             Value(f"rows[mode={mode},layers={n}].denoise_ms_per_step", "{:.1f}"),
+             Value(f"rows[mode={mode},layers={n}].ar_ms_per_token", "{:.2f}")], file=CPU_COMPILE)
+        for mode, label in (("regions", "`--compile-regions`"), ("whole", "whole steps (`--compile`)")) for n in (2, 16)
+    ] + [
+        Row([Text(f"{label}: 16 / 2 layers"), "", Calc(lambda a, b: a / b, [
+            Value(f"rows[mode={mode},layers=16].compile_s"), Value(f"rows[mode={mode},layers=2].compile_s")],
+            "**{:.2f}x**" if mode == "regions" else "{:.2f}x"), "", "", "", ""], file=CPU_COMPILE)
+        for mode, label in (("regions", "regions"), ("whole", "whole steps"))
+    ], note="Target (issue 10): regions' compile time at 16 layers within 1.15x of 2 layers."),
+    Table("x2-s3-regions", ["what", "target", "measured"], [
+        Row(["cold compile, all phases", goal("<= 90 s", Runs([(f"{X3}/tp2_32_regions.json", "compile.compile_s"),
+                                                              (f"{X3}/earlier_tp2_32_regions.json", "compile.compile_s")]),
+                                              90.0),
+             Join([Runs([(f"{X3}/tp2_32_regions.json", "compile.compile_s"),
+                         (f"{X3}/earlier_tp2_32_regions.json", "compile.compile_s")], "{:.1f}", " s"),
+                   Value("compile.graphs", "{} graphs", f"{X3}/tp2_32_regions.json"),
+                   Value("compile.graph_breaks", "{} breaks", f"{X3}/tp2_32_regions.json")], ", ")]),
+        Row(["second process (warm cache): process start to the first denoise step done",
+             goal("<= 20 s", Value("first_denoise_step_done_s", file=f"{X3}/tp2_32_regions_warm.json"), 20.0),
+             Value("first_denoise_step_done_s", "**{:.1f} s**", f"{X3}/tp2_32_regions_warm.json")]),
+        Row(["second process: compile on cache hits",  "",
+             Join([Value("compile.compile_s", "{:.1f} s", f"{X3}/tp2_32_regions_warm.json"),
+                   Value("compile.cache.fxgraph_cache_hit", "{} FX-graph", f"{X3}/tp2_32_regions_warm.json"),
+                   Value("compile.cache.autograd_cache_hit", "{} AOTAutograd hits", f"{X3}/tp2_32_regions_warm.json")],
+                  ", ")]),
+        Row(["second request, another prompt length in the bucket (1200 vs 1251 tokens)", "0 new graphs, within 5%",
+             Join([Value("requests[1].new_graphs", "**{} new graphs**"),
+                   req(1, "denoise_step", None), req(0, "denoise_step", None),
+                   req(1, "ar_decode_per_token", None, "{:.2f}"), req(0, "ar_decode_per_token", None, "{:.2f}")],
+                  ["; denoise ", " vs ", " ms/step, AR ", " vs "], suffix=" ms/token")],
+            file=f"{X3}/tp2_32_regions_warm.json"),
+    ]),
+    Table("x2-s4-regions", ["what", "target", "measured"], [
+        Row(["cold compile, all phases", goal("<= 90 s", Value("compile.compile_s"), 90.0),
+             Join([Value("compile.compile_s", "**{:.1f} s**"),
+                                                         Value("compile.ops_traced", "{} ops traced")], ", ")],
+            file=f"{X4}/tp2_32_regions.json"),
+        Row(["second process (warm cache): process start to the first denoise step done",
+             goal("<= 20 s", Value("first_denoise_step_done_s"), 20.0),
+             Join([Value("first_denoise_step_done_s", "**{:.1f} s**"),
+                   Value("compile.compile_s", "{:.1f} s"), Value("compile.cache.fxgraph_cache_hit", "{}"),
+                   Value("compile.cache.autograd_cache_hit", "{}")], ["; compile ", " on ", " + "],
+                  suffix=" cache hits")],
+            file=f"{X4}/tp2_32_regions_warm.json"),
+        Row(["second request, another prompt length in the bucket", "0 new graphs, within 5%",
+             Join([Value("requests[1].new_graphs", "**{} new graphs**"),
+                   req(1, "ar_decode_per_token", None, "{:.2f}"), req(0, "ar_decode_per_token", None, "{:.2f}"),
+                   req(1, "denoise_step", None), req(0, "denoise_step", None)],
+                  ["; AR ", " vs ", " ms/token, denoise ", " vs "], suffix=" ms/step")],
+            file=f"{X4}/tp2_32_regions.json"),
+    ]),
+    Table("s7-single16", ["plan `single`, 16 layers, `--compile --compile-regions`", "cold process", "warm process"], [
+        Row(["process start to the first denoise step done", Value("first_denoise_step_done_s", "{:.1f} s",
+                                                                   f"{S7}/single_16_regions.json"),
+             Value("first_denoise_step_done_s", "**{:.1f} s**", f"{S7}/single_16_regions_warm.json")]),
+        Row(["compile (all on cache hits when warm)", Value("compile.compile_s", "{:.1f} s", f"{S7}/single_16_regions.json"),
+             Value("compile.compile_s", "{:.1f} s", f"{S7}/single_16_regions_warm.json")]),
+        Row(["graphs / breaks / recompiles after warm-up",
+             Join([Value("compile.graphs", file=f"{S7}/single_16_regions.json"),
+                   Value("compile.graph_breaks", file=f"{S7}/single_16_regions.json"),
+                   Value("compile.recompiles_after_warmup", file=f"{S7}/single_16_regions.json")]),
+             Join([Value("compile.graphs", file=f"{S7}/single_16_regions_warm.json"),
+                   Value("compile.graph_breaks", file=f"{S7}/single_16_regions_warm.json"),
+                   Value("compile.recompiles_after_warmup", file=f"{S7}/single_16_regions_warm.json")])]),
+    ] + [
+        Row([f"request {i} ({n} prompt tokens): {what}", fn(i, f"{S7}/single_16_regions.json"),
+             fn(i, f"{S7}/single_16_regions_warm.json")])
+        for i, n in ((0, 1251), (1, 1200)) for what, fn in (
+            ("AR decode, ms/token", lambda i, f: req(i, "ar_decode_per_token", f, "{:.2f}")),
+            ("first denoise step, ms", lambda i, f: req(i, "denoise_first_step", f)),
+            ("cached denoise steps, ms/step (mean of 9)", lambda i, f: cached_mean(i, f)),
+            ("VAE decode, ms", lambda i, f: req(i, "vae_decode", f, "{:.0f}")),
+            ("new graphs", lambda i, f: Value(f"requests[{i}].new_graphs", file=f)))
+    ], note="The cached-step mean is recomputed from each request's stored mean of all 10 steps and its first "
+            "step: (10 x mean - first) / 9."),
+    Table("s7-startup4", ["plan `single`, 4 layers, warm cache", "value"], [
+        Row(["process start to the first denoise step done", Value("first_denoise_step_done_s", "{:.1f} s")],
+            file=f"{S7}/startup_4layers_warm.json"),
+        Row(["compile (4 FX-graph and 4 AOTAutograd cache hits)", Value("compile.compile_s", "{:.1f} s")],
+            file=f"{S7}/startup_4layers_warm.json"),
+        Row(["the same, cold cache", Value("compile.compile_s", "{:.1f} s")], file=f"{S7}/startup_4layers_cold.json"),
+    ]),
+    Table("h200-2layers", ["plan `single`, 2 of 32 layers, full width", "eager", "compiled, session 1",
+                           "compiled, session 2"], [
+        Row(["AR prefill (1251 tokens)", ms("timings_ms.ar_prefill", f"{S1}/t2i_full_2layers.json", "{:.0f} ms"),
+             ms("timings_ms.ar_prefill", f"{S1}/t2i_full_2layers_compiled.json"),
+             ms("timings_ms.ar_prefill", f"{S1B}/t2i_full_2layers_compiled.json")]),
+        Row(["AR decode, ms/token (tokens)",
+             Join([Value("timings_ms.ar_decode_per_token", "{:.1f}", f"{S1}/t2i_full_2layers.json"),
+                   Value("tokens_generated", "{}", f"{S1}/t2i_full_2layers.json")], " (", suffix=")"),
+             Join([Value("timings_ms.ar_decode_per_token", "{:.1f}", f"{S1}/t2i_full_2layers_compiled.json"),
+                   Value("tokens_generated", "{}", f"{S1}/t2i_full_2layers_compiled.json")], " (", suffix=")"),
+             Join([Value("timings_ms.ar_decode_per_token", "**{:.2f}**", f"{S1B}/t2i_full_2layers_compiled.json"),
+                   Value("tokens_generated", "{}", f"{S1B}/t2i_full_2layers_compiled.json")], " (", suffix=")")]),
+        Row(["denoise step (2 branches x 5608 tokens)", ms("timings_ms.denoise_step", f"{S1}/t2i_full_2layers.json",
+                                                          "{:.0f} ms"),
+             ms("timings_ms.denoise_step", f"{S1}/t2i_full_2layers_compiled.json"),
+             Join([ms("timings_ms.denoise_step", f"{S1B}/t2i_full_2layers_compiled.json"),
+                   Text("4 steps: the heavier first step weighs 1/4")], " (", suffix=")")]),
+        Row(["VAE decode (fp32, 1024x1024)", ms("timings_ms.vae_decode", f"{S1}/t2i_full_2layers.json", "{:.0f} ms"),
+             ms("timings_ms.vae_decode", f"{S1}/t2i_full_2layers_compiled.json", "{:.0f} ms"),
+             ms("timings_ms.vae_decode", f"{S1B}/t2i_full_2layers_compiled.json", "{:.0f} ms")]),
+        Row(["phase switch (bytes allocated, weights copied)"] + [
+            Join([ms("phase_switch.ms", f, "{:.2f} ms"), Value("phase_switch.allocated_bytes_delta", "{} B", f),
+                  Value("phase_switch.weights_copied", "{} copies", f)], ", ")
+            for f in (f"{S1}/t2i_full_2layers.json", f"{S1}/t2i_full_2layers_compiled.json",
+                      f"{S1B}/t2i_full_2layers_compiled.json")]),
+        Row(["compile (graphs, breaks, recompiles after warm-up, seconds)", "-"] + [
+            Join([Value("compile.graphs", "{} graphs", f), Value("compile.graph_breaks", "{} breaks", f),
+                  Value("compile.recompiles_after_warmup", "{} recompiles", f), Value("compile.compile_s", "{:.0f} s", f)],
+                 ", ") for f in (f"{S1}/t2i_full_2layers_compiled.json", f"{S1B}/t2i_full_2layers_compiled.json")]),
+        Row(["resident weights / peak memory"] + [
+            Join([rank0_gb("storage_bytes_per_rank", f), rank0_gb("peak_memory_bytes_per_rank", f)], " / ")
+            for f in (f"{S1}/t2i_full_2layers.json", f"{S1}/t2i_full_2layers_compiled.json",
+                      f"{S1B}/t2i_full_2layers_compiled.json")]),
+    ]),
+    Table("decode-split", ["`python -m bench.bench_decode`, 2 layers", "sampling on the host (before)",
+                           "sampling in the graph (after)"], [
+        Row(["one token's wall time", ms("step_ms", f"{S1B}/bench_decode_host_sampling.json", "{:.2f} ms"),
+             ms("step_ms", f"{S1B}/bench_decode.json", "**{:.2f} ms**")]),
+        Row(["the step without the per-token sync (feed)", ms("feed_ms", f"{S1B}/bench_decode_host_sampling.json",
+                                                             "{:.2f} ms"),
+             ms("feed_ms", f"{S1B}/bench_decode.json", "{:.2f} ms")]),
+        Row(["the host-side sampling alone", ms("sample_ms", f"{S1B}/bench_decode_host_sampling.json", "{:.2f} ms"),
+             "-"]),
+        Row(["memory floor (bytes read at 4.3 TB/s)", ms("floor_ms", f"{S1B}/bench_decode_host_sampling.json",
+                                                          "{:.2f} ms"),
+             ms("floor_ms", f"{S1B}/bench_decode.json", "{:.2f} ms")]),
+    ]),
+    Table("s5-moe", ["one TP2 rank: T=2674, 64 experts, top-8, 2 micros of 768", "before (CUTLASS `grouped_mm`)",
+                     "fused Triton kernels", "target"], [
+        Row(["bf16 gate/up (+ gather + activation)",
+             Join([Value("fused.cutlass_gate_up_with_gather_and_act.us", "{:.0f} us"),
+                   Value("fused.cutlass_gate_up_with_gather_and_act.tflops", "{:.0f} TFLOP/s")], ", "),
+             Join([fused_us(None, "fused", "gate_up"),
+                   fused(None, "fused", "gate_up", "{:.0f} TFLOP/s")], ", "),
+             goal(">= 620 TFLOP/s", fused(None, "fused", "gate_up"), 620.0, ">=")], file=f"{S5}/bench_grouped_gemm.json"),
+        Row(["bf16 down (micro sum inside)",
+             Join([Value("fused.cutlass_down.us", "{:.0f} us"), Value("fused.cutlass_down.tflops", "{:.0f} TFLOP/s")],
+                  ", "),
+             Join([fused_us(None, "fused", "down"),
+                   fused(None, "fused", "down", "{:.0f} TFLOP/s")], ", "),
+             goal(">= 620", fused(None, "fused", "down"), 620.0, ">=")], file=f"{S5}/bench_grouped_gemm.json"),
+        Row(["FP8, 128x128 block scales, best of the sweep: gate/up / down", "-",
+             Join([fused(None, "fused_fp8", "gate_up", tiles=S5_BLOCKS_GATE_UP),
+                   fused(None, "fused_fp8", "down", tiles=S5_BLOCKS_DOWN)],
+                  " / ", suffix=" TFLOP/s"),
+             goal(">= 1100", fused(None, "fused_fp8", "down", tiles=S5_BLOCKS_DOWN), 1100.0, ">=")],
+            file=f"{S5}/bench_grouped_gemm.json"),
+        Row(["FP8, channel scales, best of the sweep: gate/up / down", "-",
+             Join([fused(None, "fused_fp8.channels", "gate_up", tiles=S5_CH_GATE_UP),
+                   fused(None, "fused_fp8.channels", "down", tiles=S5_CH_DOWN)], " / ", suffix=" TFLOP/s"),
+             goal(">= 1100", fused(None, "fused_fp8.channels", "gate_up", tiles=S5_CH_GATE_UP), 1100.0, ">=")],
+            file=f"{S5}/bench_grouped_gemm.json"),
+        Row(["multi-micro op, T=4096, bf16 (`auto` = `fused`: two timings of one path)", "-",
+             Join([prefill_runs([f"{S5}/bench_moe_prefill.json"], 4096, "ms", "{:.2f}", " ms"),
+                   prefill_runs([f"{S5}/bench_moe_prefill.json"], 4096, "speedup_vs_two_dispatch", "{:.2f}", "x")],
+                  "; ", suffix=" over two dispatches"),
+             goal("<= 2.4 ms", prefill_runs([f"{S5}/bench_moe_prefill.json"], 4096, "ms", "{:.2f}", ""), 2.4)]),
+        Row(["multi-micro op, T=4096, FP8 channel scales", "-",
+             Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].ms", "{:.2f} ms", f"{S5}/bench_moe_prefill.json"),
+             ""]),
+        Row(["denoise layer, compiled + CUDA graph, bf16",
+             Value("denoise_layer.cuda_graph_compiled_ms", "{:.2f} ms (then the default path)",
+                   f"{S5}/bench_layers_denoise.json"),
+             Value("denoise_layer.cuda_graph_compiled_fused_moe_ms", "**{:.2f} ms**", f"{S5}/bench_layers_denoise.json"),
+             goal("<= 2.0 ms", Value("denoise_layer.cuda_graph_compiled_fused_moe_ms",
+                                     file=f"{S5}/bench_layers_denoise.json"), 2.0)]),
+    ], note="Session 5's defaults were set from these sweeps: the FP8 rows give the swept tiles that became the "
+            "defaults (64x128x128 and 64x256x128 with block scales; 64x256x128 and 128x256x128 with channel scales)."),
+]
+
+B6, F6 = f"{S6}/t2i_2layers_bf16.json", f"{S6}/t2i_2layers_fp8_channels.json"
+L6, D6, G6 = f"{S6}/bench_layers.json", f"{S6}/bench_moe_decode.json", f"{S6}/bench_grouped_gemm.json"
+M6 = f"{S6}/bench_moe.json"
+TABLES += [
+    Table("s6-fp8", ["what (session 6)", "bf16 experts", "FP8 experts", "target"], [
+        Row(["T2I, full width, 2 layers, 1024x1024, compiled: denoise step", ms("timings_ms.denoise_step", B6),
+             Join([ms("timings_ms.denoise_step", F6, "**{:.1f} ms**"),
+                   Calc(lambda a, b: a / b - 1, [Value("timings_ms.denoise_step", file=F6),
+                                                 Value("timings_ms.denoise_step", file=B6)], "{:+.0%}")], " (", suffix=")"),
+             ""]),
+        Row(["same: AR prefill (1251 tokens) / decode per token",
+             Join([ms("timings_ms.ar_prefill", B6, "{:.2f} ms"), ms("timings_ms.ar_decode_per_token", B6, "{:.2f} ms")]),
+             Join([ms("timings_ms.ar_prefill", F6, "{:.2f} ms"), ms("timings_ms.ar_decode_per_token", F6, "{:.2f} ms")]),
+             ""]),
+        Row(["same: resident weights / peak memory",
+             Join([rank0_gb("storage_bytes_per_rank", B6), rank0_gb("peak_memory_bytes_per_rank", B6)]),
+             Join([rank0_gb("storage_bytes_per_rank", F6), rank0_gb("peak_memory_bytes_per_rank", F6)]), ""]),
+        Row(["denoise layer, compiled + CUDA graph (one TP2 rank)",
+             Runs([(L6, "denoise_layer.cuda_graph_compiled_ms"), (L6, "denoise_layer.cuda_graph_compiled_fused_moe_ms")],
+                  "{:.2f}", " ms"),
+             Join([Value("denoise_layer.cuda_graph_compiled_fp8_channels_ms", "**{:.2f} ms** channels", L6),
+                   Value("denoise_layer.cuda_graph_compiled_fp8_blocks_ms", "{:.2f} ms blocks", L6)], ", "),
+             goal("<= 1.5 ms", Value("denoise_layer.cuda_graph_compiled_fp8_channels_ms", file=L6), 1.5)]),
+        Row(["AR decode layer, compiled + CUDA graph (one TP4 micro)",
+             Value("ar_decode_layer.cuda_graph_compiled_us", "{:.0f} us", L6),
+             Value("ar_decode_layer.cuda_graph_compiled_fp8_channels_us", "{:.0f} us channels", L6), ""]),
+        Row(["multi-micro op, T=4096", prefill_runs([M6], 4096, "ms", "{:.2f}", " ms"),
+             Join([Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].ms", "**{:.2f} ms** channels", M6),
+                   Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].speedup_vs_two_dispatch",
+                         "{:.2f}x two dispatches", M6),
+                   Value("prefill[variant=multi_micro_fp8,tokens=4096].ms", "{:.2f} ms blocks", M6)], ", "), ""]),
+        Row(["grouped GEMMs at T=2674, default tiles: gate/up / down",
+             Join([fused_us(G6, "fused", "gate_up"), fused_us(G6, "fused", "down")]),
+             Join([fused_us(G6, "fused_fp8.channels", "gate_up"), fused_us(G6, "fused_fp8.channels", "down"),
+                   fused(G6, "fused_fp8.channels", "gate_up"), fused(G6, "fused_fp8.channels", "down")],
+                  [" / ", " channels (", " / "], suffix=" TFLOP/s)"),
+             goal(">= 1100 TFLOP/s", fused(G6, "fused_fp8.channels", "down"), 1100.0, ">=")]),
+        Row(["FP8 row quantizations at T=2674: x / the activation", "",
+             Join([Value("fused_fp8.channels.quantize_x_per_row_us", "{:.1f}", G6),
+                   Value("fused_fp8.channels.quantize_act_per_row_from_amax_us", "{:.1f} us", G6)]), ""]),
+        Row(["decode MoE, T=1 / 16 (one micro, 8 routings, CUDA graph), default tiles",
+             Join([Value(decode_row(None, "decode_triton", 1) + ".us", "{:.1f}", D6),
+                   Value(decode_row(None, "decode_triton", 16) + ".us", "{:.0f} us", D6)]),
+             Join([Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".us", "**{:.1f}**", D6),
+                   Value(decode_row(None, "decode_triton_fp8_channels", 16) + ".us", "{:.0f} us", D6),
+                   Value(decode_row(None, "decode_triton_fp8_blocks", 1) + ".us", "{:.1f}", D6),
+                   Value(decode_row(None, "decode_triton_fp8_blocks", 16) + ".us", "{:.0f} us", D6)],
+                  [" / ", " channels, ", " / "], suffix=" blocks"),
+             Join([Verdict(Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".us", file=D6), 30.0)],
+                  prefix="<= 30 us at T=1: ")]),
+    ]),
+]
+
+S9M = f"{S9}/bench_moe.json"
+S9P, S9R = f"{S9}/bench_moe_decode_profile.json", f"{S9}/bench_moe_decode_profile_t1_rerun.json"
+FLAT, SWEEP, BAL = (f"{S9}/grouped_gemm_flatten.json", f"{S9}/grouped_gemm_sweep_flatten.json",
+                    f"{S9}/grouped_gemm_flatten_balanced_3072.json")
+L9D, L9A = f"{S9}/bench_layers_denoise.json", f"{S9}/bench_layers_ar_decode.json"
+X7D = f"{X7}/bench_moe_decode.json"
+
+
+def both_gemms(entries, fmt="{:.0f}"):
+    """gate/up / down TFLOP/s: each a Runs over (file, path) pairs."""
+    return Join([Runs(entries[0], fmt), Runs(entries[1], fmt)])
+
+
+TABLES += [
+    Table("s9-targets", ["issue 11's target (one H200)", "before session 9", "session 9", "target", "verdict"], [
+        Row(["bf16 grouped GEMMs, T=2674, default tiles: gate/up / down (TFLOP/s)",
+             Join([fused(f"{S6}/bench_grouped_gemm.json", "fused", "gate_up"),
+                   fused(f"{S6}/bench_grouped_gemm.json", "fused", "down")], suffix=" (session 6)"),
+             both_gemms([[(f, _entry("fused", "gate_up", None) + ".tflops") for f in (FLAT, SWEEP)],
+                         [(f, _entry("fused", "down", None) + ".tflops") for f in (FLAT, SWEEP)]]),
+             ">= 620", Verdict(Runs([(f, _entry("fused", "gate_up", None) + ".tflops") for f in (FLAT, SWEEP)]),
+                               620.0, ">=")]),
+        Row(["the same with whole tiles (balanced routing, T=3072)", "-",
+             Join([fused(BAL, "fused", "gate_up"), fused(BAL, "fused", "down")]), "", "the kernels' own ceiling"]),
+        Row(["FP8 grouped GEMMs (channels), default tiles: gate/up / down (TFLOP/s)",
+             Join([fused(f"{S6}/bench_grouped_gemm.json", "fused_fp8.channels", "gate_up"),
+                   fused(f"{S6}/bench_grouped_gemm.json", "fused_fp8.channels", "down")], suffix=" (session 6)"),
+             Join([Runs([(f, _entry("fused_fp8.channels", "gate_up", None) + ".tflops") for f in (FLAT, SWEEP)],
+                        "{:.0f}"),
+                   fused(SWEEP, "fused_fp8.channels", "down", "**{:.0f}** (flattened)", tiles=S9_CH_DOWN_FLAT)]),
+             ">= 1100", Verdict(fused(SWEEP, "fused_fp8.channels", "down", tiles=S9_CH_DOWN_FLAT), 1100.0, ">=")]),
+        Row(["the same with whole tiles (down: 4 stages, flattened; the 3-stage default was not timed there)", "-",
+             Join([fused(BAL, "fused_fp8.channels", "gate_up"),
+                   fused(BAL, "fused_fp8.channels", "down", tiles=S9_CH_DOWN_FLAT_S4)]), "", ""]),
+        Row(["denoise layer, bf16 (compiled + CUDA graph)",
+             Runs([(L6, "denoise_layer.cuda_graph_compiled_ms"), (L6, "denoise_layer.cuda_graph_compiled_fused_moe_ms")],
+                  "{:.2f}", " ms"),
+             Runs([(L9D, "denoise_layer.cuda_graph_compiled_ms"), (L9D, "denoise_layer.cuda_graph_compiled_fused_moe_ms")],
+                  "{:.2f}", " ms"), "<= 2.0 ms",
+             Verdict(Runs([(L9D, "denoise_layer.cuda_graph_compiled_ms"),
+                           (L9D, "denoise_layer.cuda_graph_compiled_fused_moe_ms")]), 2.0)]),
+        Row(["denoise layer, FP8 channels",
+             Value("denoise_layer.cuda_graph_compiled_fp8_channels_ms", "{:.2f} ms", L6),
+             Value("denoise_layer.cuda_graph_compiled_fp8_channels_ms", "**{:.2f} ms**", L9D), "<= 1.5 ms",
+             Verdict(Value("denoise_layer.cuda_graph_compiled_fp8_channels_ms", file=L9D), 1.5)]),
+        Row(["multi-micro op, T=4096, bf16", prefill_runs([M6], 4096, "ms", "{:.2f}", " ms"),
+             Join([prefill_runs([S9M], 4096, "ms", "{:.2f}", " ms"),
+                   prefill_runs([S9M], 4096, "speedup_vs_two_dispatch", "{:.2f}", "x"),
+                   Value("prefill[variant=multi_micro_compiled,tokens=4096].ms", "{:.2f} ms", S9M)],
+                  ["; ", " over two dispatches; compiled "]),
+             "<= 2.4 ms, >= 1.2x", Verdict(prefill_runs([S9M], 4096, "ms", "{:.2f}", ""), 2.4)]),
+        Row(["multi-micro op, T=4096, FP8 channels",
+             Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].ms", "{:.2f} ms", M6),
+             Join([Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].ms", "{:.2f} ms", S9M),
+                   Value("prefill[variant=multi_micro_fp8_channels,tokens=4096].speedup_vs_two_dispatch", "{:.2f}x",
+                         S9M)], " (", suffix=" two dispatches)"), "", ""]),
+        Row(["decode MoE, T=1, FP8 channels (CUDA graph)",
+             Value(decode_row(None, "decode_triton_fp8_channels_best_config", 1) + ".us", "{:.1f} us (session 7)", X7D),
+             Runs(FP8_T1_RUNS, "{:.1f}", " us"), "<= 30 us", Verdict(Runs(FP8_T1_RUNS), 30.0)]),
+        Row(["decode MoE, T=16, FP8 channels",
+             Value(decode_row(None, "decode_triton_fp8_channels_best_config", 16) + ".us", "{:.0f} us (session 7)", X7D),
+             Runs(FP8_T16_RUNS, "{:.1f}", " us"), "", ""]),
+        Row(["decode MoE, T=1, FP8 blocks",
+             Value(decode_row(None, "decode_triton_fp8_blocks_best_config", 1) + ".us", "{:.1f} us (session 7)", X7D),
+             Runs([(f, decode_row(None, "decode_triton_fp8_blocks", 1) + ".us") for f in (S9M, S9P)], "{:.1f}", " us"),
+             "", ""]),
+        Row(["AR decode layer, FP8 channels (compiled + CUDA graph)",
+             Value("ar_decode_layer.cuda_graph_compiled_fp8_channels_us", "{:.0f} us", L6),
+             Value("ar_decode_layer.cuda_graph_compiled_fp8_channels_us", "**{:.0f} us**", L9A), "", ""]),
+        Row(["T2I, 2 layers, compiled, FP8 channels: decode per token / denoise step",
+             Join([ms("timings_ms.ar_decode_per_token", F6, "{:.2f} ms"), ms("timings_ms.denoise_step", F6)]),
+             Join([ms("timings_ms.ar_decode_per_token", f"{S9}/t2i_2layers_fp8_channels.json", "{:.2f} ms"),
+                   ms("timings_ms.denoise_step", f"{S9}/t2i_2layers_fp8_channels.json")]), "", ""]),
+        Row(["the same, FP8 recipe `tensor`", "-",
+             Join([ms("timings_ms.ar_decode_per_token", f"{S9}/t2i_2layers_fp8_tensor.json", "{:.2f} ms"),
+                   ms("timings_ms.denoise_step", f"{S9}/t2i_2layers_fp8_tensor.json")]), "", ""]),
+    ], note="Where a figure was measured in several runs of the same code, the median and the range; a verdict "
+            "reads the median. The bf16 layer and multi-micro rows time one path twice per run (`auto` is "
+            "`fused`), both count. Session 7's decode figures are its swept best, the defaults from then on."),
+    Table("s9-decode-bytes", ["decode MoE, one micro, 8 routings, CUDA graph (session 9)", "T", "measured",
+                              "bytes read", "floor at 4.3 TB/s", "achieved", "stored `gbps` (bf16 bytes)"], [
+        Row([Text(label), Text(str(t)), Value(decode_row(None, v, t) + ".us", "{:.1f} us"),
+             recomputed_decode(S9M, v, t, "mb", "{:.0f} MB"), recomputed_decode(S9M, v, t, "floor_us", "{:.1f} us"),
+             recomputed_decode(S9M, v, t, "tbps", "{:.2f} TB/s"),
+             Value(decode_row(None, v, t) + ".gbps", "{:.0f} GB/s")], file=S9M)
+        for v, label in (("decode_triton", "bf16"), ("decode_triton_fp8_channels", "FP8 channels"),
+                         ("decode_triton_fp8_blocks", "FP8 blocks")) for t in (1, 16)
+    ], note="`bytes read`, `floor` and `achieved` are recomputed here from the stored raw timings (`us`) and "
+            "`distinct_experts` of each row with `bench.floors.moe_decode_expert_bytes` (the formula of commit "
+            "d6918a0: e4m3 weights at 1 B plus their float32 "
+            "scales; bf16 at 2 B) and one HBM peak, 4.3 TB/s (the copy bandwidth measured on this workplace's "
+            "H200; the datasheet's 4.8 is not reachable). The stored `floor_us` and `gbps` of these files counted "
+            "bf16 bytes for every row, hence FP8 \"bandwidths\" above the HBM peak; bench_moe now writes the "
+            "recomputed form."),
+    Table("s9-decode-kernels", ["FP8 channels, T=1, per call, under the CUDA graph", "stage 1 (gate/up)",
+                                "stage 2 (down)", "finalize", "kernels", "the op"], [
+        Row([Text(name), Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._decode_gate_up_kernel",
+                               "{:.1f} us"),
+             Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._decode_down_kernel", "{:.1f} us"),
+             Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._finalize_kernel", "{:.1f} us"),
+             Calc(lambda a, b, c: a + b + c, [
+                 Value(decode_row(None, "decode_triton_fp8_channels", 1) + f".kernel_us.{k}")
+                 for k in ("_decode_gate_up_kernel", "_decode_down_kernel", "_finalize_kernel")], "{:.1f} us"),
+             Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".us", "{:.1f} us")], file=f)
+        for f, name in ((S9P, "profiled run"), (S9R, "rerun after the last bench_moe edit"))
+    ] + [
+        Row(["what stage 1 and 2 read (8 experts: e4m3 + scales), and at what rate",
+             Calc(lambda us, n: n * (2 * 768 * 4096 + 4 * 2 * 768) / (us * 1e-6) / 1e12,
+                  [Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._decode_gate_up_kernel"),
+                   Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".distinct_experts")], "{:.1f} TB/s"),
+             Calc(lambda us, n: n * (4096 * 768 + 4 * 4096) / (us * 1e-6) / 1e12,
+                  [Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._decode_down_kernel"),
+                   Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".distinct_experts")], "{:.1f} TB/s"),
+             "", "", ""], file=S9P),
+    ], note="Rates recomputed from the profiled kernel times and the same byte count as above."),
+]
+
+TE, TC = f"{S7}/ti2i_1gpu.json", f"{S7}/ti2i_1gpu_compiled.json"
+OP, TR = f"{S1B}/bench_layers_op_path.json", f"{S1B}/bench_layers_traced_moe_inductor_finalize.json"
+GG2 = f"{S1B}/bench_grouped_gemm.json"
+K1, A1 = f"{S1}/bench_moe.json", f"{S1}/bench_attention.json"
+
+
+def median_of_differences(a, b):
+    import statistics
+    return statistics.median(x - y for x, y in zip(a, b))
+
+
+def median_of_shares(a, b):
+    import statistics
+    return statistics.median(x / y - 1 for x, y in zip(a, b))
+
+
+def attn(op, variant, batch, key, fmt, note=None):
+    sel = f"rows[op={op},variant={variant},B={batch}" + (f",note={note}" if note else "") + "]"
+    return Value(f"{sel}.{key}", fmt, A1)
+
+
+TABLES += [
+    Table("s7-decode", ["decode MoE, one micro, 8 routings, CUDA graph (session 7)", "T=1", "T=2", "T=8", "T=16"], [
+        Row([Text(label)] + [Value(decode_row(None, v, t) + ".us", "{:.1f}" if t < 8 else "{:.0f}") for t in (1, 2, 8, 16)],
+            file=X7D)
+        for v, label in (("decode_triton", "bf16"), ("decode_triton_fp8_channels", "FP8 channels, stage 1 in bf16 "
+                                                                                     "(session 6's default)"),
+                         ("decode_triton_fp8_channels_best_config", "FP8 channels, swept best: stage 1 in float16"),
+                         ("decode_triton_fp8_blocks_best_config", "FP8 blocks, swept best: stage 1 in float16"))
+    ] + [
+        Row(["floor, FP8 channels weights (recomputed: e4m3 + scales at 4.3 TB/s)"] + [
+            recomputed_decode(X7D, "decode_triton_fp8_channels", t, "floor_us", "{:.0f}") for t in (1, 2, 8, 16)])
+    ], note="Times in us. The floor is recomputed from the stored distinct-expert counts (see the session 9 "
+            "table of bytes)."),
+    Table("ti2i", ["image editing, plan `single`, full width, 4 layers", "eager", "compiled (`--compile`)"], [
+        Row(["condition encode (VAE encoder + posterior sample; vision tower + aligner), once per request",
+             ms("timings_ms.condition_encode", TE, "{:.0f} ms"),
+             ms("timings_ms.condition_encode", TC, "{:.0f} ms (not compiled)")]),
+        Row(["AR prefill (the condition's rows in the prompt)", ms("timings_ms.ar_prefill", TE),
+             ms("timings_ms.ar_prefill", TC)]),
+        Row(["AR decode", ms("timings_ms.ar_decode_per_token", TE, "{:.2f} ms/token"),
+             ms("timings_ms.ar_decode_per_token", TC, "{:.2f} ms/token (CUDA graph)")]),
+        Row(["denoise step, mean of 10 (first, whole sequence)",
+             Join([ms("timings_ms.denoise_step", TE), Value("timings_ms.denoise_first_step", "{:.0f}", TE)], " (",
+                  suffix=")"),
+             Join([ms("timings_ms.denoise_step", TC), Value("timings_ms.denoise_first_step", "{:.0f}", TC)], " (",
+                  suffix=")")]),
+        Row(["VAE decode", ms("timings_ms.vae_decode", TE, "{:.0f} ms"), ms("timings_ms.vae_decode", TC, "{:.0f} ms")]),
+        Row(["compile", "", Join([Value("compile.graphs", "{} graphs", TC), Value("compile.graph_breaks", "{} breaks", TC),
+                                  Value("compile.recompiles_after_warmup", "{} recompiles", TC),
+                                  Value("compile.compile_s", "{:.0f} s", TC)], ", ")]),
+        Row(["weights / peak", "", Join([rank0_gb("storage_bytes_per_rank", TC),
+                                         rank0_gb("peak_memory_bytes_per_rank", TC)])]),
+    ]),
+    Table("serve", ["tiny model, one CPU process, 5 requests of 8 steps at 256x256", "ms"], [
+        Row(["the pipeline's total inside the server (median)", Value("medians.server_inside_ms", "{:.1f}")], file=SERVE),
+        Row(["what the HTTP client waited (median)", Value("medians.server_end_to_end_ms", "{:.1f}")], file=SERVE),
+        Row(["outside the pipeline, per request (HTTP, JSON, queue hand-off, PNG and base64): the median of the "
+             "per-request differences",
+             Join([Calc(median_of_differences, [Value("per_request.server_end_to_end_ms"),
+                                                Value("per_request.server_inside_ms")], "**{:.1f}**", lists=True),
+                   Calc(median_of_shares, [Value("per_request.server_end_to_end_ms"),
+                                           Value("per_request.server_inside_ms")], "{:.1%}", lists=True)],
+                  " (", suffix=" of the request, median of the per-request shares)")], file=SERVE),
+        Row(["the same prompts through `examples.hunyuan_t2i` in one process (median)",
+             Value("medians.in_process_ms", "{:.1f}")], file=SERVE),
+    ], note="Recomputed here from the stored per-request values: the stored `outside_generate_ms` (a difference of "
+            "medians of different requests) and `overhead` (against the in-process run, slower for a reason not "
+            "found) are not used."),
+    Table("layers-s2", ["layer (one rank's shapes, no communication)", "eager", "compiled", "compiled + CUDA graph",
+                        "floor", "target"], [
+        Row(["AR decode, TP4 micro (8 q / 2 KV heads, KV 1500, experts 768, shared 768)",
+             Value("ar_decode_layer.eager_us", "{:.0f} us"), Value("ar_decode_layer.compiled_us", "{:.0f} us"),
+             Value("ar_decode_layer.cuda_graph_compiled_us", "**{:.0f} us**"),
+             Value("ar_decode_layer.floor_us", "{:.0f} us (memory)"),
+             Join([Verdict(Value("ar_decode_layer.cuda_graph_compiled_us"), 150.0)], prefix="<= 150 us: ")], file=OP),
+        Row(["denoise, TP2 x Ulysses-2 (2674 local tokens, attention over 5348, 2 micros)",
+             Value("denoise_layer.eager_ms", "{:.2f} ms"), Value("denoise_layer.compiled_ms", "{:.2f} ms"),
+             Value("denoise_layer.cuda_graph_compiled_ms", "**{:.2f} ms**"),
+             Value("denoise_layer.floor_ms", "{:.2f} ms (compute)"),
+             Join([Verdict(Value("denoise_layer.cuda_graph_compiled_ms"), 2.0)], prefix="<= 2.0 ms: ")], file=OP),
+    ]),
+    Table("layer-variants", ["denoise layer variant, compiled + CUDA graph", "ms", "a kernel of it, us per call"], [
+        Row(["session 1: one masked attention kernel, MoE op", Value("denoise_layer.cuda_graph_compiled_ms", "{:.2f}",
+                                                                     f"{S1}/bench_layers.json"), ""]),
+        Row(["same code, masked attention (ablation, session 2)",
+             Value("denoise_layer.masked_attention_cuda_graph_compiled_ms", "{:.2f}", OP), ""]),
+        Row(["**attention in mask-free pieces** (`plan_segments`), MoE op (default)",
+             Value("denoise_layer.cuda_graph_compiled_ms", "**{:.2f}**", OP),
+             Value("denoise_layer.top_kernels_us[^cudnn_generated][1]", "attention (cuDNN flash) {:.0f}", OP)]),
+        Row(["MoE traced (`--moe-impl graph`), inductor's finalize, CUTLASS grouped GEMMs",
+             Value("denoise_layer.cuda_graph_compiled_ms", "{:.2f}", TR),
+             Join([Value("denoise_layer.top_kernels_us[^triton_per_fused__to_copy__unsafe_view_add_clamp_min][1]",
+                         "inductor's finalize {:.0f}", TR),
+                   Value("denoise_layer.top_kernels_us[^_finalize_kernel][1]", "ours {:.0f}", OP)], " against ")]),
+        Row(["the same with GEMM autotuning (`--compile-autotune`)",
+             Value("denoise_layer.cuda_graph_compiled_autotune_ms", "{:.2f}", TR),
+             Join([Calc(lambda a, b, c: a + b + c, [
+                 Value("denoise_layer.top_kernels_us[^triton_tem_fused__grouped_mm_add][1]", file=TR),
+                 Value("denoise_layer.top_kernels_us[^triton_tem_fused__grouped_mm_select_transpose_15][1]", file=TR),
+                 Value("denoise_layer.top_kernels_us[^triton_tem_fused__grouped_mm_select_transpose_16][1]", file=TR)],
+                 "Triton grouped-GEMM templates {:.0f}"),
+                 Value("denoise_layer.top_kernels_us[^_ZN7cutlass][1]", "CUTLASS {:.0f}", OP)], " against ")]),
+    ]),
+    Table("gg-s2", ["GEMM (one TP2 rank, T=2674, 64 experts, top-8)", "CUTLASS (`torch._grouped_mm`)",
+                    "inductor Triton template (max-autotune)"], [
+        Row([Text(label), Join([Value(f"{key}.us", "{:.0f} us"), Value(f"{key}.tflops", "{:.0f} TFLOP/s")], ", "),
+             Join([Value(f"{key}_max_autotune.us", "{:.0f} us"), Value(f"{key}_max_autotune.tflops", "{:.0f} TFLOP/s")],
+                  ", ") if key != "dense_same_flops_as_gate_up" else "-"], file=GG2)
+        for key, label in (("micro_major_gate_up", "gate/up, per micro ([M, E, 2I, H] layout)"),
+                           ("expert_major_gate_up", "gate/up, one GEMM over both micros (expert-major layout)"),
+                           ("micro_major_down", "down, M*E groups with K = 768"),
+                           ("expert_major_down", "down, K = 1536 (expert-major layout)"),
+                           ("dense_same_flops_as_gate_up", "dense GEMM of the gate/up's FLOPs"))
+    ]),
+    Table("kernels-1129", ["op (one H200, HunyuanImage-3 shapes per rank, 2026-11-29)", "figure", "target"], [
+        Row(["multi-micro MoE, T=2048 / 4096 / 8192",
+             Join([Value(f"prefill[variant=multi_micro,tokens={t}].ms", "{:.2f}") for t in (2048, 4096, 8192)],
+                  suffix=" ms"),
+             goal("<= 2.4 ms at T=4096", Value("prefill[variant=multi_micro,tokens=4096].ms"), 2.4)], file=K1),
+        Row(["speedup vs two dispatches at T=2048 / 4096 / 8192",
+             Join([Value(f"prefill[variant=multi_micro,tokens={t}].speedup_vs_two_dispatch", "{:.2f}x")
+                   for t in (2048, 4096, 8192)]),
+             goal(">= 1.2x at T=4096", Value("prefill[variant=multi_micro,tokens=4096].speedup_vs_two_dispatch"), 1.2,
+                  ">=")], file=K1),
+        Row(["decode MoE, T=1 / 2 / 8 / 16 (CUDA graph)",
+             Join([Value(decode_row(None, "decode_triton", t) + ".us", "{:.1f}" if t < 8 else "{:.0f}")
+                   for t in (1, 2, 8, 16)], suffix=" us"),
+             Join([Verdict(Value(decode_row(None, "decode_triton", 1) + ".us"), 55.0)], prefix="<= 55 us at T=1: ")],
+            file=K1),
+        Row(["Ulysses pack, B=1 / B=2 (Triton)",
+             Join([attn("ulysses_pack", "triton", 1, "ms", "{:.2f}"), attn("ulysses_pack", "triton", 2, "ms", "{:.2f}"),
+                   attn("ulysses_pack", "triton", 1, "gbps", "{:.0f}"), attn("ulysses_pack", "triton", 2, "gbps", "{:.0f}")],
+                  [" / ", " ms (", " / "], suffix=" GB/s)"), "B=1: 'auto' takes the torch gather there"]),
+        Row(["Ulysses pack, B=1, torch gather", Join([attn("ulysses_pack", "reference", 1, "ms", "{:.2f} ms")]), ""]),
+        Row(["Ulysses unpack-out, B=1", Join([attn("ulysses_unpack_out", "triton", 1, "ms", "{:.3f} ms"),
+                                              attn("ulysses_unpack_out", "triton", 1, "gbps", "{:.0f} GB/s")], " ("
+                                             , suffix=")"), ""]),
+        Row(["LSE merge, N=2 / 3 (B=1)",
+             Join([attn("lse_merge", "triton", 1, "ms", "{:.3f}", "N=2"), attn("lse_merge", "triton", 1, "ms", "{:.3f}", "N=3"),
+                   attn("lse_merge", "triton", 1, "gbps", "{:.0f}", "N=2"), attn("lse_merge", "triton", 1, "gbps", "{:.0f}", "N=3"),
+                   Calc(lambda ref, tri: ref / tri, [attn("lse_merge", "reference", 1, "ms", "", "N=2"),
+                                                     attn("lse_merge", "triton", 1, "ms", "", "N=2")], "{:.1f}x")],
+                  [" / ", " ms (", " / ", " GB/s); "], suffix=" the torch reference's speed (N=2)"), ""]),
+    ]),
+    Table("hole-flash", ["denoise layer at TP2 x SP2 shapes, compiled + CUDA graph", "ms"], [
+        Row(["no hole (a prompt of exact length)", Value("denoise_layer.cuda_graph_compiled_ms", "{:.2f}")],
+            file=f"{X3}/bench_layers_hole_flash.json"),
+        Row(["a bucket hole, the image rows on FlashAttention-2 varlen (`impl=\"flash\"`)",
+             Value("denoise_layer.bucket_hole_cuda_graph_compiled_ms", "{:.2f}")], file=f"{X3}/bench_layers_hole_flash.json"),
+        Row(["the masked kernel (one structured mask)", Value("denoise_layer.masked_attention_cuda_graph_compiled_ms",
+                                                              "{:.2f}")], file=f"{X3}/bench_layers_hole_flash.json"),
+        Row(["a bucket hole with the default key-prefix path (SDPA, key mask), session 9",
+             Value("denoise_layer.bucket_hole_cuda_graph_compiled_ms", "{:.2f}")], file=L9D),
+    ]),
+]

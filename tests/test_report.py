@@ -1,0 +1,101 @@
+"""docs/performance.md against bench/results/: every table is what `python -m bench.report`
+renders from the committed JSON, and every results path the docs name exists."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.report import (Calc, ReportError, Row, RunInfo, Runs, Sources, Table, Text, Value, Verdict, check,
+                          lookup, render_doc, render_table)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_committed_doc_is_what_the_report_renders():
+    assert check() is None, check()
+
+
+def test_every_results_path_in_the_docs_exists():
+    """Paths as bench/results/X, and results-relative ones (`h200-.../file`) in backticks."""
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for path in re.findall(r"bench/results/([A-Za-z0-9_.+*/-]+)", text):
+            path = path.rstrip(".,)")
+            if not list(RESULTS.glob(path)) and not list(RESULTS.glob(path + "*")):
+                missing.append(f"{doc.name}: bench/results/{path}")
+        for path in re.findall(r"`((?:h200|cpu|compile-cpu)[A-Za-z0-9_.+*/-]*-\d{4}-\d{2}-\d{2}[A-Za-z0-9_.+*/-]*)`",
+                               text):
+            if not list(RESULTS.glob(path)):
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, missing
+
+
+def test_no_doc_cites_a_branch_that_is_not_main():
+    for doc in DOCS:
+        assert not re.search(r"\bwip/[A-Za-z0-9_-]+", doc.read_text()), doc.name
+
+
+def test_check_names_the_tables_that_differ(tmp_path):
+    doc = tmp_path / "performance.md"
+    text = (ROOT / "docs" / "performance.md").read_text()
+    doc.write_text(text.replace("| Wan2.1 1.3B (12 heads), per step | 30 |", "| Wan2.1 1.3B (12 heads), per step | 31 |"))
+    problem = check(doc)
+    assert problem is not None and "wan-dit" in problem and "\n" not in problem
+
+
+DATA = {"rows": [{"variant": "a", "tokens": 1, "us": 3.0, "tiles": {"block_r": 64}},
+                 {"variant": "a", "tokens": 2, "us": 5.0, "tiles": {"block_r": 128}}],
+        "top": [["_gate_up_kernel", 12.0, 4], ["_down_kernel", 6.0, 4]]}
+
+
+def test_paths_select_by_fields_nested_fields_and_name_prefix():
+    assert lookup(DATA, "rows[variant=a,tokens=2].us") == 5.0
+    assert lookup(DATA, "rows[tiles/block_r=64].us") == 3.0
+    assert lookup(DATA, "top[^_down][1]") == 6.0
+    assert lookup(DATA, "rows[1].tiles.block_r") == 128
+    with pytest.raises(ReportError, match=r"\[variant=a\] matches 2 elements"):
+        lookup(DATA, "rows[variant=a].us", "x.json")
+    with pytest.raises(ReportError, match="no key 'nope'"):
+        lookup(DATA, "nope.us", "x.json")
+
+
+def _sources(tmp_path, runs=None):
+    import json
+    (tmp_path / "run").mkdir()
+    for i, us in enumerate((31.0, 30.8, 29.9)):
+        (tmp_path / "run" / f"r{i}.json").write_text(json.dumps({"torch": "2.11", "us": us}))
+    return Sources(runs if runs is not None else {f"run/r{i}.json": RunInfo("make it") for i in range(3)}, tmp_path)
+
+
+def test_runs_give_median_and_range_and_the_verdict_reads_the_median(tmp_path):
+    src = _sources(tmp_path)
+    runs = Runs([(f"run/r{i}.json", "us") for i in range(3)], "{:.1f}", " us")
+    assert runs.render(src, None) == "30.8 us (median of 3 runs; 29.9-31.0)"
+    assert Verdict(runs, 30.0).render(src, None) == "**missed**"       # one run of three meets it
+    assert Verdict(runs, 30.8).render(src, None) == "met"
+    assert Calc(lambda a, b: a - b, [Value("us", file="run/r0.json"), Value("us", file="run/r2.json")],
+                "{:.1f}").render(src, None) == "1.1"
+    table = render_table(Table("t", ["what", "us"], [Row(["x", runs])]), src)
+    assert "`run/r0.json`, `run/r1.json`, `run/r2.json`" in table and "`make it` (run; torch 2.11)" in table
+
+
+def test_a_file_without_its_command_or_a_missing_marker_is_refused(tmp_path):
+    src = _sources(tmp_path, runs={})
+    with pytest.raises(ReportError, match="no command recorded for it"):
+        Value("us", file="run/r0.json").render(src, None)
+    tables = [Table("t", ["what"], [Row([Text("x")])])]
+    with pytest.raises(ReportError, match="does not mark: \\['t'\\]"):
+        render_doc("no markers here\n", tables, src)
+    with pytest.raises(ReportError, match="marks table 'u'"):
+        render_doc("<!-- table:u -->\n<!-- /table:u -->\n", tables, src)
+
+
+def test_check_command_line_passes_on_the_committed_doc():
+    run = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
