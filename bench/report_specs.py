@@ -21,9 +21,17 @@ X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-session2", "h200x2-202
 S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-session6", "h200-2026-12-01-session7",
                           "h200x2-2026-12-01-session7", "h200-2026-12-01-session8", "h200-2026-12-01-session9")
 SERVE = "cpu-2026-12-01-serve/bench_serve.json"
+S10 = "h200-2026-12-01-session10"
+STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/step_cache_distil.json"
+STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
 CPU_COMPILE = "compile-cpu-2026-11-30.json"
 
 RUNS: dict[str, RunInfo] = {
+    # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
+    STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
+    STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
+    STEP_CACHE_DEVIATION: RunInfo("python -m bench.bench_step_cache --deviation --out "
+                                  "bench/results/cpu-2026-12-01-step-cache/deviation.json"),
     # one H200, 2026-11-29 (bash bench/run_gpu.sh)
     f"{S1}/bench_layers.json": RunInfo("python -m bench.bench_layers --profile"),
     f"{S1}/bench_moe.json": RunInfo("python -m bench.bench_moe"),
@@ -231,7 +239,52 @@ W13, W14 = f"{S8}/bench_wan_1.3B.json", f"{S8}/bench_wan_14B_8layers.json"
 TP2_32 = f"{X2}/tp2_32.json"
 TABLE = f"{X2}/table.json"
 
+def _repeats(file: str, run: str, key: str, n: int) -> Runs:
+    """bench_step_cache's repeats of one run: a timing of each."""
+    return Runs([(file, f"rows[run={run},repeat={i}].timings_ms.{key}") for i in range(n)], "{:.0f}", " ms")
+
+
+def _step_cache_row(label: str, file: str, run: str, n: int, target: float | None) -> Row:
+    total = _repeats(file, run, "total", n)
+    full = Runs([(file, f"rows[run={run},repeat={i}].timings_ms.denoise_full_step") for i in range(n)], "{:.1f}",
+                " ms")
+    cached = (Runs([(file, f"rows[run={run},repeat={i}].timings_ms.denoise_cached_step") for i in range(n)],
+                   "{:.2f}", " ms") if run.endswith("taylor") else Text("-"))
+    ratio = (Calc(lambda c, f: 100 * c / f, [cached, full], "{:.1f}%") if run.endswith("taylor") else Text("-"))
+    return Row([label, Join([Value(f"summary.{run}.full_steps"), Value(f"summary.{run}.steps")], " of "),
+                total if target is None else Join([total, Verdict(total, target)], ": "), full, cached, ratio,
+                Value(f"summary.{run}.peak_memory_gb", "{:.1f} GB")], file=file)
+
+
 TABLES = [
+    Table("step-cache-hunyuan", ["HunyuanImage-3, 32 layers, FP8 experts, 1024x1024", "steps in full", "end to end",
+                                 "a full step", "a cached step", "cached / full", "peak"], [
+        _step_cache_row("T2I, 50 steps, Taylor defaults (target <= 7000 ms)", STEP_CACHE_T2I, "t2i_taylor", 3, 7000),
+        _step_cache_row("T2I, 50 steps, no cache", STEP_CACHE_T2I, "t2i_full", 1, None),
+        _step_cache_row("TI2I edit, 50 steps, Taylor defaults (target <= 9000 ms)", STEP_CACHE_T2I, "ti2i_taylor", 3,
+                        9000),
+        _step_cache_row("TI2I edit, 50 steps, no cache", STEP_CACHE_T2I, "ti2i_full", 1, None),
+        _step_cache_row("Instruct-Distil, 8 steps (target <= 4500 ms)", STEP_CACHE_DISTIL, "distil", 3, 4500),
+        _step_cache_row("Instruct-Distil, 8 steps, Taylor (interval 3, first-enhance)", STEP_CACHE_DISTIL,
+                        "distil_taylor", 3, None),
+        Row(["a cached step against a full one, T2I (target <= 3%)", "", "", "", "",
+             goal("<= 3%", Calc(lambda c, f: 100 * c / f,
+                                [_repeats(STEP_CACHE_T2I, "t2i_taylor", "denoise_cached_step", 3),
+                                 _repeats(STEP_CACHE_T2I, "t2i_taylor", "denoise_full_step", 3)]), 3.0), ""]),
+    ], note="Random weights, 1251 prompt tokens and 256 forced AR tokens (the edit: a random 1024x1024 reference, "
+            "a ~6.3k-row prefill), serial CFG, one region per layer compiled; end to end is AR + denoise + VAE "
+            "(+ the condition encode for the edit). A full step is the mean of the later steps computed in full "
+            "(the whole-sequence first step left out); the model was loaded with the editing encoders, which "
+            "adds to the peak. The uncached baselines ran once each (20-25 s)."),
+    Table("step-cache-deviation", ["tiny golden case", "run", "steps in full", "final latents, rel. L2 vs uncached",
+                                   "image, largest uint8 difference"], [
+        Row([Value(f"rows[run={run}].case"), run, Join([Value(f"rows[run={run}].full_steps"),
+                                                        Value(f"rows[run={run}].steps")], " of "),
+             Value(f"rows[run={run}].final_latents_rel_l2", "{:.3f}"),
+             Value(f"rows[run={run}].image_uint8_max_abs_diff")], file=STEP_CACHE_DEVIATION)
+        for run in ("taylor_default", "taylor_enhance", "taylor_split", "distil_taylor")
+    ], note="dtgen's own runs of the golden-taylor cases (CPU, float32), each cache against the same case's "
+            "uncached run: what a cache moves, beside what it saves."),
     Table("wan-dit", ["model", "blocks", "eager", "compiled (one region per block)", "TFLOP/s compiled", "floor",
                       "ratio to floor", "self-attention share", "self-attention TFLOP/s"], [
         Row(["Wan2.1 1.3B (12 heads), per step", Value("layers"), ms("eager.step_ms", fmt="{:.0f} ms"),
