@@ -12,6 +12,13 @@ tail to a multiple of the SP size and each rank keeps its chunk (`SequenceLayout
 alike; the attention meta marks the real rows as ONE bidirectional block, so padding rows see
 and are seen by nothing real; after the blocks and the per-row final layer, the rows are
 gathered back. 81 frames = 21 latent frames: any SP degree works, the padding absorbs it.
+
+Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut into
+embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
+unpatchify), so first-block, TaylorSeer, MagCache and the official Taylor cache run on every
+plan; what they keep is the last block's output rows. One cache per call site (the CFG batch
+of 2 is one, with two rows; on a CFG axis each rank's branch is one) and per expert, made for
+the request and dropped with it. A request without one runs `dit_step` whole, as before.
 """
 from __future__ import annotations
 
