@@ -326,6 +326,10 @@ class DenoiserCall:
     `full` (optional): the whole evaluation as one call returning (blocks' output, prediction),
     e.g. one compiled graph; without it the cache composes embed, blocks and head.
     `rows`: where the blocks' output rows live under sequence parallelism (None: all here).
+    `row_blocks` (optional): `blocks` for some batch rows only, `row_blocks(h, lo, hi, rows)`
+    with h holding just the rows `rows` (indices into the call's batch), so that a first-block
+    step where only some rows (CFG branches) run in full computes only those, as separate
+    calls per branch would; without it such a step runs the blocks on every row.
     """
 
     head: Callable[[torch.Tensor], torch.Tensor]
@@ -334,6 +338,7 @@ class DenoiserCall:
     blocks: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None
     num_blocks: int = 0
     rows: RowLayout | None = None
+    row_blocks: Callable[[torch.Tensor, int, int, list[int]], torch.Tensor] | None = None
 
     def run_full(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.full is not None:
@@ -627,9 +632,10 @@ class MagCache(StepCache):
 # ---- First-block cache -------------------------------------------------------------------
 class FirstBlockCache(StepCache):
     """Per row of the call: block 0 always runs; the other blocks run when block 0's residual
-    moved by more than the threshold since the row's last full step. A call whose rows disagree
-    runs the blocks for all of them and keeps, for the rows that skip, the cached result (as
-    separate calls per row would): the decision costs one host sync per step (diffusers' too).
+    moved by more than the threshold since the row's last full step. Where the rows disagree,
+    the other blocks run on the rows that need them (`DenoiserCall.row_blocks`; without it on
+    every row, the skipping rows keeping their cached result): what separate calls per row
+    would compute. The decision costs one host sync per step (diffusers' too).
 
     The measure is diffusers' (`FBCHeadBlockHook._should_compute_remaining_blocks`, one CFG
     branch per call there, one row here): mean |r - r_prev| / mean |r_prev|, each mean in the
@@ -679,6 +685,15 @@ class FirstBlockCache(StepCache):
         last = step == self.steps - 1
         if not any(rows_full):
             out = call.head(h1 + self.tail_residual)
+        elif not all(rows_full) and call.row_blocks is not None:
+            picked = [b for b, f in enumerate(rows_full) if f]
+            index = torch.tensor(picked, device=h1.device)
+            h1_picked = h1.index_select(0, index)
+            x_picked = call.row_blocks(h1_picked, 1, call.num_blocks, picked)
+            x = (h1 + self.tail_residual).index_copy(0, index, x_picked)
+            self.head_residual = self.head_residual.index_copy(0, index, r.index_select(0, index))
+            self.tail_residual = self.tail_residual.index_copy(0, index, x_picked - h1_picked)
+            out = call.head(x)
         else:
             x = call.blocks(h1, 1, call.num_blocks)
             tail = x - h1

@@ -237,30 +237,37 @@ def test_magcache_calibration_ratios_per_row():
 
 
 class Blocks:
-    """Two rows; block 0 adds head[k] (its residual), the others tail[k]; logs what ran."""
+    """Block 0 adds head[k] (its residual), the others tail[k]; logs what ran. `by_row`: the
+    call can run the blocks on some rows only (`row_blocks`)."""
 
-    def __init__(self, head, tail):
-        self.head, self.tail, self.log = head, tail, []
+    def __init__(self, head, tail, by_row=False):
+        self.head, self.tail, self.log, self.by_row = head, tail, [], by_row
 
     def call(self, k, h):
-        def blocks(x, lo, hi):
-            self.log.append((k, lo, hi))
-            return x + (self.head[k] if lo == 0 else 0) + (self.tail[k] if hi > 1 else 0)
-        return DenoiserCall(head=lambda x: x, embed=lambda: h, blocks=blocks, num_blocks=3)
+        def blocks(x, lo, hi, rows=None):
+            self.log.append((k, lo, hi) if rows is None else (k, lo, hi, rows))
+            pick = (lambda t: t) if rows is None else (lambda t: t[rows])
+            return x + (pick(self.head[k]) if lo == 0 else 0) + (pick(self.tail[k]) if hi > 1 else 0)
+        return DenoiserCall(head=lambda x: x, embed=lambda: h, blocks=blocks, num_blocks=3,
+                            row_blocks=blocks if self.by_row else None)
 
 
-def test_first_block_decides_per_row_and_keeps_the_skipping_row():
+@pytest.mark.parametrize("by_row", [False, True], ids=["every-row", "row-blocks"])
+def test_first_block_decides_per_row_and_keeps_the_skipping_row(by_row):
     """Row 0's block-0 residual barely moves, row 1's moves a lot at step 1: row 0 reuses the
-    other blocks' residual of step 0, row 1 gets its fresh one: the output is per-row exact."""
+    other blocks' residual of step 0, row 1 gets its fresh one: the output is per-row exact.
+    With `row_blocks` the other blocks run on the row that needs them only."""
     steps, shape = 3, (1, 4, 2)
     h = torch.zeros(2, *shape[1:], dtype=torch.float64)
     base = torch.ones(shape, dtype=torch.float64)
     head = [torch.cat([base, base]), torch.cat([1.01 * base, 2 * base]), torch.cat([1.5 * base, 2.01 * base])]
     tail = [torch.full((2, *shape[1:]), 100.0 * (k + 1), dtype=torch.float64) for k in range(steps)]
-    b = Blocks(head, tail)
+    b = Blocks(head, tail, by_row)
     cache = make_step_cache(FirstBlockConfig(threshold=0.1), steps)
     outs = [run_step(cache, k, b.call(k, h)) for k in range(steps)]
     report = cache.report()
+    rest = [(1, 1, 3, [1]), (2, 1, 3, [0])] if by_row else [(1, 1, 3), (2, 1, 3)]
+    assert b.log == [(0, 0, 1), (0, 1, 3), (1, 0, 1), rest[0], (2, 0, 1), rest[1]]
     # step 1: row 0 moved 1%, row 1 100%; step 2: row 0 50% (vs step 0), row 1 0.5% (vs step 1)
     assert report["full_rows"] == [[True, True], [False, True], [True, False]]
     assert report["full_steps"] == [0, 1, 2] and report["cached_steps"] == []

@@ -248,13 +248,21 @@ class WanT2VPipeline:
         def blocks(h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
             return self._blocks(rt, dit, made["inputs"], h, rows, lo, hi)
 
+        def row_blocks(h: torch.Tensor, lo: int, hi: int, picked: list[int]) -> torch.Tensor:
+            # Some CFG rows only (first-block, rows that disagree): their modulation and text.
+            inputs = made["inputs"]
+            index = torch.tensor(picked, device=h.device)
+            some = inputs._replace(temb_proj=inputs.temb_proj.index_select(0, index),
+                                   text=inputs.text.index_select(0, index))
+            return self._blocks(rt, dit, some, h, rows, lo, hi)
+
         def head(h: torch.Tensor) -> torch.Tensor:
             # A Taylor-cached step runs no block: it needs the time embedding alone.
             temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, x.shape[0], text.dtype)
             return self._head(rt, dit, h, temb, grid)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
-                            rows=RowLayout(rt.seq, 1, rows))
+                            rows=RowLayout(rt.seq, 1, rows), row_blocks=row_blocks)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """[F, H, W, 3] uint8 on the main rank (None on the others)."""

@@ -87,13 +87,15 @@ def write_tokenizer(folder: Path) -> None:
 
 
 def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = False, overrides: dict | None = None,
-                            dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
+                            dtype: torch.dtype = torch.float32, device: str = "cpu",
+                            scales: dict[str, float] | None = None) -> None:
     """Random weights under the diffusers / transformers names, one folder per component.
     `two_experts`: Wan2.2-A14B's layout, a low-noise `transformer_2` beside the high-noise
     `transformer`, switched at boundary_ratio 0.875 (the A14B T2V value). `overrides`: per
     component, config values that replace the tiny ones (a benchmark at the published DiT
     shapes); `dtype`: of the stored weights; `device`: where they are drawn (a GPU draws a
-    billion in a blink; the draws differ from the CPU's)."""
+    billion in a blink; the draws differ from the CPU's); `scales`: factors for the parameters
+    whose names ("transformer.blocks.0.ffn...") begin with a key."""
     from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
     from .config import WanTransformerConfig
     from .text_encoder import UMT5Config
@@ -116,7 +118,11 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = 
     tensors = {c: {} for c in files}
     for name, p in model.named_parameters():
         component, _, key = name.partition(".")
-        tensors[component][key] = _init(key, tuple(p.shape), g).to("cpu", dtype).contiguous()
+        value = _init(key, tuple(p.shape), g)
+        for prefix, factor in (scales or {}).items():
+            if name.startswith(prefix):
+                value = value * factor
+        tensors[component][key] = value.to("cpu", dtype).contiguous()
     for component, file in files.items():
         (folder / component).mkdir(parents=True)
         save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})
