@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
     from models.wan.tiny import ensure_tiny_checkpoint
     from placements.wan import get_plan
 
+    load_before = os.getloadavg()[0]
     loaded = load(ensure_tiny_checkpoint(), get_plan("single"))
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
     blocks = len(loaded.model.transformer.blocks)
@@ -90,6 +92,10 @@ def main(argv=None) -> int:
            "what": "tiny Wan default (2 blocks, 36 tokens a step, 9 frames 48x64), one process, float32, CPU, "
                    "1 thread, CFG 5.0 batch of 2, UniPC; deviation = final latents against the uncached run",
            "steps": args.steps, "torch": torch.__version__, "uncached_denoise_ms": round(base_ms, 1),
+           "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],   # other jobs on the cores
+           "note": "block_share is exact (the share of block evaluations the cache ran; first-block always "
+                   "runs block 0, half of this 2-block model, 1/30 of Wan 1.3B); measured_speedup is wall time "
+                   "on a shared 2-core machine, indicative only",
            "magcache_ratios_calibrated_on": "seed 1, 'a small bird flies over the sea at night'",
            "magcache_ratios": [float(r) for r in ratios.split("/")], "caches": rows}
     width = max(len(r["cache"]) for r in rows)
