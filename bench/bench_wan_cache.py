@@ -2,6 +2,7 @@
 
     python -m bench.bench_wan_cache [--steps 50] [--baseline-steps 5] [--threshold 0.05] [--compile] [--out F]
     python -m bench.bench_wan_cache --tiny      # CPU, float32, the tiny default (a check that it runs)
+    python -m bench.bench_wan_cache --device cpu --layers 2 --video 9x96x96   # the 1.3B width, small, on a CPU
 
 Both pipelines load the same diffusers-format folder (the same weights), start from the same
 noise and the same prompt embeddings (dtgen's UMT5 encodes them; diffusers is handed them) and
@@ -20,8 +21,9 @@ weights. The text encoder is a tiny UMT5 of the DiT's text width (it is not what
 
 Eager for both by default; `--compile` compiles each block once for both (dtgen's
 `--compile-regions`; diffusers' `compile_repeated_blocks(fullgraph=False)`: its hook's
-decision is a graph break there) and warms both up first. The uncached runs, for the
-speed-up, take `--baseline-steps` steps (their per-step time is flat); every run is preceded
+decision is a graph break there) and warms both up first, also on one CFG row (where the
+rows disagree, dtgen runs the blocks after the first on that row alone). The uncached runs,
+for the speed-up, take `--baseline-steps` steps (their per-step time is flat); every run is preceded
 by a 2-step warm-up of the same pipeline. Each step ends on a device sync in both (dtgen's
 loop, diffusers' step callback), so the per-step figures are wall times of whole steps.
 
@@ -234,6 +236,10 @@ def main(argv=None) -> int:
         key = f"{name} {'first-block' if threshold is not None else 'uncached'}"
         t0 = time.perf_counter()
         fn(pipe, replace(req, steps=2), noise, threshold, *extra)   # warm-up (and compile)
+        if args.compile and threshold is not None:
+            # A first-block step whose CFG rows disagree runs the other blocks on one row: one
+            # row's graphs too (dtgen: the block region at batch 1; diffusers runs one row always).
+            fn(pipe, replace(req, steps=2, guidance_scale=1.0), noise, threshold, *extra)
         t1 = time.perf_counter()
         runs[key] = fn(pipe, replace(req, steps=n), noise, threshold, *extra)
         wall[key] = {"warmup_s": round(t1 - t0, 1), "run_s": round(time.perf_counter() - t1, 1)}
@@ -256,7 +262,8 @@ def main(argv=None) -> int:
               + ("" if args.tiny or args.layers == 30 else f" --layers {args.layers}")
               + ("" if args.tiny or args.video == "81x480x832" else f" --video {args.video}")
               + ("" if args.tiny or args.device == "cuda" else f" --device {args.device}"),
-              "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+              "torch": torch.__version__,
               "diffusers": __import__("diffusers").__version__, "dtype": str(dtype).replace("torch.", ""),
               "model": "tiny default" if args.tiny else f"Wan2.1 1.3B DiT shapes ({args.layers} blocks), random "
                                                          "weights, time_proj x 0.01",

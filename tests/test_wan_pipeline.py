@@ -122,7 +122,8 @@ OTHER_CACHES = ("taylor:interval=2,order=2,low_freqs_order=2,high_freqs_order=1"
 
 def cached_requests(plan: str) -> list[T2VRequest]:
     other = OTHER_CACHES[list(PLANS).index(plan) % len(OTHER_CACHES)]
-    return [T2VRequest(**{**REQUEST.__dict__, "steps": CACHED_STEPS, "step_cache": spec}) for spec in (FIRST_BLOCK, other)]
+    return [T2VRequest(**{**REQUEST.__dict__, "steps": CACHED_STEPS, "step_cache": spec})
+            for spec in (FIRST_BLOCK, other)]
 
 
 def job_plan(ctx, ckpt, plan):

@@ -64,7 +64,8 @@ def run_diffusers(pipe, config, req: T2VRequest, noise, guidance_2=None):
     handles = []
     for d in dits:
         handles.append(d.register_forward_pre_hook(lambda m, a, log=calls[id(d)]: log.append(False)))
-        handles.append(d.blocks[-1].ffn.register_forward_hook(lambda m, a, o, log=calls[id(d)]: log.__setitem__(-1, True)))
+        handles.append(d.blocks[-1].ffn.register_forward_hook(
+            lambda m, a, o, log=calls[id(d)]: log.__setitem__(-1, True)))
         if config is not None:
             d.enable_cache(config)
     try:
