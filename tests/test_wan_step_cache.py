@@ -239,35 +239,3 @@ def test_bad_cache_settings_are_refused_in_one_line(ours):
             ours.generate(T2VRequest(**{**REQUEST.__dict__, "step_cache": spec}), decode=False)
         assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("regions", [False, True], ids=["whole-step", "regions"])
-def test_cached_compiled_bf16_on_gpu_matches_eager(wan_checkpoint, regions):
-    """One GPU: cached requests in bf16 with the step's pieces compiled (--compile: embed, the
-    block ranges and the head each one graph; --compile-regions: one block region shared by
-    all) take the eager run's decisions and give its latents to bf16 rounding (the bound of
-    the uncached compiled test), with no graph break; a second request compiles nothing."""
-    import torch._dynamo
-
-    from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
-    from models.wan.model import load
-    from models.wan.pipeline import WanT2VPipeline
-    from placements.wan import get_plan
-    torch._dynamo.reset()
-    loaded = load(wan_checkpoint, get_plan("single"), dtype=torch.bfloat16, device="cuda")
-    eager = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda")
-    requests = [T2VRequest(**{**REQUEST.__dict__, "steps": 6, "step_cache": spec})
-                for spec in ("first-block:threshold=0.05", "taylorseer:interval=2,disable_before=1,order=2")]
-    want = [eager.generate(req, decode=False) for req in requests]
-    compiled = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda",
-                              compile_options=CompileOptions(enabled=True, regions=regions))
-    first = [compiled.generate(req, decode=False) for req in requests]
-    graphs = unique_graphs()
-    again = [compiled.generate(req, decode=False) for req in requests]
-    assert graph_breaks() == {} and unique_graphs() == graphs
-    for w, f, a in zip(want, first, again):
-        assert f.record["step_cache"]["full_steps"] == w.record["step_cache"]["full_steps"]
-        assert f.record["step_cache"].get("full_rows") == w.record["step_cache"].get("full_rows")
-        assert float((f.latents - w.latents).abs().max()) <= 0.05 * float(w.latents.abs().max())
-        assert torch.equal(f.latents, a.latents)
-        assert f.timings_ms["denoise_cached_step"] is not None
