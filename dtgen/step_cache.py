@@ -19,7 +19,10 @@ The framework owns the rest:
   site; rows of one call are extrapolated independently). A request builds new ones, so
   nothing survives into the next request (the official implementation keeps its cache on the
   model object);
-- the report (`StepCache.report()`): which steps ran in full, which were reused, and how.
+- the report (`StepCache.report()`): which steps ran in full, which were reused, and how;
+  `merged_report` joins a request's call sites, `concat_reports` the denoisers that run one
+  after another (Wan2.2-A14B's two experts, each with caches of its own), `gather_rows` the
+  rows of one call split over CFG-parallel ranks (first-block decides per row).
 
 | method | a cached step computes | decided | follows |
 |---|---|---|---|
@@ -323,6 +326,10 @@ class DenoiserCall:
     `full` (optional): the whole evaluation as one call returning (blocks' output, prediction),
     e.g. one compiled graph; without it the cache composes embed, blocks and head.
     `rows`: where the blocks' output rows live under sequence parallelism (None: all here).
+    `row_blocks` (optional): `blocks` for some batch rows only, `row_blocks(h, lo, hi, rows)`
+    with h holding just the rows `rows` (indices into the call's batch), so that a first-block
+    step where only some rows (CFG branches) run in full computes only those, as separate
+    calls per branch would; without it such a step runs the blocks on every row.
     """
 
     head: Callable[[torch.Tensor], torch.Tensor]
@@ -331,6 +338,7 @@ class DenoiserCall:
     blocks: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None
     num_blocks: int = 0
     rows: RowLayout | None = None
+    row_blocks: Callable[[torch.Tensor, int, int, list[int]], torch.Tensor] | None = None
 
     def run_full(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.full is not None:
@@ -376,6 +384,13 @@ class StepCache:
 
     def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
         raise NotImplementedError
+
+    def gather_rows(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
+        """For a call whose rows are split over ranks, each rank with its own cache (a CFG-
+        parallel plan: one branch per rank): make this report the whole call's. `gather`
+        concatenates every rank's [rows, ...] tensor along dim 0 in row order (a collective:
+        every rank calls it, after the last step). Nothing to do where the schedule is decided
+        ahead: it is the same on every rank."""
 
     def report(self) -> dict:
         full = [i for i, f in enumerate(self.full_steps) if f]
@@ -557,13 +572,18 @@ def magcache_plan(config: MagCacheConfig, steps: int) -> list[StepPlan]:
 
 
 class MagCache(StepCache):
+    """diffusers' MagCache: a skipped step runs the head on embed() plus the residual of all the
+    blocks at the last full step (`magcache_plan` decides which, ahead). With `calibrate`, every
+    step runs in full and records each row's magnitude ratio (diffusers' per-branch
+    calibration: a CFG row here is a `cache_context` there)."""
+
     method = "magcache"
 
     def __init__(self, config: MagCacheConfig, steps: int):
         super().__init__(config, steps)
         self.plan = magcache_plan(config, steps)
         self.residual: torch.Tensor | None = None
-        self.ratios: list[float] = []     # calibration: ||r_k|| / ||r_{k-1}||, mean over tokens
+        self.ratios: list[list[float]] = []   # calibration, per step, per row: ||r_k|| / ||r_{k-1}||
 
     def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
         self._advance(step)
@@ -575,33 +595,52 @@ class MagCache(StepCache):
         x = call.blocks(h, 0, call.num_blocks)
         residual = x - h
         if self.config.calibrate:
-            self.ratios.append(1.0 if self.residual is None else self._ratio(residual, self.residual, call.rows))
+            self.ratios.append([1.0] * x.shape[0] if self.residual is None
+                               else self._ratios(residual, self.residual, call.rows))
         self.residual = residual
+        if step == self.steps - 1:
+            self.residual = None
         return call.head(x)
 
     @staticmethod
-    def _ratio(current: torch.Tensor, previous: torch.Tensor, rows: RowLayout | None) -> float:
-        """mean over tokens of ||r_k|| / (||r_{k-1}|| + 1e-8), norms over the last dim."""
+    def _ratios(current: torch.Tensor, previous: torch.Tensor, rows: RowLayout | None) -> list[float]:
+        """Per batch row: the mean over its tokens of ||r_k|| / (||r_{k-1}|| + 1e-8), norms over
+        the last dim, float32 (diffusers' `_perform_calibration_step` on each branch's call)."""
         ratio = torch.linalg.norm(current.float(), dim=-1) / (torch.linalg.norm(previous.float(), dim=-1) + 1e-8)
-        if rows is None:
-            return float(ratio.mean())
+        if rows is None or rows.layout.size == 1:
+            return [float(ratio[b].mean()) for b in range(ratio.shape[0])]
         local = rows.real_rows(ratio)
-        total = rows.sum(torch.stack([local.sum(), torch.tensor(float(local.numel()), device=local.device)]))
-        return float(total[0] / total[1])
+        count = torch.full((ratio.shape[0],), float(local.shape[1]), device=local.device)
+        total = rows.sum(torch.stack([local.sum(1), count]))
+        return (total[0] / total[1]).tolist()
+
+    def gather_rows(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
+        if not self.config.calibrate or not self.ratios:
+            return
+        local = torch.tensor(self.ratios, dtype=torch.float64, device=device).T.contiguous()   # [B, steps]
+        self.ratios = gather(local).T.tolist()
 
     def report(self) -> dict:
         r = super().report()
         if self.config.calibrate:
-            r["mag_ratios"] = self.ratios
+            # The conditional row's ratios (row 0), the list to give back as mag_ratios; every row's too.
+            r["mag_ratios"] = [row[0] for row in self.ratios]
+            r["mag_ratios_rows"] = self.ratios
         return r
 
 
 # ---- First-block cache -------------------------------------------------------------------
 class FirstBlockCache(StepCache):
     """Per row of the call: block 0 always runs; the other blocks run when block 0's residual
-    moved by more than the threshold since the row's last full step. A call whose rows disagree
-    runs the blocks for all of them and keeps, for the rows that skip, the cached result (as
-    separate calls per row would): the decision costs one host sync per step."""
+    moved by more than the threshold since the row's last full step. Where the rows disagree,
+    the other blocks run on the rows that need them (`DenoiserCall.row_blocks`; without it on
+    every row, the skipping rows keeping their cached result): what separate calls per row
+    would compute. The decision costs one host sync per step (diffusers' too).
+
+    The measure is diffusers' (`FBCHeadBlockHook._should_compute_remaining_blocks`, one CFG
+    branch per call there, one row here): mean |r - r_prev| / mean |r_prev|, each mean in the
+    residual's dtype (float32 accumulation rounded to it, as torch's `.mean()`), the quotient
+    in that dtype too; under sequence parallelism the sums span every rank's real rows."""
 
     method = "first-block"
 
@@ -611,17 +650,22 @@ class FirstBlockCache(StepCache):
         self.head_residual: torch.Tensor | None = None   # block 0's residual at each row's last full step
         self.tail_residual: torch.Tensor | None = None   # the other blocks' residual then
         self.row_full: list[list[bool]] = []             # per step, per row
+        self.row_diff: list[list[float | None]] = []     # per step, per row: the measure (None: no previous)
 
     @staticmethod
-    def _row_means(x: torch.Tensor, rows: RowLayout | None) -> torch.Tensor:
-        """[B] float32: mean |x| of each batch row over its real elements (every rank's)."""
-        x = x if rows is None else rows.real_rows(x)
-        sums = x.float().abs().flatten(1).sum(1)
-        count = torch.full_like(sums, float(x[0].numel()))
-        if rows is not None:
-            both = rows.sum(torch.stack([sums, count]))
-            sums, count = both[0], both[1]
-        return sums / count
+    def _row_means(xs: list[torch.Tensor], rows: RowLayout | None) -> list[torch.Tensor]:
+        """For each x [B, ...]: [B] in x's dtype, mean |x| of each batch row over its real
+        elements (every rank's; one all-reduce for all of them)."""
+        if rows is None or rows.layout.size == 1:
+            # Exactly the reduction diffusers runs on one branch's tensor.
+            return [torch.stack([x[b].abs().mean() for b in range(x.shape[0])]) for x in xs]
+        parts = []
+        for x in xs:
+            local = rows.real_rows(x)
+            parts += [local.float().abs().flatten(1).sum(1),
+                      torch.full((x.shape[0],), float(local[0].numel()), device=x.device)]
+        total = rows.sum(torch.stack(parts))
+        return [(total[2 * i] / total[2 * i + 1]).to(x.dtype) for i, x in enumerate(xs)]
 
     def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
         self._advance(step)
@@ -630,28 +674,55 @@ class FirstBlockCache(StepCache):
         r = h1 - h
         B = r.shape[0]
         if self.head_residual is None:
-            rows_full = [True] * B
+            rows_full, diffs = [True] * B, [None] * B
         else:
-            diff = self._row_means(r - self.head_residual, call.rows) / self._row_means(self.head_residual, call.rows)
-            rows_full = [bool(d > self.config.threshold) for d in diff.tolist()]
+            moved, before = self._row_means([r - self.head_residual, self.head_residual], call.rows)
+            diffs = (moved / before).tolist()
+            rows_full = [d > self.config.threshold for d in diffs]
         self.row_full.append(rows_full)
+        self.row_diff.append(diffs)
         self.full_steps.append(any(rows_full))
+        last = step == self.steps - 1
         if not any(rows_full):
-            return call.head(h1 + self.tail_residual)
-        x = call.blocks(h1, 1, call.num_blocks)
-        tail = x - h1
-        if all(rows_full):
-            self.head_residual, self.tail_residual = r, tail
-            return call.head(x)
-        keep = torch.tensor(rows_full, device=x.device).view(B, *[1] * (x.dim() - 1))
-        x = torch.where(keep, x, h1 + self.tail_residual)
-        self.head_residual = torch.where(keep, r, self.head_residual)
-        self.tail_residual = torch.where(keep, tail, self.tail_residual)
-        return call.head(x)
+            out = call.head(h1 + self.tail_residual)
+        elif not all(rows_full) and call.row_blocks is not None:
+            picked = [b for b, f in enumerate(rows_full) if f]
+            index = torch.tensor(picked, device=h1.device)
+            h1_picked = h1.index_select(0, index)
+            x_picked = call.row_blocks(h1_picked, 1, call.num_blocks, picked)
+            x = (h1 + self.tail_residual).index_copy(0, index, x_picked)
+            self.head_residual = self.head_residual.index_copy(0, index, r.index_select(0, index))
+            self.tail_residual = self.tail_residual.index_copy(0, index, x_picked - h1_picked)
+            out = call.head(x)
+        else:
+            x = call.blocks(h1, 1, call.num_blocks)
+            tail = x - h1
+            if all(rows_full):
+                self.head_residual, self.tail_residual = r, tail
+            else:
+                keep = torch.tensor(rows_full, device=x.device).view(B, *[1] * (x.dim() - 1))
+                x = torch.where(keep, x, h1 + self.tail_residual)
+                self.head_residual = torch.where(keep, r, self.head_residual)
+                self.tail_residual = torch.where(keep, tail, self.tail_residual)
+            out = call.head(x)
+        if last:   # nothing outlives the request
+            self.head_residual = self.tail_residual = None
+        return out
+
+    def gather_rows(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
+        nan = float("nan")
+        local = torch.tensor([[[float(f) for f in full], [nan if d is None else d for d in diff]]
+                              for full, diff in zip(self.row_full, self.row_diff)], dtype=torch.float64,
+                             device=device)                              # [steps, 2, B]
+        every = gather(local.permute(2, 1, 0).contiguous()).permute(2, 1, 0).tolist()   # [steps, 2, B_all]
+        self.row_full = [[bool(f) for f in full] for full, _ in every]
+        self.row_diff = [[None if d != d else d for d in diff] for _, diff in every]
+        self.full_steps = [any(full) for full in self.row_full]
 
     def report(self) -> dict:
         r = super().report()
         r["full_rows"] = self.row_full
+        r["first_block_diff"] = self.row_diff
         return r
 
 
@@ -674,6 +745,22 @@ def run_step(cache: StepCache | None, step: int, call: DenoiserCall) -> torch.Te
     if cache is None:
         return call.run_full()[1]
     return cache(step, call)
+
+
+def concat_reports(parts: list[tuple[int, dict | None]], steps: int) -> dict | None:
+    """One report for a request whose `steps` run on several denoisers in turn, each with its
+    own caches (Wan2.2-A14B's two experts): `parts` are (the denoiser's first step, its
+    `merged_report`). The step lists are renumbered to the request's; `segments` keeps each
+    part's own report (its step numbers count from its first step)."""
+    parts = [(first, r) for first, r in parts if r is not None]
+    if not parts:
+        return None
+    if len(parts) == 1 and parts[0][0] == 0 and parts[0][1]["steps"] == steps:
+        return parts[0][1]
+    full = sorted(first + s for first, r in parts for s in r["full_steps"])
+    return {"method": parts[0][1]["method"], "steps": steps, "full_steps": full,
+            "cached_steps": [s for s in range(steps) if s not in full], "config": parts[0][1]["config"],
+            "segments": [{"first_step": first, **r} for first, r in parts]}
 
 
 def merged_report(caches: list[StepCache | None]) -> dict | None:

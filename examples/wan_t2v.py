@@ -28,6 +28,7 @@ from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.samplers import SAMPLERS
+from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.model import load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request
 from models.wan.serving import encode_mp4
@@ -57,6 +58,11 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
                    help="the sampler's shift (default: the checkpoint's scheduler config, else 3.0)")
     p.add_argument("--sampler", default="unipc", choices=sorted(SAMPLERS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]",
+                   help="fewer full DiT evaluations (dtgen/step_cache.py): first-block[:threshold=0.05], "
+                        "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
+                        "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
+                        "default: every step in full")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them (halo exchange)")
@@ -79,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _request(args) -> T2VRequest:
     return T2VRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
                       num_frames=args.num_frames, steps=args.steps, guidance_scale=args.guidance,
-                      guidance_scale_2=args.guidance_2, shift=args.flow_shift, sampler=args.sampler, seed=args.seed)
+                      guidance_scale_2=args.guidance_2, shift=args.flow_shift, sampler=args.sampler, seed=args.seed,
+                      step_cache=args.step_cache)
 
 
 def prepare(args) -> tuple[str | None, bool]:
@@ -91,6 +98,10 @@ def prepare(args) -> tuple[str | None, bool]:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    try:
+        args.step_cache = parse_step_cache(args.step_cache)
+    except StepCacheError as e:
+        return "--step-cache " + str(e).removeprefix("step cache "), tiny
     try:
         problem = launch_problem(args, get_plan(args.plan))
         if problem is None and not tiny and not (Path(args.checkpoint) / "model_index.json").is_file():
@@ -141,7 +152,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         profile_summary = profiler.write(profiled.timings_ms, compile_report)
     out = {"rank": ctx.rank, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
            "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "compile": compile_report,
-           "tokens_per_step": result.record["tokens_per_step"], "profile": profile_summary}
+           "tokens_per_step": result.record["tokens_per_step"], "profile": profile_summary,
+           "step_cache": result.record.get("step_cache")}
     facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(), "storage_bytes": loaded.storage.nbytes,
              "peak_memory_bytes": peak_memory(device), "gc": gc_pauses.as_dict()}
     out["ranks"] = gather_rank_facts(ctx, facts, loaded.controller.topology.control)
@@ -156,13 +168,53 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                             "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
                             "max_abs_diff_video": max_diff([result.video], [ref.video]),
                             "rel_l2_noise": rel_l2(result.record["noise"], ref.record["noise"])}
+            if args.step_cache is not None:   # the plan must take every decision one process takes
+                out["check"]["same_cache_decisions"] = _decisions(result.record["step_cache"]) == \
+                    _decisions(ref.record["step_cache"])
     return out
+
+
+def _decisions(report: dict) -> list:
+    """What a step cache decided: the full steps, and per row where rows decide (first-block)."""
+    return [report["full_steps"], report.get("full_rows"),
+            [s.get("full_rows") for s in report.get("segments", [])]]
+
+
+def _steps_text(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    runs = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
 
 
 def write_video(frames: torch.Tensor, path: Path, fps: int) -> None:
     """[F, H, W, 3] uint8 -> H.264 MP4 (PyAV ships its own FFmpeg)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     encode_mp4(frames, str(path), fps)
+
+
+def _cache_rows(report: dict) -> list[tuple[str, str]]:
+    cache = report.get("step_cache")
+    if cache is None:
+        return []
+    r = report["timings_ms"]
+    knobs = ", ".join(f"{k}={v}" for k, v in cache["config"].items() if k not in ("method", "mag_ratios"))
+    ms = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
+    rows = [("step cache", f"{cache['method']} ({knobs})"),
+            ("full steps", f"{len(cache['full_steps'])} of {cache['steps']}: {_steps_text(cache['full_steps'])}"),
+            ("reused steps", _steps_text(cache["cached_steps"])),
+            ("full / reused step", f"{ms(r['denoise_full_step'])} / {ms(r['denoise_cached_step'])}")]
+    rows_full = cache.get("full_rows")
+    if rows_full and any(len(set(row)) > 1 for row in rows_full):
+        rows.append(("rows differ", ", ".join(f"step {i}: " + "".join("F" if f else "c" for f in row)
+                                              for i, row in enumerate(rows_full) if len(set(row)) > 1)))
+    if "mag_ratios" in cache:
+        rows.append(("mag_ratios", "/".join(f"{x:.5f}" for x in cache["mag_ratios"])))
+    return rows
 
 
 def write_report(args, main: dict, tiny: bool) -> dict:
@@ -177,10 +229,16 @@ def write_report(args, main: dict, tiny: bool) -> dict:
                           "steps": args.steps, "sampler": args.sampler, "shift": args.flow_shift},
               "tokens_per_step": main["tokens_per_step"],
               "timings_ms": {"encode": t["encode"], "denoise_step": sum(steps[1:]) / max(len(steps) - 1, 1),
-                             "denoise_first_step": steps[0], "decode": t["decode"], "total": t["total"]},
+                             "denoise_first_step": steps[0], "decode": t["decode"], "total": t["total"],
+                             "denoise_steps": steps},
               "warmup_ms": main["warmup_ms"], "phase_switch": switch,
               "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
               "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks]}
+    cache = main.get("step_cache")
+    if cache is not None:
+        report["step_cache"] = cache
+        report["timings_ms"]["denoise_full_step"] = t["denoise_full_step"]      # steps after the first
+        report["timings_ms"]["denoise_cached_step"] = t["denoise_cached_step"]
     for key in ("check", "compile"):
         if main.get(key) is not None:
             report[key] = main[key]
@@ -191,6 +249,7 @@ def write_report(args, main: dict, tiny: bool) -> dict:
             ("text encode", f"{r['encode']:9.1f} ms"),
             ("denoise", f"{r['denoise_step']:9.1f} ms/step ({args.steps} steps; the first {r['denoise_first_step']:.1f} ms)"),
             ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}"),
+            *_cache_rows(report),
             ("VAE decode", f"{r['decode']:9.1f} ms"),
             ("total", f"{r['total']:9.1f} ms")]
     if all(p is not None for p in report["peak_memory_bytes_per_rank"]):
@@ -200,7 +259,7 @@ def write_report(args, main: dict, tiny: bool) -> dict:
         c = report["compile"]
         rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
                                 f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
-    rows += [(f"check {k}", f"{v:.3e}") for k, v in report.get("check", {}).items()]
+    rows += [(f"check {k}", str(v) if isinstance(v, bool) else f"{v:.3e}") for k, v in report.get("check", {}).items()]
     print(table(rows))
     print(f"wrote {out}")
     if args.report:

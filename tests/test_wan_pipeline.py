@@ -108,6 +108,24 @@ def test_a14b_two_experts_match_diffusers(a14b_checkpoint, guidance_2):
     assert float((one_expert.latents - ours.latents).abs().max()) > 1e-3
 
 
+# Cached runs on every plan (dtgen/step_cache.py): first-block everywhere (its decisions are
+# data: block 0's residual means are summed over the SP ranks, each CFG rank decides its own
+# branch and the report gathers both; at step 2 the two rows' measures, 0.0537044 and
+# 0.0537236, straddle the threshold, so the rows disagree there), and one more method per plan in turn:
+# the official Taylor cache with unequal band orders (the FFT split spans every rank's rows),
+# MagCache's calibration (ratio means over every rank's rows), TaylorSeer (a schedule).
+CACHED_STEPS = 4
+FIRST_BLOCK = "first-block:threshold=0.053714"
+OTHER_CACHES = ("taylor:interval=2,order=2,low_freqs_order=2,high_freqs_order=1", "magcache:calibrate=true",
+                "taylorseer:interval=2,disable_before=1,order=2,factors_dtype=float32")
+
+
+def cached_requests(plan: str) -> list[T2VRequest]:
+    other = OTHER_CACHES[list(PLANS).index(plan) % len(OTHER_CACHES)]
+    return [T2VRequest(**{**REQUEST.__dict__, "steps": CACHED_STEPS, "step_cache": spec})
+            for spec in (FIRST_BLOCK, other)]
+
+
 def job_plan(ctx, ckpt, plan):
     pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
     result = pipe.generate(REQUEST, decode=False, record=True)
@@ -115,9 +133,11 @@ def job_plan(ctx, ckpt, plan):
         pipe.controller.activate("denoise")
         pipe.controller.activate("encode")
     again = pipe.generate(REQUEST, decode=False)
+    cached = [pipe.generate(req, decode=False) for req in cached_requests(plan)]
     return {"latents": result.latents, "noise": result.record["noise"],
             "repeat_equal": torch.equal(result.latents, again.latents),
-            "copied": pipe.controller.last_switch.weights_copied}
+            "copied": pipe.controller.last_switch.weights_copied,
+            "cached": [(r.latents, r.record["step_cache"]) for r in cached]}
 
 
 def _reference(ckpt):
@@ -128,12 +148,27 @@ PLANS_2 = [n for n, p in PLANS.items() if p.world_size == 2]
 PLANS_4 = [n for n, p in PLANS.items() if p.world_size == 4]
 
 
+def _decisions(report: dict):
+    return report["full_steps"], report.get("full_rows")
+
+
 @pytest.mark.parametrize("world, plans", [(2, PLANS_2), (4, PLANS_4)], ids=["2-ranks", "4-ranks"])
 def test_every_plan_matches_one_process(wan_checkpoint, world, plans):
     """Every shipped plan (Ulysses, pipelined Ulysses, ring, Attention2D, CFG, and their 4-rank
     combinations; the text encoder replicated or TP) gives the single process's latents and
-    every step's guided prediction, on every rank."""
+    every step's guided prediction, on every rank; and with a step cache, the single
+    process's decisions (every step, every CFG row) and latents."""
     want = _reference(wan_checkpoint)
+    single = _pipe(wan_checkpoint)
+    want_cached = {}
+    for plan in plans:
+        for req in cached_requests(plan):
+            if req.step_cache not in want_cached:
+                want_cached[req.step_cache] = single.generate(req, decode=False)
+    first_block = want_cached[FIRST_BLOCK].record["step_cache"]
+    assert any(len(set(rows)) > 1 for rows in first_block["full_rows"]), first_block   # the rows disagree
+    thr = first_block["config"]["threshold"]
+    assert min(abs(d - thr) / thr for step in first_block["first_block_diff"] for d in step if d is not None) > 1e-4
     with RankPool(world, timeout_s=240) as pool:
         for plan in plans:
             for rank, got in enumerate(pool.run(job_plan, wan_checkpoint, plan)):
@@ -142,6 +177,14 @@ def test_every_plan_matches_one_process(wan_checkpoint, world, plans):
                 for a, b in zip(got["noise"], want.record["noise"], strict=True):
                     torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=where)
                 torch.testing.assert_close(got["latents"], want.latents, atol=2e-5, rtol=1e-5, msg=where)
+                for req, (latents, report) in zip(cached_requests(plan), got["cached"], strict=True):
+                    ref = want_cached[req.step_cache]
+                    assert _decisions(report) == _decisions(ref.record["step_cache"]), f"{where}, {req.step_cache}"
+                    torch.testing.assert_close(latents, ref.latents, atol=2e-5, rtol=1e-5,
+                                               msg=f"{where}, {req.step_cache}")
+                    if "mag_ratios_rows" in report:   # float32 means over regrouped rows
+                        for a, b in zip(report["mag_ratios_rows"], ref.record["step_cache"]["mag_ratios_rows"]):
+                            assert a == pytest.approx(b, rel=1e-5), where
 
 
 def test_plans_resolve_and_cover_every_denoise_kind():
@@ -213,3 +256,33 @@ def test_compiled_bf16_on_gpu_matches_eager(wan_checkpoint, regions):
     assert float((first.latents - eager.latents).abs().max()) <= 0.05 * scale
     assert torch.equal(first.latents, again.latents)
     assert first.video.shape == eager.video.shape == (9, 48, 32, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("regions", [False, True], ids=["whole-step", "regions"])
+def test_cached_compiled_bf16_on_gpu_matches_eager(wan_checkpoint, regions):
+    """One GPU: cached requests in bf16 with the step's pieces compiled (--compile: embed, the
+    block ranges and the head each one graph; --compile-regions: one block region shared by
+    all) take the eager run's decisions and give its latents to bf16 rounding (the bound of
+    the uncached compiled test), with no graph break; a second request compiles nothing."""
+    import torch._dynamo
+
+    from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
+    torch._dynamo.reset()
+    loaded = load(wan_checkpoint, get_plan("single"), dtype=torch.bfloat16, device="cuda")
+    eager = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda")
+    requests = [T2VRequest(**{**REQUEST.__dict__, "steps": 6, "step_cache": spec})
+                for spec in ("first-block:threshold=0.05", "taylorseer:interval=2,disable_before=1,order=2")]
+    want = [eager.generate(req, decode=False) for req in requests]
+    compiled = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda",
+                              compile_options=CompileOptions(enabled=True, regions=regions))
+    first = [compiled.generate(req, decode=False) for req in requests]
+    graphs = unique_graphs()
+    again = [compiled.generate(req, decode=False) for req in requests]
+    assert graph_breaks() == {} and unique_graphs() == graphs
+    for w, f, a in zip(want, first, again):
+        assert f.record["step_cache"]["full_steps"] == w.record["step_cache"]["full_steps"]
+        assert f.record["step_cache"].get("full_rows") == w.record["step_cache"].get("full_rows")
+        assert float((f.latents - w.latents).abs().max()) <= 0.05 * float(w.latents.abs().max())
+        assert torch.equal(f.latents, a.latents)
+        assert f.timings_ms["denoise_cached_step"] is not None

@@ -12,12 +12,20 @@ tail to a multiple of the SP size and each rank keeps its chunk (`SequenceLayout
 alike; the attention meta marks the real rows as ONE bidirectional block, so padding rows see
 and are seen by nothing real; after the blocks and the per-row final layer, the rows are
 gathered back. 81 frames = 21 latent frames: any SP degree works, the padding absorbs it.
+
+Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut into
+embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
+unpatchify), so first-block, TaylorSeer, MagCache and the official Taylor cache run on every
+plan; what they keep is the last block's output rows. One cache per call site (the CFG batch
+of 2 is one, with two rows; on a CFG axis each rank's branch is one) and per expert, made for
+the request and dropped with it. A request without one runs `dit_step` whole, as before.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +33,8 @@ from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.profiling import NullProfiler
 from dtgen.samplers import make_sampler
+from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
+                              merged_report, parse_step_cache, run_step)
 
 from .model import WanT2V
 from .parallel_vae import parallel_decode
@@ -51,6 +61,9 @@ class T2VRequest:
     shift: float = 3.0      # 3.0 at 480p, 5.0 at 720p (diffusers' WanPipeline docs)
     sampler: str = "unipc"
     seed: int = 0
+    # Fewer full DiT evaluations (dtgen/step_cache.py): a config, or its text ("first-block:
+    # threshold=0.05") or dict form; None runs every step in full.
+    step_cache: StepCacheConfig | str | dict | None = None
 
 
 @dataclass
@@ -90,19 +103,67 @@ def sequence_meta(rt, rows: int, device) -> AttentionMeta:
                          slot_runs=seq.pad_runs(((0, rows),), rows))
 
 
+class StepInputs(NamedTuple):
+    """This rank's share of one DiT evaluation's inputs (token rows on dim 1, RoPE rows on dim 0)."""
+
+    tokens: torch.Tensor        # [B, S_local, D] the patch tokens: block 0's input
+    temb: torch.Tensor          # [B, T, D] (T = 1, or this rank's rows for per-token timesteps)
+    temb_proj: torch.Tensor     # [B, T, 6, D]
+    text: torch.Tensor          # [B, L, D]
+    rope: tuple[torch.Tensor, torch.Tensor]
+
+
+def _shard_time(rt, temb: torch.Tensor, temb_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Per-token timesteps: their rows travel with the tokens.
+    if temb_proj.shape[1] > 1:
+        return rt.seq.shard(temb, 1), rt.seq.shard(temb_proj, 1)
+    return temb, temb_proj
+
+
+def step_inputs(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> StepInputs:
+    """The blocks' inputs for latents x [B, C, F, H, W], this rank's token rows."""
+    e = dit.embed(x, timestep, text)
+    temb, temb_proj = _shard_time(rt, e.temb, e.temb_proj)
+    return StepInputs(rt.seq.shard(e.tokens, 1), temb, temb_proj, e.text, tuple(rt.seq.shard(t, 0) for t in e.rope))
+
+
+def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """temb alone (what the head needs), for a cached step that runs no block."""
+    return _shard_time(rt, *dit.time_embedding(timestep, batch, dtype))[0]
+
+
+def step_blocks(rt, dit: WanTransformer, inputs: StepInputs, tokens: torch.Tensor, rows: int, start: int = 0,
+                stop: int | None = None) -> torch.Tensor:
+    """Blocks start..stop-1 on this rank's token rows (`rows`: the real rows, every rank's)."""
+    return dit.blocks_forward(tokens, inputs.temb_proj, inputs.text, inputs.rope,
+                              sequence_meta(rt, rows, tokens.device), start, stop)
+
+
+def step_head(rt, dit: WanTransformer, tokens: torch.Tensor, temb: torch.Tensor,
+              grid: tuple[int, int, int]) -> torch.Tensor:
+    """The final layer on this rank's rows, every rank's rows gathered, unpatchified: [B, C, F, H, W]."""
+    out = rt.seq.gather(dit.final_layer(tokens, temb), 1, math.prod(grid))
+    return dit.unpatchify(out, grid)
+
+
 def dit_step(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """The DiT's prediction [B, C, F, H, W] for the rows of this rank's CFG branch, with the
     token rows spread over the phase's SP ranks (identity without SP)."""
-    e = dit.embed(x, timestep, text)
-    rows = e.tokens.shape[1]
-    seq = rt.seq
-    per_token = e.temb_proj.shape[1] > 1       # per-token timesteps: their rows travel with the tokens
-    temb_proj = seq.shard(e.temb_proj, 1) if per_token else e.temb_proj
-    temb = seq.shard(e.temb, 1) if per_token else e.temb
-    rope = tuple(seq.shard(t, 0) for t in e.rope)
-    tokens = dit.blocks_forward(seq.shard(e.tokens, 1), temb_proj, e.text, rope, sequence_meta(rt, rows, x.device))
-    out = seq.gather(dit.final_layer(tokens, temb), 1, rows)
-    return dit.unpatchify(out, e.grid)
+    grid = dit.patch_grid(x)
+    inputs = step_inputs(rt, dit, x, timestep, text)
+    tokens = step_blocks(rt, dit, inputs, inputs.tokens, math.prod(grid))
+    return step_head(rt, dit, tokens, inputs.temb, grid)
+
+
+def expert_segments(dits: list) -> list[tuple[object, int, int]]:
+    """(denoiser, first step, steps) for each run of equal denoisers in the step order."""
+    segments = []
+    for i, d in enumerate(dits):
+        if segments and segments[-1][0] is d:
+            segments[-1] = (d, segments[-1][1], segments[-1][2] + 1)
+        else:
+            segments.append((d, i, 1))
+    return segments
 
 
 class WanT2VPipeline:
@@ -117,13 +178,19 @@ class WanT2VPipeline:
         self.vae_group = vae_group
         self.compile_options = compile_options or CompileOptions()
         self.compiler = StepCompiler(self.compile_options)
+        # The step's pieces for a step cache: each compiled as one graph (--compile), or eager
+        # around the compiled block region (--compile-regions); a request without a cache
+        # runs `dit_step` whole, as one graph.
+        pieces = (step_inputs, step_time, step_blocks, step_head)
         if self.compile_options.regions:
             region = self.compiler.region(run_block)
             for dit in self._dits():
                 dit.run_block = region
             self._step = self.compiler.timed(dit_step)
+            self._inputs, self._time, self._blocks, self._head = map(self.compiler.timed, pieces)
         else:
             self._step = self.compiler.wrap(dit_step)
+            self._inputs, self._time, self._blocks, self._head = map(self.compiler.wrap, pieces)
 
     def _dits(self) -> list[WanTransformer]:
         return [d for d in (self.model.transformer, self.model.transformer_2) if d is not None]
@@ -144,18 +211,58 @@ class WanT2VPipeline:
                                     dtype=self.dtype)
 
     def predict(self, rt, dit: WanTransformer, latents: torch.Tensor, t: torch.Tensor, text: torch.Tensor,
-                guidance: float) -> torch.Tensor:
-        """The guided prediction for one step, in the DiT's dtype (as WanPipeline combines it)."""
+                guidance: float, cache: StepCache | None = None, step: int = 0) -> torch.Tensor:
+        """The guided prediction for one step, in the DiT's dtype (as WanPipeline combines it).
+        `cache`: this call site's step cache (`step`: the index among the steps it serves)."""
         x = latents.to(self.dtype)
         if rt.cfg_size == 2:   # this rank runs one branch; the other half arrives by all-gather
             rows = text[rt.cfg_rank:rt.cfg_rank + 1]
         elif guidance <= 1.0:  # no guidance: the conditional row alone (as WanPipeline)
-            return self._step(rt, dit, x, t.expand(1).to(self.device), text[0:1])
+            return self._evaluate(rt, dit, x, t.expand(1).to(self.device), text[0:1], cache, step)
         else:
             rows, x = text, x.expand(2, *x.shape[1:])
-        out = rt.gather_cfg(self._step(rt, dit, x, t.expand(x.shape[0]).to(self.device), rows))
+        out = rt.gather_cfg(self._evaluate(rt, dit, x, t.expand(x.shape[0]).to(self.device), rows, cache, step))
         cond, uncond = out[0:1], out[1:2]
         return uncond + guidance * (cond - uncond)
+
+    def _evaluate(self, rt, dit: WanTransformer, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor,
+                  cache: StepCache | None, step: int) -> torch.Tensor:
+        if cache is None:   # no cache: the whole step, exactly as before caches existed
+            return self._step(rt, dit, x, t, text)
+        return run_step(cache, step, self.denoiser_call(rt, dit, x, t, text))
+
+    def denoiser_call(self, rt, dit: WanTransformer, x: torch.Tensor, t: torch.Tensor,
+                      text: torch.Tensor) -> DenoiserCall:
+        """One DiT evaluation cut where a step cache may reuse it (dtgen/step_cache.py): embed =
+        this rank's patch tokens entering block 0, blocks = blocks lo..hi-1 with this step's
+        modulation, text, RoPE and meta, head = final layer + SP gather + unpatchify. What the
+        caches keep is the last block's output rows (this rank's chunk: `rows`)."""
+        grid = dit.patch_grid(x)
+        rows = math.prod(grid)
+        made: dict[str, StepInputs] = {}
+
+        def embed() -> torch.Tensor:
+            made["inputs"] = self._inputs(rt, dit, x, t, text)
+            return made["inputs"].tokens
+
+        def blocks(h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+            return self._blocks(rt, dit, made["inputs"], h, rows, lo, hi)
+
+        def row_blocks(h: torch.Tensor, lo: int, hi: int, picked: list[int]) -> torch.Tensor:
+            # Some CFG rows only (first-block, rows that disagree): their modulation and text.
+            inputs = made["inputs"]
+            index = torch.tensor(picked, device=h.device)
+            some = inputs._replace(temb_proj=inputs.temb_proj.index_select(0, index),
+                                   text=inputs.text.index_select(0, index))
+            return self._blocks(rt, dit, some, h, rows, lo, hi)
+
+        def head(h: torch.Tensor) -> torch.Tensor:
+            # A Taylor-cached step runs no block: it needs the time embedding alone.
+            temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, x.shape[0], text.dtype)
+            return self._head(rt, dit, h, temb, grid)
+
+        return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
+                            rows=RowLayout(rt.seq, 1, rows), row_blocks=row_blocks)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """[F, H, W, 3] uint8 on the main rank (None on the others)."""
@@ -168,6 +275,21 @@ class WanT2VPipeline:
         if video is None:
             return None
         return ((video[0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 3, 0).cpu()
+
+    def _cache_report(self, rt, segments, step_caches: list[StepCache], steps: int) -> dict:
+        """Which steps ran in full and which were reused, for the whole request: with CFG
+        branches on separate ranks, every branch's decisions (a collective over the CFG group)."""
+        if rt.cfg_size > 1:
+            for cache in step_caches:
+                cache.gather_rows(rt.gather_cfg, self.device)
+        names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
+        parts = []
+        for (dit, first, _), cache in zip(segments, step_caches):
+            report = merged_report([cache])
+            if len(segments) > 1:
+                report["denoiser"] = names[id(dit)]
+            parts.append((first, report))
+        return concat_reports(parts, steps)
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -182,6 +304,7 @@ class WanT2VPipeline:
         profiler = profiler or NullProfiler()
         vae = self.model.vae.cfg
         check_request(req, vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
+        cache_config = parse_step_cache(req.step_cache)   # a bad setting: one line, before any work
         timings, kept = {}, {"noise": []}
         t0 = time.perf_counter()
         with self.controller.phase("encode"), profiler.phase("encode"), profiler.region("encode"):
@@ -197,16 +320,24 @@ class WanT2VPipeline:
                              f"{self.latent_shape(req)}")
         latents = latents.float().to(self.device)
         sampler = make_sampler(req.sampler, req.steps, req.shift)
+        # Wan2.2-A14B: the high-noise expert's steps, then the low-noise one's. Each expert gets
+        # its own step caches, new for this request, counting its own steps from 0 (as
+        # diffusers' hooks on each transformer do): a residual or a derivative of one expert's
+        # blocks says nothing about the other's, so the first step after the switch runs in full.
+        segments = expert_segments([self.model.transformer_for(float(t)) for t in sampler.timesteps])
+        step_caches = [make_step_cache(cache_config, n) for _, _, n in segments]
+        segment_of = [k for k, (_, _, n) in enumerate(segments) for _ in range(n)]
         t1 = time.perf_counter()
         step_ms = []
         with self.controller.phase("denoise") as rt, profiler.phase("denoise"), \
                 profiler.region("denoise_step", units=req.steps):
             for i, t in enumerate(sampler.timesteps):
                 s0 = time.perf_counter()
-                dit = self.model.transformer_for(float(t))
+                k = segment_of[i]
+                dit, first, _ = segments[k]
                 guidance = req.guidance_scale if dit is self.model.transformer or req.guidance_scale_2 is None \
                     else req.guidance_scale_2
-                noise = self.predict(rt, dit, latents, t, text, guidance)
+                noise = self.predict(rt, dit, latents, t, text, guidance, step_caches[k], i - first)
                 if record:
                     kept["noise"].append(noise)
                 latents = sampler.step(noise, latents)
@@ -214,8 +345,16 @@ class WanT2VPipeline:
                 step_ms.append((time.perf_counter() - s0) * 1e3)
                 if progress is not None:
                     progress("denoise", i + 1, req.steps)
+            if cache_config is not None:
+                kept["step_cache"] = self._cache_report(rt, segments, step_caches, req.steps)
         timings["denoise"] = (time.perf_counter() - t1) * 1e3
         timings["denoise_step"] = step_ms
+        if cache_config is not None:
+            full = set(kept["step_cache"]["full_steps"])
+            for name, pick in (("denoise_full_step", lambda i: i in full and i > 0),
+                               ("denoise_cached_step", lambda i: i not in full)):
+                picked = [ms for i, ms in enumerate(step_ms) if pick(i)]
+                timings[name] = sum(picked) / len(picked) if picked else None
         t2 = time.perf_counter()
         video = None
         if decode:

@@ -57,14 +57,14 @@ MODEL_INDEX = {
 
 
 def _init(key: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    """Every path contributes, nothing explodes (the Hunyuan tiny default's recipe)."""
+    """Every path contributes, nothing explodes (the Hunyuan tiny default's recipe; at the tiny
+    shapes every scale is the 0.05 cap, at the published ones 1 / sqrt(fan-in))."""
+    randn = torch.randn(shape, generator=g, device=g.device)
     if key.endswith("weight") and len(shape) == 1:   # norm scales
-        return 1 + 0.1 * torch.randn(shape, generator=g)
+        return 1 + 0.1 * randn
     if key.endswith("bias"):
-        return 0.02 * torch.randn(shape, generator=g)
-    if len(shape) >= 3:                               # convolutions, modulation tables
-        return min(0.05, 1 / math.sqrt(math.prod(shape[1:]))) * torch.randn(shape, generator=g)
-    return 0.05 * torch.randn(shape, generator=g)
+        return 0.02 * randn
+    return min(0.05, 1 / math.sqrt(math.prod(shape[1:]))) * randn   # linears, convolutions, modulation tables
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -86,22 +86,30 @@ def write_tokenizer(folder: Path) -> None:
          "extra_ids": 0, "additional_special_tokens": [], "model_max_length": 512}))
 
 
-def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = False) -> None:
-    """Random float32 weights under the diffusers / transformers names, one folder per component.
+def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = False, overrides: dict | None = None,
+                            dtype: torch.dtype = torch.float32, device: str = "cpu",
+                            scales: dict[str, float] | None = None) -> None:
+    """Random weights under the diffusers / transformers names, one folder per component.
     `two_experts`: Wan2.2-A14B's layout, a low-noise `transformer_2` beside the high-noise
-    `transformer`, switched at boundary_ratio 0.875 (the A14B T2V value)."""
+    `transformer`, switched at boundary_ratio 0.875 (the A14B T2V value). `overrides`: per
+    component, config values that replace the tiny ones (a benchmark at the published DiT
+    shapes); `dtype`: of the stored weights; `device`: where they are drawn (a GPU draws a
+    billion in a blink; the draws differ from the CPU's); `scales`: factors for the parameters
+    whose names ("transformer.blocks.0.ffn...") begin with a key."""
     from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
     from .config import WanTransformerConfig
     from .text_encoder import UMT5Config
     from .vae import WanVAEConfig
 
     configs = tiny_configs()
+    for component, values in (overrides or {}).items():
+        configs[component].update(values)
     dit = WanTransformerConfig.from_dict(configs["transformer"])
     cfgs = WanConfigs(UMT5Config.from_dict(configs["text_encoder"]), dit, WanVAEConfig.from_dict(configs["vae"]),
                       dit if two_experts else None, 0.875 if two_experts else None)
     with torch.device("meta"):
         model = WanT2V(cfgs)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)
     files = {"transformer": "diffusion_pytorch_model.safetensors", "vae": "diffusion_pytorch_model.safetensors",
              "text_encoder": "model.safetensors"}
     if two_experts:
@@ -110,7 +118,11 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = 
     tensors = {c: {} for c in files}
     for name, p in model.named_parameters():
         component, _, key = name.partition(".")
-        tensors[component][key] = _init(key, tuple(p.shape), g).contiguous()
+        value = _init(key, tuple(p.shape), g)
+        for prefix, factor in (scales or {}).items():
+            if name.startswith(prefix):
+                value = value * factor
+        tensors[component][key] = value.to("cpu", dtype).contiguous()
     for component, file in files.items():
         (folder / component).mkdir(parents=True)
         save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})

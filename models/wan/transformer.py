@@ -18,7 +18,7 @@ state-dict keys, so a diffusers checkpoint loads by name:
 Forward, in three separately callable pieces (how the framework shards the token rows over
 sequence-parallel ranks: every rank runs `blocks_forward` on its rows with those rows' RoPE):
     embed(video, timestep, text)  -> WanInputs(tokens [B, S, D], temb, temb_proj, text, rope, grid)
-    blocks_forward(tokens, temb_proj, text, rope, attention_meta)  -> tokens
+    blocks_forward(tokens, temb_proj, text, rope, attention_meta[, start, stop])  -> tokens
     final_layer(tokens, temb) -> [B, S, pt*ph*pw*C_out];  unpatchify(x, grid) -> [B, C_out, F, H, W]
 Tokens are the patches in (frame, row, column) order. The self-attention (attn1) goes through
 `Attention.core` with the dtgen contract (q, k, v [B, S, heads, hd], already normed and
@@ -344,31 +344,41 @@ class WanTransformer(nn.Module):
     def patch_size(self) -> tuple[int, int, int]:
         return tuple(self.patch_embedding.weight.shape[2:])
 
+    def patch_grid(self, hidden_states: torch.Tensor) -> tuple[int, int, int]:
+        """The patch grid (f, h, w) of latents [B, C, F, H, W]: S = f * h * w tokens."""
+        pt, ph, pw = self.patch_size
+        return hidden_states.shape[2] // pt, hidden_states.shape[3] // ph, hidden_states.shape[4] // pw
+
+    def time_embedding(self, timestep: torch.Tensor, batch: int,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """timestep [B] (or [B, S], or 0-d) -> temb [B, T, D] in `dtype`, temb_proj [B, T, 6, D]."""
+        if timestep.ndim == 0:
+            timestep = timestep.expand(batch)
+        return self.condition_embedder.time(timestep.reshape(batch, -1), dtype)   # T = 1, or S per token
+
     def embed(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
               encoder_hidden_states: torch.Tensor) -> WanInputs:
         """hidden_states [B, C, F, H, W] latents; timestep [B] (or [B, S] per token, Wan 2.2
         TI2V-5B); encoder_hidden_states [B, L, text_dim]. Returns the blocks' inputs."""
-        B, _, frames, height, width = hidden_states.shape
+        B = hidden_states.shape[0]
         pt, ph, pw = self.patch_size
-        grid = (frames // pt, height // ph, width // pw)
+        grid = self.patch_grid(hidden_states)
         if max(grid) > self.cfg.rope_max_seq_len:
             raise ValueError(f"patch grid {grid} exceeds rope_max_seq_len={self.cfg.rope_max_seq_len}")
         w = self.patch_embedding.weight
         tokens = F.conv3d(hidden_states, w, self.patch_embedding.bias, stride=(pt, ph, pw))
         tokens = tokens.flatten(2).transpose(1, 2).contiguous()  # [B, S, D], (f, h, w) row-major
 
-        if timestep.ndim == 0:
-            timestep = timestep.expand(B)
-        timestep = timestep.reshape(B, -1)  # [B, 1] or [B, S]
-        temb, temb_proj = self.condition_embedder.time(timestep, encoder_hidden_states.dtype)
+        temb, temb_proj = self.time_embedding(timestep, B, encoder_hidden_states.dtype)
         text = self.condition_embedder.text_embedder(encoder_hidden_states)
         rope = rope_cos_sin(grid, self.head_dim, self.cfg.rope_theta, device=hidden_states.device)
         return WanInputs(tokens, temb, temb_proj, text, rope, grid)
 
     def blocks_forward(self, tokens: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
-                       rope: tuple[torch.Tensor, torch.Tensor],
-                       attention_meta: AttentionMeta | None = None) -> torch.Tensor:
-        """tokens [B, S, D] -> [B, S, D] through every block.
+                       rope: tuple[torch.Tensor, torch.Tensor], attention_meta: AttentionMeta | None = None,
+                       start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """tokens [B, S, D] -> [B, S, D] through blocks start..stop-1 (default: every block; a
+        step cache runs a part of them, dtgen/step_cache.py).
 
         rope: the cos/sin rows of these token rows. temb_proj [B, T, 6, D]: with T > 1 (per-token
         timesteps) it must hold the same rows as `tokens` (slice/pad it alike). Padding rows
@@ -376,7 +386,7 @@ class WanTransformer(nn.Module):
         """
         if attention_meta is None:
             attention_meta = full_sequence_meta(tokens.shape[1], device=tokens.device)
-        for block in self.blocks:
+        for block in self.blocks[start:stop]:
             tokens = self.run_block(block, tokens, temb_proj, text, rope, attention_meta)
         return tokens
 
