@@ -24,6 +24,7 @@ SERVE = "cpu-2026-12-01-serve/bench_serve.json"
 S10 = "h200-2026-12-01-session10"
 STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/step_cache_distil.json"
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
+WAN_CACHE, SECOND_REQUEST = f"{S10}/bench_wan_cache.json", f"{S10}/second_request.json"
 CPU_COMPILE = "compile-cpu-2026-11-30.json"
 
 RUNS: dict[str, RunInfo] = {
@@ -32,6 +33,9 @@ RUNS: dict[str, RunInfo] = {
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
     STEP_CACHE_DEVIATION: RunInfo("python -m bench.bench_step_cache --deviation --out "
                                   "bench/results/cpu-2026-12-01-step-cache/deviation.json"),
+    WAN_CACHE: RunInfo("python -m bench.bench_wan_cache --out bench_wan_cache.json (diffusers 0.42.1 carried)"),
+    SECOND_REQUEST: RunInfo("python -m bench.second_request --out second_request.json --profile",
+                            software=GPU_IMAGE),
     # one H200, 2026-11-29 (bash bench/run_gpu.sh)
     f"{S1}/bench_layers.json": RunInfo("python -m bench.bench_layers --profile"),
     f"{S1}/bench_moe.json": RunInfo("python -m bench.bench_moe"),
@@ -276,6 +280,40 @@ TABLES = [
             "(+ the condition encode for the edit). A full step is the mean of the later steps computed in full "
             "(the whole-sequence first step left out); the model was loaded with the editing encoders, which "
             "adds to the peak. The uncached baselines ran once each (20-25 s)."),
+    Table("step-cache-wan", ["Wan2.1 1.3B shapes, 480x832 x 81 frames, bf16, eager", "video (50 steps)",
+                             "a full step", "a reused step", "steps in full"], [
+        Row([label, Value(f"runs.{run}.video_s", "{:.2f} s" if "uncached" not in run else "-"),
+             Value(f"runs.{run}.full_step_ms", "{:.1f} ms"),
+             Value(f"runs.{run}.cached_step_ms", "{:.1f} ms") if "uncached" not in run else "-",
+             Value(f"runs.{run}.full_steps", lambda steps: f"{len(steps)}")], file=WAN_CACHE)
+        for run, label in (("dtgen uncached", "dtgen, no cache (5 steps)"),
+                           ("diffusers uncached", "diffusers, no cache (5 steps)"),
+                           ("dtgen first-block", "dtgen, `first-block:threshold=0.05`"),
+                           ("diffusers first-block", "diffusers, `apply_first_block_cache(0.05)`"))
+    ] + [
+        Row(["dtgen / diffusers, first-block video (target <= 1, the same decisions)",
+             Join([Value("ratio_video_dtgen_over_diffusers", "{:.3f}"),
+                   Verdict(Value("ratio_video_dtgen_over_diffusers"), 1.0)], ": "),
+             "", "", Value("same_decisions", lambda same: "same decisions" if same else "**decisions differ**")],
+            file=WAN_CACHE),
+    ], note="One run of each, in one process on the same weights (random, the time projection scaled by 0.01 "
+            "so that blocks' residuals move as trained ones do), noise and prompt embeddings; every step ends on "
+            "a device sync in both. Both decide for each CFG branch at each step; all 100 decisions agree. The "
+            "uncached runs (5 steps) give the full step's cost without a cache."),
+    Table("s10-second-request", ["`single`, 16 layers, compiled regions, 10 steps", "prompt tokens",
+                                 "cached steps, mean (min-max)", "first step", "SM clock, power", "new allocations"], [
+        Row([f"request {i}", Value(f"requests[{i}].prompt_tokens"),
+             Join([Value(f"requests[{i}].cached_step_ms.mean", "{:.1f}"),
+                   Value(f"requests[{i}].cached_step_ms.min", "{:.1f}"),
+                   Value(f"requests[{i}].cached_step_ms.max", "{:.1f}")], [" (", "-"], suffix=") ms"),
+             Value(f"requests[{i}].timings_ms.denoise_first_step", "{:.1f} ms"),
+             Join([Value(f"requests[{i}].gpu_during_cached_steps.sm_mhz_mean", "{:.0f} MHz"),
+                   Value(f"requests[{i}].gpu_during_cached_steps.power_w_mean", "{:.0f} W")], ", "),
+             Value(f"requests[{i}].allocator.num_device_alloc")], file=SECOND_REQUEST)
+        for i in range(6)
+    ], note="Six requests of one process, two prompt lengths in one bucket, alternating (bench/second_request.py): "
+            "the later requests run as fast as the first. The GPU reported the software power cap as its clock "
+            "limit throughout (nvidia-smi)."),
     Table("step-cache-deviation", ["tiny golden case", "run", "steps in full", "final latents, rel. L2 vs uncached",
                                    "image, largest uint8 difference"], [
         Row([Value(f"rows[run={run}].case"), run, Join([Value(f"rows[run={run}].full_steps"),

@@ -99,6 +99,6 @@ def test_an_edit_through_the_taylor_cache(case_results):
     assert cached["step_cache"][0]["full_steps"] == [0, 3]
     t1 = torch.full((1,), cached["step_inputs"][1]["t"])
     for branch in (0, 1):     # serial CFG: one call site per branch, in this order
-        expected = pipe.head_velocity(hidden[branch], t1, seq)
+        expected = pipe.head_velocity(hidden[branch], t1, seq.step_rows, seq.height, seq.width)
         assert torch.equal(cached["velocity"][1][branch:branch + 1], expected)
     assert not torch.equal(cached["velocity"][1], plain["velocity"][1])

@@ -60,7 +60,10 @@ def test_cached_steps_compile_once(tiny_checkpoint, regions):
 def test_compiled_cached_runs_match_official_on_gpu(folder):
     """The GPU stack (torch 2.11, inductor): each case's cached runs, compiled with one region
     per layer, float32 on CUDA with TF32 off, against the official CPU outputs at the
-    trajectory tolerance (rtol 1e-4, atol 1e-4)."""
+    trajectory tolerance (rtol 1e-4, atol 1e-4). From the case's initial noise: torch 2.11's
+    CPU generator draws other bf16 normals for the seed than the goldens' torch 2.13 (measured
+    on the H200: every step then differs by O(1) while the model matches to 5e-6 from the same
+    latents); the CPU tests check the draw itself."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch._dynamo.reset()
@@ -68,7 +71,7 @@ def test_compiled_cached_runs_match_official_on_gpu(folder):
     pipe = _pipe(folder, "inductor", regions=True, device="cuda")
     cached = [r for r in sampling_runs(case) if sampling_request(case, r).step_cache is not None]
     for run in cached:
-        checks = compare_sampling_run(case, pipe, run)
+        checks = compare_sampling_run(case, pipe, run, golden_noise=True)
         bad = [(c.name, f"{c.max_abs:.2e}") for c in checks if not c.ok]
         assert not bad, f"{folder.name}/{run} compiled on CUDA: {bad}"
     assert graph_breaks() == {}

@@ -450,11 +450,15 @@ def sampling_sequence(case: GoldenCase, pipe: HunyuanT2IPipeline):
 
 
 @torch.no_grad()
-def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, image: bool = True) -> list[GoldenCheck]:
+def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, image: bool = True,
+                         golden_noise: bool = False) -> list[GoldenCheck]:
     """One whole golden sampling run through the pipeline's own denoise loop (`run_denoise`,
     under whatever plan the model was loaded with): the sequence, the schedule, what the model
     is fed at every step, every step's prediction and latents, the cache's decisions, the image.
-    `image`: decode and compare the image (every rank decodes the same latents)."""
+    `image`: decode and compare the image (every rank decodes the same latents).
+    `golden_noise`: start from the case's initial latents instead of the seed's draw (torch's
+    CPU generator draws other bf16 normals on other torch versions: the GPU stack's 2.11 is
+    not the goldens' 2.13, so there only the draw would differ)."""
     from .pipeline import _no_progress, _Run, _Timer, to_uint8
     from dtgen.profiling import NullProfiler
     t, meta = case.t, case.meta
@@ -484,7 +488,7 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     out.append(case.exact("timesteps", sigmas[:-1] * 1000, t["timesteps"]))
 
     r = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
-    latents = pipe.run_denoise(req, seq, r)
+    latents = pipe.run_denoise(req, seq, r, noise=t[f"{run}_latents"][0] if golden_noise else None)
     rec = r.record
     fed = rec["step_inputs"]
     out.append(case.exact(f"{run}_model_timesteps", [[s["t"]] * rows for s in fed], t[f"{run}_model_timesteps"]))

@@ -590,12 +590,15 @@ class HunyuanT2IPipeline:
             # The step rows sit right before the image: the rows fed are one run of slots.
             h = self.forward_rows(rt, torch.cat([step, img], dim=1), rope[first:img1], ((first, img1),), S,
                                   seq.attention_blocks, cache, seq.hole)
-        return h, self.head_velocity(h, t, seq)
+        return h, self.head_velocity(h, t, seq.step_rows, seq.height, seq.width)
 
-    def head_velocity(self, hidden: torch.Tensor, t: torch.Tensor, seq: DiffusionSequence) -> torch.Tensor:
+    def head_velocity(self, hidden: torch.Tensor, t: torch.Tensor, step_rows: int, height: int,
+                      width: int) -> torch.Tensor:
         """final_layer(image rows of `hidden`, time_embed_2(t)) -> [B, C, h, w] float32: the part
-        of a step that always runs, at a cached step on the cache's extrapolated `hidden`."""
-        return self.model.velocity(hidden[:, seq.step_rows:], t, seq.height, seq.width).float()
+        of a step that always runs, at a cached step on the cache's extrapolated `hidden`. Plain
+        ints, not the sequence: its compiled graph is then one per image size, whatever the
+        text's bucket."""
+        return self.model.velocity(hidden[:, step_rows:], t, height, width).float()
 
     def predict_velocity(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
                          t: torch.Tensor, cache: KVCache, first_step: bool, condition: ConditionTokens | None = None,
@@ -604,7 +607,9 @@ class HunyuanT2IPipeline:
         return self.denoise_step(rt, seq, ids, latents, t, cache, first_step, condition, guidance, t_end)[1]
 
     def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run",
-                    condition: ConditionTokens | None = None) -> torch.Tensor:
+                    condition: ConditionTokens | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The denoise loop; `noise`: the initial latents [1, C, h, w] (default: drawn from the
+        request's seed, as the official pipeline draws them)."""
         rt = self.controller.activate("denoise")
         record, timer, timings = run.record, run.timer, run.timings
         timings["phase_switch"] = self.controller.last_switch.ms
@@ -627,9 +632,13 @@ class HunyuanT2IPipeline:
         step_caches = [make_step_cache(req.step_cache, req.steps) for _ in groups]
         # The official initial noise: drawn in bfloat16 from a CPU generator seeded by the
         # request, upcast; both CFG branches start from it.
-        generator = torch.Generator().manual_seed(req.seed)
-        latents = torch.randn(1, self.cfg.vae.latent_channels, seq.height, seq.width, generator=generator,
-                              dtype=torch.bfloat16).float().to(dev)
+        shape = (1, self.cfg.vae.latent_channels, seq.height, seq.width)
+        if noise is None:
+            generator = torch.Generator().manual_seed(req.seed)
+            noise = torch.randn(shape, generator=generator, dtype=torch.bfloat16)
+        elif tuple(noise.shape) != shape:
+            raise ValueError(f"initial noise of shape {tuple(noise.shape)} does not fit the sequence; expected {shape}")
+        latents = noise.float().to(dev)
         sigmas = flow_match_sigmas(req.steps, req.flow_shift)   # float32, as the official scheduler
         # A distilled checkpoint embeds 1000 * guidance, rounded to bf16 as the official code does.
         embedded = float(torch.tensor([1000.0 * req.guidance], dtype=torch.bfloat16)) if distilled else None
@@ -652,7 +661,7 @@ class HunyuanT2IPipeline:
                 record.setdefault("step_inputs", []).append(
                     {"t": f32(t_value), "guidance": embedded, "t_end": f32(t_end_value) if t_end is not None else None})
             return DenoiserCall(
-                head=partial(self._head_fn, t=t, seq=seq),
+                head=partial(self._head_fn, t=t, step_rows=seq.step_rows, height=seq.height, width=seq.width),
                 full=partial(self._denoise_fn, rt, seq, g_ids, latents.expand(n, -1, -1, -1), t, cache, i == 0,
                              condition, guidance, t_end))
 
