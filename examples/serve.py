@@ -147,21 +147,9 @@ def wan_prepare(args) -> str | None:
 
 
 def wan_rank(ctx: RankContext, args) -> None:
-    import torch.distributed as dist
-    from dtgen.compile import CompileOptions
-    from dtgen.harness import rank_device
-    from examples.wan_t2v import _request
-    from models.wan.model import load
-    from models.wan.pipeline import WanT2VPipeline
+    from examples.wan_t2v import _request, build_pipeline
     from models.wan.serving import WanServeAdapter
-    from placements.wan import get_plan
-    device, dtype = rank_device(ctx, args)
-    ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_regions)
-    vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
-    pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                          compile_options=options, vae_group=vae_group)
+    pipe = build_pipeline(ctx, args)[0]
     adapter = WanServeAdapter(pipe, ctx.rank, _request(args), fps=args.fps, warmup=args.warmup is not False,
                               inject_failure=_inject(args, ("denoise",)))
     serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)

@@ -121,7 +121,9 @@ def prepare(args) -> tuple[str | None, bool]:
     return problem, tiny
 
 
-def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+def build_pipeline(ctx: RankContext, args: argparse.Namespace):
+    """This rank's share of the model, loaded, and its pipeline (the example's and the server's):
+    (pipeline, loaded, device, dtype), as examples.hunyuan_t2i.build_pipeline."""
     device, dtype = rank_device(ctx, args)
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
@@ -129,6 +131,11 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                           compile_options=options, vae_group=vae_group)
+    return pipe, loaded, device, dtype
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    pipe, loaded, device, dtype = build_pipeline(ctx, args)
     req = _request(args)
 
     def progress(phase, done, total):
