@@ -279,3 +279,22 @@ def test_distilled_config_and_weights_must_agree(tmp_path):
     (ckpt / "config.json").write_text(json.dumps({**config, "cfg_distilled": False, "use_meanflow": False}))
     with pytest.raises(CheckpointError, match=r"has timestep_r_emb\.\* weights .* does not say use_meanflow: true"):
         load(ckpt, get_plan("single"))
+
+
+def test_request_defaults_come_from_generation_config(tiny_checkpoint, tmp_path):
+    """--steps, --guidance, --flow-shift not given: the checkpoint's generation_config.json
+    (Instruct-Distil's 8 steps, say); given: the flags; no such file: 50, 5.0, 3.0."""
+    from examples.hunyuan_t2i import _fill_request_defaults, parse_args
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, ckpt)
+    args = parse_args(["--checkpoint", str(ckpt)])
+    _fill_request_defaults(args)
+    assert (args.steps, args.guidance, args.flow_shift) == (50, 5.0, 3.0)
+    (ckpt / "generation_config.json").write_text(json.dumps({"diff_infer_steps": 8, "diff_guidance_scale": 2.5,
+                                                             "flow_shift": 4.0}))
+    args = parse_args(["--checkpoint", str(ckpt)])
+    _fill_request_defaults(args)
+    assert (args.steps, args.guidance, args.flow_shift) == (8, 2.5, 4.0)
+    args = parse_args(["--checkpoint", str(ckpt), "--steps", "3"])
+    _fill_request_defaults(args)
+    assert (args.steps, args.guidance) == (3, 2.5)
