@@ -27,8 +27,7 @@ def run(layers: int, mode: str, device: str) -> dict:
         argv = [sys.executable, "-m", "examples.hunyuan_t2i", "--random-weights", "tiny", "--layers", str(layers),
                 "--steps", "2", "--max-new-tokens", "4", "--ignore-eos", "--image-size", "256x256", "--compile",
                 "--device", device, "--output", str(Path(tmp) / "i.png"), "--report", str(report)]
-        if mode == "regions":
-            argv.append("--compile-regions")
+        argv += ["--compile-mode", "regions" if mode == "regions" else "step"]
         done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{mode} at {layers} layers failed:\n{done.stderr[-2000:]}")

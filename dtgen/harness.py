@@ -38,13 +38,60 @@ def add_launch_flags(p: argparse.ArgumentParser, plans) -> None:
                         "every thread's stack; after twice that the job ends")
 
 
+COMPILE_MODES = ("regions", "step")
+
+
 def add_compile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile each phase step (fullgraph); a warm-up run compiles every graph first")
-    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (inductor, aot_eager, ...)")
+                   help="torch.compile the model (fullgraph), as --compile-mode says; a warm-up run compiles "
+                        "every graph first")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default=None,
+                   help="with --compile: 'regions' compiles one decoder layer (block) once for all of them and "
+                        "runs the code between layers eagerly (compile time flat with depth; on GPU the AR decode "
+                        "step is still one CUDA graph), 'step' compiles each phase step as one graph "
+                        "(default: regions on GPU, step on the CPU)")
+    p.add_argument("--compile-backend", default=None,
+                   help="with --compile: the torch.compile backend (inductor, the default; aot_eager, eager, ...)")
     p.add_argument("--compile-regions", action="store_true",
-                   help="with --compile: compile one layer once for all layers (regional compilation: compile "
-                        "time flat with depth) and run the code between layers eagerly")
+                   help="with --compile: the same as --compile-mode regions (kept for older command lines)")
+
+
+def run_device_type(args: argparse.Namespace) -> str:
+    """'cuda' or 'cpu': where the ranks of this command line will run (spawned ranks: the CPU)."""
+    if args.world_size > 1 and not under_torchrun():
+        return "cpu"
+    return parse_device(args.device).type
+
+
+def compile_problem(args: argparse.Namespace) -> str | None:
+    """A compile flag that needs another, given without it, as one line (or None); then the
+    defaults that depend on the device: --compile-mode (regions on GPU, step on the CPU) and
+    --compile-backend (inductor). Flags a model's CLI lacks are skipped (Wan has no CUDA-graph
+    decode)."""
+    given = {"--compile-mode": args.compile_mode is not None, "--compile-regions": args.compile_regions,
+             "--compile-backend": args.compile_backend is not None,
+             "--compile-autotune": bool(getattr(args, "compile_autotune", False)),
+             "--cuda-graph" if getattr(args, "cuda_graph", None) else "--no-cuda-graph":
+                 getattr(args, "cuda_graph", None) is not None}
+    if not args.compile:
+        for flag, on in given.items():
+            if on:
+                return f"{flag} needs --compile (without it every step runs eagerly)"
+    if args.compile_regions and args.compile_mode == "step":
+        return "--compile-regions is --compile-mode regions: give one of them, not --compile-mode step too"
+    device = run_device_type(args)
+    if getattr(args, "cuda_graph", None) is not None and device != "cuda":
+        flag = "--cuda-graph" if args.cuda_graph else "--no-cuda-graph"
+        return f"{flag} applies on CUDA (the decode step's CUDA graph); this run's device is {device}"
+    args.compile_backend = args.compile_backend or "inductor"
+    if getattr(args, "compile_autotune", False) and args.compile_backend != "inductor":
+        return (f"--compile-autotune tunes inductor's GEMMs: it needs --compile-backend inductor, "
+                f"not {args.compile_backend}")
+    if args.compile_regions:
+        args.compile_mode = "regions"
+    if args.compile_mode is None:
+        args.compile_mode = "regions" if device == "cuda" else "step"
+    return None
 
 
 def add_report_flags(p: argparse.ArgumentParser, output: str) -> None:
@@ -150,6 +197,7 @@ def compile_facts(compiler: StepCompiler, warm_graphs: int) -> dict:
     out = CompileReport(graphs=unique_graphs(), graph_breaks=sum(breaks.values()), break_reasons=breaks,
                         recompiles_after_warmup=unique_graphs() - warm_graphs, compile_s=compiler.compile_s).as_dict()
     out["regions"] = compiler.options.regions
+    out["mode"] = "regions" if compiler.options.regions else "step"
     out["ops_traced"] = int(counters["stats"].get("calls_captured", 0))
     out["cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
     # the on-disk caches (inductor's FX graph cache, AOTAutograd's): hits are graphs not compiled again

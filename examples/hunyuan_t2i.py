@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, example_main,
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+                           example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
 from dtgen.launch import RankContext, exit_process
@@ -129,14 +130,14 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
-    p.add_argument("--fp8-scales", default="channels", choices=FP8_RECIPES,
+    p.add_argument("--fp8-scales", default=None, choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
                         "matrix and activation row ('tensor', as fast as 'channels')")
     add("--profile-steps", type=int, default=None,
                    help="denoise steps of the profiled run (default: --steps)")
-    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --compile on GPU: replay the AR decode step as a CUDA graph")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --compile on GPU: replay the AR decode step as a CUDA graph (default: on)")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run a short request first (same shapes; 2 denoise steps) so that compilation and "
                         "first-call kernel JIT stay out of the figures; its wall time is reported on its own "
@@ -160,8 +161,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="with --compile: let inductor tune the prefill and denoise GEMMs (the dense ones; "
                         "--moe-impl graph lets it tune the MoE's too, slower than the default fused kernels "
                         "on an H200); slower compile")
-    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
-                   help="with several ranks, split the VAE decode over all of them (halo exchange)")
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
     add_launch_flags(p, PLANS)
     add_compile_flags(p)
     if cli:
@@ -315,8 +316,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                   image_editing=getattr(args, "image_editing", args.image is not None))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
-                             decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
-    vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
+                             decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
+    vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
     return pipe, loaded, device, dtype
@@ -439,9 +440,17 @@ def _distilled_problem(args, config: dict) -> str | None:
 
 def _check_args(args, plan) -> str | None:
     """The first problem with the command line, as one line, or None."""
-    problem = launch_problem(args, plan)
+    problem = launch_problem(args, plan) or compile_problem(args)
     if problem is not None:
         return problem
+    if args.profile_steps is not None and not args.profile:
+        return "--profile-steps needs --profile (it sets the profiled run's denoise steps)"
+    if args.fp8_scales is not None and args.moe_dtype != "fp8":
+        return f"--fp8-scales {args.fp8_scales} needs --moe-dtype fp8 (the scales of FP8 experts)"
+    args.fp8_scales = args.fp8_scales or "channels"
+    if args.vae_parallel is not None and args.world_size == 1:
+        flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
+        return f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
     if args.random_weights and (args.checkpoint or args.check):
         return ("--random-weights makes its own weights: it takes no --checkpoint and no --check "
                 "(the single-process reference would have other random weights)")

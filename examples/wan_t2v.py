@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, example_main,
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+                           example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            rank_device, reference_threads, rel_l2, table)
 from dtgen.host import GcPauses, settle_heap
@@ -64,8 +65,8 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
                         "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
                         "default: every step in full")
     p.add_argument("--fps", type=int, default=16)
-    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
-                   help="with several ranks, split the VAE decode over all of them (halo exchange)")
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
                         "stay out of the figures (default: on with --compile or on GPU)")
@@ -103,7 +104,10 @@ def prepare(args) -> tuple[str | None, bool]:
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
     try:
-        problem = launch_problem(args, get_plan(args.plan))
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
+        if problem is None and args.vae_parallel is not None and args.world_size == 1:
+            flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
+            problem = f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
         if problem is None and not tiny and not (Path(args.checkpoint) / "model_index.json").is_file():
             problem = f"--checkpoint {args.checkpoint}: no model_index.json there (expected a diffusers-format folder)"
         if problem is None:
@@ -127,8 +131,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     device, dtype = rank_device(ctx, args)
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_regions)
-    vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
+    vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                           compile_options=options, vae_group=vae_group)
     return pipe, loaded, device, dtype

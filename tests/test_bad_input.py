@@ -186,6 +186,19 @@ def test_unknown_device_or_dtype():
     (["--use-taylor-cache", "--taylor-cache-order", "9"], "--taylor-cache-order must be >= 0 and <= 4, got 9"),
     (["--use-taylor-cache", "--taylor-cache-interval", "0"], "--taylor-cache-interval must be >= 1, got 0"),
     (["--use-taylor-cache", "--step-cache", "taylor"], "give --step-cache or --use-taylor-cache, not both"),
+    # a flag that needs another names both (it would otherwise do nothing)
+    (["--compile-regions"], "--compile-regions needs --compile (without it every step runs eagerly)"),
+    (["--compile-mode", "step"], "--compile-mode needs --compile"),
+    (["--compile-backend", "eager"], "--compile-backend needs --compile"),
+    (["--compile-autotune"], "--compile-autotune needs --compile"),
+    (["--no-cuda-graph"], "--no-cuda-graph needs --compile"),
+    (["--compile", "--cuda-graph", "--device", "cpu"], "--cuda-graph applies on CUDA (the decode step's CUDA graph); "
+                                                       "this run's device is cpu"),
+    (["--compile", "--compile-backend", "eager", "--compile-autotune"], "--compile-autotune tunes inductor's GEMMs"),
+    (["--compile", "--compile-regions", "--compile-mode", "step"], "give one of them, not --compile-mode step too"),
+    (["--profile-steps", "2"], "--profile-steps needs --profile"),
+    (["--fp8-scales", "blocks"], "--fp8-scales blocks needs --moe-dtype fp8"),
+    (["--no-vae-parallel"], "--no-vae-parallel splits the VAE decode over several ranks; this run has --world-size 1"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
     from examples.hunyuan_t2i import main
@@ -298,3 +311,24 @@ def test_request_defaults_come_from_generation_config(tiny_checkpoint, tmp_path)
     args = parse_args(["--checkpoint", str(ckpt), "--steps", "3"])
     _fill_request_defaults(args)
     assert (args.steps, args.guidance) == (3, 2.5)
+
+
+def test_compile_mode_defaults_to_regions_on_gpu_and_step_on_cpu(monkeypatch):
+    """--compile alone: one region per decoder layer where the ranks run on CUDA, whole steps on
+    the CPU (spawned gloo ranks included); the inductor backend unless told otherwise."""
+    from argparse import Namespace
+
+    from dtgen.harness import compile_problem
+
+    def resolved(**kw):
+        args = Namespace(**{**dict(compile=True, compile_mode=None, compile_regions=False, compile_backend=None,
+                                   world_size=1, device="auto"), **kw})
+        assert compile_problem(args) is None
+        return args.compile_mode, args.compile_backend
+
+    assert resolved(device="cpu") == ("step", "inductor")
+    assert resolved(device="cpu", compile_regions=True) == ("regions", "inductor")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolved() == ("regions", "inductor")
+    assert resolved(compile_mode="step", compile_backend="aot_eager") == ("step", "aot_eager")
+    assert resolved(world_size=2) == ("step", "inductor")   # spawned ranks run on the CPU

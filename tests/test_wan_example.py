@@ -54,6 +54,9 @@ def test_step_cache_report_says_which_steps_ran_in_full(cache_env, tmp_path, cap
     (["--width", "70"], "error: width=70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"),
     (["--world-size", "2", "--plan", "ulysses4"], "error: plan 'ulysses4' runs on 4 ranks, --world-size is 2"),
     (["--plan", "nope"], "error: unknown Wan plan 'nope'; known: "),
+    (["--compile-regions"], "error: --compile-regions needs --compile (without it every step runs eagerly)"),
+    (["--compile-mode", "regions"], "error: --compile-mode needs --compile"),
+    (["--vae-parallel"], "error: --vae-parallel splits the VAE decode over several ranks; this run has --world-size 1"),
 ])
 def test_bad_command_lines_are_refused_in_one_line(cache_env, capsys, args, message):
     assert main(args) == 2
