@@ -32,7 +32,7 @@ from .controller import PhaseController
 from .plan import Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
 from .sp import check_heads
 from .storage import (ParamSpec, ResidentStorage, StorageShard, check_divisible, check_fits, check_fp8_split,
-                      planned_nbytes, scale_spec, validate_checkpoint)
+                      fit_problem, fp8_alternative, planned_nbytes, scale_spec, validate_checkpoint)
 from .topology import Topology
 
 
@@ -160,6 +160,27 @@ def plan_problem(adapter: ModelAdapter, plan: Plan, world_size: int, fp8: str | 
     return None
 
 
+# Room kept free beside the weights for the first activations (checked with them before loading).
+WORKING_RESERVE_BYTES = 1 << 30
+
+
+def planned_storage(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None = None):
+    """(bytes of one rank's resident weights, what they would take with FP8 experts or None),
+    from the plan and the model on meta: nothing read or allocated. PlanError as `build`."""
+    resolved, _, _, _, specs = _checked(adapter, plan, world_size, dtype, fp8)
+    shard = StorageShard(resolved.storage_tp, 0, resolved.num_micros)  # every shard has the same size
+    return planned_nbytes(specs, shard, dtype), fp8_alternative(specs, shard, dtype)
+
+
+def budget_problem(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None,
+                   budget_bytes: int) -> str | None:
+    """The one-line refusal of a memory budget that cannot hold a rank's weights (plus the
+    working reserve), or None; for a launcher, before any rank starts."""
+    weights, alternative = planned_storage(adapter, plan, world_size, dtype, fp8)
+    return fit_problem(weights, "", plan.name, WORKING_RESERVE_BYTES, budget_bytes, alternative=alternative,
+                       dtype=dtype)
+
+
 def _all_ranks_max(timeout_s: float):
     """Elementwise max over every rank, on a gloo group of its own with the start-up
     timeout: ranks reach each weight as fast as they read, so the control group's short
@@ -184,19 +205,22 @@ class Built:
 
 def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, rank: int = 0,
           world_size: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-          fp8: str | None = None, startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0) -> Built:
+          fp8: str | None = None, startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0,
+          memory_budget_bytes: int | None = None) -> Built:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     reader: the checkpoint, or None for random weights (each rank makes its shard directly
     in its packed layout). fp8: the recipe of FP8 stacked weights (`dtgen.storage.FP8_RECIPES`).
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
+    `memory_budget_bytes`: the weights (plus a working reserve) must fit this too, on any device.
     """
     device = torch.device(device)
     resolved, model, outputs, heads, specs = _checked(adapter, plan, world_size, dtype, fp8)
     # Every storage shard has the same size: check the fit before any group or byte exists.
     shard_shape = StorageShard(resolved.storage_tp, 0, resolved.num_micros)
-    check_fits(planned_nbytes(specs, shard_shape, dtype), device, plan.name, reserve_bytes=1 << 30)
+    check_fits(planned_nbytes(specs, shard_shape, dtype), device, plan.name, reserve_bytes=WORKING_RESERVE_BYTES,
+               budget_bytes=memory_budget_bytes, alternative=fp8_alternative(specs, shard_shape, dtype), dtype=dtype)
     topology = Topology(resolved, rank, device.type, control_timeout_s)
     reduce_max = _all_ranks_max(startup_timeout_s) if fp8 is not None and world_size > 1 else None
     shard = StorageShard(resolved.storage_tp, topology.storage_rank, resolved.num_micros)

@@ -25,7 +25,7 @@ to the official matrices, so every plan quantizes a weight alike:
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -159,17 +159,76 @@ def planned_nbytes(specs: dict[str, ParamSpec], shard: StorageShard, dtype: torc
     return total
 
 
-def check_fits(weight_bytes: int, device: torch.device, plan_name: str, reserve_bytes: int = 0) -> None:
-    """Raise, before loading, when this rank's weights (plus a working reserve) cannot fit
-    the device's free memory. CPU: not checked (the OS decides)."""
-    if device.type != "cuda":
-        return
-    free, total = torch.cuda.mem_get_info(device)
-    if weight_bytes + reserve_bytes > free:
-        raise MemoryError(f"plan '{plan_name}' needs {weight_bytes:,} bytes ({_size(weight_bytes)}) of weights per "
-                          f"rank, plus a {_size(reserve_bytes)} working reserve, but {device} has {_size(free)} free "
-                          f"of {_size(total)}: use a plan with a larger storage TP degree (more ranks share each "
-                          f"weight)")
+@dataclass(frozen=True)
+class Fp8Alternative:
+    """What the same plan's weights would take with the stacked (expert) weights in e4m3:
+    `expert_bytes` in e4m3, `scale_bytes` of their per-row float32 scales, `total_bytes` with
+    every other weight as it is."""
+
+    total_bytes: int
+    expert_bytes: int
+    scale_bytes: int
+    flag: str = "--moe-dtype fp8"
+
+
+def fp8_alternative(specs: dict[str, ParamSpec], shard: StorageShard, dtype: torch.dtype,
+                    flag: str = "--moe-dtype fp8") -> Fp8Alternative | None:
+    """The bytes of `specs` with their stacked weights stored in e4m3 and per-row scales
+    ("channels", the default recipe), or None when none is stacked or they already are FP8.
+    Exactly what `planned_nbytes` gives for the same model built for FP8 experts."""
+    stacked = {n: s for n, s in specs.items() if s.stacked and s.fp8 is None and s.micro_packed}
+    if not stacked or any(s.fp8 is not None for s in specs.values()):
+        return None
+    quantized = {n: replace(s, dtype=FP8_DTYPE, fp8="channels") for n, s in stacked.items()}
+    expert = planned_nbytes(quantized, shard, dtype)
+    scales = planned_nbytes({n: scale_spec(s) for n, s in quantized.items()}, shard, dtype)
+    return Fp8Alternative(planned_nbytes(specs, shard, dtype) - planned_nbytes(stacked, shard, dtype) + expert + scales,
+                          expert, scales, flag)
+
+
+def fit_problem(weight_bytes: int, device_type: str, plan_name: str, reserve_bytes: int = 0,
+                budget_bytes: int | None = None, free_bytes: int | None = None, total_bytes: int | None = None,
+                alternative: Fp8Alternative | None = None, dtype: torch.dtype | None = None) -> str | None:
+    """Why this rank's weights (plus a working reserve) cannot fit, as one line, or None.
+    The room is the device's free memory (`free_bytes`, CUDA) and, when given, the memory
+    budget (`budget_bytes`, any device); the CPU without a budget is not checked (the OS
+    decides). The refusal says what FP8 experts would take (`alternative`), and whether that fits."""
+    rooms = []
+    if budget_bytes is not None:
+        rooms.append((budget_bytes, f"the memory budget (--memory-budget) is {_size(budget_bytes)}"))
+    if free_bytes is not None:
+        rooms.append((free_bytes, f"{device_type} has {_size(free_bytes)} free of {_size(total_bytes or free_bytes)}"))
+    if not rooms:
+        return None
+    room, why = min(rooms, key=lambda r: r[0])
+    if weight_bytes + reserve_bytes <= room:
+        return None
+    what = f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
+    text = (f"plan '{plan_name}' needs {weight_bytes:,} bytes ({_size(weight_bytes)}) of weights per rank{what}, "
+            f"plus a {_size(reserve_bytes)} working reserve, but {why}: ")
+    if alternative is not None:
+        fits = alternative.total_bytes + reserve_bytes <= room
+        text += (f"with {alternative.flag} they would take {alternative.total_bytes:,} bytes "
+                 f"({_size(alternative.total_bytes)}: the experts {_size(alternative.expert_bytes)} in e4m3 + "
+                 f"{_size(alternative.scale_bytes)} of scales), which " + ("fits: add " + alternative.flag + ", or "
+                 if fits else "does not fit either; ") + "use")
+    else:
+        text += "use"
+    return text + " a plan with a larger storage TP degree (more ranks share each weight)"
+
+
+def check_fits(weight_bytes: int, device: torch.device, plan_name: str, reserve_bytes: int = 0,
+               budget_bytes: int | None = None, alternative: Fp8Alternative | None = None,
+               dtype: torch.dtype | None = None) -> None:
+    """Raise MemoryError, before loading, when this rank's weights (plus a working reserve)
+    cannot fit the device's free memory or the memory budget (`fit_problem`)."""
+    free = total = None
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+    problem = fit_problem(weight_bytes, str(device), plan_name, reserve_bytes, budget_bytes, free, total,
+                          alternative, dtype)
+    if problem is not None:
+        raise MemoryError(problem)
 
 
 def _size(nbytes: int) -> str:

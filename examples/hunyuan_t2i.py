@@ -28,15 +28,16 @@ import torch.distributed as dist
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
 from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
-                           example_main,
+                           example_main, run_device_type,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
+from dtgen.devices import parse_dtype
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.serve.errors import RequestError
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
-from models.hunyuan_image3.loading import MOE_DTYPES, load
+from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
 from models.hunyuan_image3.tokenizer import load_tokenizer
 from models.hunyuan_image3.model import MOE_IMPLS
 from models.hunyuan_image3.presets import full_config
@@ -161,6 +162,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="with --compile: let inductor tune the prefill and denoise GEMMs (the dense ones; "
                         "--moe-impl graph lets it tune the MoE's too, slower than the default fused kernels "
                         "on an H200); slower compile")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                   help="the memory a rank may use (GB, 1e9 bytes): a plan whose weights do not fit it is refused "
+                        "before any weight is read, and on GPU the caching allocator is capped to it (as on a card "
+                        "of that size; default: the device's free memory)")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
     add_launch_flags(p, PLANS)
@@ -312,9 +317,14 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     device, dtype = rank_device(ctx, args)
     torch.manual_seed(args.seed)
     ctx.progress("loading")
+    budget = None if args.memory_budget is None else int(args.memory_budget * 1e9)
+    if budget is not None and device.type == "cuda":
+        # What a card of this size would allow: the allocator fails past it, as that card would.
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / torch.cuda.get_device_properties(device).total_memory),
+                                                   device)
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                  image_editing=getattr(args, "image_editing", args.image is not None))
+                  image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
@@ -438,6 +448,20 @@ def _distilled_problem(args, config: dict) -> str | None:
     return None
 
 
+def _budget_problem(args, config: dict) -> str | None:
+    """--memory-budget GB that cannot hold a rank's weights, as one line, before any rank starts
+    (the model on meta; nothing read)."""
+    if args.memory_budget is None:
+        return None
+    if not args.memory_budget > 0:
+        return f"--memory-budget must be > 0 GB, got {args.memory_budget}"
+    device = torch.device(run_device_type(args))
+    return memory_budget_problem(HunyuanImage3Config.from_dict(config), get_plan(args.plan), args.world_size,
+                                 parse_dtype(args.dtype, device), args.moe_dtype, args.fp8_scales,
+                                 getattr(args, "image_editing", args.image is not None),
+                                 int(args.memory_budget * 1e9))
+
+
 def _check_args(args, plan) -> str | None:
     """The first problem with the command line, as one line, or None."""
     problem = launch_problem(args, plan) or compile_problem(args)
@@ -544,6 +568,7 @@ def prepare(args) -> tuple[str | None, bool]:
             problem = problem or _longest_prompt_problem(args, [t for t, _ in shapes],
                                                          int(base.get("max_position_embeddings", 0)))
             problem = problem or _request_problem(args, base)
+            problem = problem or _budget_problem(args, base)
     except (KeyError, ValueError) as e:
         problem = e.args[0]
     return problem, tiny

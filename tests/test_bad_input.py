@@ -332,3 +332,51 @@ def test_compile_mode_defaults_to_regions_on_gpu_and_step_on_cpu(monkeypatch):
     assert resolved() == ("regions", "inductor")
     assert resolved(compile_mode="step", compile_backend="aot_eager") == ("step", "aot_eager")
     assert resolved(world_size=2) == ("step", "inductor")   # spawned ranks run on the CPU
+
+
+def test_a_memory_budget_that_cannot_hold_the_weights_says_what_fp8_experts_take(capsys):
+    """The released 32 layers in bf16 on a 96 GB budget: one line before any rank starts, with
+    the bf16 bytes and the bytes with FP8 experts (e4m3 + their scales), which fit; with FP8
+    experts on 80 GB: refused without an alternative (they are FP8 already). The model is built
+    on meta only."""
+    from examples.hunyuan_t2i import main
+    base = ["--random-weights", "full", "--dtype", "bfloat16", "--prompt-tokens", "100"]
+    assert main(base + ["--memory-budget", "96"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert ("needs 166,100,372,044 bytes (166.1 GB) of weights per rank in bfloat16, plus a 1.1 GB working reserve, "
+            "but the memory budget (--memory-budget) is 96.0 GB: with --moe-dtype fp8 they would take "
+            "88,874,846,796 bytes (88.9 GB: the experts 77.3 GB in e4m3 + 83.9 MB of scales), which fits: add "
+            "--moe-dtype fp8") in err[0], err
+    assert main(base + ["--memory-budget", "80", "--moe-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs 88,874,846,796 bytes (88.9 GB)" in err[0] and "with --moe-dtype" not in err[0], err
+    assert main(base + ["--memory-budget", "0"]) == 2
+    assert "--memory-budget must be > 0 GB, got 0.0" in capsys.readouterr().err
+
+
+def test_fp8_alternative_is_what_the_fp8_build_plans(tiny_checkpoint):
+    """The refusal's FP8 bytes are exactly what `--moe-dtype fp8` would hold (e4m3 experts and
+    their per-row scales), and a budget below the weights is refused before a byte is read."""
+    from dtgen.build import planned_storage
+    from dtgen.storage import ResidentStorage, fit_problem
+    from models.hunyuan_image3.loading import HunyuanAdapter
+    cfg = HunyuanImage3Config.from_json(tiny_checkpoint / "config.json")
+    for plan, world in (("single", 1), ("tp2", 2)):
+        bf16, alternative = planned_storage(HunyuanAdapter(cfg), get_plan(plan), world, torch.bfloat16)
+        fp8, none = planned_storage(HunyuanAdapter(cfg, fp8_experts=True), get_plan(plan), world, torch.bfloat16,
+                                    "channels")
+        assert none is None and alternative.total_bytes == fp8 < bf16, (plan, alternative, fp8, bf16)
+    text = fit_problem(bf16, "cuda:0", "tp2", 0, budget_bytes=fp8 - 1, free_bytes=10 * bf16, total_bytes=10 * bf16,
+                       alternative=alternative)
+    assert "the memory budget (--memory-budget) is" in text and "which does not fit either" in text, text
+    assert fit_problem(bf16, "cuda:0", "tp2", 0, budget_bytes=fp8, alternative=alternative).count("which fits") == 1
+    assert fit_problem(bf16, "cpu", "single", 0) is None          # the CPU without a budget: not checked
+
+    def no_read(*a, **k):
+        raise AssertionError("a weight was read")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(ResidentStorage, "load", no_read)
+        with pytest.raises(MemoryError, match=r"plan 'single' needs .* but the memory budget \(--memory-budget\) is "
+                                              r"1\.0 MB: with --moe-dtype fp8 they would take"):
+            load(tiny_checkpoint, get_plan("single"), memory_budget_bytes=10 ** 6)

@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dtgen.build import ModelAdapter, ParamSource, build, check_heads_fit, param_specs as framework_param_specs
+from dtgen.build import (ModelAdapter, ParamSource, budget_problem, build, check_heads_fit,
+                         param_specs as framework_param_specs)
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.plan import Plan, ResolvedPlan, Rule
@@ -74,6 +75,15 @@ class HunyuanAdapter(ModelAdapter):
         return model.unbuilt_modules()
 
 
+def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int, dtype: torch.dtype,
+                          moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int) -> str | None:
+    """The one-line refusal of a memory budget that cannot hold a rank's weights, saying what
+    FP8 experts would take; nothing read (the model on meta)."""
+    fp8 = moe_dtype == "fp8"
+    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8)
+    return budget_problem(adapter, plan, world_size, dtype, fp8_scales if fp8 else None, budget_bytes)
+
+
 def build_on_meta(cfg: HunyuanImage3Config, image_editing: bool = False) -> HunyuanImage3ForCausalMM:
     with torch.device("meta"):
         return HunyuanAdapter(cfg, image_editing).build_on_meta()
@@ -123,7 +133,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
-         image_editing: bool = False) -> LoadedModel:
+         image_editing: bool = False, memory_budget_bytes: int | None = None) -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
@@ -135,6 +145,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
 
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
+    `memory_budget_bytes`: a rank's weights (plus a working reserve) must fit it, else
+    MemoryError before any weight is read (as for the device's free memory).
 
     With `random_config` (a config.json dict) no checkpoint is read: each rank creates its
     shard with random values, directly in its packed layout.
@@ -158,7 +170,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         _check_distilled_weights(cfg, reader)
     try:
         built = build(adapter, plan, reader, rank, world_size, dtype, device,
-                      fp8_scales if moe_dtype == "fp8" else None, startup_timeout_s, control_timeout_s)
+                      fp8_scales if moe_dtype == "fp8" else None, startup_timeout_s, control_timeout_s,
+                      memory_budget_bytes)
     finally:
         if reader is not None:
             reader.close()
