@@ -162,3 +162,33 @@ def test_shapes_and_shift_convention():
     assert frames.shape == (2, 3, 2, 12, 20)
     expected = shifted.decoder((latents / 0.5 + 0.25).unsqueeze(2))[:, :, -1]
     torch.testing.assert_close(shifted.decode(latents), expected, rtol=0, atol=0)
+
+
+@torch.no_grad()
+def test_fast_paths_compute_the_plain_ops(monkeypatch):
+    """The decoder's fast paths (3x3x3 convs on 1 and 2 frames folded into 2-D convs, 1x1x1
+    convs as 2-D ones, GroupNorm statistics by var_mean, the upsampler's shortcut added as a
+    broadcast view, the image's conv_out on the last two frames) give the plain ops' values
+    (F.conv3d, nn.GroupNorm, the repeated shortcut) to float32 summation order, at the
+    official structure (x16 space, x4 time: levels of 1, 2 and 4 frames). 2 s."""
+    from models.hunyuan_image3 import vae as vae_module
+    cfg = VAEConfig.from_dict({**TINY_VAE, "block_out_channels": [32, 32, 32, 32, 32], "layers_per_block": 1,
+                               "ffactor_spatial": 16, "ffactor_temporal": 4})
+    torch.manual_seed(0)
+    vae = HunyuanVAE(cfg).eval()
+    for name, p in vae.named_parameters():   # norm scales away from 1, so the affine part counts
+        if "norm" in name:
+            p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("weight") else 0.1 * torch.randn_like(p))
+    latents = torch.randn(1, 32, 2, 2)
+    fast_frames, fast_image = vae.decode_all_frames(latents), vae.decode(latents)
+
+    def plain_upsample(self, x):
+        shortcut = x.repeat_interleave(self.repeats, dim=1)
+        return vae_module._depth_to_space(self.conv(x), self.rt) + vae_module._depth_to_space(shortcut, self.rt)
+    monkeypatch.setattr(vae_module.VAEConv3d, "forward", torch.nn.Conv3d.forward)
+    monkeypatch.setattr(vae_module.VAEGroupNorm, "forward", torch.nn.GroupNorm.forward)
+    monkeypatch.setattr(vae_module.Upsample, "forward", plain_upsample)
+    plain = vae.decode_all_frames(latents)
+    assert plain.shape == (1, 3, 4, 32, 32)
+    torch.testing.assert_close(fast_frames, plain, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast_image, plain[:, :, -1], rtol=1e-5, atol=1e-5)
