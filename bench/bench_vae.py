@@ -2,6 +2,17 @@
 
     python -m bench.bench_vae [--latent 64x64] [--dtype bf16] [--out outputs/bench_vae.json]
     torchrun --nproc-per-node 4 -m bench.bench_vae [...]
+    python -m bench.bench_vae --suite [--out outputs/bench_vae_suite.json]   # one GPU: the variants below
+
+``--suite`` (one process): the plain decode of one 1024x1024 image in float32 and bfloat16,
+each with the decoder's fast paths (models/hunyuan_image3/vae.py: folded 2-D convs on 1 and
+2 frames, var_mean GroupNorm statistics, in-place SiLU / residuals / upsampler shortcut, the
+image's conv_out on the last two frames) and with the plain ops (F.conv3d, nn.GroupNorm, the
+materialized shortcut: the code before them), eager and under torch.compile, float32 with
+cuDNN's TF32 off (exact float32) and on (PyTorch's default for convolutions), channels_last_3d
+memory format once. Each: median ms, peak GiB, and its deviation from the exact float32 plain
+decode (max abs, relative L2): the fp32 variants must stay at float32 rounding (the golden
+tolerance is rtol 1e-4, atol 1e-5), the bf16 ones say what bf16 costs.
 
 Model: the official HunyuanImage-3 VAE decoder shape (block_out_channels
 [128, 256, 512, 1024, 1024], 2 layers per block, 32 latent channels, x16 space, x4 time)
@@ -33,6 +44,7 @@ Measured (H200, torch 2.11.0+cu130, bf16, 64x64 latent -> 1024x1024, median of 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -103,6 +115,82 @@ def peak_gib(device, fn) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
+@contextlib.contextmanager
+def plain_ops():
+    """The VAE decoder as it was before its fast paths: F.conv3d for every conv, nn.GroupNorm,
+    the upsampler's shortcut materialized (the reference of `--suite`)."""
+    from models.hunyuan_image3 import vae as v
+
+    def plain_upsample(self, x):
+        return v._depth_to_space(self.conv(x), self.rt) + v._depth_to_space(x.repeat_interleave(self.repeats, dim=1),
+                                                                            self.rt)
+
+    def plain_resnet(self, x):
+        h = self.conv1(torch.nn.functional.silu(self.norm1(x)))
+        h = self.conv2(torch.nn.functional.silu(self.norm2(h)))
+        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
+    saved = (v.VAEConv3d.forward, v.VAEGroupNorm.forward, v.Upsample.forward, v.ResnetBlock.forward)
+    v.VAEConv3d.forward, v.VAEGroupNorm.forward = torch.nn.Conv3d.forward, torch.nn.GroupNorm.forward
+    v.Upsample.forward, v.ResnetBlock.forward = plain_upsample, plain_resnet
+    try:
+        yield
+    finally:
+        v.VAEConv3d.forward, v.VAEGroupNorm.forward, v.Upsample.forward, v.ResnetBlock.forward = saved
+
+
+def run_suite(args, device: torch.device) -> dict:
+    """The one-GPU variants (module docstring): {name: {ms, peak_gib, max_abs_dev, rel_l2, ...}}."""
+    h, w = (int(v) for v in args.latent.lower().split("x"))
+    cfg = TINY_VAE if args.tiny else OFFICIAL_VAE
+    latents = torch.randn(1, 32, h, w, generator=torch.Generator().manual_seed(1)).to(device)
+    vaes = {name: build_vae(cfg, dtype, device) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    out, ref = {}, None
+    cuda = device.type == "cuda"
+
+    def measure(name, fn, note=""):
+        nonlocal ref
+        t0 = time.perf_counter()
+        image = fn().float()
+        first_s = time.perf_counter() - t0
+        if ref is None:
+            ref = image
+        diff = image - ref
+        out[name] = {"ms": round(median_ms(fn, device, args.warmup, args.reps), 2), "peak_gib": peak_gib(device, fn),
+                     "first_call_s": round(first_s, 2), "max_abs_dev": diff.abs().max().item(),
+                     "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(), "note": note}
+        print(name, json.dumps(out[name]), flush=True)
+
+    tf32 = torch.backends.cudnn.allow_tf32
+    with torch.inference_mode():
+        torch.backends.cudnn.allow_tf32 = False
+        with plain_ops():   # the reference first: exact float32, the code before the fast paths
+            measure("fp32_plain_eager", lambda: vaes["fp32"].decode(latents), "reference: F.conv3d, nn.GroupNorm")
+        measure("fp32_fast_eager", lambda: vaes["fp32"].decode(latents))
+        if cuda:
+            torch.backends.cudnn.allow_tf32 = True
+            with plain_ops():
+                measure("fp32_tf32_plain_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on (torch default)")
+            measure("fp32_tf32_fast_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on")
+            torch.backends.cudnn.allow_tf32 = False
+        with plain_ops():
+            measure("bf16_plain_eager", lambda: vaes["bf16"].decode(latents))
+        measure("bf16_fast_eager", lambda: vaes["bf16"].decode(latents))
+        if cuda:
+            vaes["bf16_cl"] = build_vae(cfg, torch.bfloat16, device).to(memory_format=torch.channels_last_3d)
+            measure("bf16_fast_channels_last_eager", lambda: vaes["bf16_cl"].decode(latents), "channels_last_3d weights")
+            del vaes["bf16_cl"]
+        if not args.no_compile:
+            for dtype in ("fp32", "bf16"):
+                vae = vaes[dtype]
+                decoder = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
+
+                def compiled(vae=vae, decoder=decoder):
+                    return decoder(vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
+                measure(f"{dtype}_fast_compiled", compiled, f"torch.compile({args.compile_backend}) of the decoder")
+    torch.backends.cudnn.allow_tf32 = tf32
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--latent", default="64x64", help="latent HxW (64x64 -> 1024x1024 image)")
@@ -112,7 +200,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--exchange", default="p2p", choices=["p2p", "allgather"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--suite", action="store_true", help="one process: fp32 / bf16, fast / plain ops, eager / compiled")
+    ap.add_argument("--no-compile", action="store_true", help="with --suite: leave out the compiled variants")
+    ap.add_argument("--compile-backend", default="inductor", help="with --suite: torch.compile backend")
     args = ap.parse_args()
+    if args.suite:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        torch.backends.cudnn.benchmark = True
+        report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "torch": torch.__version__, "latent": args.latent, "tiny": args.tiny, "reps": args.reps,
+                  "results": run_suite(args, device)}
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        return
 
     if under_torchrun():
         ctx = init_from_torchrun()

@@ -172,6 +172,16 @@ class KVCachePool:
         """Drop the kept caches (after an out-of-memory error: the next request allocates again)."""
         self._kept.clear()
 
+    def drop(self, prefix: str) -> None:
+        """Drop the kept caches whose role starts with `prefix` (a phase's, when it ends)."""
+        for role in [r for r in self._kept if r.startswith(prefix)]:
+            del self._kept[role]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the caches kept."""
+        return sum(layer.k.nbytes + layer.v.nbytes for c in self._kept.values() for layer in c.layers)
+
 
 # --------------------------------------------------------------------------------------
 # Cores

@@ -45,7 +45,7 @@ from models.hunyuan_image3.requests import (OFFICIAL_TAYLOR_KNOBS, check_positio
                                             taylor_from_official)
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
-from models.hunyuan_image3.pipeline import (PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
+from models.hunyuan_image3.pipeline import (KV_CACHE_POLICIES, PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
                                             to_uint8, warmup_request)
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from placements.hunyuan_image3 import PLANS, get_plan
@@ -162,6 +162,13 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="with --compile: let inductor tune the prefill and denoise GEMMs (the dense ones; "
                         "--moe-impl graph lets it tune the MoE's too, slower than the default fused kernels "
                         "on an H200); slower compile")
+    p.add_argument("--vae-dtype", default=None, choices=("float32", "bfloat16"),
+                   help="the VAE's weights and compute (default: the checkpoint's vae_dtype, float32 in the "
+                        "released ones); bfloat16 halves its memory (bench/bench_vae.py --suite: its error)")
+    p.add_argument("--kv-caches", default="keep", choices=KV_CACHE_POLICIES,
+                   help="'keep': the KV caches stay allocated between requests (a CUDA-graph decode is recorded "
+                        "once); 'release': the AR cache is freed after AR, the denoise caches after denoise "
+                        "(before the VAE decode), for less memory at each peak")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="the memory a rank may use (GB, 1e9 bytes): a plan whose weights do not fit it is refused "
                         "before any weight is read, and on GPU the caching allocator is capped to it (as on a card "
@@ -324,12 +331,14 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
                                                    device)
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                  image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget)
+                  image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget,
+                  vae_dtype=args.vae_dtype)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                              compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
+                              compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
+                              kv_caches=args.kv_caches)
     return pipe, loaded, device, dtype
 
 
@@ -459,7 +468,7 @@ def _budget_problem(args, config: dict) -> str | None:
     return memory_budget_problem(HunyuanImage3Config.from_dict(config), get_plan(args.plan), args.world_size,
                                  parse_dtype(args.dtype, device), args.moe_dtype, args.fp8_scales,
                                  getattr(args, "image_editing", args.image is not None),
-                                 int(args.memory_budget * 1e9))
+                                 int(args.memory_budget * 1e9), args.vae_dtype)
 
 
 def _check_args(args, plan) -> str | None:
@@ -602,6 +611,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
+        "vae_dtype": args.vae_dtype or "checkpoint", "kv_caches": args.kv_caches, "memory_budget_gb": args.memory_budget,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -1,6 +1,7 @@
 """Pipeline pieces: resolution table, sampling, scheduler, RoPE, mask, the tiny default."""
 import json
 
+import pytest
 import torch
 
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
@@ -9,6 +10,7 @@ from models.hunyuan_image3.rope import apply_rope, rope_cos_sin
 from dtgen.sampling import Sampling, sample_token
 from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
+from placements.hunyuan_image3 import get_plan
 
 
 def test_resolution_table_matches_the_official_layout():
@@ -199,3 +201,41 @@ def test_sampling_settings_are_tensors_for_the_compiled_step():
             assert int(step(logits, u, args.temperature, args.top_k, args.top_p, args.candidates)) == int(expected)
         before = unique_graphs() if before is None else before
     assert unique_graphs() == before, "a new sampling setting in the same top-k bucket compiled a new graph"
+
+
+def test_released_caches_change_no_output_and_leave_no_cache(tiny_checkpoint, monkeypatch):
+    """kv_caches="release" (--kv-caches release, a memory lever): the AR cache is gone when
+    denoise starts, the denoise caches when the VAE decodes, nothing is kept after the request,
+    and the outputs are the kept-cache pipeline's, bit for bit. About 2 s."""
+    from models.hunyuan_image3.loading import load
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+    req = T2IRequest(prompt="a fox", steps=2, max_new_tokens=3, image_size="256x256", seed=5, ignore_stop=True)
+    loaded = load(tiny_checkpoint, get_plan("single"))
+    keep = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(req)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", kv_caches="release")
+    seen = {}
+    run_denoise, decode_image = pipe.run_denoise, pipe.decode_image
+
+    def denoise(*a, **k):
+        seen["denoise"] = sorted(pipe._caches._kept)
+        return run_denoise(*a, **k)
+
+    def decode(*a, **k):
+        seen["vae"] = sorted(pipe._caches._kept)
+        return decode_image(*a, **k)
+    monkeypatch.setattr(pipe, "run_denoise", denoise)
+    monkeypatch.setattr(pipe, "decode_image", decode)
+    released = pipe.generate(req)
+    assert seen == {"denoise": [], "vae": []} and pipe._caches.nbytes == 0
+    assert released.tokens == keep.tokens and torch.equal(released.latents, keep.latents)
+    assert torch.equal(released.image, keep.image)
+    with pytest.raises(ValueError, match="kv_caches must be one of"):
+        HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", kv_caches="drop")
+
+
+def test_vae_dtype_overrides_the_checkpoint(tiny_checkpoint):
+    """--vae-dtype bfloat16: the VAE's weights (and so its compute) in bf16, the rest as asked."""
+    from models.hunyuan_image3.loading import load
+    loaded = load(tiny_checkpoint, get_plan("single"), vae_dtype="bfloat16")
+    assert {p.dtype for p in loaded.model.vae.parameters()} == {torch.bfloat16}
+    assert loaded.model.lm_head.weight.dtype == torch.float32

@@ -40,6 +40,7 @@ class HunyuanAdapter(ModelAdapter):
     image_editing: bool = False
     fp8_experts: bool = False
     moe_impl: str = "auto"
+    vae_dtype: str | None = None    # None: the config's vae_dtype (float32 by default)
 
     @property
     def ignored_prefixes(self) -> tuple[str, ...]:
@@ -63,7 +64,7 @@ class HunyuanAdapter(ModelAdapter):
         if name.endswith("mlp.gate.wg.weight"):
             return torch.float32  # the router runs in fp32 (bf16 routing flips expert choices)
         if name.startswith("vae."):
-            return _DTYPES.get(str(self.cfg.raw.get("vae_dtype", "float32")), torch.float32)
+            return _DTYPES.get(self.vae_dtype or str(self.cfg.raw.get("vae_dtype", "float32")), torch.float32)
         return dtype
 
     def split_unit(self, name: str, rule: Rule) -> tuple[int, str] | None:
@@ -76,11 +77,12 @@ class HunyuanAdapter(ModelAdapter):
 
 
 def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int, dtype: torch.dtype,
-                          moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int) -> str | None:
+                          moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int,
+                          vae_dtype: str | None = None) -> str | None:
     """The one-line refusal of a memory budget that cannot hold a rank's weights, saying what
     FP8 experts would take; nothing read (the model on meta)."""
     fp8 = moe_dtype == "fp8"
-    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8)
+    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8, vae_dtype=vae_dtype)
     return budget_problem(adapter, plan, world_size, dtype, fp8_scales if fp8 else None, budget_bytes)
 
 
@@ -133,7 +135,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
-         image_editing: bool = False, memory_budget_bytes: int | None = None) -> LoadedModel:
+         image_editing: bool = False, memory_budget_bytes: int | None = None,
+         vae_dtype: str | None = None) -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
@@ -147,6 +150,8 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
     `memory_budget_bytes`: a rank's weights (plus a working reserve) must fit it, else
     MemoryError before any weight is read (as for the device's free memory).
+    `vae_dtype` ("float32", "bfloat16", "float16"): the VAE's weights and compute, instead of
+    the config's vae_dtype (float32 in the released checkpoints).
 
     With `random_config` (a config.json dict) no checkpoint is read: each rank creates its
     shard with random values, directly in its packed layout.
@@ -164,7 +169,10 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         cfg = HunyuanImage3Config.from_dict(random_config)
     else:
         cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
-    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl)
+    if vae_dtype is not None and vae_dtype not in _DTYPES:
+        raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
+    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl,
+                             vae_dtype=vae_dtype)
     reader = None if random_config is not None else CheckpointReader(checkpoint)
     if reader is not None:
         _check_distilled_weights(cfg, reader)

@@ -282,16 +282,27 @@ class _Timer:
         return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
 
 
+# What the pipeline does with its KV caches between phases and requests (`kv_caches`).
+KV_CACHE_POLICIES = ("keep", "release")
+
+
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
                  is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
-                 prompt_bucket: int | None = None):
+                 prompt_bucket: int | None = None, kv_caches: str = "keep"):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
         rows; the main rank gets the image); None decodes on the main rank alone.
         `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
         rows, so that prompts of similar length share every compiled graph (0: exact
         lengths; default: 256 when compiling, else 0, since padding only pays where shapes
-        key graphs)."""
+        key graphs).
+        `kv_caches`: "keep" (the AR and denoise KV caches stay allocated between requests, at
+        the same addresses, so a CUDA-graph decode step is recorded once) or "release" (the AR
+        cache is freed when AR ends, the denoise caches when denoise ends, before the VAE
+        decode: less memory at each phase's peak; the decode step records again every request)."""
+        if kv_caches not in KV_CACHE_POLICIES:
+            raise ValueError(f"kv_caches must be one of {KV_CACHE_POLICIES}, got {kv_caches!r}")
+        self.kv_caches = kv_caches
         self.model = model
         self.vae_group = vae_group
         self.tok = tokenizer
@@ -330,6 +341,17 @@ class HunyuanT2IPipeline:
             raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
         self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
             AR_CACHE_ROUND if self.compiler.options.enabled else 0)
+
+    def _release_phase_caches(self, roles: str) -> None:
+        """kv_caches="release": drop the kept caches whose role starts with `roles` ("ar",
+        "denoise") and what was recorded over them, and hand the memory back."""
+        if self.kv_caches != "release":
+            return
+        self._caches.drop(roles)
+        if roles == "ar" and self._graphed_decode is not None:
+            self._graphed_decode.reset()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def release_caches(self) -> None:
         """Drop the KV caches kept between requests (after an out-of-memory error: the next
@@ -798,6 +820,7 @@ class HunyuanT2IPipeline:
                                     condition.layout_shape, self._prompt_ids(req), req.system_prompt), condition)
         with run.profiler.phase("ar"):
             tokens, ratio = self.run_ar(req, run, edit)
+        self._release_phase_caches("ar")
         if forced is not None:
             ratio = forced
         elif ratio is None:   # an edit keeps the reference's shape
@@ -815,6 +838,7 @@ class HunyuanT2IPipeline:
         self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
         with run.profiler.phase("denoise"):
             latents = self.run_denoise(req, seq, run, None if edit is None else edit[1])
+        self._release_phase_caches("denoise")
         image = None
         if self.is_main or self.vae_group is not None:
             with run.profiler.phase("vae", together=self.vae_group is not None), run.profiler.region("vae_decode"):
