@@ -48,6 +48,7 @@ import contextlib
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -138,7 +139,30 @@ def plain_ops():
         v.VAEConv3d.forward, v.VAEGroupNorm.forward, v.Upsample.forward, v.ResnetBlock.forward = saved
 
 
-def run_suite(args, device: torch.device) -> dict:
+def conv_flops(cfg: dict, h: int, w: int) -> dict:
+    """The decoder's convolution FLOPs for one [h, w] latent: as 3-D convs over every frame
+    (what F.conv3d computes, zero-padding taps included) and with the T <= 2 folds (what the
+    fast path computes). Counted on meta, nothing allocated."""
+    from models.hunyuan_image3.vae import VAEConv3d
+    with torch.device("meta"):
+        vae = HunyuanVAE(VAEConfig.from_dict(cfg))
+    total = {"conv3d_tflop": 0.0, "folded_tflop": 0.0}
+
+    def count(m, inp, _out):
+        _, c, t, hh, ww = inp[0].shape
+        k = m.kernel_size[0]
+        frame = 2 * m.out_channels * c * k * k * hh * ww / 1e12
+        total["conv3d_tflop"] += frame * k * t
+        total["folded_tflop"] += frame * (t if k == 1 else 1 if t == 1 else 4 if t == 2 else 3 * t)
+    hooks = [m.register_forward_hook(count) for m in vae.modules() if isinstance(m, VAEConv3d)]
+    with torch.no_grad():
+        vae.decoder(torch.empty(1, cfg["latent_channels"], 1, h, w, device="meta"))
+    for hk in hooks:
+        hk.remove()
+    return {k: round(v, 2) for k, v in total.items()}
+
+
+def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
     """The one-GPU variants (module docstring): {name: {ms, peak_gib, max_abs_dev, rel_l2, ...}}."""
     h, w = (int(v) for v in args.latent.lower().split("x"))
     cfg = TINY_VAE if args.tiny else OFFICIAL_VAE
@@ -159,6 +183,9 @@ def run_suite(args, device: torch.device) -> dict:
                      "first_call_s": round(first_s, 2), "max_abs_dev": diff.abs().max().item(),
                      "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(), "note": note}
         print(name, json.dumps(out[name]), flush=True)
+        if report is not None and args.out:   # after every variant: a run cut short keeps what it measured
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({**report, "results": out}, indent=1))
 
     tf32 = torch.backends.cudnn.allow_tf32
     with torch.inference_mode():
@@ -207,9 +234,12 @@ def main() -> None:
     if args.suite:
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         torch.backends.cudnn.benchmark = True
-        report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        h, w = (int(v) for v in args.latent.lower().split("x"))
+        report = {"command": "python -m bench.bench_vae " + " ".join(sys.argv[1:]),
+                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                   "torch": torch.__version__, "latent": args.latent, "tiny": args.tiny, "reps": args.reps,
-                  "results": run_suite(args, device)}
+                  "warmup": args.warmup, "flops": conv_flops(TINY_VAE if args.tiny else OFFICIAL_VAE, h, w)}
+        report["results"] = run_suite(args, device, report)
         if args.out:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(report, indent=1))

@@ -145,6 +145,8 @@ class VAEGroupNorm(nn.GroupNorm):
     GROUP_CHUNKS = 4
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return super().forward(x)   # batch_norm takes no gradient through its statistics
         b, c = x.shape[:2]
         g = self.num_groups
         xg = x.reshape(b, g, -1)

@@ -1,0 +1,276 @@
+"""Where the memory of one HunyuanImage-3 request goes, phase by phase, with each memory lever
+on and off: what a 96 GB card (peak <= ~92 GB) needs.
+
+    python -m bench.bench_memory --out outputs/bench_memory.json     # one GPU: the released 32 layers
+    python -m bench.bench_memory --tiny                              # the same runs, tiny, on the CPU
+
+Random weights at the released shapes (`--layers`, 32), FP8 experts (channels), image editing
+loaded (the VAE encoder and the vision tower are resident, as a server with edits has them),
+compiled with one region per decoder layer (as `--compile` on GPU); 1251 prompt tokens and
+256 forced AR tokens, 1024x1024, `--steps` denoise steps (the peak is reached by the first,
+whole-sequence step and the first KV-cached one: 4 are enough), serial CFG. T2I, and TI2I
+with a random 1024x1024 reference (the seed's ~6.3k-row edit prefill, as bench_step_cache).
+
+For every phase (condition encode, AR, denoise, VAE decode) of every run: the bytes allocated
+when it starts, its peak (`torch.cuda.max_memory_allocated`, reset at the phase start) and
+the peak over the resident weights. The levers, each alone and all together:
+
+- `plain_vae`: the VAE decoder's ops before its memory-lean forward (F.conv3d, nn.GroupNorm,
+  out-of-place SiLU and residuals, the materialized upsampler shortcut: bench_vae.plain_ops),
+  i.e. the code before this lever, for the before/after;
+- `release_kv`: `--kv-caches release` (the AR cache freed after AR, the denoise caches
+  before the VAE decode);
+- `vae_bf16`: `--vae-dtype bfloat16`. Here a bf16 copy of the VAE stands in for the fp32 one
+  (the fp32 weights stay resident in this process): `projected_peak_bytes` subtracts the fp32
+  VAE's bytes, what a `--vae-dtype bfloat16` process would not hold.
+
+With `--snapshot` (GPU), one more run per request kind with levers off and on, under
+`torch.cuda.memory._record_memory_history`: the allocation trace of each phase is replayed to
+its peak and the largest blocks live there are listed with the frames that allocated them
+(this repository's files first).
+
+Prints one line per run and phase; the JSON holds everything with the command.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from bench.bench_vae import plain_ops
+from dtgen.compile import CompileOptions
+from dtgen.host import settle_heap
+from models.hunyuan_image3.loading import load
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
+from models.hunyuan_image3.presets import full_config
+from models.hunyuan_image3.tiny import tiny_config
+from models.hunyuan_image3.vae import HunyuanVAE
+from placements.hunyuan_image3 import get_plan
+
+LEVERS = ("plain_vae", "release_kv", "vae_bf16")
+CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS}, "all": ("release_kv", "vae_bf16")}
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def requests(tiny: bool, steps: int) -> dict[str, T2IRequest]:
+    size = "256x256" if tiny else "1024x1024"
+    new = 4 if tiny else 256
+    t2i = T2IRequest(prompt_ids=filler_ids(30 if tiny else 1250), max_new_tokens=new, ignore_stop=True,
+                     image_size=size, seed=1, steps=steps, forced_tokens=filler_ids(new))
+    side = 256 if tiny else 1024
+    reference = torch.randint(0, 256, (side, side, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    system = "You edit images as the user asks, keeping everything else unchanged. " * (1 if tiny else 16)
+    ti2i = replace(t2i, prompt_ids=None, prompt="make the sky a deep red at sunset", reference=reference,
+                   system_prompt=system, image_size="auto")
+    return {"t2i": t2i, "ti2i": ti2i}
+
+
+class PhaseMemory:
+    """A profiler stand-in (the pipeline's `profiler.phase(...)` / `.region(...)`): per phase,
+    the bytes allocated at its start and its peak, the peak statistic reset at each start."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.phases = device, {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str, together: bool = True):
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        start = torch.cuda.memory_allocated(self.device) if cuda else None
+        t0 = time.perf_counter()
+        yield
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        self.phases[name] = {"start_bytes": start,
+                             "peak_bytes": torch.cuda.max_memory_allocated(self.device) if cuda else None,
+                             # what the caching allocator held from the device: what a card must have
+                             "peak_reserved_bytes": torch.cuda.max_memory_reserved(self.device) if cuda else None,
+                             "end_bytes": torch.cuda.memory_allocated(self.device) if cuda else None,
+                             "wall_ms": round((time.perf_counter() - t0) * 1e3, 1)}
+
+    def region(self, name: str, units: int = 1):
+        return contextlib.nullcontext()
+
+
+def bf16_copy(vae: HunyuanVAE) -> HunyuanVAE:
+    """A bf16 twin of `vae` with its own weights (what --vae-dtype bfloat16 would load)."""
+    with torch.device("meta"):
+        twin = HunyuanVAE(vae.cfg, with_encoder=vae.encoder is not None)
+    twin.load_state_dict({k: v.to(torch.bfloat16) for k, v in vae.state_dict().items()}, assign=True)
+    return twin.eval()
+
+
+@contextlib.contextmanager
+def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | None):
+    vae, policy = pipe.model.vae, pipe.kv_caches
+    try:
+        if "vae_bf16" in on:
+            pipe.model.vae = vae16
+        pipe.kv_caches = "release" if "release_kv" in on else "keep"
+        pipe.release_caches()   # every config starts from the same pool: nothing kept
+        with plain_ops() if "plain_vae" in on else contextlib.nullcontext():
+            yield
+    finally:
+        pipe.model.vae, pipe.kv_caches = vae, policy
+        pipe.release_caches()
+
+
+def _frames(frames: list[dict], n: int = 4) -> list[str]:
+    ours = [f for f in frames if f.get("filename", "").startswith(REPO)] or frames
+    return [f"{f['filename'].removeprefix(REPO + '/')}:{f['line']} {f['name']}" for f in ours[:n]]
+
+
+def peak_blocks(trace: list[dict], top: int = 8) -> dict:
+    """Replay one phase's allocation trace: the moment its own live allocations peak, and the
+    largest blocks live then (blocks allocated before the trace are not counted)."""
+    live, total, best, best_at = {}, 0, -1, 0
+    for i, e in enumerate(trace):
+        if e["action"] == "alloc":
+            live[e["addr"]] = e["size"]
+            total += e["size"]
+            if total > best:
+                best, best_at = total, i
+        elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
+            total -= live.pop(e["addr"])
+    live = {}
+    for e in trace[:best_at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] in ("free_requested", "free_completed"):
+            live.pop(e["addr"], None)
+    blocks = sorted(live.values(), key=lambda e: -e["size"])[:top]
+    return {"phase_allocations_live_at_peak_bytes": max(best, 0),
+            "top_blocks": [{"bytes": e["size"], "frames": _frames(e.get("frames", []))} for e in blocks]}
+
+
+class PhaseSnapshots(PhaseMemory):
+    """PhaseMemory that also records every allocation of each phase and keeps its peak blocks."""
+
+    @contextlib.contextmanager
+    def phase(self, name: str, together: bool = True):
+        record = dict(enabled="all", context="all", stacks="python", max_entries=2_000_000)
+        try:
+            torch.cuda.memory._record_memory_history(**record, clear_history=True)
+        except TypeError:   # a torch without clear_history: the replay ignores frees it did not see
+            torch.cuda.memory._record_memory_history(**record)
+        try:
+            with super().phase(name, together):
+                yield
+            snap = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        trace = snap["device_traces"][self.device.index or 0]
+        self.phases[name].update(peak_blocks(trace), trace_entries=len(trace))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_memory", description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {list(CONFIGS)}")
+    p.add_argument("--runs", default="t2i,ti2i")
+    p.add_argument("--snapshot", action="store_true", help="GPU: also the largest blocks at each phase's peak")
+    p.add_argument("--tiny", action="store_true", help="the tiny architecture on the CPU (a check of this script)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    configs = args.configs.split(",")
+    runs = args.runs.split(",")
+    if set(configs) - set(CONFIGS) or set(runs) - {"t2i", "ti2i"}:
+        raise SystemExit(f"error: --configs from {list(CONFIGS)}, --runs from t2i, ti2i")
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda", 0)
+    if device.type == "cpu":
+        device = torch.device("cpu")
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    t0 = time.perf_counter()
+    loaded = load(None, get_plan("single"), 0, 1, dtype, device, random_config=tiny_config(2) if args.tiny
+                  else full_config(args.layers), moe_dtype="fp8" if cuda else "model", image_editing=True)
+    load_s = time.perf_counter() - t0
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
+                              compile_options=CompileOptions(enabled=cuda, regions=True))
+    reqs = {k: v for k, v in requests(args.tiny, args.steps).items() if k in runs}
+    vae_bytes = sum(t.nbytes for t in loaded.model.vae.parameters())
+    vae16 = bf16_copy(loaded.model.vae) if any("vae_bf16" in CONFIGS[c] for c in configs) else None
+    vae16_bytes = sum(t.nbytes for t in vae16.parameters()) if vae16 is not None else 0
+    warm = {}
+    for name, req in reqs.items():   # compile every shape once (untimed, unmeasured)
+        t1 = time.perf_counter()
+        pipe.generate(warmup_request(req))
+        warm[name] = round(time.perf_counter() - t1, 1)
+        print(f"warm-up {name}: {warm[name]} s", flush=True)
+    pipe.release_caches()
+    settle_heap()
+    weights = loaded.storage.nbytes
+    rows = []
+
+    def write(rows, snapshots):
+        """The JSON so far (after every run: a command cut short keeps what it measured)."""
+        if not args.out:
+            return
+        out = {"command": "python -m bench.bench_memory " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+               "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
+               "layers": None if args.tiny else args.layers, "moe_dtype": "fp8-channels" if cuda else "model",
+               "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
+               "vae_fp32_bytes": vae_bytes, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
+               "snapshots": snapshots}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    for config in configs:
+        on = CONFIGS[config]
+        for name, req in reqs.items():
+            with levers(pipe, on, vae16):
+                mem = PhaseMemory(device)
+                result = pipe.generate(req, profiler=mem)
+            peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
+            # Held only by this bench: the bf16 VAE copy (when its lever is off) or the fp32 VAE
+            # (when on: a --vae-dtype bfloat16 process holds the bf16 one alone).
+            extra = vae_bytes if "vae_bf16" in on else vae16_bytes
+            row = {"run": name, "config": config, "levers": list(on), "phases": mem.phases, "peak_bytes": peak,
+                   "projected_peak_bytes": None if peak is None else peak - extra,
+                   "bench_only_bytes": extra, "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
+            if cuda:
+                row["peak_over_weights_bytes"] = row["projected_peak_bytes"] - weights
+            rows.append(row)
+            for phase, ph in mem.phases.items():
+                fmt = (lambda b: "-" if b is None else f"{b / 1e9:.2f} GB")
+                print(f"{name:5} {config:11} {phase:9} start {fmt(ph['start_bytes'])}, peak {fmt(ph['peak_bytes'])}"
+                      f" ({ph['wall_ms']} ms)", flush=True)
+            if cuda:
+                print(f"{name:5} {config:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
+                      f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights)",
+                      flush=True)
+            write(rows, [])
+    snapshots = []
+    if args.snapshot and cuda:
+        for config in ("baseline", "all"):
+            for name, req in reqs.items():
+                try:
+                    with levers(pipe, CONFIGS[config], vae16):
+                        snap = PhaseSnapshots(device)
+                        pipe.generate(replace(req, steps=min(req.steps, 3)), profiler=snap)
+                except Exception as e:   # the figures above stand without it
+                    snapshots.append({"run": name, "config": config, "error": f"{type(e).__name__}: {e}"})
+                    print(f"snapshot {name} {config} failed: {snapshots[-1]['error']}", flush=True)
+                    continue
+                snapshots.append({"run": name, "config": config, "phases": snap.phases})
+                for phase, ph in snap.phases.items():
+                    top = ph["top_blocks"][:3]
+                    print(f"snapshot {name} {config} {phase}: peak {ph['peak_bytes'] / 1e9:.2f} GB; largest live "
+                          + "; ".join(f"{b['bytes'] / 1e9:.2f} GB at {b['frames'][0] if b['frames'] else '?'}"
+                                      for b in top), flush=True)
+                write(rows, snapshots)
+    write(rows, snapshots)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
