@@ -20,6 +20,8 @@ the peak over the resident weights. The levers, each alone and all together:
   i.e. the code before this lever, for the before/after;
 - `release_kv`: `--kv-caches release` (the AR cache freed after AR, the denoise caches
   before the VAE decode);
+- `vae_chunks`: `--vae-chunks 4` (the big maps' norm -> SiLU -> conv a slab of rows at a
+  time, residuals in place: exact);
 - `vae_bf16`: `--vae-dtype bfloat16`. Here a bf16 copy of the VAE stands in for the fp32 one
   (the fp32 weights stay resident in this process): `projected_peak_bytes` subtracts the fp32
   VAE's bytes, what a `--vae-dtype bfloat16` process would not hold.
@@ -53,8 +55,10 @@ from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE
 from placements.hunyuan_image3 import get_plan
 
-LEVERS = ("plain_vae", "release_kv", "vae_bf16")
-CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS}, "all": ("release_kv", "vae_bf16")}
+LEVERS = ("plain_vae", "release_kv", "vae_bf16", "vae_chunks")
+CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS}, "all": ("release_kv", "vae_bf16", "vae_chunks"),
+           "all_fp32_vae": ("release_kv", "vae_chunks")}
+VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
 REPO = str(Path(__file__).resolve().parents[1])
 
 
@@ -110,8 +114,9 @@ def bf16_copy(vae: HunyuanVAE) -> HunyuanVAE:
 
 @contextlib.contextmanager
 def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | None):
-    vae, policy = pipe.model.vae, pipe.kv_caches
+    vae, policy, chunks = pipe.model.vae, pipe.kv_caches, pipe.vae_row_chunks
     try:
+        pipe.vae_row_chunks = VAE_CHUNKS if "vae_chunks" in on else 1
         if "vae_bf16" in on:
             pipe.model.vae = vae16
         pipe.kv_caches = "release" if "release_kv" in on else "keep"
@@ -119,7 +124,7 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
         with plain_ops() if "plain_vae" in on else contextlib.nullcontext():
             yield
     finally:
-        pipe.model.vae, pipe.kv_caches = vae, policy
+        pipe.model.vae, pipe.kv_caches, pipe.vae_row_chunks = vae, policy, chunks
         pipe.release_caches()
 
 

@@ -10,7 +10,8 @@ each with the decoder's fast paths (models/hunyuan_image3/vae.py: folded 2-D con
 image's conv_out on the last two frames) and with the plain ops (F.conv3d, nn.GroupNorm, the
 materialized shortcut: the code before them), eager and under torch.compile, float32 with
 cuDNN's TF32 off (exact float32) and on (PyTorch's default for convolutions), channels_last_3d
-memory format once. Each: median ms, peak GiB, and its deviation from the exact float32 plain
+memory format once, and with `row_chunks=4` (--vae-chunks 4). Each: median ms, peak GiB, and its
+deviation from the exact float32 plain
 decode (max abs, relative L2): the fp32 variants must stay at float32 rounding (the golden
 tolerance is rtol 1e-4, atol 1e-5), the bf16 ones say what bf16 costs.
 
@@ -199,9 +200,12 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
                 measure("fp32_tf32_plain_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on (torch default)")
             measure("fp32_tf32_fast_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on")
             torch.backends.cudnn.allow_tf32 = False
+        measure("fp32_fast_chunks4_eager", lambda: vaes["fp32"].decode(latents, row_chunks=4),
+                "--vae-chunks 4: two whole maps at once instead of three")
         with plain_ops():
             measure("bf16_plain_eager", lambda: vaes["bf16"].decode(latents))
         measure("bf16_fast_eager", lambda: vaes["bf16"].decode(latents))
+        measure("bf16_fast_chunks4_eager", lambda: vaes["bf16"].decode(latents, row_chunks=4), "--vae-chunks 4")
         if cuda:
             vaes["bf16_cl"] = build_vae(cfg, torch.bfloat16, device).to(memory_format=torch.channels_last_3d)
             measure("bf16_fast_channels_last_eager", lambda: vaes["bf16_cl"].decode(latents), "channels_last_3d weights")

@@ -165,6 +165,9 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--vae-dtype", default=None, choices=("float32", "bfloat16"),
                    help="the VAE's weights and compute (default: the checkpoint's vae_dtype, float32 in the "
                         "released ones); bfloat16 halves its memory (bench/bench_vae.py --suite: its error)")
+    p.add_argument("--vae-chunks", type=int, default=None, metavar="N",
+                   help="decode on one rank with the VAE's big maps convolved N slabs of rows at a time (exact; "
+                        "two whole maps live at once instead of three; default 1)")
     p.add_argument("--kv-caches", default="keep", choices=KV_CACHE_POLICIES,
                    help="'keep': the KV caches stay allocated between requests (a CUDA-graph decode is recorded "
                         "once); 'release': the AR cache is freed after AR, the denoise caches after denoise "
@@ -338,7 +341,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
-                              kv_caches=args.kv_caches)
+                              kv_caches=args.kv_caches, vae_row_chunks=args.vae_chunks or 1)
     return pipe, loaded, device, dtype
 
 
@@ -481,6 +484,11 @@ def _check_args(args, plan) -> str | None:
     if args.fp8_scales is not None and args.moe_dtype != "fp8":
         return f"--fp8-scales {args.fp8_scales} needs --moe-dtype fp8 (the scales of FP8 experts)"
     args.fp8_scales = args.fp8_scales or "channels"
+    if args.vae_chunks is not None and args.vae_chunks < 1:
+        return f"--vae-chunks must be at least 1, got {args.vae_chunks}"
+    if args.vae_chunks is not None and args.world_size > 1 and args.vae_parallel is not False:
+        return ("--vae-chunks applies to a decode on one rank; with several ranks the decode is split over them "
+                "(--vae-parallel): add --no-vae-parallel to decode on rank 0 in chunks")
     if args.vae_parallel is not None and args.world_size == 1:
         flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
         return f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
@@ -611,7 +619,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
-        "vae_dtype": args.vae_dtype or "checkpoint", "kv_caches": args.kv_caches, "memory_budget_gb": args.memory_budget,
+        "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1, "kv_caches": args.kv_caches, "memory_budget_gb": args.memory_budget,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -289,7 +289,7 @@ KV_CACHE_POLICIES = ("keep", "release")
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
                  is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
-                 prompt_bucket: int | None = None, kv_caches: str = "keep"):
+                 prompt_bucket: int | None = None, kv_caches: str = "keep", vae_row_chunks: int = 1):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
         rows; the main rank gets the image); None decodes on the main rank alone.
         `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
@@ -299,7 +299,12 @@ class HunyuanT2IPipeline:
         `kv_caches`: "keep" (the AR and denoise KV caches stay allocated between requests, at
         the same addresses, so a CUDA-graph decode step is recorded once) or "release" (the AR
         cache is freed when AR ends, the denoise caches when denoise ends, before the VAE
-        decode: less memory at each phase's peak; the decode step records again every request)."""
+        decode: less memory at each phase's peak; the decode step records again every request).
+        `vae_row_chunks` > 1: a decode on one rank runs its big maps' convolutions over that many
+        slabs of rows (exact; fewer whole maps at once: `HunyuanVAE.decode`)."""
+        if vae_row_chunks < 1:
+            raise ValueError(f"vae_row_chunks must be at least 1, got {vae_row_chunks}")
+        self.vae_row_chunks = vae_row_chunks
         if kv_caches not in KV_CACHE_POLICIES:
             raise ValueError(f"kv_caches must be one of {KV_CACHE_POLICIES}, got {kv_caches!r}")
         self.kv_caches = kv_caches
@@ -790,7 +795,7 @@ class HunyuanT2IPipeline:
             dim = "height" if z.shape[-2] >= z.shape[-1] else "width"
             x = parallel_decode(vae, z, self.vae_group, dim=dim, output=0)
         else:
-            x = vae.decode(z) if self.is_main else None
+            x = vae.decode(z, row_chunks=self.vae_row_chunks) if self.is_main else None
         if x is None:
             return None
         return (x[0].float() / 2 + 0.5).clamp(0, 1).permute(1, 2, 0).cpu()

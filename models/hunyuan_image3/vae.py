@@ -111,17 +111,19 @@ class VAEConv3d(nn.Conv3d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, pad_rows: bool = True) -> Tensor:
+        """`pad_rows=False`: no zero padding along H (a slab of rows that carries its halo)."""
         k, t = self.kernel_size[0], x.shape[2]
         if k == 1:
             b, c, _, h, w = x.shape
             y = F.conv2d(x.reshape(b, c, t * h, w), self.weight.view(self.out_channels, c, 1, 1), self.bias)
             return y.view(b, self.out_channels, t, h, w)
+        ph = k // 2 if pad_rows else 0
         if k != 3 or t > self.FOLD_MAX_FRAMES:
-            return super().forward(x)
+            return F.conv3d(x, self.weight, self.bias, padding=(k // 2, ph, k // 2))
         b, c, _, h, w = x.shape
         if t == 1:
-            return F.conv2d(x[:, :, 0], self.weight[:, :, 1], self.bias, padding=1).unsqueeze(2)
+            return F.conv2d(x[:, :, 0], self.weight[:, :, 1], self.bias, padding=(ph, 1)).unsqueeze(2)
         # T frames: input channel (c, s), output channel (o, r), tap s - r + 1 when it exists.
         taps = torch.arange(t, device=x.device)
         tap = taps[None, :] - taps[:, None] + 1                      # [r, s]
@@ -129,8 +131,8 @@ class VAEConv3d(nn.Conv3d):
         kernel = self.weight[:, :, tap.clamp(0, 2)] * inside[None, None, :, :, None, None]  # [o, c, r, s, 3, 3]
         kernel = kernel.permute(0, 2, 1, 3, 4, 5).reshape(self.out_channels * t, c * t, 3, 3)
         bias = self.bias.repeat_interleave(t) if self.bias is not None else None
-        y = F.conv2d(x.reshape(b, c * t, h, w), kernel, bias, padding=1)
-        return y.view(b, self.out_channels, t, h, w)
+        y = F.conv2d(x.reshape(b, c * t, h, w), kernel, bias, padding=(ph, 1))
+        return y.view(b, self.out_channels, t, y.shape[-2], w)
 
 
 class VAEGroupNorm(nn.GroupNorm):
@@ -147,8 +149,11 @@ class VAEGroupNorm(nn.GroupNorm):
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return super().forward(x)   # batch_norm takes no gradient through its statistics
-        b, c = x.shape[:2]
-        g = self.num_groups
+        return self.normalize(x, self.statistics(x))
+
+    def statistics(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Per (sample, group) mean and biased variance of the whole map, fp32, [B, G] each."""
+        b, g = x.shape[0], self.num_groups
         xg = x.reshape(b, g, -1)
         if x.dtype == torch.float32:
             var, mean = torch.var_mean(xg, dim=-1, correction=0)
@@ -156,13 +161,60 @@ class VAEGroupNorm(nn.GroupNorm):
             parts = [torch.var_mean(part.float(), dim=-1, correction=0)
                      for part in xg.chunk(min(self.GROUP_CHUNKS, g), dim=1)]
             var, mean = torch.cat([v for v, _ in parts], 1), torch.cat([m for _, m in parts], 1)
-        rep = c // g
+        return mean, var
+
+    def normalize(self, x: Tensor, stats: tuple[Tensor, Tensor]) -> Tensor:
+        """x (the whole map, or any part of it: rows, frames) normalized with `stats`."""
+        b, c = x.shape[:2]
+        rep = c // self.num_groups
+        mean, var = stats
         y = F.batch_norm(x.reshape(1, b * c, -1), mean.repeat_interleave(rep, 1).reshape(-1),
                          var.repeat_interleave(rep, 1).reshape(-1),
                          self.weight.float().repeat(b) if self.weight is not None else None,
                          self.bias.float().repeat(b) if self.bias is not None else None,
                          training=False, momentum=0.0, eps=self.eps)
         return y.view(x.shape)
+
+
+def _row_slabs(rows: int, chunks: int) -> list[tuple[int, int]]:
+    bounds = [rows * i // chunks for i in range(chunks + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def norm_silu_conv_rows(x: Tensor, norm: VAEGroupNorm, conv: VAEConv3d, chunks: int,
+                        out: Optional[Tensor] = None, accumulate: bool = False) -> Tensor:
+    return norm_silu_conv_rows_with(x, norm, norm.statistics(x), conv, chunks, out, accumulate)
+
+
+def norm_silu_conv_rows_with(x: Tensor, norm: VAEGroupNorm, stats: tuple[Tensor, Tensor], conv: VAEConv3d,
+                             chunks: int, out: Optional[Tensor] = None, accumulate: bool = False) -> Tensor:
+    """conv(silu(norm(x))) computed over `chunks` slabs of rows (H): the norm's statistics of
+    the whole map first, then per slab its rows plus a one-row halo normalized, SiLU'd and
+    convolved (zero rows at the map's edges, as the conv's own padding), so the normalized
+    map never exists whole. The result goes into `out` (allocated when None), or is added to
+    it (`accumulate`: a residual). Exact: every output row sums the same products.
+    `stats`: the norm's statistics of the whole map (x may be part of its frames)."""
+    h = x.shape[-2]
+    p = conv.kernel_size[1] // 2
+    for a, b in _row_slabs(h, chunks):
+        lo, hi = max(a - p, 0), min(b + p, h)
+        y = F.silu(norm.normalize(x[..., lo:hi, :], stats), inplace=True)
+        if a - lo < p or hi - b < p:   # the map's top or bottom edge: the conv's zero padding
+            y = F.pad(y, (0, 0, p - (a - lo), p - (hi - b)))
+        y = conv(y, pad_rows=False)
+        if out is None:
+            out = torch.empty(*y.shape[:3], h, y.shape[-1], dtype=y.dtype, device=y.device)
+        if accumulate:
+            out[..., a:b, :].add_(y)
+        else:
+            out[..., a:b, :].copy_(y)
+    return out
+
+
+def _chunkable(*modules) -> bool:
+    """Row chunks need the plain modules (a split decode swaps in halo and distributed ones)
+    and no autograd (the residual goes into the input in place)."""
+    return not torch.is_grad_enabled() and all(isinstance(m, (VAEGroupNorm, VAEConv3d)) for m in modules)
 
 
 def _group_norm(channels: int) -> nn.GroupNorm:
@@ -181,7 +233,13 @@ class ResnetBlock(nn.Module):
         # The checkpoint only has a shortcut projection where the width changes.
         self.nin_shortcut = VAEConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
+        """`row_chunks` > 1: each norm -> SiLU -> conv runs over that many slabs of rows
+        (`norm_silu_conv_rows`) and conv2 adds into the input in place (no shortcut
+        projection): two whole maps live at once instead of three. Exact."""
+        if row_chunks > 1 and self.nin_shortcut is None and _chunkable(self.norm1, self.conv1, self.norm2, self.conv2):
+            h = norm_silu_conv_rows(x, self.norm1, self.conv1, row_chunks)
+            return norm_silu_conv_rows(h, self.norm2, self.conv2, row_chunks, out=x, accumulate=True)
         # One name per intermediate, reassigned, and SiLU and the residual in place: at most
         # the input, a conv's input and its output live at once (the decoder's last level
         # holds 2 GB maps in fp32).
@@ -246,11 +304,25 @@ class Upsample(nn.Module):
         self.repeats = factor * out_channels // in_channels
         self.conv = VAEConv3d(in_channels, out_channels * factor, 3)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
         # repeat_interleave (each channel `repeats` times in a row), NOT tile: after the
         # (rt, rh, rw, c) split, output channel c at sub-position s reads input channel
         # (s*C_out + c) // repeats.
-        y = _depth_to_space(self.conv(x), self.rt).contiguous()  # a fresh tensor: added to in place
+        if row_chunks > 1 and _chunkable(self.conv):
+            # The conv and its depth-to-space a slab of rows at a time, into the output: the
+            # conv's whole output never exists beside it.
+            rows = x.shape[-2]
+            y = None
+            for a, b in _row_slabs(rows, row_chunks):
+                lo, hi = max(a - 1, 0), min(b + 1, rows)
+                part = F.pad(x[..., lo:hi, :], (0, 0, 1 - (a - lo), 1 - (hi - b)))
+                part = _depth_to_space(self.conv(part, pad_rows=False), self.rt)
+                if y is None:
+                    y = torch.empty(*part.shape[:3], 2 * rows, part.shape[-1], dtype=part.dtype, device=part.device)
+                y[..., 2 * a:2 * b, :].copy_(part)
+                del part
+        else:
+            y = _depth_to_space(self.conv(x), self.rt).contiguous()  # a fresh tensor: added to in place
         b, c_out, tt, hh, ww = y.shape
         c_in, t, h, w = x.shape[1:]
         r = self.repeats
@@ -275,11 +347,11 @@ class UpLevel(nn.Module):
         self.block = nn.ModuleList(blocks)
         self.upsample = upsample
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
         for blk in self.block:
-            x = blk(x)
+            x = blk(x, row_chunks) if row_chunks > 1 else blk(x)
         if self.upsample is not None:
-            x = self.upsample(x)
+            x = self.upsample(x, row_chunks) if row_chunks > 1 else self.upsample(x)
         return x
 
 
@@ -346,7 +418,9 @@ class MidBlock(nn.Module):
         self.attn_1 = AttnBlock(channels)
         self.block_2 = ResnetBlock(channels, channels)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
+        if row_chunks > 1:
+            return self.block_2(self.attn_1(self.block_1(x, row_chunks)), row_chunks)
         return self.block_2(self.attn_1(self.block_1(x)))
 
 
@@ -393,13 +467,27 @@ class VAEDecoder(nn.Module):
         self.norm_out = _group_norm(block_in)
         self.conv_out = VAEConv3d(block_in, cfg.out_channels, 3)
 
-    def forward(self, z: Tensor, last_frame: bool = False) -> Tensor:
+    def forward(self, z: Tensor, last_frame: bool = False, row_chunks: int = 1) -> Tensor:
         """`last_frame`: return only the last output frame ([B, C, 1, H, W]; the image), whose
-        conv_out reads the last two frames alone (zero time padding after them)."""
+        conv_out reads the last two frames alone (zero time padding after them).
+        `row_chunks` > 1: the big maps' convolutions run over that many slabs of rows, so that
+        fewer whole maps live at once (exact; see ResnetBlock.forward)."""
         h = self.conv_in(z) + z.repeat_interleave(self.in_repeats, dim=1)
-        h = self.mid(h)
-        for level in self.up:
-            h = level(h)
+        if row_chunks > 1:
+            h = self.mid(h, row_chunks)
+            for level in self.up:
+                h = level(h, row_chunks)
+            if _chunkable(self.norm_out, self.conv_out):
+                stats = self.norm_out.statistics(h)
+                if last_frame and h.shape[2] > 1:   # conv_out's last frame reads the last two
+                    h = h[:, :, -2:]
+                # the norm's statistics are the whole map's; rows and frames are normalized per slab
+                out = norm_silu_conv_rows_with(h, self.norm_out, stats, self.conv_out, row_chunks)
+                return out[:, :, -1:] if last_frame else out
+        else:
+            h = self.mid(h)
+            for level in self.up:
+                h = level(h)
         h = F.silu(self.norm_out(h), inplace=True)
         if last_frame and h.shape[2] > 1:
             return self.conv_out(h[:, :, -2:])[:, :, -1:]
@@ -554,7 +642,7 @@ class HunyuanVAE(nn.Module):
         with f = ffactor_spatial."""
         return self.decoder(self._to_decoder_space(latents))
 
-    def decode(self, latents: Tensor) -> Tensor:
+    def decode(self, latents: Tensor, row_chunks: int = 1) -> Tensor:
         """[B, C, h, w] -> raw image [B, out_channels, f*h, f*w] (f = ffactor_spatial): the LAST
         decoded frame, unclamped (the pipeline maps it to [0, 1] with (x/2 + 0.5).clamp)."""
-        return self.decoder(self._to_decoder_space(latents), last_frame=True)[:, :, -1]
+        return self.decoder(self._to_decoder_space(latents), last_frame=True, row_chunks=row_chunks)[:, :, -1]
