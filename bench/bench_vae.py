@@ -10,10 +10,10 @@ each with the decoder's fast paths (models/hunyuan_image3/vae.py: folded 2-D con
 image's conv_out on the last two frames) and with the plain ops (F.conv3d, nn.GroupNorm, the
 materialized shortcut: the code before them), eager and under torch.compile, float32 with
 cuDNN's TF32 off (exact float32) and on (PyTorch's default for convolutions), channels_last_3d
-memory format once, and with `row_chunks=4` (--vae-chunks 4). Each: median ms, peak GiB, and its
-deviation from the exact float32 plain
-decode (max abs, relative L2): the fp32 variants must stay at float32 rounding (the golden
-tolerance is rtol 1e-4, atol 1e-5), the bf16 ones say what bf16 costs.
+memory format once, and with `row_chunks=4` (--vae-chunks 4). Each: median ms, peak GiB, and
+its deviation from the exact float32 plain decode (max abs, relative L2): the fp32 variants
+must stay at float32 rounding (the golden tolerance is rtol 1e-4, atol 1e-5), the bf16 ones
+say what bf16 costs.
 
 Model: the official HunyuanImage-3 VAE decoder shape (block_out_channels
 [128, 256, 512, 1024, 1024], 2 layers per block, 32 latent channels, x16 space, x4 time)
@@ -173,6 +173,13 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
     cuda = device.type == "cuda"
 
     def measure(name, fn, note=""):
+        try:
+            _measure(name, fn, note)
+        except Exception as e:   # one variant failing (a compile, say) leaves the others standing
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", "note": note}
+            print(name, json.dumps(out[name]), flush=True)
+
+    def _measure(name, fn, note=""):
         nonlocal ref
         t0 = time.perf_counter()
         image = fn().float()
@@ -213,10 +220,12 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
         if not args.no_compile:
             for dtype in ("fp32", "bf16"):
                 vae = vaes[dtype]
-                decoder = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
+                made = {}
 
-                def compiled(vae=vae, decoder=decoder):
-                    return decoder(vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
+                def compiled(vae=vae, made=made):   # compiled on first call, inside measure's guard
+                    if "decoder" not in made:
+                        made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
+                    return made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
                 measure(f"{dtype}_fast_compiled", compiled, f"torch.compile({args.compile_backend}) of the decoder")
     torch.backends.cudnn.allow_tf32 = tf32
     return out
