@@ -243,7 +243,18 @@ def main() -> None:
     ap.add_argument("--suite", action="store_true", help="one process: fp32 / bf16, fast / plain ops, eager / compiled")
     ap.add_argument("--no-compile", action="store_true", help="with --suite: leave out the compiled variants")
     ap.add_argument("--compile-backend", default="inductor", help="with --suite: torch.compile backend")
+    ap.add_argument("--flops", action="store_true", help="only count the decoder's conv FLOPs (on meta; any machine)")
     args = ap.parse_args()
+    if args.flops:
+        h, w = (int(v) for v in args.latent.lower().split("x"))
+        report = {"command": "python -m bench.bench_vae " + " ".join(sys.argv[1:]), "latent": [h, w],
+                  "image": [16 * h, 16 * w], "tiny": args.tiny,
+                  "flops": conv_flops(TINY_VAE if args.tiny else OFFICIAL_VAE, h, w)}
+        print(json.dumps(report, indent=1))
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1))
+        return
     if args.suite:
         device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
         torch.backends.cudnn.benchmark = True
