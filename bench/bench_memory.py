@@ -22,6 +22,8 @@ the peak over the resident weights. The levers, each alone and all together:
   before the VAE decode);
 - `vae_chunks`: `--vae-chunks 4` (the big maps' norm -> SiLU -> conv a slab of rows at a
   time, residuals in place: exact);
+- `moe_chunks`: `--moe-token-chunk 2048` (the routed experts over 2048 tokens a call: their
+  dispatch buffers bounded; a 1024x1024 denoise branch has ~5.6k rows, an edit's ~10k);
 - `vae_bf16`: `--vae-dtype bfloat16`. Here a bf16 copy of the VAE stands in for the fp32 one
   (the fp32 weights stay resident in this process): `projected_peak_bytes` subtracts the fp32
   VAE's bytes, what a `--vae-dtype bfloat16` process would not hold.
@@ -49,15 +51,18 @@ from bench.bench_vae import plain_ops
 from dtgen.compile import CompileOptions
 from dtgen.host import settle_heap
 from models.hunyuan_image3.loading import load
+from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE
 from placements.hunyuan_image3 import get_plan
 
-LEVERS = ("plain_vae", "release_kv", "vae_bf16", "vae_chunks")
-CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS}, "all": ("release_kv", "vae_bf16", "vae_chunks"),
-           "all_fp32_vae": ("release_kv", "vae_chunks")}
+LEVERS = ("plain_vae", "release_kv", "vae_bf16", "vae_chunks", "moe_chunks")
+CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS},
+           "all": ("release_kv", "vae_bf16", "vae_chunks", "moe_chunks"),
+           "all_fp32_vae": ("release_kv", "vae_chunks", "moe_chunks")}
+MOE_TOKEN_CHUNK = 2048   # the moe_chunks lever: --moe-token-chunk 2048
 VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -117,6 +122,7 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
     vae, policy, chunks = pipe.model.vae, pipe.kv_caches, pipe.vae_row_chunks
     try:
         pipe.vae_row_chunks = VAE_CHUNKS if "vae_chunks" in on else 1
+        set_moe_token_chunk(pipe.model, MOE_TOKEN_CHUNK if "moe_chunks" in on else None)
         if "vae_bf16" in on:
             pipe.model.vae = vae16
         pipe.kv_caches = "release" if "release_kv" in on else "keep"
@@ -125,6 +131,7 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
             yield
     finally:
         pipe.model.vae, pipe.kv_caches, pipe.vae_row_chunks = vae, policy, chunks
+        set_moe_token_chunk(pipe.model, None)
         pipe.release_caches()
 
 
@@ -206,11 +213,17 @@ def main(argv=None) -> int:
     vae16 = bf16_copy(loaded.model.vae) if any("vae_bf16" in CONFIGS[c] for c in configs) else None
     vae16_bytes = sum(t.nbytes for t in vae16.parameters()) if vae16 is not None else 0
     warm = {}
-    for name, req in reqs.items():   # compile every shape once (untimed, unmeasured)
-        t1 = time.perf_counter()
-        pipe.generate(warmup_request(req))
-        warm[name] = round(time.perf_counter() - t1, 1)
-        print(f"warm-up {name}: {warm[name]} s", flush=True)
+    # Compile every shape once (untimed, unmeasured); MoE token chunks change the layer's graph.
+    chunked = (False, True) if any("moe_chunks" in CONFIGS[c] for c in configs) else (False,)
+    for name, req in reqs.items():
+        for chunk in chunked:
+            set_moe_token_chunk(pipe.model, MOE_TOKEN_CHUNK if chunk else None)
+            t1 = time.perf_counter()
+            pipe.generate(warmup_request(req))
+            warm[name + ("_moe_chunks" if chunk else "")] = round(time.perf_counter() - t1, 1)
+            print(f"warm-up {name}{' (MoE token chunks)' if chunk else ''}: {time.perf_counter() - t1:.1f} s",
+                  flush=True)
+    set_moe_token_chunk(pipe.model, None)
     pipe.release_caches()
     settle_heap()
     weights = loaded.storage.nbytes

@@ -181,52 +181,68 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
 
     def _measure(name, fn, note=""):
         nonlocal ref
+        if cuda:   # the peak of the first call (its cuDNN algorithm search included)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
         image = fn().float()
+        sync(device)
         first_s = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
         if ref is None:
             ref = image
         diff = image - ref
-        out[name] = {"ms": round(median_ms(fn, device, args.warmup, args.reps), 2), "peak_gib": peak_gib(device, fn),
+        out[name] = {"ms": round(median_ms(fn, device, args.warmup, args.reps), 2),
+                     "peak_gib": None if peak is None else round(peak, 3),
                      "first_call_s": round(first_s, 2), "max_abs_dev": diff.abs().max().item(),
-                     "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(), "note": note}
+                     "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(),
+                     "cudnn_tf32": torch.backends.cudnn.allow_tf32, "note": note}
         print(name, json.dumps(out[name]), flush=True)
         if report is not None and args.out:   # after every variant: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**report, "results": out}, indent=1))
 
+    def compiled(dtype):
+        vae, made = vaes[dtype], {}
+
+        def run():   # compiled on first call, inside measure's guard
+            if "decoder" not in made:
+                made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
+            return made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
+        return run
+
+    def decode(dtype, **kw):
+        return lambda: vaes[dtype].decode(latents, **kw)
+
+    # (name, fn, note, cuDNN TF32, plain ops, CUDA only): most telling first, so that a run
+    # cut short by its time limit keeps them. The first is the reference: exact float32, the
+    # code before the fast paths.
+    compile_note = f"torch.compile({args.compile_backend}) of the decoder"
+    variants = [("fp32_plain_eager", decode("fp32"), "reference: F.conv3d, nn.GroupNorm", False, True, False),
+                ("fp32_fast_eager", decode("fp32"), "", False, False, False),
+                ("fp32_tf32_plain_eager", decode("fp32"), "cuDNN TF32 on (torch's default)", True, True, True),
+                ("fp32_tf32_fast_eager", decode("fp32"), "cuDNN TF32 on", True, False, True),
+                ("bf16_plain_eager", decode("bf16"), "", False, True, False),
+                ("bf16_fast_eager", decode("bf16"), "", False, False, False)]
+    if not args.no_compile:
+        variants += [("bf16_fast_compiled", compiled("bf16"), compile_note, False, False, False),
+                     ("fp32_tf32_fast_compiled", compiled("fp32"), compile_note + ", cuDNN TF32 on", True, False, True),
+                     ("fp32_fast_compiled", compiled("fp32"), compile_note, False, False, False)]
+    variants += [("bf16_fast_chunks4_eager", decode("bf16", row_chunks=4), "--vae-chunks 4", False, False, False),
+                 ("fp32_fast_chunks4_eager", decode("fp32", row_chunks=4),
+                  "--vae-chunks 4: two whole maps at once instead of three", False, False, False)]
+    if cuda:
+        vaes["bf16_cl"] = build_vae(cfg, torch.bfloat16, device).to(memory_format=torch.channels_last_3d)
+        variants.append(("bf16_fast_channels_last_eager", decode("bf16_cl"), "channels_last_3d weights", False, False,
+                         True))
     tf32 = torch.backends.cudnn.allow_tf32
     with torch.inference_mode():
-        torch.backends.cudnn.allow_tf32 = False
-        with plain_ops():   # the reference first: exact float32, the code before the fast paths
-            measure("fp32_plain_eager", lambda: vaes["fp32"].decode(latents), "reference: F.conv3d, nn.GroupNorm")
-        measure("fp32_fast_eager", lambda: vaes["fp32"].decode(latents))
-        if cuda:
-            torch.backends.cudnn.allow_tf32 = True
-            with plain_ops():
-                measure("fp32_tf32_plain_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on (torch default)")
-            measure("fp32_tf32_fast_eager", lambda: vaes["fp32"].decode(latents), "cuDNN TF32 on")
-            torch.backends.cudnn.allow_tf32 = False
-        measure("fp32_fast_chunks4_eager", lambda: vaes["fp32"].decode(latents, row_chunks=4),
-                "--vae-chunks 4: two whole maps at once instead of three")
-        with plain_ops():
-            measure("bf16_plain_eager", lambda: vaes["bf16"].decode(latents))
-        measure("bf16_fast_eager", lambda: vaes["bf16"].decode(latents))
-        measure("bf16_fast_chunks4_eager", lambda: vaes["bf16"].decode(latents, row_chunks=4), "--vae-chunks 4")
-        if cuda:
-            vaes["bf16_cl"] = build_vae(cfg, torch.bfloat16, device).to(memory_format=torch.channels_last_3d)
-            measure("bf16_fast_channels_last_eager", lambda: vaes["bf16_cl"].decode(latents), "channels_last_3d weights")
-            del vaes["bf16_cl"]
-        if not args.no_compile:
-            for dtype in ("fp32", "bf16"):
-                vae = vaes[dtype]
-                made = {}
-
-                def compiled(vae=vae, made=made):   # compiled on first call, inside measure's guard
-                    if "decoder" not in made:
-                        made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
-                    return made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
-                measure(f"{dtype}_fast_compiled", compiled, f"torch.compile({args.compile_backend}) of the decoder")
+        for name, fn, note, use_tf32, plain, cuda_only in variants:
+            if cuda_only and not cuda:
+                continue
+            torch.backends.cudnn.allow_tf32 = use_tf32
+            with plain_ops() if plain else contextlib.nullcontext():
+                measure(name, fn, note)
     torch.backends.cudnn.allow_tf32 = tf32
     return out
 

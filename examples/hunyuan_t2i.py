@@ -39,7 +39,7 @@ from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
 from models.hunyuan_image3.tokenizer import load_tokenizer
-from models.hunyuan_image3.model import MOE_IMPLS
+from models.hunyuan_image3.model import MOE_IMPLS, set_moe_token_chunk
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.requests import (OFFICIAL_TAYLOR_KNOBS, check_positions, check_t2i_request, size_to_hw,
                                             taylor_from_official)
@@ -168,6 +168,9 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--vae-chunks", type=int, default=None, metavar="N",
                    help="decode on one rank with the VAE's big maps convolved N slabs of rows at a time (exact; "
                         "two whole maps live at once instead of three; default 1)")
+    p.add_argument("--moe-token-chunk", type=int, default=None, metavar="N",
+                   help="run the routed experts over at most N tokens a call (the dispatch buffers grow with "
+                        "tokens x top-k: a memory lever for long denoise sequences; default: all at once)")
     p.add_argument("--kv-caches", default="keep", choices=KV_CACHE_POLICIES,
                    help="'keep': the KV caches stay allocated between requests (a CUDA-graph decode is recorded "
                         "once); 'release': the AR cache is freed after AR, the denoise caches after denoise "
@@ -338,6 +341,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
                   vae_dtype=args.vae_dtype)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
+    set_moe_token_chunk(loaded.model, args.moe_token_chunk)
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
@@ -484,6 +488,8 @@ def _check_args(args, plan) -> str | None:
     if args.fp8_scales is not None and args.moe_dtype != "fp8":
         return f"--fp8-scales {args.fp8_scales} needs --moe-dtype fp8 (the scales of FP8 experts)"
     args.fp8_scales = args.fp8_scales or "channels"
+    if args.moe_token_chunk is not None and args.moe_token_chunk < 1:
+        return f"--moe-token-chunk must be at least 1, got {args.moe_token_chunk}"
     if args.vae_chunks is not None and args.vae_chunks < 1:
         return f"--vae-chunks must be at least 1, got {args.vae_chunks}"
     if args.vae_chunks is not None and args.world_size > 1 and args.vae_parallel is not False:
@@ -619,7 +625,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
-        "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1, "kv_caches": args.kv_caches, "memory_budget_gb": args.memory_budget,
+        "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1, "kv_caches": args.kv_caches,
+        "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -199,6 +199,7 @@ def test_unknown_device_or_dtype():
     (["--profile-steps", "2"], "--profile-steps needs --profile"),
     (["--fp8-scales", "blocks"], "--fp8-scales blocks needs --moe-dtype fp8"),
     (["--vae-chunks", "0"], "--vae-chunks must be at least 1, got 0"),
+    (["--moe-token-chunk", "0"], "--moe-token-chunk must be at least 1, got 0"),
     (["--world-size", "2", "--plan", "tp2", "--vae-chunks", "4"], "--vae-chunks applies to a decode on one rank"),
     (["--no-vae-parallel"], "--no-vae-parallel splits the VAE decode over several ranks; this run has --world-size 1"),
 ])

@@ -239,3 +239,22 @@ def test_vae_dtype_overrides_the_checkpoint(tiny_checkpoint):
     loaded = load(tiny_checkpoint, get_plan("single"), vae_dtype="bfloat16")
     assert {p.dtype for p in loaded.model.vae.parameters()} == {torch.bfloat16}
     assert loaded.model.lm_head.weight.dtype == torch.float32
+
+
+@torch.no_grad()
+def test_moe_token_chunks_change_no_output(tiny_checkpoint):
+    """--moe-token-chunk N (a memory lever): the routed experts over N tokens a call give every
+    token the output it gets with all tokens at once (each token's sum is its own; float32 on
+    the CPU: to rounding), for a chunk that does not divide the rows and one that holds them all."""
+    from models.hunyuan_image3.loading import load
+    from models.hunyuan_image3.model import set_moe_token_chunk
+    model = load(tiny_checkpoint, get_plan("single")).model
+    moe = model.model.layers[0].mlp
+    x = torch.randn(1, 37, model.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    whole = moe(x)
+    for chunk in (8, 37):
+        set_moe_token_chunk(model, chunk)
+        torch.testing.assert_close(moe(x), whole, rtol=1e-6, atol=1e-6)
+    set_moe_token_chunk(model, None)
+    with pytest.raises(ValueError, match="MoE token chunk must be at least 1 row, got 0"):
+        set_moe_token_chunk(model, 0)

@@ -25,7 +25,7 @@ from dtgen.build import ParamSource
 
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
-from .transformer import Experts, HunyuanImage3Transformer, experts_eager
+from .transformer import MoE, Experts, HunyuanImage3Transformer, experts_eager
 from .vae import HunyuanVAE
 from .vision import AlignerConfig, VisionAligner, VisionConfig, VisionProcessorConfig, VisionTransformer
 
@@ -180,6 +180,16 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
         if isinstance(module, Experts):
             module.impl = fn
             module.impl_fp8 = partial(experts_op_fp8, impl=impl)
+
+
+def set_moe_token_chunk(model: nn.Module, tokens: int | None) -> None:
+    """Run every MoE layer's routed experts over at most `tokens` rows a call (None: all rows
+    at once): a memory lever for long sequences (`MoE.token_chunk`)."""
+    if tokens is not None and tokens < 1:
+        raise ValueError(f"MoE token chunk must be at least 1 row, got {tokens}")
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.token_chunk = tokens
 
 
 # Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner

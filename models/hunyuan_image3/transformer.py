@@ -168,6 +168,11 @@ class MoE(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size[layer])
         self.shared_mlp = (GatedMLP(cfg.hidden_size, cfg.shared_intermediate_size(layer))
                            if cfg.use_mixed_mlp_moe else None)
+        # Tokens per routed-experts call (None: all at once). The experts' dispatch buffers
+        # grow with tokens x top_k (gate/up, activation, partial sums: ~1.6 GB for a 5.6k-row
+        # denoise branch at the released shapes); chunks bound them. Every token's output is
+        # its own, so chunks change no value beyond the kernels' row tiling.
+        self.token_chunk: int | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = torch.softmax(self.gate(x), dim=-1)
@@ -181,7 +186,12 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         ids, weights = self.route(flat)
-        out = self.experts(flat, ids, weights)
+        chunk = self.token_chunk
+        if chunk is None or flat.shape[0] <= chunk:
+            out = self.experts(flat, ids, weights)
+        else:
+            out = torch.cat([self.experts(flat[i:i + chunk], ids[i:i + chunk], weights[i:i + chunk])
+                             for i in range(0, flat.shape[0], chunk)])
         if self.shared_mlp is not None:
             out = out + self.shared_mlp(flat)
         return out.view_as(x)
