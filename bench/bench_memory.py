@@ -13,7 +13,9 @@ with a random 1024x1024 reference (the seed's ~6.3k-row edit prefill, as bench_s
 
 For every phase (condition encode, AR, denoise, VAE decode) of every run: the bytes allocated
 when it starts, its peak (`torch.cuda.max_memory_allocated`, reset at the phase start) and
-the peak over the resident weights. The levers, each alone and all together:
+the peak over the resident weights; a T2I row also gives the peak of a process without the
+editing modules (`t2i_process_peak_bytes`: their planned bytes subtracted). The levers, each
+alone and all together:
 
 - `plain_vae`: the VAE decoder's ops before its memory-lean forward (F.conv3d, nn.GroupNorm,
   out-of-place SiLU and residuals, the materialized upsampler shortcut: bench_vae.plain_ops),
@@ -50,7 +52,8 @@ import torch
 from bench.bench_vae import plain_ops
 from dtgen.compile import CompileOptions
 from dtgen.host import settle_heap
-from models.hunyuan_image3.loading import load
+from dtgen.build import planned_storage
+from models.hunyuan_image3.loading import HunyuanAdapter, load
 from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
@@ -228,6 +231,10 @@ def main(argv=None) -> int:
     pipe.release_caches()
     settle_heap()
     weights = loaded.storage.nbytes
+    # A text-to-image process does not load the vision tower and the VAE encoder: its weights,
+    # planned on meta (nothing allocated), for the T2I rows' `t2i_process_peak_bytes`.
+    t2i_weights, _ = planned_storage(HunyuanAdapter(loaded.model.cfg, False, fp8_experts=cuda), get_plan("single"),
+                                     1, dtype, "channels" if cuda else None)
     rows = []
 
     def write(rows, snapshots):
@@ -239,7 +246,7 @@ def main(argv=None) -> int:
                "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
                "layers": None if args.tiny else args.layers, "moe_dtype": "fp8-channels" if cuda else "model",
                "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
-               "vae_fp32_bytes": vae_bytes, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
+               "vae_fp32_bytes": vae_bytes, "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
                "snapshots": snapshots}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
@@ -258,14 +265,17 @@ def main(argv=None) -> int:
                    "bench_only_bytes": extra, "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
             if cuda:
                 row["peak_over_weights_bytes"] = row["projected_peak_bytes"] - weights
+                if name == "t2i":   # without the editing modules a T2I process does not hold
+                    row["t2i_process_peak_bytes"] = row["projected_peak_bytes"] - (weights - t2i_weights)
             rows.append(row)
             for phase, ph in mem.phases.items():
                 fmt = (lambda b: "-" if b is None else f"{b / 1e9:.2f} GB")
                 print(f"{name:5} {config:11} {phase:9} start {fmt(ph['start_bytes'])}, peak {fmt(ph['peak_bytes'])}"
                       f" ({ph['wall_ms']} ms)", flush=True)
             if cuda:
+                t2i = (f"; a T2I process: {row['t2i_process_peak_bytes'] / 1e9:.2f} GB" if name == "t2i" else "")
                 print(f"{name:5} {config:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
-                      f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights)",
+                      f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights){t2i}",
                       flush=True)
             write(rows, [])
     snapshots = []
