@@ -31,3 +31,16 @@ def test_bad_flags_are_refused_in_one_line(cache_env, capsys):
         "error: width=70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"
     assert main(["--image-size", "big"]) == 2
     assert "--image-size 'big': expected WIDTHxHEIGHT" in capsys.readouterr().err
+
+
+def test_bench_peers_smoke_run_writes_its_json(tmp_path):
+    """bench/bench_qwen_peers.py at tiny shapes on the CPU (eager): both modules on the same
+    weights compute the same forward (float32: rounding level), the JSON holds the figures."""
+    pytest.importorskip("diffusers")
+    from bench.bench_qwen_peers import main as bench_main
+    out = tmp_path / "b.json"
+    assert bench_main(["--tiny", "--image-size", "128x128", "--text-rows", "8", "--warmup", "0", "--iters", "1",
+                       "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["image_rows"] == 64 and list(r["modes"]) == ["eager"]
+    assert r["modes"]["eager"]["rel_l2_outputs"] < 1e-5

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtgen.attention import AttentionMeta, LocalAttention
-from models.wan.transformer import GeluProj, Linear, _empty, apply_rope
+from models.wan.transformer import GeluProj, Linear, _empty
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,14 @@ def timestep_sinusoid(t: torch.Tensor, dim: int = 256, scale: float = 1000.0) ->
     # diffusers rounds the frequencies to t's dtype (bf16 in a bf16 run) before the product.
     args = scale * (t[:, None].float() * freqs.to(t.dtype)[None, :])
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, heads, hd]; cos/sin [S, hd/2]: adjacent channel pairs rotated as complex numbers in
+    float32 (diffusers' apply_rotary_emb_qwen(use_real=False): one multiply, fewer kernels than
+    the real-arithmetic form)."""
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(xc * torch.complex(cos, sin).unsqueeze(-2)).flatten(-2).to(x.dtype)
 
 
 def rope_cos_sin(height: int, width: int, text_rows: int, axes: tuple[int, int, int], theta: float = 10000.0,
