@@ -362,6 +362,8 @@ def split_kv_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError(f"split_kv_decode: the Triton kernels take {_FLOAT_DTYPES}, got {q.dtype}")
     if impl == "triton":
         require_triton_device(q)
+    if schedule is None and (impl == "reference" or (impl == "auto" and not q.is_cuda)):
+        return split_kv_decode_reference(q, k_cache, v_cache, lengths, scale)   # no schedule to build
     if schedule is None:
         schedule = balanced_schedule(lengths, k_cache.shape[2], default_num_programs(q.device, k_cache.shape[1]))
     if schedule.req_begin.shape[0] != q.shape[0] + 1:
