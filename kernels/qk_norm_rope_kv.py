@@ -37,6 +37,12 @@ IMPLS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _shape_is(t: torch.Tensor, *dims) -> bool:
+    """t's shape equals dims, dim by dim (symbolic sizes under torch.compile compare too;
+    tuple equality does not match a symbolic size against a static one)."""
+    return t.dim() == len(dims) and all(a == b for a, b in zip(t.shape, dims))
+
+
 # ------------------------------------------------------------------------------ checks
 
 
@@ -53,19 +59,19 @@ def check_prologue_inputs(qkv, cos, sin, q_weight, k_weight, k_cache, v_cache, s
                          f" for the cache's {Hkv} KV heads of dim {D}")
     if D % 2:
         raise ValueError(f"qk_norm_rope_kv: head dim must be even for rotate-half RoPE, got {D}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
+    if not _shape_is(v_cache, *k_cache.shape) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"qk_norm_rope_kv: v_cache must match k_cache {k_cache.dtype} {tuple(k_cache.shape)}, "
                          f"got {v_cache.dtype} {tuple(v_cache.shape)}")
     for name, t in (("cos", cos), ("sin", sin)):
-        if tuple(t.shape) not in ((S, D), (B, S, D)) or t.dtype != torch.float32:
+        if not (_shape_is(t, S, D) or _shape_is(t, B, S, D)) or t.dtype != torch.float32:
             raise ValueError(f"qk_norm_rope_kv: {name} must be float32 [S, D] = {(S, D)} or [B, S, D], "
                              f"got {t.dtype} {tuple(t.shape)}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("qk_norm_rope_kv: give both q_weight and k_weight, or neither (no QK norm)")
     for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
-        if w is not None and tuple(w.shape) != (D,):
+        if w is not None and not _shape_is(w, D):
             raise ValueError(f"qk_norm_rope_kv: {name} must be [D={D}], got {tuple(w.shape)}")
-    if tuple(slots.shape) not in ((S,), (B, S)) or slots.dtype != torch.int64:
+    if not (_shape_is(slots, S) or _shape_is(slots, B, S)) or slots.dtype != torch.int64:
         raise ValueError(f"qk_norm_rope_kv: slots must be int64 [S={S}] or [B, S] = {(B, S)}, "
                          f"got {slots.dtype} {tuple(slots.shape)}")
     if qkv.dtype not in _FLOAT_DTYPES:

@@ -48,6 +48,12 @@ DEFAULT_TILE = 64   # keys per tile: the balancing unit and the kernel's inner b
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _shape_is(t: torch.Tensor, *dims) -> bool:
+    """t's shape equals dims, dim by dim (symbolic sizes under torch.compile compare too;
+    tuple equality does not match a symbolic size against a static one)."""
+    return t.dim() == len(dims) and all(a == b for a, b in zip(t.shape, dims))
+
+
 class DecodeSchedule(NamedTuple):
     """Which tiles each program of the split kernel reads (module docstring). int32 tensors."""
 
@@ -136,12 +142,12 @@ def check_decode_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     B, Hq, D = q.shape
     if k_cache.dim() != 4 or k_cache.shape[0] != B or k_cache.shape[3] != D:
         raise ValueError(f"split_kv_decode: k_cache must be [B={B}, Hkv, L, D={D}], got {tuple(k_cache.shape)}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
+    if not _shape_is(v_cache, *k_cache.shape):
         raise ValueError(f"split_kv_decode: v_cache must have k_cache's shape {tuple(k_cache.shape)}, "
                          f"got {tuple(v_cache.shape)}")
     if k_cache.shape[1] == 0 or Hq % k_cache.shape[1]:
         raise ValueError(f"split_kv_decode: query heads ({Hq}) must be a multiple of KV heads ({k_cache.shape[1]})")
-    if tuple(lengths.shape) != (B,) or lengths.dtype not in (torch.int32, torch.int64):
+    if not _shape_is(lengths, B) or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"split_kv_decode: lengths must be int32/int64 [B={B}], got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
