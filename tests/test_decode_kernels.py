@@ -310,7 +310,10 @@ def test_gpu_released_shapes_bf16_and_cuda_graph():
     static_len.copy_(torch.tensor([1, 2, 3, 4, 5, 6, 7, 16384], device=dev))
     graph.replay()
     torch.testing.assert_close(out.float(), split_kv_decode_reference(q, k, v, static_len).float(), atol=2e-2, rtol=0)
-    # the prologue at decode and prefill shapes, bf16: 1 ulp on at most 1% of elements
+    # the prologue at decode and prefill shapes, bf16: at most 1% of elements differ, by 2 ulp
+    # at most (measured on an H200: 4 of 4.2M prefill elements 2 ulp apart). The kernel rounds
+    # where the model rounds, but its float32 steps are not torch's bit for bit (FMA contraction,
+    # Triton's rsqrt), and one float32 ulp can move a bf16 rounding, which the norm can double.
     for B, S, per_row in ((8, 1, True), (1, 1024, False)):
         qkv, cos, sin, qw, kw, cache, slots = _prologue_case(B, S, 8, 4, 128, 2048, torch.bfloat16, per_row)
         moved = [t.to(dev) if t is not None else None for t in (qkv, cos, sin, qw, kw, slots)]
@@ -319,5 +322,5 @@ def test_gpu_released_shapes_bf16_and_cuda_graph():
         expected = qk_norm_rope_kv_reference(*moved[:5], 1e-5, kc1, vc1, moved[5], 4)
         out = qk_norm_rope_kv(*moved[:5], 1e-5, kc2, vc2, moved[5], 4)
         assert (out != expected).float().mean() < 0.01 and (kc1 != kc2).float().mean() < 0.01
-        torch.testing.assert_close(out, expected, rtol=2 ** -7, atol=1e-5)
+        torch.testing.assert_close(out, expected, rtol=2 ** -6, atol=1e-5)
         assert torch.equal(vc1, vc2)
