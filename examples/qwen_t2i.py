@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, example_main, finish_launch_args,
-                           launch_problem, max_diff, rank_device, reference_threads, table)
+from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_problem, example_main,
+                           finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
 from dtgen.launch import RankContext, exit_process
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.qwen_image.model import load
@@ -62,7 +62,7 @@ def prepare(args) -> tuple[str | None, bool]:
     try:
         args.step_cache = parse_step_cache(args.step_cache)
         check_request(_request(args))
-        problem = launch_problem(args, get_plan(args.plan))
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
     except ValueError as e:
@@ -78,7 +78,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     device, dtype = rank_device(ctx, args)
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
     group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_regions)
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
     pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, group)
     result = pipe.generate(_request(args), record=args.check)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "image": result.image, "device": str(device),
