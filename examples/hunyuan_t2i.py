@@ -33,6 +33,7 @@ from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.serve.errors import RequestError
+from dtgen.fp8 import DENSE_DTYPES
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load
@@ -129,6 +130,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
+    p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
+                   help="every layer's QKV, O and shared MLP: the model dtype, or fp8 (e4m3 weights with one scale "
+                        "per output channel, quantized at load; activations per token; GPU: compute capability "
+                        "8.9+; error table: tests/test_fp8_dense.py)")
     p.add_argument("--fp8-scales", default="channels", choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
@@ -313,7 +318,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                  image_editing=getattr(args, "image_editing", args.image is not None))
+                  image_editing=getattr(args, "image_editing", args.image is not None),
+                  dense_dtype=getattr(args, "dense_dtype", "model"))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
@@ -390,7 +396,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
             with reference_threads(ctx, device):
                 reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                                 image_editing=args.image is not None)
+                                 image_editing=args.image is not None, dense_dtype=args.dense_dtype)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
@@ -568,6 +574,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
+        "dense_dtype": args.dense_dtype,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

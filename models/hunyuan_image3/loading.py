@@ -16,12 +16,13 @@ from torch import nn
 from dtgen.build import ModelAdapter, ParamSource, build, check_heads_fit, param_specs as framework_param_specs
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
+from dtgen.fp8 import check_dense_dtype
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
 
 from .config import HunyuanImage3Config
-from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_experts
+from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_dense, use_fp8_experts
 from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
@@ -39,6 +40,7 @@ class HunyuanAdapter(ModelAdapter):
     image_editing: bool = False
     fp8_experts: bool = False
     moe_impl: str = "auto"
+    fp8_dense: bool = False   # QKV, O and the shared MLP in e4m3 (model.use_fp8_dense)
 
     @property
     def ignored_prefixes(self) -> tuple[str, ...]:
@@ -48,6 +50,8 @@ class HunyuanAdapter(ModelAdapter):
         model = HunyuanImage3ForCausalMM(self.cfg, self.image_editing)
         if self.fp8_experts:
             use_fp8_experts(model)
+        if self.fp8_dense:
+            use_fp8_dense(model)
         set_moe_impl(model, self.moe_impl)
         return model
 
@@ -123,7 +127,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
-         image_editing: bool = False) -> LoadedModel:
+         image_editing: bool = False, dense_dtype: str = "model") -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
@@ -132,6 +136,11 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     `moe_dtype` "fp8": the routed experts are quantized to e4m3 as they are read, with
     `fp8_scales` "channels" (one scale per weight row), "blocks" (128 x 128 blocks) or
     "tensor" (one per expert matrix).
+
+    `dense_dtype` "fp8": every layer's QKV, O and shared MLP stored in e4m3 with one scale per
+    output channel (quantized as read; under TP the scales split with the weight's rows, or
+    are replicated for a column-split weight), activations quantized per token
+    (kernels/fp8_linear.py). Refused before any weight is read on a GPU without FP8.
 
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
@@ -148,11 +157,13 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         problem = fp8_support_problem(device)
         if problem:
             raise RuntimeError(f"--moe-dtype fp8: {problem}")
+    check_dense_dtype(dense_dtype, device)
     if random_config is not None:
         cfg = HunyuanImage3Config.from_dict(random_config)
     else:
         cfg = HunyuanImage3Config.from_json(Path(checkpoint) / "config.json")
-    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl)
+    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl,
+                             fp8_dense=dense_dtype == "fp8")
     reader = None if random_config is not None else CheckpointReader(checkpoint)
     if reader is not None:
         _check_distilled_weights(cfg, reader)
