@@ -86,3 +86,21 @@ def check_dense_dtype(dense_dtype: str, device: torch.device, flag: str = "--den
         problem = fp8_support_problem(torch.device(device))
         if problem:
             raise RuntimeError(f"{flag} fp8: {problem}")
+
+
+def quantize_linears_(model: nn.Module, patterns: Iterable[str], impl: str = "auto") -> list[str]:
+    """`swap_fp8_linears` on a model whose weights are already real (a benchmark's random
+    DiT, or one built outside `dtgen.build`): each matching linear becomes an `FP8Linear`
+    holding its weight quantized per channel; the model-dtype weight is dropped with its
+    module. Returns the names swapped."""
+    from kernels.fp8_quant import quantize_weight_channels
+    old = dict(model.named_modules())
+    names = swap_fp8_linears(model, patterns, impl)
+    for name in names:
+        new, was = model.get_submodule(name), old[name]
+        q, scale = quantize_weight_channels(was.weight.detach())
+        new.weight = nn.Parameter(q, requires_grad=False)
+        new.weight_scale = nn.Parameter(scale, requires_grad=False)
+        if was.bias is not None:
+            new.bias = nn.Parameter(was.bias.detach(), requires_grad=False)
+    return names
