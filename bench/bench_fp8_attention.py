@@ -5,8 +5,9 @@
 Self-attention of one Wan block at 480p x 81 frames (32760 tokens, head_dim 128): 12 heads
 (1.3B) and 40 (14B), batch 1. Timed (CUDA events, median of `--iters` after 3 warm-ups):
 SDPA bf16 with each backend alone (flash, cuDNN, memory-efficient; one that refuses the
-shape is reported as such), FP8 attention with FP8 PV and with FP16 PV, and its quantization
-of Q, K, V alone (the share of it that is not the kernel). Error: relative L2 of each
+shape is reported as such), FP8 attention with FP8 PV and with FP16 PV (Q, K, V quantized by
+eager torch ops), with FP8 PV and the quantization compiled ("-cq"), and the quantization
+alone, eager and compiled (the share of it that is not the kernel). Error: relative L2 of each
 output against SDPA's math in float32 on the first 2 heads (the full float32 reference
 would hold [S, S] logits per head). TFLOP/s at 4 * S^2 * D * heads FLOPs.
 """
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    import kernels.fp8_attention as fp8_module
     from kernels.fp8_attention import fp8_attention, quantize_qkv
     S, D = args.tokens, HEAD_DIM
     result = {"what": "Wan self-attention, FP8 attention vs SDPA bf16", "command": "python -m bench.bench_fp8_attention "
@@ -68,6 +70,16 @@ def main(argv=None) -> int:
         runs["fp8-pv-fp8"] = lambda: fp8_attention(q, k, v, pv="fp8")
         runs["fp8-pv-fp16"] = lambda: fp8_attention(q, k, v, pv="fp16")
         runs["fp8-quantize-only"] = lambda: quantize_qkv(q, k, v)
+        compiled = torch.compile(quantize_qkv, fullgraph=True, dynamic=False)
+        runs["fp8-quantize-compiled"] = lambda: compiled(q, k, v)
+
+        def with_compiled_quant(pv):
+            fp8_module.QUANTIZE = "compiled"
+            try:
+                return fp8_attention(q, k, v, pv=pv)
+            finally:
+                fp8_module.QUANTIZE = "eager"
+        runs["fp8-pv-fp8-cq"] = lambda: with_compiled_quant("fp8")
         for run, fn in runs.items():
             try:
                 ms = _time(fn, args.iters)
@@ -76,14 +88,14 @@ def main(argv=None) -> int:
                 print(f"{name:5s} {run:18s} refused: {rows[run]['error']}", flush=True)
                 continue
             row = {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
-            if run != "fp8-quantize-only":
+            if not run.startswith("fp8-quantize"):
                 out = fn()[:, :2].float()
                 row["rel_l2_vs_fp32"] = float((out - exact).norm() / exact.norm())
             rows[run] = row
             print(f"{name:5s} {run:18s} {ms:8.3f} ms  {row['tflops']:7.1f} TFLOP/s"
                   + (f"  rel L2 vs fp32 {row['rel_l2_vs_fp32']:.2e}" if "rel_l2_vs_fp32" in row else ""), flush=True)
         best = min((r["ms"] for n, r in rows.items() if n.startswith("sdpa") and "ms" in r), default=None)
-        for n in ("fp8-pv-fp8", "fp8-pv-fp16"):
+        for n in ("fp8-pv-fp8", "fp8-pv-fp16", "fp8-pv-fp8-cq"):
             if best and "ms" in rows.get(n, {}):
                 rows[n]["speedup_vs_best_sdpa"] = round(best / rows[n]["ms"], 3)
                 print(f"{name:5s} {n:18s} speed-up over the best SDPA: {rows[n]['speedup_vs_best_sdpa']:.3f}x")

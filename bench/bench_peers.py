@@ -132,6 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("--text", type=int, default=512, help="text rows")
     p.add_argument("--batch", type=int, default=1, help="rows per forward in both (2: both CFG rows at once)")
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--attention-quant", default="eager", choices=("eager", "compiled"),
+                   help="how FP8 attention quantizes Q, K, V (kernels/fp8_attention.py QUANTIZE)")
     p.add_argument("--tiny", action="store_true", help="CPU, float32, the tiny model at a small latent")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
@@ -160,16 +162,34 @@ def main(argv=None) -> int:
         print("needs diffusers 0.42.1 (pip install --no-deps diffusers==0.42.1, or its wheel on PYTHONPATH)",
               file=sys.stderr)
         return 2
+    import kernels.fp8_attention
     from dtgen.fp8 import quantize_linears_
     from models.wan.model import FP8_LINEARS
     from models.wan.transformer import run_block
 
+    kernels.fp8_attention.QUANTIZE = args.attention_quant
     cuda = device == "cuda"
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.automatic_dynamic_shapes = False   # each model's shapes compile static, as a server's
     rows = []
+    result = {"what": "Wan DiT forward, dtgen vs diffusers' WanTransformer3DModel, one process, same weights "
+                      "and inputs",
+              "command": "python -m bench.bench_peers " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "diffusers": diffusers.__version__, "dtype": str(dtype).replace("torch.", ""),
+              "latent": [16, frames, height, width], "tokens": frames * (height // 2) * (width // 2),
+              "text_rows": args.text, "batch": args.batch, "iters": args.iters,
+              "attention_quant": args.attention_quant,
+              "models": {m: MODELS[m] for m in models}, "rows": rows, "complete": False}
+
+    def dump(complete=False):   # after every row: a run cut short still leaves what it measured
+        result["complete"] = complete
+        result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
+        if args.out:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
     for model in models:
         torch._dynamo.reset()
         cfg = dit_config(model)
@@ -204,6 +224,7 @@ def main(argv=None) -> int:
                              "ms": round(ref_ms / args.batch, 2), "wall_s": round(wall, 1)})
                 print(f"{model:6s} {mode:8s} diffusers {'bf16':14s} {ref_ms / args.batch:9.2f} ms"
                       f"   ({wall:.0f} s with warm-up)", flush=True)
+                dump()
                 base_out = None
                 for variant in variants:
                     dit = ours_fp8 if variant in ("dense-fp8", "fp8") else ours
@@ -230,21 +251,12 @@ def main(argv=None) -> int:
                           f"{row['ratio_vs_diffusers']:.3f}  rel L2 vs bf16 "
                           f"{'-' if err is None else f'{err:.2e}'}  vs diffusers {row['rel_l2_vs_diffusers']:.2e}"
                           f"   ({wall:.0f} s)", flush=True)
+                    dump()
         del ours, theirs, ours_fp8
         if cuda:
             torch.cuda.empty_cache()
-    result = {"what": "Wan DiT forward, dtgen vs diffusers' WanTransformer3DModel, one process, same weights "
-                      "and inputs",
-              "command": "python -m bench.bench_peers " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "diffusers": diffusers.__version__, "dtype": str(dtype).replace("torch.", ""),
-              "latent": [16, frames, height, width], "tokens": frames * (height // 2) * (width // 2),
-              "text_rows": args.text, "batch": args.batch, "iters": args.iters,
-              "models": {m: MODELS[m] for m in models}, "rows": rows,
-              "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None}
+    dump(complete=True)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")
     return 0
 

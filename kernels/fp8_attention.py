@@ -111,6 +111,13 @@ def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
     return (out * (v_scale[:, :, None, :] / p_scale)).to(q.dtype)
 
 
+# GPU: the launch parameters tuned on first use per (head_dim, key count); the tiles stay
+# 128 x 128 (they are the Q and K scale blocks). The interpreter: one small config.
+_CONFIGS = ([triton.Config({}, num_warps=4, num_stages=1)] if INTERPRETED else
+            [triton.Config({}, num_warps=w, num_stages=st) for w in (4, 8) for st in (2, 3, 4)])
+
+
+@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "sk", "PV_FP8"])
 @triton.jit
 def _fp8_attention_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, vt_ptr, vs_ptr, o_ptr, heads, sq, sk,
                           stride_qbh, stride_qs_bh, stride_kbh, stride_ks_bh, stride_vbh, stride_vd, stride_vs_bh,
@@ -154,10 +161,27 @@ def _fp8_attention_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, vt_ptr, vs_ptr, o_ptr, h
              out.to(o_ptr.dtype.element_ty), mask=ok)
 
 
+# How the op quantizes Q, K, V on CUDA: "eager" (the torch ops of `quantize_qkv`, ~10 passes
+# over each tensor) or "compiled" (`quantize_qkv` under torch.compile, fused; compiled on
+# first use per shape). A benchmark switch (bench/bench_peers.py --attention-quant), so the
+# GPU run measures both; bench/bench_fp8_attention.py times each alone.
+QUANTIZE = "eager"
+_compiled_quantize = None
+
+
+def _quantize_for_kernel(q, k, v, pv):
+    global _compiled_quantize
+    if QUANTIZE == "compiled" and q.is_cuda:
+        if _compiled_quantize is None:
+            _compiled_quantize = torch.compile(quantize_qkv, fullgraph=True, dynamic=False)
+        return _compiled_quantize(q, k, v, pv)
+    return quantize_qkv(q, k, v, pv)
+
+
 def _fp8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str) -> torch.Tensor:
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
-    q8, q_scale, k8, k_scale, vt8, v_scale = quantize_qkv(q, k, v, pv)
+    q8, q_scale, k8, k_scale, vt8, v_scale = _quantize_for_kernel(q, k, v, pv)
     out = torch.empty(B, Sq, H, D, dtype=q.dtype, device=q.device)   # [B, S, H, D]: the core's layout
     grid = (triton.cdiv(Sq, BLOCK_M), B * H)
     _fp8_attention_kernel[grid](
@@ -165,8 +189,7 @@ def _fp8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv:
         q8.stride(1), q_scale.stride(1), k8.stride(1), k_scale.stride(1), vt8.stride(1), vt8.stride(2),
         v_scale.stride(1),
         out.stride(0), out.stride(2), out.stride(1),
-        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PV_FP8=pv == "fp8", ROUND_FIRST=INTERPRETED,
-        num_warps=4 if INTERPRETED else 8, num_stages=1 if INTERPRETED else 3)
+        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PV_FP8=pv == "fp8", ROUND_FIRST=INTERPRETED)
     return out.transpose(1, 2)
 
 

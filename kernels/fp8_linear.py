@@ -33,7 +33,7 @@ def quantize_activation_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     xf = x.float()
     amax = xf.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous(), scale   # _scaled_mm: row-major
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> None:

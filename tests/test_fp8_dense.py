@@ -3,7 +3,8 @@
 CPU: the op's torch reference (x quantized per token as on the GPU, then dequantize +
 matmul), the storage's per-channel scales under a TP split, the bytes kept, and the models:
 HunyuanImage-3 against the official outputs of the tiny golden case, Wan against its own
-model-dtype run. GPU (marker `gpu`): the rowwise `torch._scaled_mm` path against the
+model-dtype run. Two ranks (tp2, against one process): tests/test_fp8_experts.py's
+two-rank run has both options on (one spawned job for both). GPU (marker `gpu`): the rowwise `torch._scaled_mm` path against the
 reference at Wan's shapes, and the Wan pipeline compiled.
 
 Accuracy on the tiny golden case (float32 model, 2026-12-02; relative L2 against the
@@ -13,8 +14,9 @@ activations; "+ experts" adds --moe-dtype fp8 channels):
 | output | dense | dense + experts | bound |
 |---|---|---|---|
 | AR prefill logits | 0.092 | 0.093 | 0.15 |
-| velocity, step 1 | 0.047 | 0.050 | 0.08 |
+| velocity, step 1 | 0.048 | 0.050 | 0.08 |
 | velocity, step 2 (cached / full) | 0.050 / 0.050 | 0.052 / 0.052 | 0.08 |
+| AR decode logits | 0.72 | 0.72 | not bounded (below) |
 | greedy tokens, agreement | 0.25 | 0.25 | not bounded (below) |
 
 Each e4m3 rounding is ~2.6% rms relative (weights measured: 2.5-2.6% per matrix). The
@@ -26,8 +28,6 @@ decode logits compare different prefixes and are not bounded; the velocity is co
 from the golden tokens and is. The bounds leave ~1.6x. What trained weights give is not
 measured here (no checkpoint on this machine): run the GPU golden test with a real case.
 """
-import json
-
 import pytest
 import torch
 
@@ -165,23 +165,6 @@ def test_fp8_dense_keeps_one_copy_and_counts_its_bytes(tiny_checkpoint):
     assert fp8.controller.param_bytes() == fp8.storage.nbytes
 
 
-def test_fp8_dense_on_two_ranks_matches_one_rank(tiny_checkpoint, monkeypatch, tmp_path):
-    """tp2: QKV (KV-group rows) and the shared gate/up split by rows with their scales; O and
-    the shared down split by columns, their scales the max over both ranks (one all-reduce a
-    weight at load). Activations are quantized per rank over its columns: the difference."""
-    from examples.hunyuan_t2i import main
-    monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
-    report = tmp_path / "r.json"
-    assert main(["--world-size", "2", "--plan", "tp2", "--dense-dtype", "fp8", "--steps", "2", "--max-new-tokens",
-                 "2", "--image-size", "256x256", "--check", "--output", str(tmp_path / "i.png"),
-                 "--report", str(report)]) == 0
-    r = json.loads(report.read_text())
-    assert r["dense_dtype"] == "fp8"
-    switch, check = r["phase_switch"], r["check"]
-    assert switch["weights_copied"] == 0 and switch["allocated_bytes_delta"] == 0
-    assert check["rel_l2_logits"] < 0.05 and check["rel_l2_velocity"] < 0.08
-
-
 def test_fp8_dense_on_a_gpu_without_fp8_is_refused_before_loading(tiny_checkpoint, monkeypatch):
     import kernels.fp8_quant
     import dtgen.fp8
@@ -209,3 +192,18 @@ def test_gpu_scaled_mm_matches_the_reference(rows, k, n):
     assert y.dtype == torch.bfloat16 and y.shape == (rows, n)
     assert rel(y, fp8_linear_reference(x.float(), q, s, b.float())) < 1e-2
     assert rel(y, torch.nn.functional.linear(x, w, b)) < 0.05
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_dense_stays_near_the_official_outputs():
+    """The same golden bounds through the GPU path (float32 model: torch._scaled_mm writes
+    bf16, cast back; the tiny shapes are multiples of 16, so every dense FP8 linear takes it)."""
+    if not CASES:
+        pytest.skip("no golden case folders found")
+    case = GoldenCase(CASES[0])
+    loaded = loading.load(case.folder, get_plan("single"), dtype=torch.float32, device="cuda", dense_dtype="fp8")
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"))
+    results = {c.name: c for c in compare_case(case, pipe)}
+    for name, bound in BOUNDS.items():
+        if name in results:
+            assert results[name].rel_l2 < bound, f"{name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
