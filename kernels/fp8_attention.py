@@ -60,7 +60,9 @@ def attention_fp8_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         return f"FP8 attention handles head_dim {HEAD_DIMS}, not {q.shape[3]}"
     if k.shape[2] == 0:
         return "FP8 attention needs at least one key"
-    return fp8_support_problem(q.device)
+    # The device once, eagerly (a compiled region has had it checked at load: the device
+    # queries would be graph breaks there).
+    return None if torch.compiler.is_compiling() else fp8_support_problem(q.device)
 
 
 def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
