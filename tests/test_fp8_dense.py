@@ -123,7 +123,8 @@ def test_dense_scales_shard_with_the_rows_or_replicate_for_a_column_split():
     assert (replicated.tensors["w"].float().abs().amax(-1) == 448).all() and w.abs().amax() > 0
 
 
-@pytest.fixture(scope="module", params=["dense", "dense+experts"])
+# "dense+experts" is measured (the table) but not run here: the two-rank job runs the pair.
+@pytest.fixture(scope="module", params=["dense"])
 def dense_golden(request):
     if not CASES:
         pytest.skip("no golden case folders found")
