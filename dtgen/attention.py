@@ -322,8 +322,10 @@ def _attend_unmasked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_slots: torch.Tensor,
                     k_slots: torch.Tensor, image_blocks: tuple, segments: tuple[AttentionSegment, ...],
-                    hole: SlotHole | None = None) -> torch.Tensor:
-    """q [B, Hq, Sq, D], keys/values [B, Hkv, Sk, D] -> [B, Hq, Sq, D], piece by piece."""
+                    hole: SlotHole | None = None, dense=None) -> torch.Tensor:
+    """q [B, Hq, Sq, D], keys/values [B, Hkv, Sk, D] -> [B, Hq, Sq, D], piece by piece.
+    `dense`: what attends the "dense" pieces (q, k, v as here; flash attention's SDPA when
+    None), e.g. kernels/fp8_attention.py."""
     outs = []
     for seg in segments:
         qs = q[:, :, seg.row_lo:seg.row_hi]
@@ -337,13 +339,15 @@ def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q
             k = torch.cat([keys[:, :, hole.end:seg.keys], keys[:, :, :hole.end]], dim=2)
             v = torch.cat([values[:, :, hole.end:seg.keys], values[:, :, :hole.end]], dim=2)
             outs.append(attention_key_prefix(qs, k, v, (seg.keys - hole.end) + hole.start))
+        elif seg.kind == "dense" and dense is not None:
+            outs.append(dense(qs, k, v))
         else:
             outs.append(_attend_unmasked(qs, k, v, causal=seg.kind == "causal"))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta,
-                      cache: LayerKVCache | None) -> torch.Tensor:
+                      cache: LayerKVCache | None, dense=None) -> torch.Tensor:
     """Attention of the query rows at `meta.slots`, with keys either the given rows or the whole cache.
 
     q: [B, Sq, Hq, D], k/v: [B, Sk, Hkv, D] -> [B, Sq, Hq, D].
@@ -365,14 +369,24 @@ def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: A
         k_runs = ((0, cache.length),) if cache is not None else meta.slot_runs
         hole_end = None if meta.hole is None else meta.hole.end
         segments = plan_segments(meta.slot_runs, k_runs, meta.image_blocks, hole_end)
-        out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments, meta.hole)
+        out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments, meta.hole,
+                              dense)
     else:
+        if dense is not None:
+            raise ValueError("this attention core attends its dense pieces with another kernel (FP8 attention), "
+                             "which needs AttentionMeta.slot_runs (static runs of slots); this meta has none")
         out = attend(qt, keys, values, structured_mask(meta.slots, k_slots, meta.image_blocks, meta.hole))
     return out.transpose(1, 2)
 
 
 class LocalAttention(nn.Module):
-    """Attention over the heads and rows this process holds (single process, or TP)."""
+    """Attention over the heads and rows this process holds (single process, or TP).
+    `dense`: the kernel for the pieces where every query sees a whole key prefix (see
+    `attend_segments`); None: SDPA."""
+
+    def __init__(self, dense=None):
+        super().__init__()
+        self.dense = dense
 
     def forward(self, q, k, v, meta: AttentionMeta, cache: LayerKVCache | None):
-        return attend_with_cache(q, k, v, meta, cache)
+        return attend_with_cache(q, k, v, meta, cache, self.dense)

@@ -29,6 +29,7 @@ from kernels.fp8_quant import FP8_DTYPE
 
 from .checkpoint import CheckpointReader
 from .controller import PhaseController
+from .fp8 import fp8_linear_names
 from .plan import Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
 from .sp import check_heads
 from .storage import (ParamSpec, ResidentStorage, StorageShard, check_divisible, check_fits, check_fp8_split,
@@ -95,24 +96,37 @@ def official_shape(meta_shape: torch.Size, stacked: bool, micro_packed: bool) ->
     return tuple(shape)
 
 
+def param_sources(adapter: ModelAdapter, model: nn.Module) -> dict[str, ParamSource]:
+    """The adapter's sources, plus the scales of every `FP8Linear` (made at load from its
+    weight; a model needs to say nothing about them)."""
+    sources = adapter.param_sources(model)
+    for prefix in fp8_linear_names(model):
+        sources[f"{prefix}.weight_scale"] = ParamSource((), scale_of=f"{prefix}.weight")
+    return sources
+
+
 def param_specs(adapter: ModelAdapter, model: nn.Module, rules: dict[str, Rule], dtype: torch.dtype,
                 fp8: str | None = None) -> dict[str, ParamSpec]:
-    """The storage's view of every parameter. fp8: the recipe of e4m3 stacked (expert)
-    weights, whose scale parameters follow their weights; None keeps them in `dtype`."""
+    """The storage's view of every parameter. A weight that a scale parameter names
+    (`ParamSource.scale_of`) is stored in e4m3: stacked (expert) weights in recipe `fp8`,
+    dense ones per channel; every other weight in its dtype (`dtype`, or the adapter's)."""
     specs = {}
-    sources = adapter.param_sources(model)
+    sources = param_sources(adapter, model)
+    scaled = {src.scale_of for src in sources.values() if src.scale_of is not None}
     for name, p in model.named_parameters():
         src = sources[name]
         if src.scale_of is not None:
             continue
         rule = rules[name]
         unit = adapter.split_unit(name, rule)
-        in_fp8 = fp8 is not None and src.stacked
+        recipe = (fp8 if src.stacked else "channels") if name in scaled else None
+        if name in scaled and recipe is None:
+            raise ValueError(f"{name}: FP8 stacked weights need a recipe (fp8=one of the FP8 recipes)")
         specs[name] = ParamSpec(
             keys=src.keys, rule=rule, official_shape=official_shape(p.shape, src.stacked, src.micro_packed),
             stacked=src.stacked, micro_packed=src.micro_packed, unit=unit[0] if unit else 1,
             unit_name=unit[1] if unit else ("columns" if rule == Rule.ROW else "rows"),
-            dtype=FP8_DTYPE if in_fp8 else adapter.param_dtype(name, dtype), fp8=fp8 if in_fp8 else None)
+            dtype=FP8_DTYPE if recipe else adapter.param_dtype(name, dtype), fp8=recipe)
     for name, src in sources.items():  # scales after their weights: packed and placed like them
         if src.scale_of is not None:
             specs[name] = scale_spec(specs[src.scale_of])
@@ -135,7 +149,7 @@ def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dt
     resolved = resolve(plan, world_size)
     with torch.device("meta"):
         model = adapter.build_on_meta()
-    sources = adapter.param_sources(model)
+    sources = param_sources(adapter, model)
     rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], adapter.unbuilt_modules(model))
     rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
     outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
@@ -222,7 +236,8 @@ def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, ra
     check_fits(planned_nbytes(specs, shard_shape, dtype), device, plan.name, reserve_bytes=WORKING_RESERVE_BYTES,
                budget_bytes=memory_budget_bytes, alternative=fp8_alternative(specs, shard_shape, dtype), dtype=dtype)
     topology = Topology(resolved, rank, device.type, control_timeout_s)
-    reduce_max = _all_ranks_max(startup_timeout_s) if fp8 is not None and world_size > 1 else None
+    any_fp8 = any(spec.fp8 for spec in specs.values())
+    reduce_max = _all_ranks_max(startup_timeout_s) if any_fp8 and world_size > 1 else None
     shard = StorageShard(resolved.storage_tp, topology.storage_rank, resolved.num_micros)
     if reader is None:
         storage = ResidentStorage.random(specs, shard, dtype, device, reduce_max=reduce_max)

@@ -21,6 +21,10 @@ to the official matrices, so every plan quantizes a weight alike:
 - "tensor": one per official matrix (per expert), the max over every rank's block
   (`reduce_max`, one all-reduce per weight), held in the channels layout (every row holds
   its matrix's scale) so that the kernels run their channel path.
+Dense FP8 linears (not stacked; `dtgen.fp8.FP8Linear`, HunyuanImage's shared MLP) are
+"channels" only: a weight [N, K] has scales [N], split like its rows under COLUMN /
+COLUMN_KV_GROUPS (packed like them when micro-packed) and replicated under ROW (each the
+max over every rank's columns, `reduce_max`), so every plan quantizes a weight alike.
 """
 from __future__ import annotations
 
@@ -97,12 +101,19 @@ _CHANNEL_LAYOUT = ("channels", "tensor")  # recipes whose scales are one per off
 def scale_spec(weight: ParamSpec) -> ParamSpec:
     """The spec of an FP8 weight's scales (float32, not in the checkpoint): packed and placed
     like the weight, except the per-row scales of a column-split weight (replicated)."""
-    if weight.fp8 not in FP8_RECIPES or not weight.micro_packed:
-        raise ValueError(f"FP8 scales exist for micro-packed FP8 weights, recipe one of {FP8_RECIPES}; "
-                         f"got fp8={weight.fp8!r}, micro_packed={weight.micro_packed}")
+    if weight.fp8 not in FP8_RECIPES:
+        raise ValueError(f"FP8 scales exist for FP8 weights, recipe one of {FP8_RECIPES}; got fp8={weight.fp8!r}")
+    if not weight.micro_packed and (weight.fp8 != "channels" or len(weight.official_shape) != 2):
+        raise ValueError(f"FP8 scales of a dense (not micro-packed) weight are per channel, of a 2-D matrix; got "
+                         f"fp8={weight.fp8!r}, official shape {weight.official_shape}")
     if weight.fp8 in _CHANNEL_LAYOUT and weight.rule == Rule.ROW:
-        return ParamSpec(keys=(), rule=Rule.REPLICATE, official_shape=(len(weight.keys), weight.official_shape[0]),
+        rows = weight.official_shape[0]
+        return ParamSpec(keys=(), rule=Rule.REPLICATE,
+                         official_shape=(len(weight.keys), rows) if weight.stacked else (rows,),
                          dtype=torch.float32, fp8=weight.fp8, scale_of=weight)
+    if not weight.micro_packed:  # a dense [N, K] matrix: scales [N], split like its rows (or replicated)
+        return ParamSpec(keys=(), rule=weight.rule, official_shape=weight.official_shape[:1], unit=weight.unit,
+                         unit_name=weight.unit_name, dtype=torch.float32, fp8=weight.fp8, scale_of=weight)
     return ParamSpec(keys=(), rule=weight.rule, official_shape=weight.official_shape, stacked=weight.stacked,
                      micro_packed=True, unit=weight.unit, unit_name=weight.unit_name, dtype=torch.float32,
                      fp8=weight.fp8, scale_of=weight)
@@ -251,7 +262,9 @@ def _read_block(reader: CheckpointReader, key: str, spec: ParamSpec, block: int,
 
 def _quantize_resident(spec: ParamSpec, raw: torch.Tensor, shard: StorageShard,
                        reduce_max: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """A resident weight [n, E, rows, cols] in a float dtype -> (e4m3, its scales)."""
+    """A resident weight [n, E, rows, cols] (a micro-packed stack), [n, rows, cols] (a
+    micro-packed dense pair) or [rows, cols] (a dense matrix) in a float dtype -> (e4m3,
+    its scales)."""
     if spec.fp8 == "tensor":  # per official matrix: the max over its micros, rows and every rank's block
         if not spec.stacked:
             raise ValueError(f"FP8 recipe 'tensor' needs stacked expert weights (keys {spec.keys[:2]}...)")
@@ -259,7 +272,12 @@ def _quantize_resident(spec: ParamSpec, raw: torch.Tensor, shard: StorageShard,
         amax = reduce_max(amax) if reduce_max else amax  # tensor scales are global, like the official matrix
         return quantize_weight_per_expert(raw, resident_shape(scale_spec(spec), shard), amax)
     if spec.fp8 == "channels" and spec.rule == Rule.ROW:  # per official row: the max over every rank's columns
-        amax = raw.abs().amax(dim=-1).amax(dim=0).float()
+        amax = raw.abs().amax(dim=-1).float()
+        if spec.micro_packed:  # [n, E, rows]: the max over this rank's micros too
+            amax = amax.amax(dim=0)
+        if not spec.micro_packed:  # a dense [rows, cols]: no micro dim
+            scale = scale_from_amax(reduce_max(amax) if reduce_max else amax)
+            return (raw.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
         scale = scale_from_amax(reduce_max(amax) if reduce_max else amax)
         q = torch.empty(raw.shape, dtype=FP8_DTYPE, device=raw.device)
         for j in range(raw.shape[0]):  # a micro at a time: one float32 temporary of a micro's size

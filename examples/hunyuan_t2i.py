@@ -35,6 +35,7 @@ from dtgen.devices import parse_dtype
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.serve.errors import RequestError
+from dtgen.fp8 import DENSE_DTYPES
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
@@ -131,6 +132,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
+    p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
+                   help="every layer's QKV, O and shared MLP: the model dtype, or fp8 (e4m3 weights with one scale "
+                        "per output channel, quantized at load; activations per token; GPU: compute capability "
+                        "8.9+; error table: tests/test_fp8_dense.py)")
     p.add_argument("--fp8-scales", default=None, choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
@@ -343,7 +348,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                   image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget,
-                  vae_dtype=args.vae_dtype)
+                  vae_dtype=args.vae_dtype, dense_dtype=getattr(args, "dense_dtype", "model"))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
     set_moe_token_chunk(loaded.model, args.moe_token_chunk)
@@ -423,7 +428,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
             with reference_threads(ctx, device):
                 reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                                 image_editing=args.image is not None)
+                                 image_editing=args.image is not None, dense_dtype=args.dense_dtype)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
@@ -481,7 +486,8 @@ def _budget_problem(args, config: dict) -> str | None:
     return memory_budget_problem(HunyuanImage3Config.from_dict(config), get_plan(args.plan), args.world_size,
                                  parse_dtype(args.dtype, device), args.moe_dtype, args.fp8_scales,
                                  getattr(args, "image_editing", args.image is not None),
-                                 int(args.memory_budget * 1e9), args.vae_dtype)
+                                 int(args.memory_budget * 1e9), args.vae_dtype,
+                                 getattr(args, "dense_dtype", "model"))
 
 
 def _check_args(args, plan) -> str | None:
@@ -633,6 +639,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
         "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1, "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
+        "dense_dtype": args.dense_dtype,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
+from dtgen.fp8 import DENSE_DTYPES
 from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
                            example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
@@ -33,6 +34,7 @@ from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.model import load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request
 from models.wan.serving import encode_mp4
+from models.wan.transformer import ATTENTION_DTYPES
 from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
 
@@ -64,6 +66,12 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
                         "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
                         "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
                         "default: every step in full")
+    p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
+                   help="the DiT blocks' linears: the model dtype, or fp8 (e4m3 weights, one scale per output "
+                        "channel, quantized at load; activations per token; GPU: compute capability 8.9+)")
+    p.add_argument("--attention-dtype", default="model", choices=ATTENTION_DTYPES,
+                   help="the DiT self-attention: the model dtype (SDPA), or fp8 (INT8 QK, FP8 PV: "
+                        "kernels/fp8_attention.py; head_dim 64 or 128)")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
@@ -130,7 +138,9 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     (pipeline, loaded, device, dtype), as examples.hunyuan_t2i.build_pipeline."""
     device, dtype = rank_device(ctx, args)
     ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device,
+                  dense_dtype=getattr(args, "dense_dtype", "model"),
+                  attention_dtype=getattr(args, "attention_dtype", "model"))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
@@ -172,7 +182,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         out["video"] = result.video
         if args.check:
             with reference_threads(ctx, device):
-                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
+                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device,
+                                 dense_dtype=args.dense_dtype, attention_dtype=args.attention_dtype)
                 ref = WanT2VPipeline(reference.model, reference.tokenizer, reference.controller, device).generate(
                     req, record=True)
             out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
@@ -236,6 +247,7 @@ def write_report(args, main: dict, tiny: bool) -> dict:
     switch = max((r["switch"] for r in ranks), key=lambda s: s["ms"])
     report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
               "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
+              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
               "request": {"height": args.height, "width": args.width, "num_frames": args.num_frames,
                           "steps": args.steps, "sampler": args.sampler, "shift": args.flow_shift},
               "tokens_per_step": main["tokens_per_step"],

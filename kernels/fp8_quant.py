@@ -35,16 +35,16 @@ GROUP = 128  # block edge for weights, group width for activations
 
 
 def fp8_support_problem(device: torch.device) -> str | None:
-    """Why FP8 experts cannot run on this device, in one line, or None. FP8 tensor-core
-    matmuls need CUDA compute capability 8.9 (Ada) or 9.0+ (Hopper); the CPU runs the torch
+    """Why FP8 (experts, linears, attention) cannot run on this device, in one line, or None.
+    FP8 tensor-core matmuls need CUDA compute capability 8.9 (Ada) or 9.0+ (Hopper); the CPU runs the torch
     emulation (or the kernels under the Triton interpreter)."""
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
         if capability < (8, 9):
-            return (f"FP8 experts need FP8 tensor cores (CUDA compute capability 8.9 or 9.0+); "
+            return (f"FP8 needs FP8 tensor cores (CUDA compute capability 8.9 or 9.0+); "
                     f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
     elif device.type != "cpu":
-        return f"FP8 experts run on CUDA (compute capability 8.9+) or the CPU, not on {device.type}"
+        return f"FP8 runs on CUDA (compute capability 8.9+) or the CPU, not on {device.type}"
     return None
 
 

@@ -17,12 +17,13 @@ from dtgen.build import (ModelAdapter, ParamSource, budget_problem, build, check
                          param_specs as framework_param_specs)
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
+from dtgen.fp8 import check_dense_dtype
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
 
 from .config import HunyuanImage3Config
-from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_experts
+from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_dense, use_fp8_experts
 from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
@@ -41,6 +42,7 @@ class HunyuanAdapter(ModelAdapter):
     fp8_experts: bool = False
     moe_impl: str = "auto"
     vae_dtype: str | None = None    # None: the config's vae_dtype (float32 by default)
+    fp8_dense: bool = False   # QKV, O and the shared MLP in e4m3 (model.use_fp8_dense)
 
     @property
     def ignored_prefixes(self) -> tuple[str, ...]:
@@ -50,6 +52,8 @@ class HunyuanAdapter(ModelAdapter):
         model = HunyuanImage3ForCausalMM(self.cfg, self.image_editing)
         if self.fp8_experts:
             use_fp8_experts(model)
+        if self.fp8_dense:
+            use_fp8_dense(model)
         set_moe_impl(model, self.moe_impl)
         return model
 
@@ -78,11 +82,12 @@ class HunyuanAdapter(ModelAdapter):
 
 def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int, dtype: torch.dtype,
                           moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int,
-                          vae_dtype: str | None = None) -> str | None:
+                          vae_dtype: str | None = None, dense_dtype: str = "model") -> str | None:
     """The one-line refusal of a memory budget that cannot hold a rank's weights, saying what
     FP8 experts would take; nothing read (the model on meta)."""
     fp8 = moe_dtype == "fp8"
-    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8, vae_dtype=vae_dtype)
+    adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8, vae_dtype=vae_dtype,
+                             fp8_dense=dense_dtype == "fp8")
     return budget_problem(adapter, plan, world_size, dtype, fp8_scales if fp8 else None, budget_bytes)
 
 
@@ -136,7 +141,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
          image_editing: bool = False, memory_budget_bytes: int | None = None,
-         vae_dtype: str | None = None) -> LoadedModel:
+         vae_dtype: str | None = None, dense_dtype: str = "model") -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
@@ -145,6 +150,11 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     `moe_dtype` "fp8": the routed experts are quantized to e4m3 as they are read, with
     `fp8_scales` "channels" (one scale per weight row), "blocks" (128 x 128 blocks) or
     "tensor" (one per expert matrix).
+
+    `dense_dtype` "fp8": every layer's QKV, O and shared MLP stored in e4m3 with one scale per
+    output channel (quantized as read; under TP the scales split with the weight's rows, or
+    are replicated for a column-split weight), activations quantized per token
+    (kernels/fp8_linear.py). Refused before any weight is read on a GPU without FP8.
 
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
@@ -165,6 +175,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         problem = fp8_support_problem(device)
         if problem:
             raise RuntimeError(f"--moe-dtype fp8: {problem}")
+    check_dense_dtype(dense_dtype, device)
     if random_config is not None:
         cfg = HunyuanImage3Config.from_dict(random_config)
     else:
@@ -172,7 +183,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     if vae_dtype is not None and vae_dtype not in _DTYPES:
         raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
     adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=moe_dtype == "fp8", moe_impl=moe_impl,
-                             vae_dtype=vae_dtype)
+                             vae_dtype=vae_dtype, fp8_dense=dense_dtype == "fp8")
     reader = None if random_config is not None else CheckpointReader(checkpoint)
     if reader is not None:
         _check_distilled_weights(cfg, reader)

@@ -22,10 +22,11 @@ from kernels.moe_multi_micro import (
 )
 
 from dtgen.build import ParamSource
+from dtgen.fp8 import swap_fp8_linears
 
 from .config import HunyuanImage3Config
 from .image_modules import FinalLayer, PatchEmbed, TimestepEmbedder
-from .transformer import MoE, Experts, HunyuanImage3Transformer, experts_eager
+from .transformer import MoE, Experts, GatedMLP, HunyuanImage3Transformer, experts_eager
 from .vae import HunyuanVAE
 from .vision import AlignerConfig, VisionAligner, VisionConfig, VisionProcessorConfig, VisionTransformer
 
@@ -115,6 +116,9 @@ class HunyuanImage3ForCausalMM(nn.Module):
             elif name.endswith("mlp.experts.gate_and_up_scale") or name.endswith("mlp.experts.down_scale"):
                 weight = name.replace("_scale", "_proj")
                 sources[name] = ParamSource((), stacked=True, micro_packed=True, scale_of=weight)
+            elif name.endswith("shared_mlp.gate_and_up_scale") or name.endswith("shared_mlp.down_scale"):
+                weight = name.replace("_scale", "_proj")
+                sources[name] = ParamSource((), micro_packed=name.endswith("gate_and_up_scale"), scale_of=weight)
             elif name.endswith("shared_mlp.gate_and_up_proj"):
                 sources[name] = ParamSource((name + ".weight",), micro_packed=True)
             elif name.endswith("shared_mlp.down_proj"):
@@ -160,6 +164,20 @@ def use_fp8_experts(model: nn.Module) -> None:
     """Every MoE layer's routed experts in FP8 (scale parameters added; the loader fills them)."""
     for module in model.modules():
         if isinstance(module, Experts):
+            module.use_fp8()
+
+
+# The dense linears `dense_dtype="fp8"` stores in e4m3 (one scale per output channel): every
+# layer's QKV and O projections and its shared MLP (where the decoder's dense GEMMs are). The
+# router (float32), lm_head, the embeddings and the image-side modules stay as they are.
+FP8_ATTENTION_LINEARS = ("model.layers.*.self_attn.qkv_proj", "model.layers.*.self_attn.o_proj")
+
+
+def use_fp8_dense(model: nn.Module) -> None:
+    """QKV, O and the shared MLP of every layer in FP8 (on meta; the loader quantizes them)."""
+    swap_fp8_linears(model, FP8_ATTENTION_LINEARS)
+    for name, module in model.named_modules():
+        if isinstance(module, GatedMLP) and name.endswith("mlp.shared_mlp"):
             module.use_fp8()
 
 

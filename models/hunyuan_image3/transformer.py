@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fp8_linear import fp8_linear
 from kernels.qk_norm_rope_kv import qk_norm_rope_kv
 from kernels.split_kv_decode import split_kv_decode
 
@@ -113,9 +114,20 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_and_up_proj = _empty(1, 2 * intermediate, hidden)
         self.down_proj = _empty(hidden, intermediate)
+        # FP8 (`use_fp8`): both weights in e4m3 with one scale per output channel,
+        # gate_and_up_scale [M, 2*I_m] (packed like its rows), down_scale [H].
+        self.gate_and_up_scale: nn.Parameter | None = None
+        self.down_scale: nn.Parameter | None = None
+
+    def use_fp8(self) -> None:
+        self.gate_and_up_scale = _empty(1, 0, dtype=torch.float32)
+        self.down_scale = _empty(0, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packs = self.gate_and_up_proj.shape[0]
+        if self.gate_and_up_scale is not None:
+            u = fp8_linear(x, self.gate_and_up_proj.flatten(0, 1), self.gate_and_up_scale.flatten())
+            return fp8_linear(gated_act(u.unflatten(-1, (packs, 2, -1))), self.down_proj, self.down_scale)
         u = F.linear(x, self.gate_and_up_proj.flatten(0, 1)).unflatten(-1, (packs, 2, -1))
         return F.linear(gated_act(u), self.down_proj)
 

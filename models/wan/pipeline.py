@@ -197,7 +197,8 @@ class WanT2VPipeline:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.transformer.blocks[0].attn1.to_q.weight.dtype
+        # (a norm's weight: the linears' may be e4m3, --dense-dtype fp8)
+        return self.model.transformer.blocks[0].attn1.norm_q.weight.dtype
 
     def latent_shape(self, req: T2VRequest) -> tuple[int, ...]:
         vae = self.model.vae.cfg

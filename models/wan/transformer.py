@@ -44,6 +44,7 @@ float32; the QK RMSNorms are torch's `rms_norm` in the activation dtype.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -51,6 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtgen.attention import AttentionMeta, LocalAttention
+from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
+from kernels.fp8_quant import fp8_support_problem
 
 from .config import WanTransformerConfig
 
@@ -290,6 +293,39 @@ class WanBlock(nn.Module):
 
         h = (layer_norm_f32(x, self.eps) * (1 + c_scale) + c_shift).to(dtype)
         return (x.float() + self.ffn(h).float() * c_gate).to(dtype)
+
+
+ATTENTION_DTYPES = ("model", "fp8")
+# The SP kinds whose inner core attends the whole (gathered) sequence through the model's
+# local core, so that FP8 attention is what runs; the others (ring, attn2d) merge partial
+# attentions with their own kernels.
+FP8_ATTENTION_KINDS = ("local", "ulysses", "ulysses-pipelined")
+
+
+def check_attention_dtype(attention_dtype: str, device: torch.device, attention_kinds: tuple[str, ...] = ()) -> None:
+    """A bad value, FP8 on a GPU without it, or FP8 under an SP kind that would not run it:
+    one line, before any weight is read. (The head size is checked by `use_fp8_attention`.)"""
+    if attention_dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"attention_dtype must be one of {ATTENTION_DTYPES}, got {attention_dtype!r}")
+    if attention_dtype == "fp8":
+        problem = fp8_support_problem(device)
+        if problem:
+            raise RuntimeError(f"--attention-dtype fp8: {problem}")
+        other = sorted(set(attention_kinds) - set(FP8_ATTENTION_KINDS))
+        if other:
+            raise ValueError(f"--attention-dtype fp8 runs under the attention kinds {FP8_ATTENTION_KINDS}; this plan "
+                             f"uses {other}")
+
+
+def use_fp8_attention(dit: "WanTransformer", pv: str = "fp8") -> None:
+    """Every block's self-attention core attends its video rows with kernels/fp8_attention.py
+    (padding rows, if any, stay on SDPA). Refuses a head size the kernel does not take."""
+    hd = dit.cfg.attention_head_dim
+    if hd not in FP8_HEAD_DIMS:
+        raise ValueError(f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this "
+                         f"DiT has {hd}")
+    for block in dit.blocks:
+        block.attn1.core = LocalAttention(dense=partial(fp8_attention, pv=pv))
 
 
 def run_block(block: WanBlock, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,

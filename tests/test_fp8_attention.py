@@ -1,0 +1,145 @@
+"""kernels/fp8_attention.py (INT8 QK, FP8 or FP16 PV) and Wan's `--attention-dtype fp8`.
+
+CPU: the Triton kernel under TRITON_INTERPRET=1 (conftest sets it) at tiny odd lengths (not
+multiples of the 16-row interpreter tiles), head_dim 64 and 128, against its torch
+reference and against float64 attention; opcheck; the one-line refusals; the Wan tiny
+pipeline with the option (head_dim 64) against its SDPA run. GPU (marker `gpu`): the kernel
+at a Wan 1.3B shape against SDPA in bf16.
+
+Tolerances, from measurement (random N(0, 1) q, v; k with an offset of 3 that the
+smoothing must remove): the kernel against the reference: they round P against different
+row maxima (running vs final), 1-2% relative L2 at these lengths, bound 0.04 (FP16 PV:
+1e-4, bound 2e-3). Against exact attention: FP8 PV 3.0-3.5%, bound 0.06; FP16 PV 1.0-1.2%,
+bound 0.025 (random data is the hard case: each output is an average of unrelated rows, so
+the per-element rounding does not average out relative to it).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.fp8_attention import INTERPRETED, fp8_attention, fp8_attention_reference
+
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRETED),
+                                reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported")
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _qkv(B, H, Sq, Sk, D, seed=0, device="cpu", dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, s, D, generator=g) for s in (Sq, Sk, Sk))
+    return q.to(device, dtype), (k + 3.0).to(device, dtype), v.to(device, dtype)
+
+
+@pytest.mark.parametrize("B,H,Sq,Sk,D", [(1, 2, 37, 29, 64), (2, 1, 19, 45, 128), (1, 1, 5, 3, 64)])
+@pytest.mark.parametrize("pv,vs_ref,vs_exact", [("fp8", 0.04, 0.06), ("fp16", 2e-3, 0.025)])
+def test_kernel_matches_reference_and_stays_near_exact(B, H, Sq, Sk, D, pv, vs_ref, vs_exact):
+    q, k, v = _qkv(B, H, Sq, Sk, D)
+    out = fp8_attention(q, k, v, impl="triton", pv=pv)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert rel(out, fp8_attention_reference(q, k, v, pv)) < vs_ref
+    assert rel(out, exact) < vs_exact
+    assert rel(fp8_attention_reference(q, k, v, pv), exact) < vs_exact
+    # "auto" on the CPU is the reference
+    torch.testing.assert_close(fp8_attention(q, k, v, pv=pv), fp8_attention_reference(q, k, v, pv))
+
+
+def test_opcheck_and_refusals():
+    q, k, v = _qkv(1, 2, 7, 9, 64)
+    torch.library.opcheck(torch.ops.dtgen.fp8_attention.default, (q, k, v, "reference", "fp8"))
+    with pytest.raises(ValueError, match=r"head_dim \(64, 128\), not 32"):
+        fp8_attention(*_qkv(1, 1, 4, 4, 32))
+    with pytest.raises(ValueError, match="no GQA"):
+        fp8_attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match="pv must be one of"):
+        fp8_attention(q, k, v, pv="bf16")
+    with pytest.raises(ValueError, match="impl must be one of"):
+        fp8_attention(q, k, v, impl="cudnn")
+
+
+def _wan_folder(root, head_dim):
+    from models.wan.tiny import write_random_checkpoint
+    folder = root / f"wan-hd{head_dim}"
+    folder.mkdir()
+    write_random_checkpoint(folder, overrides={"transformer": {"attention_head_dim": head_dim,
+                                                               "num_attention_heads": 2, "ffn_dim": 256}})
+    return folder
+
+
+def test_wan_fp8_options_stay_near_the_model_dtype_run(tmp_path):
+    """Tiny Wan (head_dim 64), 3 UniPC steps with CFG: each option against the float32 run.
+    Measured (2026-12-02): dense 0.32%, attention 0.03%, both 0.33% relative L2 of the final
+    latents (which are mostly the noise; the velocities move more). Bounds 1% / 0.2% / 1%."""
+    from models.wan.model import load
+    from models.wan.pipeline import T2VRequest, WanT2VPipeline
+    from placements.wan import get_plan
+    folder = _wan_folder(tmp_path, 64)
+    req = T2VRequest(prompt="a red fox", negative_prompt="", height=48, width=64, num_frames=9, steps=3,
+                     guidance_scale=5.0, seed=0)
+    latents = {}
+    for dense, attention in (("model", "model"), ("fp8", "model"), ("model", "fp8"), ("fp8", "fp8")):
+        loaded = load(folder, get_plan("single"), dense_dtype=dense, attention_dtype=attention)
+        pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
+        noise = torch.randn(pipe.latent_shape(req), generator=torch.Generator().manual_seed(3))
+        latents[dense, attention] = pipe.generate(req, latents=noise, decode=False).latents
+    base = latents["model", "model"]
+    bounds = {("fp8", "model"): 0.01, ("model", "fp8"): 2e-3, ("fp8", "fp8"): 0.01}
+    for key, bound in bounds.items():
+        err = rel(latents[key], base)
+        assert 0 < err < bound, f"{key}: relative L2 {err:.2e} (bound {bound})"
+
+
+def test_wan_fp8_attention_refusals_in_one_line(tmp_path):
+    from models.wan.model import load
+    from models.wan.tiny import ensure_tiny_checkpoint
+    from placements.wan import get_plan
+    tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16
+    with pytest.raises(ValueError, match=r"--attention-dtype fp8: the FP8 attention kernel handles head_dim "
+                                         r"\(64, 128\); this DiT has 16"):
+        load(tiny, get_plan("single"), attention_dtype="fp8")
+    with pytest.raises(ValueError, match=r"--attention-dtype fp8 runs under the attention kinds .* uses \['ring'\]"):
+        load(tiny, get_plan("ring2"), rank=0, world_size=2, attention_dtype="fp8")
+    with pytest.raises(ValueError, match="attention_dtype must be one of"):
+        load(tiny, get_plan("single"), attention_dtype="int4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv,bound", [("fp8", 0.06), ("fp16", 0.025)])
+def test_gpu_kernel_at_a_wan_shape_against_sdpa(pv, bound):
+    """Wan 1.3B's self-attention at 480p x 81 frames cut to 4 heads (32760 rows, head_dim
+    128), bf16, and an odd length; against SDPA in float32 of the same bf16 inputs."""
+    for S in (32760, 1000):
+        q, k, v = _qkv(1, 4, S, S, 128, device="cuda", dtype=torch.bfloat16)
+        out = fp8_attention(q, k, v, pv=pv)
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+        assert out.dtype == torch.bfloat16 and rel(out, want) < bound, (S, rel(out, want))
+        if S <= 1000:   # the reference holds [S, S] float32 logits
+            assert rel(out, fp8_attention_reference(q, k, v, pv)) < 0.04
+
+
+@pytest.mark.gpu
+def test_gpu_wan_compiled_fp8_options_match_eager(tmp_path):
+    """The tiny Wan (head_dim 64) in bf16 on one GPU with both FP8 options, each block compiled
+    as a region: the custom ops trace (one node each) and the video matches the eager run's
+    (bf16 fusions round differently: bound 2e-2 relative L2 of the latents), which stays near
+    the bf16 SDPA run (bound 2e-2)."""
+    from dtgen.compile import CompileOptions
+    from models.wan.model import load
+    from models.wan.pipeline import T2VRequest, WanT2VPipeline
+    from placements.wan import get_plan
+    folder = _wan_folder(tmp_path, 64)
+    req = T2VRequest(prompt="a red fox", negative_prompt="", height=48, width=64, num_frames=9, steps=3,
+                     guidance_scale=5.0, seed=0)
+    out = {}
+    for name, fp8, compiled in (("bf16", "model", False), ("eager", "fp8", False), ("compiled", "fp8", True)):
+        loaded = load(folder, get_plan("single"), dtype=torch.bfloat16, device="cuda", dense_dtype=fp8,
+                      attention_dtype=fp8)
+        pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"),
+                              compile_options=CompileOptions(enabled=compiled, regions=compiled))
+        noise = torch.randn(pipe.latent_shape(req), generator=torch.Generator().manual_seed(3))
+        out[name] = pipe.generate(req, latents=noise, decode=False).latents.float().cpu()
+    assert rel(out["compiled"], out["eager"]) < 2e-2
+    assert rel(out["eager"], out["bf16"]) < 2e-2
