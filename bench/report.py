@@ -25,7 +25,8 @@ Adding a benchmark's figures (no change here):
      or in `Value(..., file=...)`. Paths are dotted keys; a list element is picked by index
      (`rows[0]`), by its fields (`decode[variant=decode_triton,tokens=1].us`; nested fields
      as `gate_up[tiles/block_r=128]`; exactly one match), or, in a list of [name, value, ...]
-     rows, by the name's start (`top_kernels.ar[^_decode_gate_up][1]`);
+     rows, by the name's start (`top_kernels.ar[^_decode_gate_up][1]`); a dict key that holds a
+     dot, quoted in brackets (`shapes["1.3B"].heads`);
    - `Runs([(file, path), ...], fmt)`: a figure measured several times: "median (median of
      N runs; min-max)";
    - `Calc(fn, [Value or Runs...], fmt)`: a number computed from stored values (e.g. a floor
@@ -92,11 +93,23 @@ def _field(item: dict, dotted: str):
     return item
 
 
+def _segments(path: str) -> list[str]:
+    """`path` split at the dots outside brackets (a selector's value may hold a dot: `[model=1.3B]`)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(path):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "." and depth == 0:
+            out.append(path[start:i])
+            start = i + 1
+    return out + [path[start:]]
+
+
 def lookup(data, path: str, where: str = ""):
-    """The value at `path` in parsed JSON: dotted keys; on lists `[i]`, `[field=value,...]`
-    (nested fields as `tiles/block_r=128`) or `[^prefix]` (rows whose first item starts so)."""
+    """The value at `path` in parsed JSON: dotted keys; on dicts `["key"]` (a key that holds a
+    dot: `shapes["1.3B"]`); on lists `[i]`, `[field=value,...]` (nested fields as
+    `tiles/block_r=128`) or `[^prefix]` (rows whose first item starts so)."""
     node = data
-    for segment in path.split("."):
+    for segment in _segments(path):
         m = _SEGMENT.match(segment)
         if m is None:
             raise ReportError(f"{where}: bad path segment {segment!r} in {path!r}")
@@ -106,6 +119,12 @@ def lookup(data, path: str, where: str = ""):
                 raise ReportError(f"{where}: no key {key!r} (path {path!r})")
             node = node[key]
         for selector in re.findall(r"\[([^\]]*)\]", selectors):
+            quoted = re.fullmatch(r'"([^"]*)"', selector)
+            if quoted:   # a dict key, whatever it holds
+                if not isinstance(node, dict) or quoted.group(1) not in node:
+                    raise ReportError(f"{where}: no key {quoted.group(1)!r} under {key!r} (path {path!r})")
+                node = node[quoted.group(1)]
+                continue
             if not isinstance(node, list):
                 raise ReportError(f"{where}: {key!r} is not a list (path {path!r})")
             if re.fullmatch(r"-?\d+", selector):

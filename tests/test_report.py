@@ -64,6 +64,14 @@ def test_paths_select_by_fields_nested_fields_and_name_prefix():
         lookup(DATA, "nope.us", "x.json")
 
 
+def test_paths_take_keys_and_selector_values_that_hold_a_dot():
+    data = {"shapes": {"1.3B": {"heads": 12}}, "rows": [{"model": "1.3B", "ms": 5.0}, {"model": "14B", "ms": 7.0}]}
+    assert lookup(data, 'shapes["1.3B"].heads') == 12
+    assert lookup(data, "rows[model=1.3B].ms") == 5.0
+    with pytest.raises(ReportError, match="no key '1.3' under 'shapes'"):
+        lookup(data, 'shapes["1.3"].heads', "x.json")
+
+
 def _sources(tmp_path, runs=None):
     import json
     (tmp_path / "run").mkdir()
