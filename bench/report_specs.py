@@ -26,8 +26,20 @@ STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/s
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
 WAN_CACHE, SECOND_REQUEST = f"{S10}/bench_wan_cache.json", f"{S10}/second_request.json"
 CPU_COMPILE = "compile-cpu-2026-11-30.json"
+S11 = "h200-2026-12-02-session11"
+S11_DECODE, S11_PEERS = f"{S11}/decode_kernels.json", f"{S11}/bench_peers.json"
+S11_FP8_ATTENTION, S11_MEMORY = f"{S11}/bench_fp8_attention.json", f"{S11}/memory_vae_probe.json"
 
 RUNS: dict[str, RunInfo] = {
+    # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
+    S11_DECODE: RunInfo("python -m bench.bench_decode_batch --parts kernel,prologue --out /root/out/kernels.json",
+                        software=GPU_IMAGE),
+    S11_PEERS: RunInfo("python -m bench.bench_peers --models 1.3B,14B-8 --modes eager,regions --variants "
+                       "bf16,dense-fp8,attn-fp8,fp8 --out /root/out/fp8/bench_peers.json",
+                       software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    S11_FP8_ATTENTION: RunInfo("python -m bench.bench_fp8_attention --out /root/out/fp8/bench_fp8_attention.json",
+                               software=GPU_IMAGE),
+    S11_MEMORY: RunInfo("python -m bench.probes.memory_vae_probe --out $OUT"),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -945,4 +957,216 @@ TABLES += [
         Row(["a bucket hole with the default key-prefix path (SDPA, key mask), session 9",
              Value("denoise_layer.bucket_hole_cuda_graph_compiled_ms", "{:.2f}")], file=L9D),
     ]),
+]
+
+
+# ---- one H200, 2026-12-02, session 11 ---------------------------------------------------------------
+def timed(path: str, fmt: str = "{:.1f}", unit: str = " us", file: str | None = None) -> Join:
+    """A stored timing summary ({median, min, max, n}): "median unit (median of n; min-max)"."""
+    return Join([Value(f"{path}.median", fmt + unit, file), Value(f"{path}.n", "{}", file),
+                 Value(f"{path}.min", fmt, file), Value(f"{path}.max", fmt, file)],
+                [" (median of ", "; ", "-"], suffix=")")
+
+
+STATIC_SPLITS = (1, 2, 4, 5, 8, 16, 32, 64)   # the keys of the sweep in `kernel.static_us_by_splits`
+BALANCED = Value("kernel.balanced_us.median")
+
+TABLES += [
+    Table("s11-split-kv", ["decode attention: 8 requests (one 16k, seven 1k), 32 q / 8 KV heads, d 128, bf16, "
+                           "CUDA graph", "per call", "balanced's speed-up over it", "target (issue 30)"], [
+        Row([Join([Value("kernel.balanced_programs_per_kv_head")], prefix="**balanced split-KV** (",
+                  suffix=" programs per KV head)"), timed("kernel.balanced_us", "{:.2f}"), "-", ""], file=S11_DECODE),
+        Row(["its schedule, built once per step for every layer (apart)", timed("kernel.schedule_build_us", "{:.2f}"),
+             "-", ""], file=S11_DECODE),
+        Row([Join([Value("kernel.heuristic_splits")], prefix="static split, the flash-decoding heuristic's count (",
+                  suffix=" splits per request)"), timed("kernel.static_heuristic_us", "{:.2f}"),
+             Value("kernel.speedup_vs_static_heuristic", "**{:.2f}x**"),
+             goal(">= 2x", Value("kernel.speedup_vs_static_heuristic"), 2.0, ">=")], file=S11_DECODE),
+        Row([Join([Value("kernel.static_best_splits")], prefix="static split, the best of the sweep (",
+                  suffix=" splits)"),
+             Calc(min, [Value(f"kernel.static_us_by_splits.{n}.median") for n in STATIC_SPLITS], "{:.2f} us"),
+             Value("kernel.speedup_vs_static_best", "{:.2f}x"),
+             goal(">= 2x against it", Value("kernel.speedup_vs_static_best"), 2.0, ">=")], file=S11_DECODE),
+        Row(["static split, the sweep (splits: us)",
+             Join([Value(f"kernel.static_us_by_splits.{n}.median", f"{n}: " + "{:.1f}") for n in STATIC_SPLITS], ", "),
+             "", ""], file=S11_DECODE),
+        Row(["masked SDPA (the one-request decode step's path)", timed("kernel.sdpa_masked_us", "{:.0f}"),
+             Calc(lambda sdpa, balanced: sdpa / balanced, [Value("kernel.sdpa_masked_us.median"), BALANCED],
+                  "{:.0f}x"), ""], file=S11_DECODE),
+        Row(["floor: the K/V read once at 4.3 TB/s",
+             Join([Value("kernel.floor_us", "{:.1f} us"), Value("kernel.kv_bytes", "{:.1f} MB", scale=1e-6)], " ("
+                  , suffix=")"),
+             Calc(lambda floor, balanced: balanced / floor, [Value("kernel.floor_us"), BALANCED],
+                  "balanced at {:.2f}x the floor"), ""], file=S11_DECODE),
+    ], note="Each op replayed from a CUDA graph; a figure is the median of its timings, with their range. The "
+            "best static split is the fastest median of the sweep, recomputed here from the sweep's stored "
+            "medians; the issue's target is against the heuristic's count."),
+    Table("s11-prologue", ["fused prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, bf16, "
+                           "CUDA graph", "fused", "separate ops, eager", "separate ops, compiled",
+                           "fused vs eager", "fused vs compiled", "target (issue 30)"], [
+        Row([Join([Value(f"prologue.{shape}.batch"), Value(f"prologue.{shape}.rows")], ", S=", prefix=f"{shape} (B=",
+                  suffix=")"),
+             timed(f"prologue.{shape}.fused_us", fmt), timed(f"prologue.{shape}.separate_eager_us", fmt),
+             timed(f"prologue.{shape}.separate_compiled_us", fmt),
+             Value(f"prologue.{shape}.speedup_vs_eager", "{:.1f}x"),
+             Value(f"prologue.{shape}.speedup_vs_compiled", "**{:.2f}x**"),
+             goal(">= 1.5x vs compiled", Value(f"prologue.{shape}.speedup_vs_compiled"), 1.5, ">=")], file=S11_DECODE)
+        for shape, fmt in (("decode", "{:.2f}"), ("prefill", "{:.1f}"))
+    ], note="Compiled: the same separate ops under inductor, as the compiled regions run them. Medians of the "
+            "timings, with their range."),
+]
+
+
+def peer(model, mode, who, variant, key):
+    return f"rows[model={model},mode={mode},who={who},variant={variant}].{key}"
+
+
+PEER_VARIANTS = ("bf16", "dense-fp8", "attn-fp8", "fp8")
+PEER_TARGETS = {"14B-8": 0.70, "1.3B": 0.75}   # issue 29: dtgen / diffusers, compiled (regions)
+PEER_L2_BOUND = 0.03                           # issue 29: at relative L2 <= 3% against bf16
+
+
+def _peer_target(model, mode, variant):
+    if mode != "regions":
+        return Text("")
+    ratio = Value(peer(model, mode, "dtgen", variant, "ratio_vs_diffusers"))
+    cells = [goal(f"<= {PEER_TARGETS[model]:.2f}", ratio, PEER_TARGETS[model])]
+    if variant != "bf16":
+        cells.append(goal("rel. L2 <= 3%", Value(peer(model, mode, "dtgen", variant, "rel_l2_vs_dtgen_bf16")),
+                          PEER_L2_BOUND))
+    return Join(cells, "; ")
+
+
+def _fastest_within_bound(*values):
+    """values: (ratio, rel L2) per variant; the smallest ratio of those within the L2 bound."""
+    pairs = list(zip(values[0::2], values[1::2]))
+    return min(r for r, l2 in pairs if l2 <= PEER_L2_BOUND)
+
+
+TABLES += [
+    Table("s11-wan-peers", ["model", "mode", "dtgen variant", "dtgen", "diffusers (bf16)", "dtgen / diffusers",
+                            "rel. L2 vs dtgen bf16", "target (issue 29)"], [
+        Row([model, mode, f"**{variant}**" if variant == "bf16" else variant,
+             Value(peer(model, mode, "dtgen", variant, "ms"), "{:.1f} ms"),
+             Value(peer(model, mode, "diffusers", "bf16", "ms"), "{:.1f} ms"),
+             Value(peer(model, mode, "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}"),
+             Value(peer(model, mode, "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
+             if variant == "bf16" else Value(peer(model, mode, "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}"),
+             _peer_target(model, mode, variant)], file=S11_PEERS)
+        for model in ("1.3B", "14B-8") for mode in ("eager", "regions") for variant in PEER_VARIANTS
+    ] + [
+        Row([model, "regions", "the fastest within 3% rel. L2", "", "",
+             Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k)) for v in PEER_VARIANTS
+                                          for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")], "**{:.3f}**"),
+             "",
+             goal(f"<= {PEER_TARGETS[model]:.2f}",
+                  Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k)) for v in PEER_VARIANTS
+                                               for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")]),
+                  PEER_TARGETS[model])], file=S11_PEERS)
+        for model in ("1.3B", "14B-8")
+    ] + [
+        Row(["timed forwards per figure (the median shown), after one warm-up call", "", "", Value("iters"), "", "", "",
+             ""], file=S11_PEERS),
+    ], note="One process, one run of the script: each figure is the median of that many forwards (CUDA events), "
+            "not a median over runs. Same weights (random) and inputs in both: 480x832 x 81 frames (32760 tokens), "
+            "512 text rows, batch 1, bf16; 1.3B is Wan2.1 1.3B at its 30 blocks, 14B-8 the 14B width at 8 blocks. "
+            "Regions: one compiled region per block (diffusers: `compile_repeated_blocks(fullgraph=True)`). "
+            "dense-fp8: the blocks' linears in e4m3 (per-channel scales); attn-fp8: the self-attention in FP8 "
+            "attention (INT8 QK, FP8 PV); fp8: both. The fastest within 3% is picked here from the stored ratios "
+            "and errors (the 3% bound applied to both models)."),
+]
+
+
+def fp8_run(shape, run, key):
+    return f'shapes["{shape}"].runs["{run}"].{key}'
+
+
+FP8_ATTENTION_RUNS = (("sdpa-flash_attention", "SDPA bf16, flash"), ("sdpa-cudnn_attention", "SDPA bf16, cuDNN"),
+                      ("sdpa-efficient_attention", "SDPA bf16, memory-efficient"),
+                      ("fp8-pv-fp8", "FP8 attention: INT8 QK, FP8 PV (Q/K/V quantized by eager ops)"),
+                      ("fp8-pv-fp16", "FP8 attention: INT8 QK, FP16 PV (eager quantization)"),
+                      ("fp8-pv-fp8-cq", "**FP8 attention: INT8 QK, FP8 PV, the quantization compiled**"),
+                      ("fp8-quantize-only", "the quantization alone, eager"),
+                      ("fp8-quantize-compiled", "the quantization alone, compiled"))
+
+
+def _fp8_attention_cells(shape, run):
+    if run.startswith("fp8-quantize"):
+        return [Value(fp8_run(shape, run, "ms"), "{:.2f} ms"), "-", "-", "-"]
+    return [Value(fp8_run(shape, run, "ms"), "{:.2f} ms"), Value(fp8_run(shape, run, "tflops"), "{:.0f}"),
+            Value(fp8_run(shape, run, "rel_l2_vs_fp32"), "{:.2%}"),
+            Value(fp8_run(shape, run, "speedup_vs_best_sdpa"), "**{:.2f}x**" if run.endswith("-cq") else "{:.2f}x")
+            if run.startswith("fp8") else "-"]
+
+
+TABLES += [
+    Table("s11-fp8-attention", ["Wan self-attention, 32760 tokens, d 128, batch 1",
+                                "1.3B (12 heads)", "TFLOP/s", "rel. L2 vs fp32", "over the best SDPA",
+                                "14B (40 heads)", "TFLOP/s", "rel. L2 vs fp32", "over the best SDPA"], [
+        Row([label] + _fp8_attention_cells("1.3B", run) + _fp8_attention_cells("14B", run), file=S11_FP8_ATTENTION)
+        for run, label in FP8_ATTENTION_RUNS
+    ] + [
+        Row(["heads (from the file)", Value('shapes["1.3B"].heads'), "", "", "", Value('shapes["14B"].heads'), "", "",
+             ""], file=S11_FP8_ATTENTION),
+    ], note="Each figure: the median of `--iters` calls after the warm-ups (the script's default count; the JSON "
+            "does not store it). "
+            "TFLOP/s at 4 S^2 D heads. Error: against SDPA's math in float32 on the first 2 heads. \"Over the "
+            "best SDPA\": the fastest SDPA backend's time over this one's (cuDNN in both shapes here)."),
+]
+
+
+MEMORY_VAE_LINES = ("hunyuan_image3/vae.py:122 forward", "hunyuan_image3/vae.py:185 forward",
+                    "hunyuan_image3/vae.py:125 forward", "hunyuan_image3/vae.py:121 forward")
+
+
+def _site(request, where):
+    return Value(f"{request}.sites[^{where}][1]", "{:.2f} GB")
+
+
+TABLES += [
+    Table("s11-memory", ["HunyuanImage-3, 32 layers, FP8 experts, compiled regions, 1024x1024, 10 steps",
+                         "T2I", "TI2I edit", "target (issue 29)"], [
+        Row(["allocated before the request (weights and what stays resident)",
+             Value("t2i.before_gb", "{:.1f} GB"), Value("ti2i.before_gb", "{:.1f} GB"), ""], file=S11_MEMORY),
+        Row(["peak from the end of the AR prefill through the first denoise step (the probe's `ar`)", Value("t2i.peaks_gb.ar", "{:.1f} GB"), Value("ti2i.peaks_gb.ar", "{:.1f} GB"), ""],
+            file=S11_MEMORY),
+        Row(["peak from the end of the first denoise step through the VAE decode (the probe's `denoise`)",
+             Value("t2i.peaks_gb.denoise", "**{:.1f} GB**"), Value("ti2i.peaks_gb.denoise", "**{:.1f} GB**"),
+             Join([Verdict(Value("t2i.peaks_gb.denoise"), 92.0), Verdict(Value("ti2i.peaks_gb.denoise"), 92.0)], " / ",
+                  prefix="<= 92 GB: ")], file=S11_MEMORY),
+        Row(["the most allocated over the before-figure (replayed allocator trace)",
+             Value("t2i.over_gb", "**{:.2f} GB**"), Value("ti2i.over_gb", "**{:.2f} GB**"), ""], file=S11_MEMORY),
+    ] + [
+        Row([f"live at that moment: `{where}`", _site("t2i", where), _site("ti2i", where), ""], file=S11_MEMORY)
+        for where in MEMORY_VAE_LINES + ("hunyuan_image3/pipeline.py:432 _feed",)
+    ] + [
+        Row(["live at that moment: the four VAE lines above together",
+             *[Calc(lambda *v: sum(v), [Value(f"{r}.sites[^{w}][1]") for w in MEMORY_VAE_LINES], "{:.2f} GB")
+               for r in ("t2i", "ti2i")], ""], file=S11_MEMORY),
+        Row(["live at that moment: every other site",
+             *[Calc(lambda over, *v: over - sum(v), [Value(f"{r}.over_gb")] +
+                    [Value(f"{r}.sites[^{w}][1]") for w in MEMORY_VAE_LINES + ("hunyuan_image3/pipeline.py:432 _feed",)],
+                    "{:.2f} GB") for r in ("t2i", "ti2i")], ""], file=S11_MEMORY),
+        Row(["VAE decode inside the request", Value("t2i.timings_ms.vae_decode", "{:.0f} ms"),
+             Value("ti2i.timings_ms.vae_decode", "{:.0f} ms"), ""], file=S11_MEMORY),
+    ], note="The probe resets the peak when the pipeline reports a new phase, and the pipeline reports a phase "
+            "after its first unit (`ar` after the prefill, `denoise` after the first step, `vae` after the decode): "
+            "the VAE decode's allocations land in the `denoise` peak, and the prefill's (the edit's condition "
+            "encode too) in no per-phase peak, only in the replayed trace. The allocator trace is "
+            "replayed from the start of the request: the most live at once, grouped by the first project frame "
+            "of each block's allocation. \"Every other site\" is the most-allocated figure less the five sites "
+            "listed (the JSON lists the rest by site)."),
+    Table("s11-vae", ["VAE decode, 1024x1024, one H200, alone", "each timed call",
+                      "median and range", "bf16 / fp32", "target (issue 29)"], [
+        Row([f"{dtype} weights and activations", Value(f"vae_ms.{dtype}", "{:.1f}"),
+             Runs([(S11_MEMORY, f"vae_ms.{dtype}[{i}]") for i in range(3)], "{:.1f}", " ms"),
+             Calc(lambda b, f: b / f, [Runs([(S11_MEMORY, f"vae_ms.bf16[{i}]") for i in range(3)]),
+                                       Runs([(S11_MEMORY, f"vae_ms.fp32[{i}]") for i in range(3)])], "{:.2f}")
+             if dtype == "bf16" else "-",
+             goal("<= 150 ms", Runs([(S11_MEMORY, f"vae_ms.{dtype}[{i}]") for i in range(3)]), 150.0)],
+            file=S11_MEMORY)
+        for dtype in ("fp32", "bf16")
+    ], note="Wall time of one `vae.decode` to a device sync: the listed calls, after warm-up calls, in one "
+            "process (the \"runs\" are these calls, not separate processes). bf16 / fp32: the ratio of the "
+            "medians."),
 ]
