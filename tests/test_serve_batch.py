@@ -46,3 +46,14 @@ def test_same_bucket_jobs_run_as_one_batch_and_other_buckets_apart(tmp_path):
         assert status == 200 and alone["dtgen"]["denoise_batch"] == 1, alone
         batched = jobs[1]["result"]["data"][0]["b64_json"]
         assert abs(_pixels(batched) - _pixels(alone["data"][0]["b64_json"])).max() <= 1
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
+    (["--model", "wan", "--max-batch", "2"], "error: --max-batch 2: Wan's server runs one request at a time"),
+])
+def test_bad_max_batch_is_one_line_naming_the_flag(argv, line, capsys):
+    from examples.serve import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line) and len(err.splitlines()) == 1, err
