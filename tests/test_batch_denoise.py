@@ -157,3 +157,31 @@ def test_batched_requests_equal_their_unbatched_runs_through_every_four_rank_pla
     for rank, per_plan in enumerate(results):
         for plan, diffs in per_plan.items():
             assert max(diffs) < LATENT_ATOL, (plan, rank, diffs)
+
+
+def test_masks_and_kernels_take_one_hole_per_batch_row():
+    """A per-row hole gives each row its own mask ([B, Sq, Sk]) and key-prefix count ([B]):
+    the same as each row alone (attention_lse's reference, the key-prefix reference)."""
+    from dtgen.attention import structured_mask
+    from dtgen.sequence import SlotHole
+    from kernels.attention_key_prefix import attention_key_prefix
+    from kernels.attention_lse import attention_lse
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hkv, S, D = 3, 4, 2, 12, 8
+    q, k, v = (torch.randn(B, h, S, D, generator=g) for h in (Hq, Hkv, Hkv))
+    slots, starts = torch.arange(S), torch.tensor([2, 5, 7])
+    mask = structured_mask(slots, slots, ((8, 12),), SlotHole(starts, 8))
+    assert mask.shape == (B, S, S)
+    out, lse = attention_lse(q, k, v, mask)
+    valid = torch.tensor([4, 9, 11])
+    prefix = attention_key_prefix(q, k, v, valid)
+    for b in range(B):
+        row_mask = structured_mask(slots, slots, ((8, 12),), SlotHole(starts[b], 8))
+        assert torch.equal(mask[b], row_mask)
+        o, l = attention_lse(q[b:b + 1], k[b:b + 1], v[b:b + 1], row_mask)
+        torch.testing.assert_close(out[b:b + 1], o, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse[b:b + 1], l, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(prefix[b:b + 1], attention_key_prefix(q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                                                                         valid[b]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"valid must be one int32/int64 element or one per batch row \[3\]"):
+        attention_key_prefix(q, k, v, torch.tensor([4, 9]))
