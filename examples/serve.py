@@ -130,7 +130,8 @@ def hunyuan_rank(ctx: RankContext, args) -> None:
     pipe, loaded, _, _ = build_pipeline(ctx, args)
     adapter = HunyuanServeAdapter(
         pipe, ctx.rank, _request(args), warmup=args.warmup is not False, inject_failure=_inject(args),
-        warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size))
+        warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size),
+        warmup_batch=_max_batch(args))
     serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)
 
 

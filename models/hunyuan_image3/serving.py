@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.serve.errors import RequestError
@@ -70,9 +71,10 @@ class HunyuanServeAdapter:
 
     def __init__(self, pipe: HunyuanT2IPipeline, rank: int, defaults: T2IRequest,
                  warmup_shapes: list[tuple[int, str]] | None = None, warmup: bool = True,
-                 inject_failure: list[tuple] | None = None):
+                 inject_failure: list[tuple] | None = None, warmup_batch: int = 1):
         self.pipe, self.rank, self.defaults = pipe, rank, defaults
         self.warmup_shapes, self.warmup = warmup_shapes, warmup
+        self.warmup_batch = warmup_batch   # a compiled pipeline also warms up batches of 2..warmup_batch
         self.injections = Injections(inject_failure or [], rank, pipe.model.model.layers[-1])
         m = pipe.model
         self.edit_problem = ("the model was loaded without the vision tower and the VAE encoder (the checkpoint "
@@ -241,6 +243,20 @@ class HunyuanServeAdapter:
         elif self.warmup:
             self.pipe.generate(replace(warmup_request(self.defaults, cached_step=True),
                                        forced_tokens=filler_ids(self.defaults.max_new_tokens)), progress=progress)
+        if (self.warmup_shapes or self.warmup) and self.warmup_batch > 1 and self.pipe.compiler.options.enabled:
+            # Each batch size has graphs of its own (the batch dimension is static): compile
+            # every size a batch can have (one that members left shrinks) before /ready.
+            template = replace(warmup_request(self.defaults, cached_step=True),
+                               forced_tokens=filler_ids(self.defaults.max_new_tokens))
+            # Prompts of n lengths (one row fewer each): rows with their own positions and
+            # holes, as traffic has them.
+            shapes = [(tokens - 1, size) for tokens, size in self.warmup_shapes] if self.warmup_shapes else \
+                [(len(self.pipe.tok.encode(template.prompt)), template.image_size)]
+            for length, size in shapes:
+                for n in range(2, self.warmup_batch + 1):
+                    reqs = [replace(template, seed=template.seed + k, image_size=size,
+                                    prompt_ids=filler_ids(max(1, length - k))) for k in range(n)]
+                    self.pipe.generate_batch(reqs, per_member([progress] * n))
 
     def free_caches(self) -> None:
         self.pipe.release_caches()
