@@ -943,7 +943,7 @@ class HunyuanT2IPipeline:
     def generate_batch(self, reqs: list[T2IRequest], progress: BatchHook,
                        profiler=None) -> list[T2IResult | BaseException]:
         """Several requests whose denoise steps run as rows of one batch: each request's
-        condition and AR phase in turn (`run_ar_batch`), then one denoise batch per denoise
+        condition and AR phase in turn (`run_ar_phases`), then one denoise batch per denoise
         shape among them (`denoise_key`; `run_denoise_batch`), then each VAE decode. Every
         step boundary goes through `progress(phase, done, total, members)` (dtgen/batching.py),
         which says who leaves the batch there (a cancel, a deadline, that request's own error);
@@ -956,7 +956,7 @@ class HunyuanT2IPipeline:
         profiler = profiler or NullProfiler()
         runs = [_Run(_Timer(self.device), {}, {}, batch.progress_of(j), profiler) for j in range(len(reqs))]
         t_start = runs[0].timer.now()
-        prepared = self.run_ar_batch(reqs, runs, batch)
+        prepared = self.run_ar_phases(reqs, runs, batch)
         parts: dict[tuple, list[int]] = {}
         for j in batch.active:
             parts.setdefault(denoise_key(reqs[j], prepared[j].seq), []).append(j)
@@ -989,10 +989,12 @@ class HunyuanT2IPipeline:
             results.append(T2IResult(image, latents[j], p.tokens, p.ratio, p.image_size, run.timings, run.record))
         return results
 
-    def run_ar_batch(self, reqs: list[T2IRequest], runs: list["_Run"],
-                     batch: BatchMembers) -> dict[int, "_Prepared"]:
+    def run_ar_phases(self, reqs: list[T2IRequest], runs: list["_Run"],
+                      batch: BatchMembers) -> dict[int, "_Prepared"]:
         """The phases before the denoise, for the members still in the batch: each request's
-        condition and AR in turn (`_prepare_denoise`). A batched AR decode plugs in here."""
+        condition and AR in turn (`_prepare_denoise`), every AR token a step boundary of that
+        request alone. A batched AR decode (`run_ar_batch`) plugs in here once its steps report
+        to `batch` (one boundary per decode step for every request in it)."""
         prepared = {}
         for j, (req, run) in enumerate(zip(reqs, runs)):
             if j not in batch.active:
