@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention_key_prefix import attention_key_prefix
+from kernels.split_kv_decode import DecodeSchedule, balanced_schedule, default_num_programs
 
 from .sequence import SlotHole
 
@@ -57,6 +58,43 @@ def structured_mask(q_slots: torch.Tensor, k_slots: torch.Tensor,
     return allowed
 
 
+DECODE_IMPLS = ("auto", "reference", "triton")
+
+
+@dataclass
+class DecodeBatch:
+    """A batched decode step: batch row b of the queries is request b's one new token.
+
+    Row b writes its K/V at slot `positions[b]` of cache row b and attends to that row's
+    slots 0..positions[b]: every request at its own length, in its own slot range (one
+    request is the batch of one). `schedule`: the split-KV kernel's work split
+    (`kernels/split_kv_decode.py`), built once per step from the lengths and reused by every
+    layer; None on the torch path. `impl` ("auto": the kernels on CUDA, their torch
+    references elsewhere; "reference"; "triton") is handed to the prologue and attention ops.
+    """
+
+    positions: torch.Tensor          # [B] int64
+    lengths: torch.Tensor            # [B] = positions + 1: the keys each row sees
+    schedule: DecodeSchedule | None
+    impl: str = "auto"
+
+
+def decode_batch(positions: torch.Tensor, cache_len: int, num_programs: int, impl: str = "auto") -> DecodeBatch:
+    """The per-step decode description (no host sync: positions stay on the device).
+    num_programs: the split kernel's programs per KV head (`decode_programs`)."""
+    if impl not in DECODE_IMPLS:
+        raise ValueError(f"decode impl must be one of {DECODE_IMPLS}, got {impl!r}")
+    lengths = positions + 1
+    kernels = impl == "triton" or (impl == "auto" and positions.is_cuda)
+    schedule = balanced_schedule(lengths, cache_len, num_programs) if kernels else None
+    return DecodeBatch(positions, lengths, schedule, impl)
+
+
+def decode_programs(device: torch.device | str, kv_heads: int) -> int:
+    """The split kernel's programs per KV head on this device (a host call: once, not per step)."""
+    return default_num_programs(torch.device(device), kv_heads)
+
+
 @dataclass
 class AttentionMeta:
     """What every attention core needs besides q, k, v.
@@ -70,6 +108,9 @@ class AttentionMeta:
     slot_runs: `slots` as static runs (SlotRuns below) when the caller knows them, else None.
         A core that hands a different row set to an inner core must drop it (None).
     hole: bucket padding inside the sequence (`dtgen.sequence.SlotHole`): keys no query sees.
+    decode: a batched decode step (`DecodeBatch`): one row per request, each at its own
+        position in its own cache row; `slots` then holds those positions. The model's
+        attention then runs its fused decode path (local heads only: no sequence parallelism).
     """
 
     slots: torch.Tensor
@@ -77,6 +118,7 @@ class AttentionMeta:
     kv_slots: torch.Tensor | None = None
     slot_runs: tuple[tuple[int, int], ...] | None = None
     hole: SlotHole | None = None
+    decode: DecodeBatch | None = None
 
 
 # Static description of `slots`: half-open runs of consecutive slots, in row order, e.g.
@@ -134,6 +176,12 @@ class KVCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def rows(self, start: int, end: int) -> "KVCache":
+        """Batch rows [start, end) of every layer as a cache of their own (views: writes land here)."""
+        view = KVCache.__new__(KVCache)
+        view.layers = [LayerKVCache(layer.k[start:end], layer.v[start:end]) for layer in self.layers]
+        return view
 
     def select_rows(self, rows: torch.Tensor) -> "KVCache":
         """A new cache holding batch rows `rows` of this one (requests that left a batch drop theirs)."""

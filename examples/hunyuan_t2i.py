@@ -137,6 +137,11 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="denoise steps of the profiled run (default: --steps)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="with --compile on GPU: replay the AR decode step as a CUDA graph")
+    p.add_argument("--decode-impl", choices=("sdpa", "reference", "triton"), default=None,
+                   help="how the AR decode step attends: masked SDPA over the whole cache (sdpa), or the batched "
+                        "decode path, the fused QK-norm/RoPE/KV-write prologue and split-KV attention over the "
+                        "request's own keys, as torch ops (reference) or Triton kernels (triton). Default: triton "
+                        "on CUDA, sdpa elsewhere; an AR phase with sequence parallelism always runs sdpa")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run a short request first (same shapes; 2 denoise steps) so that compilation and "
                         "first-call kernel JIT stay out of the figures; its wall time is reported on its own "
@@ -318,7 +323,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
                              decode_cuda_graph=args.cuda_graph, regions=args.compile_regions)
     vae_group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                              compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket)
+                              compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
+                              decode_impl=args.decode_impl)
     return pipe, loaded, device, dtype
 
 

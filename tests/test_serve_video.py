@@ -66,6 +66,21 @@ def test_a_video_job_is_cancelled_and_its_content_says_so(wan):
     assert done["status"] == "cancelled" and done["error"]["message"] == "cancelled by DELETE", done
 
 
+def test_a_video_job_takes_its_own_step_cache(wan):
+    """`step_cache` per request: the job reports the cache's decisions; the next job without
+    the field runs every step in full (the server's default: none)."""
+    base, _ = wan
+    runs = {}
+    for name, extra in (("cached", {"step_cache": "first-block:threshold=1000"}), ("plain", {})):
+        _, video, _ = call(base, "POST", "/v1/videos", {"prompt": "a fox", "num_frames": 5,
+                                                        "num_inference_steps": 4, **extra})
+        runs[name], _ = wait_video(base, video["id"])
+        assert runs[name]["status"] == "completed", runs[name]
+    report = runs["cached"]["dtgen"]["step_cache"]
+    assert report["method"] == "first-block" and len(report["full_steps"]) < 4, report
+    assert runs["plain"]["dtgen"]["step_cache"] is None
+
+
 @pytest.mark.parametrize("body, field, message", [
     ({"prompt": "x", "num_frames": 10}, "num_frames", "4k + 1); nearest valid: 9 or 13"),
     ({"prompt": "x", "size": "63x48"}, "size", "width=63 must be a multiple of 16"),
@@ -74,6 +89,8 @@ def test_a_video_job_is_cancelled_and_its_content_says_so(wan):
     ({"prompt": "x", "input_reference": "a.png"}, "input_reference", "text only"),
     ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
     ({"size": "64x48"}, "prompt", "is required"),
+    ({"prompt": "x", "step_cache": "nocache"}, "step_cache.method", "nocache"),
+    ({"prompt": "x", "step_cache": "first-block:threshold=-1"}, "step_cache.threshold", "threshold"),
 ])
 def test_bad_video_fields_get_422_naming_the_field(wan, body, field, message):
     base, _ = wan

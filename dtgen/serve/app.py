@@ -247,6 +247,8 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
             body["error"] = {"message": job.error}
         if job.state == SUCCEEDED:
             body["content"] = f"/v1/videos/{job.id}/content"
+            # what the job reports besides the MP4: timings, the step cache's decisions
+            body["dtgen"].update({k: v for k, v in job.result.items() if k != "video"})
         return body
 
     def video_job(job_id: str) -> Job | JSONResponse:

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from dtgen.attention import AttentionMeta, KVCache, KVCachePool, SlotRuns, slots_of_runs
+from dtgen.attention import AttentionMeta, KVCache, KVCachePool, SlotRuns, decode_batch, decode_programs, slots_of_runs
 from dtgen.batching import BatchHook, BatchMembers, MemberLeft, per_member
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.cuda_graph import GraphedStep
@@ -206,6 +206,20 @@ class T2IResult:
     record: dict[str, list] = field(default_factory=dict)
 
 
+@dataclass
+class ARBatchResult:
+    """One request's AR phase out of `run_ar_batch`: what `run_ar` gives, and its logits."""
+
+    tokens: list[int]                 # AR tokens generated (CoT), without the ratio token
+    ratio_index: int
+    logits: list[torch.Tensor]        # [V] per kept step: the prefill's, each kept token's, the image head's
+
+
+# How the AR decode step attends: "sdpa" (masked SDPA over the whole cache, one request);
+# "reference" / "triton" (the batched decode path: the fused prologue and split-KV attention
+# over each request's own keys, as their torch references or the Triton kernels).
+DECODE_IMPLS = ("sdpa", "reference", "triton")
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -344,13 +358,21 @@ class _Timer:
 class HunyuanT2IPipeline:
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
                  is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
-                 prompt_bucket: int | None = None):
+                 prompt_bucket: int | None = None, decode_impl: str | None = None):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
         rows; the main rank gets the image); None decodes on the main rank alone.
         `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
         rows, so that prompts of similar length share every compiled graph (0: exact
         lengths; default: 256 when compiling, else 0, since padding only pays where shapes
-        key graphs)."""
+        key graphs).
+        `decode_impl` (DECODE_IMPLS): how the one-request AR decode step attends; default
+        "triton" on CUDA, "sdpa" elsewhere. A phase with sequence parallelism keeps "sdpa"
+        for it (the batched path attends over local heads); `decode_batch` always takes the
+        batched path ("reference" where this is "sdpa")."""
+        if decode_impl is not None and decode_impl not in DECODE_IMPLS:
+            raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
+        self.decode_impl = decode_impl or ("triton" if torch.device(device).type == "cuda" else "sdpa")
+        self._programs: dict[int, int] = {}
         self.model = model
         self.vae_group = vae_group
         self.tok = tokenizer
@@ -365,6 +387,7 @@ class HunyuanT2IPipeline:
         options = self.compiler.options
         self.decode_cuda_graph = options.enabled and options.decode_cuda_graph and self.device.type == "cuda"
         self._graphed_decode: GraphedStep | None = None
+        self._graphed_decode_batch: GraphedStep | None = None
         if options.enabled and options.regions:
             # One compiled region per decoder layer, shared by all of them; every step runs
             # eagerly around it, so dynamo traces one layer whatever the depth. The decode
@@ -376,11 +399,15 @@ class HunyuanT2IPipeline:
             if self.decode_cuda_graph:
                 self._graphed_decode = GraphedStep(self._ar_decode)
                 self._decode_fn = self.compiler.timed(self._graphed_decode)
+                self._graphed_decode_batch = GraphedStep(self._decode_batch_step)
+                self._decode_batch_fn = self.compiler.timed(self._graphed_decode_batch)
             else:
                 self._decode_fn = self.compiler.timed(self._ar_decode)
+                self._decode_batch_fn = self.compiler.timed(self._decode_batch_step)
         else:
             self._prefill_fn = self.compiler.wrap(self._ar_prefill)
             self._decode_fn = self.compiler.wrap(self._ar_decode, cuda_graph=self.decode_cuda_graph)
+            self._decode_batch_fn = self.compiler.wrap(self._decode_batch_step, cuda_graph=self.decode_cuda_graph)
             self._denoise_fn = self.compiler.wrap(self.denoise_step)
         # A cached step's head (final_layer alone) is a graph of its own in both modes.
         self._head_fn = self.compiler.wrap(self.head_velocity)
@@ -394,8 +421,9 @@ class HunyuanT2IPipeline:
         """Drop the KV caches kept between requests (after an out-of-memory error: the next
         request allocates them again; a CUDA-graph decode step then records again)."""
         self._caches.clear()
-        if self._graphed_decode is not None:  # its recordings hold the old caches' addresses
-            self._graphed_decode.reset()
+        for graphed in (self._graphed_decode, self._graphed_decode_batch):
+            if graphed is not None:  # its recordings hold the old caches' addresses
+                graphed.reset()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -466,7 +494,130 @@ class HunyuanT2IPipeline:
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling, last, cond)
 
     def _ar_decode(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs):
+        if self.decode_impl != "sdpa" and rt.seq.size == 1:   # the batched path, a batch of one
+            logits = self.decode_logits(rt, ids, slots, cache)[0]
+            return logits, sample_token(logits, uniform, sampling.temperature, sampling.top_k, sampling.top_p,
+                                        sampling.candidates)
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling)
+
+    # ---- batched AR decode --------------------------------------------------------------
+    def _decode_programs(self, cache: KVCache) -> int:
+        kv_heads = cache.layers[0].k.shape[1]
+        if kv_heads not in self._programs:
+            self._programs[kv_heads] = decode_programs(self.device, kv_heads)
+        return self._programs[kv_heads]
+
+    def decode_logits(self, rt, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One decode step for B requests: ids [B, 1], positions [B] (each request's new slot
+        in its own cache row b; it sees that row's slots 0..position) -> logits [B, V] float32.
+        The split-KV schedule is built here, once for every layer. No host sync."""
+        if rt.seq.size > 1:
+            raise ValueError("a batched decode step attends over local heads; this AR phase is sequence parallel "
+                             f"(SP {rt.seq.size}): choose a plan whose AR phase is TP only")
+        if ids.shape != (positions.shape[0], 1) or cache.layers[0].k.shape[0] != positions.shape[0]:
+            raise ValueError(f"decode step: ids must be [B, 1] and the cache B rows for B = {positions.shape[0]} "
+                             f"positions, got ids {tuple(ids.shape)} and a cache of {cache.layers[0].k.shape[0]} rows")
+        impl = "reference" if self.decode_impl == "sdpa" else self.decode_impl
+        step = decode_batch(positions, cache.length, self._decode_programs(cache), impl)
+        rope = positions.view(-1, 1, 1).expand(-1, 1, 2)          # text rows: y = x = position
+        h = self.model.model(self.model.embed_tokens(ids), rope, AttentionMeta(positions, decode=step), cache)
+        return self.model.logits(h[:, 0])
+
+    def _decode_batch_step(self, rt, ids, positions, cache, uniforms, samplings):
+        """decode_logits, then each request's token from its own uniforms and settings."""
+        logits = self.decode_logits(rt, ids, positions, cache)
+        tokens = [sample_token(logits[b], u, s.temperature, s.top_k, s.top_p, s.candidates)
+                  for b, (u, s) in enumerate(zip(uniforms, samplings))]
+        return logits, torch.stack(tokens)
+
+    def decode_batch(self, rt, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                     uniforms: tuple[torch.Tensor | None, ...], samplings: tuple[SamplingArgs, ...]):
+        """Advance B requests one token each (compiled, and on CUDA replayed as a graph, as the
+        one-request step): ids [B, 1] at positions [B] of cache rows 0..B-1; uniforms[b]: request
+        b's draws [V] (None: greedy); samplings[b]: its settings. -> (logits [B, V], tokens [B])."""
+        if len(uniforms) != ids.shape[0] or len(samplings) != ids.shape[0]:
+            raise ValueError(f"decode_batch: {ids.shape[0]} requests but {len(uniforms)} uniforms and "
+                             f"{len(samplings)} sampling settings")
+        logits, tokens = self._decode_batch_fn(rt, ids, positions, cache, tuple(uniforms), tuple(samplings))
+        return logits.clone(), tokens.clone()   # a CUDA-graph replay reuses its buffers
+
+    def run_ar_batch(self, reqs: list[T2IRequest]) -> list[ARBatchResult]:
+        """The AR phase of several text-to-image requests together: each prompt is prefilled
+        alone into its own row of one KV cache, then every decode step advances all of them
+        one token (`decode_batch`), each at its own length; a request that stops sits out the
+        remaining steps (its row rewrites one slot that its image head overwrites later), then
+        all feed their image head and choose their ratio. Per request, the same tokens and
+        logits as `run_ar` alone (the same draws from its own generator)."""
+        if not reqs:
+            raise ValueError("run_ar_batch: no requests")
+        for i, r in enumerate(reqs):
+            if r.reference is not None:
+                raise ValueError(f"run_ar_batch: request {i} is an image edit; batched AR takes text-to-image only")
+        rt = self.controller.activate("ar")
+        sp, dev, V = self.special, self.device, self.cfg.vocab_size
+        prompts = [[sp.bos] + self._prompt_ids(r) for r in reqs]
+        steps = [r.max_new_tokens if r.forced_tokens is None else len(r.forced_tokens) for r in reqs]
+        padded = [ids + [sp.eos] * (self._bucket(len(ids)) - len(ids)) for ids in prompts]
+        budget = 0
+        for i, (ids, n, pad) in enumerate(zip(prompts, steps, padded)):
+            self._check_budget(len(ids) + n + 2, f"request {i}'s AR sequence (prompt + max_new_tokens + "
+                               "<boi><img_size>)")
+            budget = max(budget, len(ids) + n + 2, len(pad))
+        length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
+        N = len(reqs)
+        cache = self._cache(rt, N, length, reuse=f"ar-batch{N}")
+        gens = [torch.Generator(device=dev).manual_seed(r.seed) for r in reqs]
+        samplings = tuple(Sampling(r.temperature, r.top_k, r.top_p).step_args(V, dev) for r in reqs)
+        stops = [{sp.eos, *r.stop_ids} for r in reqs]
+        logs: list[list[torch.Tensor]] = []
+        current = []
+        for b in range(N):   # prefill, one request at a time, into its own row
+            logits, token = self._feed(self._prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
+                                       samplings[b], gens[b], static_slots=True,
+                                       rows=len(prompts[b]) if self.prompt_bucket else None)
+            logs.append([logits])
+            current.append(int(token))
+        generated: list[list[int]] = [[] for _ in reqs]
+        positions = [len(ids) for ids in prompts]
+        active = [n > 0 for n in steps]
+        dummy = torch.full((V,), 0.5, device=dev)   # draws of a row that sits out (never read)
+
+        def step(fed: list[int], live: list[bool]):
+            uniforms = tuple((torch.rand(V, generator=g, device=dev) if on else dummy) if s.draws else None
+                             for g, s, on in zip(gens, samplings, live))
+            return self.decode_batch(rt, torch.tensor(fed, device=dev).view(N, 1), torch.tensor(positions, device=dev),
+                                     cache, uniforms, samplings)
+
+        i = 0
+        while any(active):
+            fed = [(reqs[b].forced_tokens[i] if reqs[b].forced_tokens is not None else current[b]) if active[b]
+                   else sp.eos for b in range(N)]
+            logits, tokens = step(fed, active)
+            tokens = tokens.tolist()
+            for b in range(N):
+                if not active[b]:
+                    continue
+                if fed[b] in stops[b] and not reqs[b].ignore_stop:
+                    active[b] = False          # dropped: its slot is the image head's
+                    continue
+                generated[b].append(fed[b])
+                logs[b].append(logits[b])
+                current[b] = tokens[b]
+                positions[b] += 1
+                active[b] = len(generated[b]) < steps[b]
+            i += 1
+        # <boi><img_size_N> at each request's own next slots; the ratio from the last logits.
+        for token in (sp.boi, sp.size[self.cfg.image_base_size]):
+            logits, _ = step([token] * N, [True] * N)
+            positions = [p + 1 for p in positions]
+        results = []
+        for b, r in enumerate(reqs):
+            too_long = self._sizes_too_long(len(prompts[b]) + len(generated[b]), logits.device)
+            chosen = int(torch.argmax(logits[b][list(sp.ratio)].masked_fill(too_long, float("-inf"))))
+            ratio = chosen if r.forced_ratio is None else r.forced_ratio
+            self._check_ranks_agree(generated[b], ratio)
+            results.append(ARBatchResult(generated[b], ratio, logs[b] + [logits[b]]))
+        return results
 
     def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
               sampling: SamplingArgs, generator: torch.Generator | None,

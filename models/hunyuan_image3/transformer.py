@@ -18,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtgen.attention import AttentionMeta, KVCache, LayerKVCache, LocalAttention
+from kernels.qk_norm_rope_kv import qk_norm_rope_kv
+from kernels.split_kv_decode import split_kv_decode
+
+from dtgen.attention import AttentionMeta, DecodeBatch, KVCache, LayerKVCache, LocalAttention
 
 from .rope import apply_rope, rope_cos_sin
 from .config import HunyuanImage3Config
@@ -59,6 +62,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMeta,
                 cache: LayerKVCache | None) -> torch.Tensor:
+        if meta.decode is not None:
+            return self.decode(x, cos, sin, meta.decode, cache)
         B, S, _ = x.shape
         D, G = self.head_dim, self.group
         # [B, S, kv_heads, G + 2, D]: whatever number of KV groups this weight holds.
@@ -74,6 +79,26 @@ class Attention(nn.Module):
             k = self.key_layernorm(k)
         out = self.core(q, k, v, meta, cache)
         return self.o_proj(out.reshape(B, S, -1))
+
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step: DecodeBatch,
+               cache: LayerKVCache) -> torch.Tensor:
+        """A batched decode step (x [B, 1, H], one row per request): the prologue as one op
+        (split, RoPE, QK norm, K/V written at each row's own slot), then split-KV attention
+        over each row's own keys. The same math as `forward` (the ops' references are the
+        same torch ops, in the same order); the heads are whatever this weight holds."""
+        if not isinstance(self.core, LocalAttention):
+            raise ValueError(f"a batched decode step attends over local heads only; this phase's attention core "
+                             f"is {type(self.core).__name__} (sequence parallel)")
+        B, S, _ = x.shape
+        if S != 1 or cache is None:
+            raise ValueError(f"a batched decode step takes one row per request and a KV cache, got {S} rows"
+                             + ("" if cache is not None else " and no cache"))
+        norm = (self.query_layernorm.weight, self.key_layernorm.weight) if self.use_qk_norm else (None, None)
+        eps = self.query_layernorm.eps if self.use_qk_norm else 0.0
+        q = qk_norm_rope_kv(self.qkv_proj(x), cos, sin, *norm, eps, cache.k, cache.v, step.positions[:, None],
+                            self.group, impl=step.impl)
+        out = split_kv_decode(q[:, 0], cache.k, cache.v, step.lengths, step.schedule, impl=step.impl)
+        return self.o_proj(out.reshape(B, 1, -1))
 
 
 def gated_act(u: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,9 @@ Request fields (JSON or form text), OpenAI's videos API first:
   video only);
 - the model's own: `num_frames` (4k + 1), `fps` (of the MP4), `negative_prompt`,
   `num_inference_steps`, `guidance_scale`, `guidance_scale_2` (Wan2.2-A14B's low-noise
-  expert only), `flow_shift`, `sampler`, `seed`.
+  expert only), `flow_shift`, `sampler`, `seed`, `step_cache` (fewer full DiT evaluations,
+  dtgen/step_cache.py: "first-block:threshold=0.05", {"method": "magcache", ...}, or null for
+  none; default: the server's `--step-cache`).
 Fields not given take the server's defaults (the T2V example's flags). Checked before the
 job is queued by `check_request`, the CLI's own.
 """
@@ -22,6 +24,7 @@ import torch
 from dtgen.harness import Injections
 from dtgen.samplers import SAMPLERS
 from dtgen.serve.errors import RequestError
+from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.pipeline import T2VRequest, WanT2VPipeline, check_request
 
 MAX_FRAMES = 1001
@@ -40,9 +43,10 @@ FIELDS = {"prompt": ("prompt", str), "negative_prompt": ("negative_prompt", str)
           "num_frames": ("num_frames", int), "seconds": (None, float), "fps": (None, int),
           "num_inference_steps": ("steps", int), "guidance_scale": ("guidance_scale", float),
           "guidance_scale_2": ("guidance_scale_2", float), "flow_shift": ("shift", float),
-          "sampler": ("sampler", str), "seed": ("seed", int), "model": (None, str)}
+          "sampler": ("sampler", str), "seed": ("seed", int), "model": (None, str),
+          "step_cache": ("step_cache", None)}   # text, an object or null: parse_step_cache checks it
 _JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr}
-FORM_TYPES = {name: kind for name, (_, kind) in FIELDS.items()}
+FORM_TYPES = {name: kind or str for name, (_, kind) in FIELDS.items()}
 
 
 def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
@@ -95,6 +99,8 @@ class WanServeAdapter:
             raise RequestError("prompt", "is required" if "prompt" not in fields else "must be a non-empty string")
         for name, value in fields.items():
             kind = FIELDS[name][1]
+            if kind is None:
+                continue
             ok = isinstance(value, str) if kind is str else (
                 isinstance(value, int) and not isinstance(value, bool) if kind is int else
                 isinstance(value, (int, float)) and not isinstance(value, bool) and value == value)
@@ -102,6 +108,11 @@ class WanServeAdapter:
                 raise RequestError(name, f"must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
                                          f", got {value!r}")
         values = {FIELDS[k][0]: v for k, v in fields.items() if FIELDS[k][0] is not None}
+        if "step_cache" in values:
+            try:
+                values["step_cache"] = parse_step_cache(values["step_cache"])
+            except StepCacheError as e:
+                raise RequestError(f"step_cache.{e.knob}", e.message) from None
         if "size" in fields:
             parts = fields["size"].lower().split("x")
             if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
@@ -166,6 +177,8 @@ class WanServeAdapter:
         r = job.request
         return {"video": buffer.getvalue(), "size": f"{r.width}x{r.height}", "num_frames": r.num_frames,
                 "fps": job.fps, "seed": r.seed,
+                # which DiT evaluations ran in full and which the step cache reused (None: no cache)
+                "step_cache": result.record.get("step_cache"),
                 "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
                                "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
 

@@ -1,0 +1,108 @@
+"""Qwen-Image text-to-image as one module tree, its adapter for `dtgen.build`, and `load`.
+
+The tree mirrors the diffusers folder (`text_encoder/`, `transformer/`, `vae/`, `tokenizer/`,
+`scheduler/`): parameter names are the folder's name plus the component's own key, so
+`ComponentsReader` serves them with no mapping. Everything stays resident; the phases
+(encode, denoise, decode) only change which modules run.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dtgen.build import ModelAdapter, build
+from dtgen.checkpoint import CheckpointError, ComponentsReader
+from dtgen.plan import Rule
+
+from . import text_encoder as te
+from .transformer import Attention, QwenImageTransformer, QwenImageTransformerConfig
+from .vae import IGNORED_CHECKPOINT_PREFIXES, QwenImageVAE, vae_config
+
+COMPONENTS = ("text_encoder", "transformer", "vae")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class QwenImageConfigs:
+    text_encoder: te.QwenTextConfig
+    transformer: QwenImageTransformerConfig
+    vae: object        # the WanVAEConfig of its decoder
+    scheduler: dict
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "QwenImageConfigs":
+        folder = Path(folder)
+        missing = [c for c in (*COMPONENTS, "tokenizer", "scheduler") if not (folder / c).is_dir()]
+        if missing:
+            raise CheckpointError(f"{folder} is missing the component folder(s) {missing} (a diffusers-format "
+                                  f"Qwen-Image checkpoint has {[*COMPONENTS, 'tokenizer', 'scheduler']})")
+        read = lambda *p: json.loads(folder.joinpath(*p).read_text())   # noqa: E731
+        return cls(te.QwenTextConfig.from_json(folder / "text_encoder" / "config.json"),
+                   QwenImageTransformerConfig.from_dict(read("transformer", "config.json")),
+                   vae_config(read("vae", "config.json")), read("scheduler", "scheduler_config.json"))
+
+
+class QwenImageT2I(nn.Module):
+    def __init__(self, cfgs: QwenImageConfigs):
+        super().__init__()
+        self.cfgs = cfgs
+        self.text_encoder = te.QwenTextEncoder(cfgs.text_encoder)
+        self.transformer = QwenImageTransformer(cfgs.transformer)
+        self.vae = QwenImageVAE(cfgs.vae)
+
+
+@dataclass
+class QwenImageAdapter(ModelAdapter):
+    """Qwen-Image for `dtgen.build`: its attention modules, whole heads per TP split, the VAE's dtype."""
+
+    cfgs: QwenImageConfigs
+    vae_dtype: torch.dtype = torch.float32
+    ignored_prefixes: tuple[str, ...] = (*(f"text_encoder.{p}" for p in te.IGNORED_CHECKPOINT_PREFIXES),
+                                         *(f"vae.{p}" for p in IGNORED_CHECKPOINT_PREFIXES))
+
+    def build_on_meta(self) -> QwenImageT2I:
+        return QwenImageT2I(self.cfgs)
+
+    def attention_heads(self, model: QwenImageT2I) -> dict[str, tuple[int, int]]:
+        n = self.cfgs.transformer.num_attention_heads
+        return {f"transformer.{name}": (n, n) for name, m in model.transformer.named_modules()
+                if isinstance(m, Attention)}
+
+    def split_unit(self, name: str, rule: Rule) -> tuple[int, str] | None:
+        # A TP shard of a projection holds whole heads (the attention reads heads off its rows).
+        if ".attn." in name and rule != Rule.REPLICATE:
+            return self.cfgs.transformer.attention_head_dim, "heads"
+        if ".self_attn." in name and rule != Rule.REPLICATE:
+            return self.cfgs.text_encoder.head_dim, "heads"
+        return None
+
+    def param_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        return self.vae_dtype if name.startswith("vae.") else dtype
+
+
+@dataclass
+class LoadedQwenImage:
+    model: QwenImageT2I
+    controller: object
+    storage: object
+    tokenizer: object
+    plan: object
+
+
+def load(checkpoint: str | Path, plan, rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.float32,
+         device: torch.device | str = "cpu", vae_dtype: str = "float32") -> LoadedQwenImage:
+    """A diffusers-format Qwen-Image folder -> this rank's resident weights + controller."""
+    if vae_dtype not in _DTYPES:
+        raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
+    cfgs = QwenImageConfigs.from_folder(checkpoint)
+    tokenizer = te.load_tokenizer(Path(checkpoint) / "tokenizer")   # before any weight: a bad folder fails fast
+    reader = ComponentsReader(checkpoint, COMPONENTS)
+    try:
+        built = build(QwenImageAdapter(cfgs, _DTYPES[vae_dtype]), plan, reader, rank, world_size, dtype, device)
+    finally:
+        reader.close()
+    return LoadedQwenImage(built.model, built.controller, built.storage, tokenizer, plan)

@@ -1,0 +1,284 @@
+"""Qwen-Image text-to-image: encode the prompts, denoise with true CFG, decode (diffusers' QwenImagePipeline).
+
+Three phases over one resident copy of the weights (placements/qwen_image.py): `encode` runs
+the text encoder on the prompt (and the negative prompt when CFG is on), each alone;
+`denoise` runs the MMDiT once per branch and step (serially, or one branch per rank on a CFG
+axis), with the text and image rows spread over the phase's SP ranks; `decode` runs the VAE,
+split over a spatial group when the caller gives one.
+
+True CFG is QwenImagePipeline's: comb = uncond + s (cond - uncond), rescaled per row to the
+conditional prediction's norm over channels. The sampler is its FlowMatchEulerDiscreteScheduler:
+sigmas linspace(1, 1/steps), shifted by mu, which grows linearly with the image's token
+count (dynamic shift), stretched to end at `shift_terminal`.
+
+Under sequence parallelism each rank holds a chunk of the text rows and a chunk of the image
+rows (each tail-padded to a multiple of the SP size), as diffusers' `_cp_plan` splits them;
+the attention meta gives every row its slot (text 0..L-1, image L..L+N-1, padding past
+them), so the joint attention sees one bidirectional block and no padding. The blocks' output
+a step cache keeps is the image stream; the text stream travels inside the call.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from dtgen.attention import AttentionMeta
+from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.samplers import FlowEulerSampler, _linspace
+from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
+from models.wan.parallel_vae import parallel_decode
+
+from .model import QwenImageT2I
+from .text_encoder import encode_prompt
+from .transformer import QwenImageTransformer, joint_meta, run_block
+
+
+@dataclass(frozen=True)
+class T2IRequest:
+    prompt: str
+    negative_prompt: str = " "      # the model card's; CFG needs one (QwenImagePipeline: none -> no CFG)
+    height: int = 1024
+    width: int = 1024
+    steps: int = 50
+    true_cfg_scale: float = 4.0     # <= 1: no CFG, the conditional branch alone
+    seed: int = 0
+    max_sequence_length: int = 512
+    step_cache: object = None       # dtgen/step_cache.py: a config, its text or dict form
+
+
+@dataclass
+class T2IResult:
+    image: torch.Tensor | None      # [H, W, 3] uint8 on the main rank (None elsewhere)
+    latents: torch.Tensor           # [1, h*w, C*4] packed, the denoised latents
+    timings_ms: dict = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
+
+
+def check_request(req: T2IRequest, multiple: int = 16) -> None:
+    for name in ("height", "width"):
+        v = getattr(req, name)
+        if v < multiple or v % multiple:
+            lo = max(multiple, v // multiple * multiple)
+            raise ValueError(f"{name}={v} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
+                             f"{lo} or {lo + multiple}")
+    if not isinstance(req.steps, int) or req.steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {req.steps!r}")
+    if not 1 <= req.max_sequence_length <= 1024:
+        raise ValueError(f"max_sequence_length must be in 1..1024, got {req.max_sequence_length}")
+
+
+class DynamicShiftSampler(FlowEulerSampler):
+    """FlowMatchEulerDiscreteScheduler as QwenImagePipeline sets it up (its `step` is Euler's)."""
+
+    def __init__(self, steps: int, image_seq_len: int, config: dict):
+        for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
+                    "stochastic_sampling"):
+            if config.get(key):
+                raise ValueError(f"scheduler config: '{key}'=true is not supported")
+        base, top = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+        lo, hi = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+        mu = image_seq_len * (hi - lo) / (top - base) + lo - (hi - lo) / (top - base) * base   # calculate_shift
+        sigmas = _linspace(1.0, 1 / steps, steps).float()
+        if config.get("use_dynamic_shifting", False):
+            kind = config.get("time_shift_type", "exponential")
+            if kind not in ("exponential", "linear"):
+                raise ValueError(f"scheduler config: time_shift_type={kind!r} is not supported")
+            m = math.exp(mu) if kind == "exponential" else mu
+            sigmas = m / (m + (1 / sigmas - 1))
+        else:
+            shift = config.get("shift", 1.0)
+            sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+        if config.get("shift_terminal"):
+            one_minus = 1 - sigmas
+            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
+        self.steps, self.mu = steps, mu
+        self.timesteps = sigmas * config.get("num_train_timesteps", 1000)
+        self.sigmas = torch.cat([sigmas, sigmas.new_zeros(1)])
+        self.reset()
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, 1, H, W] -> [B, (H/2)(W/2), C*4] (QwenImagePipeline._pack_latents)."""
+    B, C, _, H, W = latents.shape
+    return latents.view(B, C, H // 2, 2, W // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(B, H * W // 4, C * 4)
+
+
+def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """[B, h*w, C*4] on the (h, w) patch grid -> [B, C, 1, 2h, 2w] (QwenImagePipeline._unpack_latents)."""
+    B, _, C4 = latents.shape
+    return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
+
+
+def sp_meta(rt, txt_rows: int, img_rows: int, device) -> AttentionMeta:
+    """The rows of every SP rank in order (rank r: its text chunk, then its image chunk), as slots."""
+    seq, L, N = rt.seq, txt_rows, img_rows
+    if seq.size == 1:
+        return joint_meta(L + N, device)
+    txt = seq.pad_slots(torch.arange(L, device=device), L + N)
+    img = seq.pad_slots(torch.arange(L, L + N, device=device), L + N + txt.shape[0] - L)
+    slots = torch.cat([torch.cat(pair) for pair in zip(txt.chunk(seq.size), img.chunk(seq.size))])
+    return AttentionMeta(slots=slots, image_blocks=((0, L + N),))
+
+
+class StepInputs(NamedTuple):
+    img: torch.Tensor
+    txt: torch.Tensor
+    temb: torch.Tensor
+    rope_img: tuple
+    rope_txt: tuple
+    meta: AttentionMeta
+
+
+def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid) -> StepInputs:
+    """This rank's rows of the blocks' inputs."""
+    e, shard = dit.embed(x, t, text, *grid), rt.seq.shard
+    return StepInputs(shard(e.img, 1), shard(e.txt, 1), e.temb, tuple(shard(r, 0) for r in e.rope_img),
+                      tuple(shard(r, 0) for r in e.rope_txt), sp_meta(rt, text.shape[1], math.prod(grid), x.device))
+
+
+def step_blocks(rt, dit: QwenImageTransformer, inputs: StepInputs, img, txt, start=0, stop=None):
+    return dit.blocks_forward(img, txt, inputs.temb, inputs.rope_img, inputs.rope_txt, inputs.meta, start, stop)
+
+
+def step_head(rt, dit: QwenImageTransformer, img, temb, rows: int) -> torch.Tensor:
+    return rt.seq.gather(dit.final_layer(img, temb), 1, rows)
+
+
+def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
+    return dit.time_embedding(t, dtype)
+
+
+def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
+    """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
+    inputs = step_inputs(rt, dit, x, t, text, grid)
+    img, _ = step_blocks(rt, dit, inputs, inputs.img, inputs.txt)
+    return step_head(rt, dit, img, inputs.temb, math.prod(grid))
+
+
+class QwenImagePipeline:
+    def __init__(self, model: QwenImageT2I, tokenizer, controller, device, is_main: bool = True,
+                 compile_options: CompileOptions | None = None, vae_group=None):
+        self.model, self.tokenizer, self.controller = model, tokenizer, controller
+        self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
+        self.compiler = StepCompiler(compile_options or CompileOptions())
+        pieces = (dit_step, step_inputs, step_blocks, step_head, step_time)
+        if self.compiler.options.regions:
+            model.transformer.run_block = self.compiler.region(run_block)
+            pieces = tuple(map(self.compiler.timed, pieces))
+        else:
+            pieces = tuple(map(self.compiler.wrap, pieces))
+        self._step, self._inputs, self._blocks, self._head, self._time = pieces
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.transformer.img_in.weight.dtype
+
+    def latent_shape(self, req: T2IRequest) -> tuple[int, ...]:
+        """The packed latents [1, h*w, C*4] (what QwenImagePipeline takes as `latents`)."""
+        f = self.model.vae.cfg.spatial_factor * 2
+        return (1, (req.height // f) * (req.width // f), self.model.transformer.cfg.in_channels)
+
+    def encode(self, req: T2IRequest, cfg: bool) -> list[torch.Tensor]:
+        prompts = [req.prompt, req.negative_prompt] if cfg else [req.prompt]
+        return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
+                              req.max_sequence_length) for p in prompts]
+
+    def denoiser_call(self, rt, x, t, text, grid) -> DenoiserCall:
+        """One branch's evaluation cut for a step cache: embed = this rank's image rows entering
+        block 0; blocks lo..hi-1 carry the text stream from the call's previous blocks; head =
+        final layer + SP gather."""
+        dit, rows, made = self.model.transformer, math.prod(grid), {}
+
+        def embed():
+            made["inputs"] = self._inputs(rt, dit, x, t, text, grid)
+            made["txt"] = (0, made["inputs"].txt)
+            return made["inputs"].img
+
+        def blocks(img, lo, hi):
+            at, txt = made["txt"]
+            if at != lo:
+                raise RuntimeError(f"blocks {lo}..{hi - 1} asked for after blocks ending at {at}")
+            img, txt = self._blocks(rt, dit, made["inputs"], img, txt, lo, hi)
+            made["txt"] = (hi, txt)
+            return img
+
+        def head(img):
+            temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
+            return self._head(rt, dit, img, temb, rows)
+
+        return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
+                            rows=RowLayout(rt.seq, 1, rows))
+
+    def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
+        z = unpack(latents, *grid)
+        if self.vae_group is not None:
+            dim = "height" if z.shape[-2] >= z.shape[-1] else "width"
+            image = parallel_decode(self.model.vae, z, self.vae_group, dim=dim, output=0)
+        else:
+            image = self.model.vae.decode(z) if self.is_main else None
+        if image is None:
+            return None
+        return ((image[0, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+
+    @torch.no_grad()
+    def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,
+                 record: bool = False, progress=None) -> T2IResult:
+        """`latents`: the packed initial noise (default: drawn from `req.seed` on the CPU);
+        `record`: keep every step's guided prediction in `result.record["noise"]`."""
+        check_request(req, self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
+        cache_config = parse_step_cache(req.step_cache)
+        cfg = req.true_cfg_scale > 1
+        f = self.model.vae.cfg.spatial_factor * 2
+        grid = (req.height // f, req.width // f)
+        timings, kept, t0 = {}, {"noise": []}, time.perf_counter()
+        with self.controller.phase("encode"):
+            texts = self.encode(req, cfg)
+        timings["encode"] = (time.perf_counter() - t0) * 1e3
+        if latents is None:   # diffusers' draw: [1, 1, C, H/8, W/8] normals, then packed
+            C, h8 = self.model.transformer.cfg.in_channels // 4, grid[0] * 2
+            noise = torch.randn((1, 1, C, h8, grid[1] * 2), generator=torch.Generator().manual_seed(req.seed))
+            latents = pack(noise.reshape(1, C, 1, h8, grid[1] * 2))   # the same memory, as diffusers views it
+        if tuple(latents.shape) != self.latent_shape(req):
+            raise ValueError(f"latents of shape {tuple(latents.shape)} do not fit the request; expected "
+                             f"{self.latent_shape(req)}")
+        latents = latents.float().to(self.device)
+        sampler = DynamicShiftSampler(req.steps, math.prod(grid), self.model.cfgs.scheduler)
+        caches = [make_step_cache(cache_config, req.steps) for _ in range(1 + cfg)]
+        t1 = time.perf_counter()
+        with self.controller.phase("denoise") as rt:
+            branches = [rt.cfg_rank] if cfg and rt.cfg_size == 2 else list(range(1 + cfg))
+            for i, t in enumerate(sampler.timesteps):
+                x = latents.to(self.dtype)
+                timestep = (t.to(self.dtype) / 1000).expand(1).to(self.device)   # as diffusers: t / 1000
+                preds = [run_step(caches[b], i, self.denoiser_call(rt, x, timestep, texts[b], grid))
+                         if caches[b] is not None else self._step(rt, self.model.transformer, x, timestep, texts[b], grid)
+                         for b in branches]
+                noise = rt.gather_cfg(preds[0]) if cfg and rt.cfg_size == 2 else torch.cat(preds)
+                if cfg:
+                    cond, uncond = noise[0:1], noise[1:2]
+                    comb = uncond + req.true_cfg_scale * (cond - uncond)
+                    noise = comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+                if record:
+                    kept["noise"].append(noise)
+                latents = sampler.step(noise, latents)
+                if progress is not None:
+                    progress("denoise", i + 1, req.steps)
+            if cache_config is not None:
+                mine = [caches[b] for b in branches]
+                if rt.cfg_size > 1 and cfg:
+                    mine[0].gather_rows(rt.gather_cfg, self.device)
+                kept["step_cache"] = merged_report(mine)
+        timings["denoise"] = (time.perf_counter() - t1) * 1e3
+        t2 = time.perf_counter()
+        image = None
+        if decode:
+            with self.controller.phase("decode"):
+                if self.is_main or self.vae_group is not None:
+                    image = self.decode(latents, grid)
+        timings["decode"] = (time.perf_counter() - t2) * 1e3
+        timings["total"] = (time.perf_counter() - t0) * 1e3
+        return T2IResult(image, latents, timings, kept)
