@@ -29,7 +29,7 @@ def test_same_bucket_jobs_run_as_one_batch_and_other_buckets_apart(tmp_path):
     d = {"prompt": "a cat sat", "size": "256x256", "num_inference_steps": 3, "seed": 4}
     with running_server(tmp_path / "server.log", "--max-batch", "3", "--prompt-bucket", "16", "--steps", "2",
                         "--ping", "0.2") as (base, _):
-        status, first, _ = call(base, "POST", "/v1/jobs", {**c, "num_inference_steps": 12, "seed": 1})
+        status, first, _ = call(base, "POST", "/v1/jobs", {**c, "num_inference_steps": 4, "seed": 1})
         assert status == 202, first
         end = time.monotonic() + 60
         while call(base, "GET", f"/v1/jobs/{first['id']}")[1]["status"] == "queued":   # the others wait behind it
