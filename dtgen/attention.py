@@ -39,7 +39,8 @@ def _image_block_id(slots: torch.Tensor, image_blocks: tuple[tuple[int, int], ..
 
 def structured_mask(q_slots: torch.Tensor, k_slots: torch.Tensor,
                     image_blocks: tuple[tuple[int, int], ...], hole: SlotHole | None = None) -> torch.Tensor:
-    """Boolean mask [Sq, Sk], True = may attend.
+    """Boolean mask [Sq, Sk], True = may attend; [B, Sq, Sk] for a per-row hole (batched
+    requests of one bucket, each row with its own padding: `SlotHole.per_row`).
 
     Causal over sequence slots, except that every image block is bidirectional within
     itself. Built from slot indices rather than stored, so every sequence-parallel layout
@@ -53,7 +54,7 @@ def structured_mask(q_slots: torch.Tensor, k_slots: torch.Tensor,
         kb = _image_block_id(k_slots, image_blocks)
         allowed = allowed | ((qb.unsqueeze(1) == kb.unsqueeze(0)) & (qb.unsqueeze(1) >= 0))
     if hole is not None:
-        allowed = allowed & hole.visible(k_slots).unsqueeze(0)
+        allowed = allowed & hole.visible(k_slots).unsqueeze(-2)
     return allowed
 
 
@@ -182,6 +183,13 @@ class KVCache:
         view.layers = [LayerKVCache(layer.k[start:end], layer.v[start:end]) for layer in self.layers]
         return view
 
+    def select_rows(self, rows: torch.Tensor) -> "KVCache":
+        """A new cache holding batch rows `rows` of this one (requests that left a batch drop theirs)."""
+        kept = KVCache.__new__(KVCache)
+        kept.layers = [LayerKVCache(layer.k.index_select(0, rows), layer.v.index_select(0, rows))
+                       for layer in self.layers]
+        return kept
+
 
 class KVCachePool:
     """Static KV caches, zeroed on every request; those asked for with a `role` are kept and
@@ -235,7 +243,10 @@ class KVCachePool:
 # Cores
 # --------------------------------------------------------------------------------------
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (GQA: Hq a multiple of Hkv), mask [Sq, Sk]."""
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] (GQA: Hq a multiple of Hkv), mask [Sq, Sk] or
+    [B, Sq, Sk] (one per batch row)."""
+    if mask.dim() == 3:
+        mask = mask.unsqueeze(1)   # the same for every head
     group = q.shape[1] // k.shape[1]
     if group > 1 and q.is_cuda:
         # On CUDA, SDPA's masked fast path (memory-efficient) does not take enable_gqa and
@@ -338,6 +349,7 @@ def attend_segments(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q
             # about key order); the rows then see a prefix whose length is data.
             k = torch.cat([keys[:, :, hole.end:seg.keys], keys[:, :, :hole.end]], dim=2)
             v = torch.cat([values[:, :, hole.end:seg.keys], values[:, :, :hole.end]], dim=2)
+            # (a per-row hole gives each batch row its own count)
             outs.append(attention_key_prefix(qs, k, v, (seg.keys - hole.end) + hole.start))
         elif seg.kind == "dense" and dense is not None:
             outs.append(dense(qs, k, v))

@@ -19,14 +19,23 @@ class SlotHole(NamedTuple):
     with the prompt length: data, so prompts of one bucket share a graph); `end` is a static
     int (the bucket's edge), which tells attention planners which rows lie past the hole.
     Rows inside the hole are padding too: what they compute is never read.
+
+    Batched requests of one bucket (rows of one batch, each with its own text length) give
+    `start` as [B], one per batch row; `end` is the bucket's, the same for every row.
     """
 
     start: torch.Tensor
     end: int
 
+    @property
+    def per_row(self) -> bool:
+        """Whether each batch row has its own start ([B]) rather than one for all (0-d)."""
+        return self.start.dim() == 1
+
     def visible(self, k_slots: torch.Tensor) -> torch.Tensor:
-        """[Sk] bool: False for keys in the hole."""
-        return (k_slots < self.start) | (k_slots >= self.end)
+        """[Sk] bool (or [B, Sk] for a per-row hole): False for keys in the hole."""
+        start = self.start.unsqueeze(-1) if self.per_row else self.start
+        return (k_slots < start) | (k_slots >= self.end)
 
 
 class SequenceLayout:

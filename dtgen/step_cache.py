@@ -747,6 +747,36 @@ def run_step(cache: StepCache | None, step: int, call: DenoiserCall) -> torch.Te
     return cache(step, call)
 
 
+def run_step_shared(caches: list[StepCache | None], step: int, call: DenoiserCall, rows: list[int],
+                    heads: list[Callable[[torch.Tensor], torch.Tensor]]) -> torch.Tensor:
+    """The prediction of one step of a call shared by several requests (rows of one batch):
+    request k owns `rows[k]` consecutive batch rows (in order), its own cache `caches[k]` (one
+    per request and call site, as ever) and its own head `heads[k]` (the head on its rows).
+
+    Each cache decides for its request as if it ran alone: it sees a view of the call whose
+    `full()` is the shared evaluation's rows of that request, computed at most once per step
+    (the first cache that asks runs it for every row), and whose head runs on its rows only.
+    Caches decided ahead with one config (every request of a batch has the same) agree on
+    every step, so a cached step runs no shared evaluation at all. Returns the predictions of
+    every row, in batch order. The batch of one is `run_step` on the call itself."""
+    if len(caches) != len(rows) or len(heads) != len(rows):
+        raise ValueError(f"{len(caches)} caches, {len(heads)} heads and {len(rows)} row counts: one each per request")
+    shared: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def full_rows(lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not shared:
+            shared.append(call.run_full())
+        hidden, out = shared[0]
+        return hidden[lo:hi], out[lo:hi]
+
+    outs, lo = [], 0
+    for cache, n, head in zip(caches, rows, heads):
+        view = DenoiserCall(head=head, full=lambda lo=lo, hi=lo + n: full_rows(lo, hi), rows=call.rows)
+        outs.append(run_step(cache, step, view))
+        lo += n
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
 def concat_reports(parts: list[tuple[int, dict | None]], steps: int) -> dict | None:
     """One report for a request whose `steps` run on several denoisers in turn, each with its
     own caches (Wan2.2-A14B's two experts): `parts` are (the denoiser's first step, its

@@ -3,8 +3,9 @@
     out = attention_key_prefix(q, k, v, valid)
 
 q ``[B, Hq, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` (GQA: ``Hq`` a multiple of ``Hkv``), ``valid``
-a one-element int tensor with ``1 <= valid <= Sk``: every query attends to keys ``[0, valid)``,
-no causal order, the same count for every batch row. Returns ``out [B, Hq, Sq, D]`` in q's
+an int tensor with ``1 <= valid <= Sk``, one element (the same count for every batch row) or
+``[B]`` (one per batch row: batched requests of one bucket, each with its own padding): every
+query attends to keys ``[0, valid)``, no causal order. Returns ``out [B, Hq, Sq, D]`` in q's
 dtype (softmax scale ``1/sqrt(D)``).
 
 Why: a prompt padded to its bucket leaves padding keys inside the sequence (a `SlotHole`,
@@ -44,9 +45,10 @@ def check_key_prefix_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v
     if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3] or q.shape[1] % k.shape[1]:
         raise ValueError(f"attention_key_prefix: k {tuple(k.shape)} does not fit q {tuple(q.shape)} (batch, "
                          "head_dim, or query heads not a multiple of KV heads)")
-    if valid.numel() != 1 or valid.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"attention_key_prefix: valid must be one int32/int64 element, got {valid.dtype} "
-                         f"{tuple(valid.shape)}")
+    if valid.dtype not in (torch.int32, torch.int64) or not (
+            valid.numel() == 1 or (valid.dim() == 1 and valid.shape[0] == q.shape[0])):
+        raise ValueError(f"attention_key_prefix: valid must be one int32/int64 element or one per batch row "
+                         f"[{q.shape[0]}], got {valid.dtype} {tuple(valid.shape)}")
 
 
 def attention_key_prefix_reference(q, k, v, valid):
@@ -54,7 +56,8 @@ def attention_key_prefix_reference(q, k, v, valid):
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    mask = (torch.arange(k.shape[2], device=q.device) < valid.reshape(())).unsqueeze(0)   # [1, Sk]
+    # [B or 1, 1, 1, Sk]: each batch row's prefix
+    mask = (torch.arange(k.shape[2], device=q.device) < valid.reshape(-1, 1, 1, 1))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
@@ -66,7 +69,7 @@ def attention_key_prefix_flash(q, k, v, valid):
     flat_k = k.transpose(1, 2).reshape(B * Sk, k.shape[1], D)
     flat_v = v.transpose(1, 2).reshape(B * Sk, v.shape[1], D)
     rows = torch.arange(B + 1, device=dev, dtype=torch.int32)
-    used = valid.reshape(1).to(torch.int32).expand(B).contiguous()
+    used = valid.reshape(-1).to(torch.int32).expand(B).contiguous()
     out = torch.ops.aten._flash_attention_forward(
         flat_q, flat_k, flat_v, rows * Sq, rows * Sk, Sq, Sk, 0.0, False, False, seqused_k=used)[0]
     return out.view(B, Sq, Hq, D).transpose(1, 2)

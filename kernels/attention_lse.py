@@ -4,7 +4,8 @@
 
 q ``[B, Hq, Sq, D]``, k and v ``[B, Hkv, Sk, D]`` (GQA: ``Hq`` a multiple of ``Hkv``; query
 head ``h`` uses KV head ``h // (Hq / Hkv)``), mask ``[Sq, Sk]`` bool, True = may attend (the
-sequence-parallel cores build it from slots). Returns ``out [B, Hq, Sq, D]`` in q's dtype, stored
+sequence-parallel cores build it from slots), or ``[B, Sq, Sk]``: one per batch row (batched
+requests of one bucket, each with its own padding keys). Returns ``out [B, Hq, Sq, D]`` in q's dtype, stored
 ``[B, Sq, Hq, D]`` (``out.transpose(1, 2)`` is contiguous: the efficient kernel's own layout,
 and the one callers want back; every impl and the fake agree on it), and
 ``lse [B, Hq, Sq]`` float32 with ``lse = log sum_k exp(scale * q.k)`` over the allowed keys
@@ -48,9 +49,9 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
         raise ValueError(f"attention_lse: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if k.shape[1] == 0 or Hq % k.shape[1]:
         raise ValueError(f"attention_lse: query heads ({Hq}) must be a multiple of KV heads ({k.shape[1]})")
-    if tuple(mask.shape) != (Sq, k.shape[2]) or mask.dtype != torch.bool:
-        raise ValueError(f"attention_lse: mask must be bool [Sq, Sk] = {(Sq, k.shape[2])}, "
-                         f"got {mask.dtype} {tuple(mask.shape)}")
+    if tuple(mask.shape) not in ((Sq, k.shape[2]), (B, Sq, k.shape[2])) or mask.dtype != torch.bool:
+        raise ValueError(f"attention_lse: mask must be bool [Sq, Sk] = {(Sq, k.shape[2])} or [B, Sq, Sk] = "
+                         f"{(B, Sq, k.shape[2])}, got {mask.dtype} {tuple(mask.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"attention_lse: dtypes differ: q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if len({t.device for t in (q, k, v, mask)}) != 1:
@@ -68,10 +69,11 @@ def attention_lse_naive(q, k, v, mask, scale: float | None = None):
     out = torch.zeros(B, Hq, Sq, D, dtype=torch.float64)
     lse = torch.full((B, Hq, Sq), float("-inf"), dtype=torch.float64)
     for b in range(B):
+        row_mask = mask[b] if mask.dim() == 3 else mask
         for h in range(Hq):
             s = scale * q[b, h].double() @ k[b, h // group].double().T
             for i in range(Sq):
-                keys = mask[i].nonzero().flatten()
+                keys = row_mask[i].nonzero().flatten()
                 if keys.numel() == 0:
                     continue
                 lse[b, h, i] = torch.logsumexp(s[i, keys], 0)
@@ -87,7 +89,7 @@ def attention_lse_reference(q, k, v, mask, scale: float | None = None):
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.float().reshape(B, Hkv, Hq // Hkv, Sq, D)
     scores = scale * (qg @ k.float().unsqueeze(2).transpose(-1, -2))      # [B, Hkv, g, Sq, Sk]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = scores.masked_fill(~(mask[:, None, None] if mask.dim() == 3 else mask), float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)                                 # -inf on empty rows
     live = lse != float("-inf")
     probs = torch.exp(scores - torch.where(live, lse, torch.zeros_like(lse)).unsqueeze(-1))
@@ -104,12 +106,13 @@ def _sequence_major(B: int, H: int, S: int, D: int, like: torch.Tensor) -> torch
 
 
 def mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive bias [Sq, Sk] (0 allowed, -inf masked) in row-aligned storage (a sliced view)."""
-    Sq, Sk = mask.shape
+    """Additive bias [Sq, Sk] (or [B, Sq, Sk]; 0 allowed, -inf masked) in row-aligned storage
+    (a sliced view)."""
+    Sk = mask.shape[-1]
     padded = -(-Sk // _BIAS_ALIGN) * _BIAS_ALIGN
-    bias = torch.full((Sq, padded), float("-inf"), dtype=dtype, device=mask.device)
-    bias[:, :Sk].masked_fill_(mask, 0.0)
-    return bias[:, :Sk]
+    bias = torch.full((*mask.shape[:-1], padded), float("-inf"), dtype=dtype, device=mask.device)
+    bias[..., :Sk].masked_fill_(mask, 0.0)
+    return bias[..., :Sk]
 
 
 def attention_lse_efficient(q, k, v, mask, scale: float | None = None):
@@ -123,7 +126,8 @@ def attention_lse_efficient(q, k, v, mask, scale: float | None = None):
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-    bias = mask_to_bias(mask, q.dtype).expand(B, Hq, Sq, k.shape[2])
+    bias = mask_to_bias(mask, q.dtype)
+    bias = (bias.unsqueeze(1) if bias.dim() == 3 else bias).expand(B, Hq, Sq, k.shape[2])
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, False, scale=scale)[:2]
     if not out.transpose(1, 2).is_contiguous():   # the kernel writes [B, Sq, H, D]; keep the contract if not
@@ -131,8 +135,10 @@ def attention_lse_efficient(q, k, v, mask, scale: float | None = None):
     # Rows with no allowed key: the kernel's convention (0 since torch #131863) made explicit,
     # in place on the kernel's fresh output. The LSE comes padded to 32 rows: where() copies
     # the slice into a new contiguous [B, Hq, Sq].
-    dead = ~mask.any(dim=-1)
-    out.masked_fill_(dead[:, None], 0.0)
+    dead = ~mask.any(dim=-1)                                  # [Sq], or [B, Sq]
+    if dead.dim() == 2:
+        dead = dead[:, None]                                  # [B, 1, Sq]: every head
+    out.masked_fill_(dead[..., None], 0.0)
     lse = torch.where(dead, torch.full((), float("-inf"), device=lse.device), lse[:, :, :Sq].float())
     return out, lse
 

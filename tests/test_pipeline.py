@@ -214,7 +214,7 @@ def test_released_caches_change_no_output_and_leave_no_cache(tiny_checkpoint, mo
     keep = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(req)
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", kv_caches="release")
     seen = {}
-    run_denoise, decode_image = pipe.run_denoise, pipe.decode_image
+    run_denoise, decode_image = pipe.run_denoise_batch, pipe.decode_image
 
     def denoise(*a, **k):
         seen["denoise"] = sorted(pipe._caches._kept)
@@ -223,7 +223,7 @@ def test_released_caches_change_no_output_and_leave_no_cache(tiny_checkpoint, mo
     def decode(*a, **k):
         seen["vae"] = sorted(pipe._caches._kept)
         return decode_image(*a, **k)
-    monkeypatch.setattr(pipe, "run_denoise", denoise)
+    monkeypatch.setattr(pipe, "run_denoise_batch", denoise)
     monkeypatch.setattr(pipe, "decode_image", decode)
     released = pipe.generate(req)
     assert seen == {"denoise": [], "vae": []} and pipe._caches.nbytes == 0

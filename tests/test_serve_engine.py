@@ -277,3 +277,98 @@ def test_a_dead_worker_rank_stops_the_server_with_a_message(tmp_path):
     report = json.loads(out.read_text())  # rank 0 notices well within the pool's grace period (3 s)
     assert report["noticed"] and not report["ready"] and "a rank is gone" in report["why"], report
     assert report["seconds"] < 5
+
+
+# ---- batches: one agreed flag per request -------------------------------------------------------
+class BatchStepAdapter(StepAdapter):
+    """StepAdapter whose requests (same "key") run as one batch: every step is one boundary
+    for all active requests; a request's "fail": (rank, step) raises in that rank's step hook
+    for that request only. Records the last step each request of each batch reached."""
+
+    name = "steps"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches: list[list[int]] = []
+        self._batch = None
+
+    def batch_key(self, request):
+        return request.get("key", "k")
+
+    def generate_batch(self, requests, progress):
+        active, out = list(range(len(requests))), [None] * len(requests)
+        reached = [0] * len(requests)
+        self.batches.append(reached)
+        steps = max(r["steps"] for r in requests)
+        for step in range(1, steps + 1):
+            time.sleep(self.step_s)
+            if self.model_group is not None:
+                dist.all_reduce(torch.ones(4), group=self.model_group)
+            self._batch = (requests, iter(list(active)))
+            for m, why in progress("denoise", step, steps, list(active)).items():
+                out[m] = why
+                active.remove(m)
+            for m in active:
+                reached[m] = step
+        self._batch = None
+        for m in active:
+            out[m] = {"rank": self.rank, "steps": steps, "batch": len(requests)} if self.rank == 0 else None
+        return out
+
+    def on_step(self, phase, done, total):
+        if self._batch is None:
+            return super().on_step(phase, done, total)
+        requests, order = self._batch
+        m = next(order)   # members come to the hook in batch order
+        fail = requests[m].get("fail")
+        if fail is not None and tuple(fail) == (self.rank, done):
+            raise RuntimeError(f"injected on rank {self.rank} at step {done} for request {m}")
+
+
+def _batch_job(ctx, out_dir):
+    """Rank 0 queues three same-key jobs and one of another key before the engine starts: the
+    three run as one batch (request 1 fails on rank 1 at step 3, request 2 is cancelled once
+    it reaches step 4), the other alone after them."""
+    link = control_link(ctx.rank, ctx.world_size)
+    adapter = BatchStepAdapter(ctx.rank, step_s=0.05, model_group=dist.group.WORLD)
+    if ctx.rank == 0:
+        board = JobBoard(8)
+        jobs = [board.submit(r, batch_key=adapter.batch_key(r)) for r in
+                [{"steps": 8}, {"steps": 8, "fail": (1, 3)}, {"steps": 8}, {"steps": 3, "key": "other"}]]
+        engine = Engine(link, adapter, board, ping_s=0.05, max_batch=4)
+        engine.start()
+        while not jobs[2].finished.is_set():
+            if jobs[2].done >= 4:
+                board.cancel(jobs[2], "cancelled by DELETE")
+            time.sleep(0.002)
+        assert all(j.finished.wait(30) for j in jobs)
+        engine.stop()
+        states = [(j.state, j.error, j.result, j.http_status, j.batch_size) for j in jobs]
+    else:
+        assert Engine(link, adapter).serve_worker() is None
+        states = None
+    with open(os.path.join(out_dir, f"rank{ctx.rank}.json"), "w") as f:
+        json.dump({"batches": adapter.batches, "reached": adapter.reached, "states": states}, f)
+    return ctx.rank
+
+
+def test_a_batch_agrees_per_request_so_one_leaves_and_the_others_go_on(tmp_path):
+    assert run_on_ranks(_batch_job, 2, str(tmp_path), timeout_s=60) == [0, 1]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["batches"] == r1["batches"], "every rank drops the same request at the same step"
+    (reached,) = r0["batches"]
+    assert reached[0] == 8 and reached[1] == 2 and 4 <= reached[2] < 8, reached
+    assert r0["reached"] == r1["reached"] == [3], "the other key's job ran alone, after the batch"
+    ok, failed, cancelled, other = r0["states"]
+    assert ok[0] == SUCCEEDED and ok[2] == {"rank": 0, "steps": 8, "batch": 3} and ok[4] == 3
+    assert failed[0] == FAILED and failed[3] == 500 and failed[1] == (
+        "rank 1: RuntimeError: injected on rank 1 at step 3 for request 1 (after denoise step 3)"), failed
+    assert cancelled[0] == CANCELLED and cancelled[1] == "cancelled by DELETE" and cancelled[3] == 499
+    assert other[0] == SUCCEEDED and other[4] == 1
+
+
+def test_max_batch_needs_an_adapter_that_batches():
+    with pytest.raises(ValueError, match=r"^--max-batch 2: .* runs one request at a time"):
+        Engine(RankLink(0, 1, None), StepAdapter(0), JobBoard(2), max_batch=2)
+    with pytest.raises(ValueError, match=r"^--max-batch must be an integer >= 1, got 0"):
+        Engine(RankLink(0, 1, None), BatchStepAdapter(0), JobBoard(2), max_batch=0)

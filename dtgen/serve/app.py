@@ -32,7 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .engine import Engine
+from .engine import Engine, can_batch
 from .errors import RequestError
 from .forms import TooLarge, parse_body, read_body
 from .jobs import CANCELLED, FAILED, FINISHED, SUCCEEDED, Job, JobBoard, QueueFull
@@ -60,11 +60,14 @@ class Metrics:
         self.phase_s = Histogram("dtgen_phase_seconds", "time per phase of a job", ["phase"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.errors = Counter("dtgen_errors", "failed jobs by kind", ["kind"], registry=r)
+        self.batch_size = Histogram("dtgen_job_batch_size", "jobs that ran together with a job (itself included)",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self._also = board.on_finish
         board.on_finish = self.finished
 
     def started(self, job: Job) -> None:
         self.queue_s.observe(job.started - job.created)
+        self.batch_size.observe(job.batch_size)
 
     def finished(self, job: Job) -> None:
         self.jobs.labels(job.state).inc()
@@ -154,11 +157,13 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
                 parsed = await asyncio.to_thread(adapter.parse, fields, form)
         except RequestError as e:
             return refuse(422, str(e), e.field)
+        key = await asyncio.to_thread(adapter.batch_key, parsed) if engine.max_batch > 1 and can_batch(adapter) \
+            else None
         if not engine.ready.is_set():
             metrics.requests.labels("not_ready").inc()
             return _error(503, engine.broken or "warming up: see /ready", headers={"Retry-After": str(retry_after_s)})
         try:
-            job = board.submit(parsed, deadline_s, kind=kind, phases=adapter.phases(parsed))
+            job = board.submit(parsed, deadline_s, kind=kind, phases=adapter.phases(parsed), batch_key=key)
         except QueueFull as e:
             metrics.requests.labels("queue_full").inc()
             return _error(429, f"queue full: {e}", headers={"Retry-After": str(retry_after_s)})

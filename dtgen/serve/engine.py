@@ -24,7 +24,12 @@
   model's groups: an aborted NCCL communicator cannot be reused, and every phase's groups
   and compiled graphs hold them; a supervisor restarting the server is the honest repair.
 - The model plugs in as a `ServeAdapter`: it parses a request's fields (rank 0) and runs
-  one request on a rank with a progress hook.
+  one request on a rank with a progress hook. An adapter that can batch (`BatchingAdapter`:
+  `batch_key`, `generate_batch`) lets the engine take up to `max_batch` waiting jobs with
+  one key at once; then every step boundary agrees on one flag PER REQUEST (one all-reduce of
+  a vector), so a cancel, a deadline or an error at a boundary ends that request alone, on
+  every rank after the same step, and the others go on. An error inside a shared step ends
+  every request of the batch (as it ends a single job).
 
 Process groups are passed in; nothing here reads a global group inside a step.
 """
@@ -76,6 +81,25 @@ class ServeAdapter(Protocol):
         here fails the job on every rank at that step (and the server goes on)."""
 
 
+class BatchingAdapter(ServeAdapter, Protocol):
+    """A `ServeAdapter` whose requests can share steps as rows of one batch."""
+
+    def batch_key(self, request: Any) -> Any:
+        """Requests with equal keys (not None) may run as one batch (rank 0, at submission)."""
+
+    def generate_batch(self, requests: list[Any], progress: "BatchStepProgress") -> list[Any]:
+        """Run the requests together on this rank: one entry per request, its result (rank 0:
+        JSON-ready; anything elsewhere) or the exception it left the batch with.
+        `progress(phase, done, total, members)` at every step boundary of `members` (batch
+        indices), on every rank: returns the requests that leave the batch there, each with
+        its exception (dtgen/batching.py); `progress.show(phase, done, total, members)` only
+        reports (rank 0)."""
+
+
+def can_batch(adapter: Any) -> bool:
+    return callable(getattr(adapter, "generate_batch", None)) and callable(getattr(adapter, "batch_key", None))
+
+
 class PeerFailed(RuntimeError):
     """Another rank failed this job's step; this rank stops at the same step."""
 
@@ -122,14 +146,19 @@ class RankLink:
 
     def agree(self, flag: int) -> int:
         """The largest flag any rank brings (GO < STOP < FAIL)."""
+        return self.agree_each([flag])[0]
+
+    def agree_each(self, flags: list[int]) -> list[int]:
+        """Per position, the largest flag any rank brings: one flag per request of a batch,
+        in one all-reduce."""
         if self.group is None:
-            return flag
-        t = torch.tensor([flag], dtype=torch.int32)
+            return list(flags)
+        t = torch.tensor(flags, dtype=torch.int32)
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         except Exception as e:
             raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
-        return int(t.item())
+        return [int(v) for v in t.tolist()]
 
     # ---- the job-end check, through the store -------------------------------------------
     def post(self, job_no: int, outcome: dict) -> None:
@@ -191,6 +220,111 @@ class StepProgress:
     def show(self, phase: str, done: int, total: int) -> None:
         if self.on_show is not None:
             self.on_show(phase, done, total)
+
+
+class BatchStepProgress:
+    """The progress hook of a batch of requests on one rank (`BatchingAdapter.generate_batch`):
+    calling it is a step boundary of `members`, where every rank agrees on one flag per
+    request still in the batch (go, stop, failed) and the requests that must leave are
+    returned with their exceptions: `Cancelled` (rank 0's cancel or deadline), this rank's
+    own error in the step's hook, or `PeerFailed` (another rank's). `show` only reports."""
+
+    def __init__(self, link: RankLink, jobs: list[Job] | None, size: int,
+                 on_step: Callable[[int, str, int, int], None],
+                 on_show: Callable[[int, str, int, int], None] | None = None):
+        self.link, self.jobs, self.size, self.on_step, self.on_show = link, jobs, size, on_step, on_show
+        self.active = list(range(size))
+        self.at: dict[int, tuple[str, int, int]] = {}   # each request's last boundary every rank passed
+
+    def __call__(self, phase: str, done: int, total: int, members: list[int]) -> dict[int, BaseException]:
+        flags, own, stops = [GO] * self.size, {}, {}
+        for m in members:
+            try:
+                self.on_step(m, phase, done, total)
+            except Exception as e:  # this rank's error, at a step boundary: tell the others first
+                own[m], flags[m] = e, FAIL
+        for m in self.active:
+            stop = self.jobs[m].stop_reason() if self.jobs is not None else None
+            if flags[m] == GO and stop is not None:
+                flags[m], stops[m] = STOP, stop
+        agreed = self.link.agree_each(flags)
+        for m in members:
+            self.at[m] = (phase, done, total)
+        left: dict[int, BaseException] = {}
+        for m in self.active:
+            if m in own:
+                left[m] = own[m]
+            elif agreed[m] == FAIL:
+                left[m] = PeerFailed(f"another rank failed at {phase} step {done}")
+            elif agreed[m] == STOP:
+                left[m] = Cancelled(stops[m][0] if m in stops else "cancelled")
+        self.active = [m for m in self.active if m not in left]
+        return left
+
+    def show(self, phase: str, done: int, total: int, members: list[int]) -> None:
+        if self.on_show is not None:
+            for m in members:
+                self.on_show(m, phase, done, total)
+
+
+def _left_with(e: BaseException, where: tuple[str, int, int] | None) -> dict:
+    """How a request that left a batch ended, as a rank posts it."""
+    if isinstance(e, Cancelled):
+        return {"kind": STOPPED, "message": e.reason}
+    if isinstance(e, PeerFailed):
+        return {"kind": PEER, "message": str(e)}
+    at = f" (after {where[0]} step {where[1]})" if where and where[0] else ""
+    return {"kind": OOM if isinstance(e, torch.OutOfMemoryError) else ERROR,
+            "message": f"{type(e).__name__}: {_first_line(e)}{at}",
+            "traceback": "".join(traceback.format_exception(e))}
+
+
+def run_jobs_on_rank(link: RankLink, adapter: ServeAdapter, requests: list[Any], jobs: list[Job] | None,
+                     on_step: Callable[[int, str, int, int], None],
+                     on_show: Callable[[int, str, int, int], None] | None = None) -> tuple[dict, list[Any]]:
+    """One engine run on this rank: a single request (`run_job_on_rank`) or a batch of them
+    (`BatchingAdapter.generate_batch`). Returns (how this rank left the run, one result per
+    request): the run's own kind (its "seqs" for the job-end check) and, in "members", how
+    each request ended. Never raises but for `LinkBroken`."""
+    if len(requests) == 1:
+        outcome, result = run_job_on_rank(link, adapter, requests[0], jobs[0] if jobs else None,
+                                          lambda *a: on_step(0, *a),
+                                          None if on_show is None else lambda *a: on_show(0, *a))
+        outcome["members"] = [{k: v for k, v in outcome.items() if k in ("kind", "message")}]
+        return outcome, [result]
+    progress = BatchStepProgress(link, jobs, len(requests), on_step, on_show)
+    results: list[Any] = [None] * len(requests)
+    try:
+        results = list(adapter.generate_batch(requests, progress))
+        outcome = {"kind": OK}
+    except LinkBroken:
+        raise
+    except torch.OutOfMemoryError as e:
+        adapter.free_caches()
+        outcome = {"kind": OOM, "message": f"out of memory: {_first_line(e)}"}
+    except Exception as e:   # inside a shared step: every request of the batch ends with it
+        outcome = {"kind": ERROR, "message": f"{type(e).__name__}: {_first_line(e)}",
+                   "traceback": traceback.format_exc()}
+    members = []
+    for m, result in enumerate(results):
+        if outcome["kind"] != OK:
+            members.append({"kind": outcome["kind"], "message": outcome["message"]})
+        elif isinstance(result, BaseException):
+            members.append(_left_with(result, progress.at.get(m)))
+            results[m] = None
+        else:
+            members.append({"kind": OK})
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:   # as in run_job_on_rank: queued collectives done before the post
+            torch.cuda.synchronize()
+        except Exception as e:
+            outcome = {"kind": ERROR, "message": f"the device failed: {type(e).__name__}: {_first_line(e)}",
+                       "fatal": True, "traceback": traceback.format_exc()}
+            members = [{"kind": ERROR, "message": outcome["message"]} for _ in requests]
+    outcome["members"] = members
+    if link.group is not None:
+        outcome["seqs"] = group_sequence_numbers()
+    return outcome, results
 
 
 def run_job_on_rank(link: RankLink, adapter: ServeAdapter, request: Any, job: Job | None,
@@ -263,11 +397,18 @@ class Engine:
 
     def __init__(self, link: RankLink, adapter: ServeAdapter, board: JobBoard | None = None,
                  ping_s: float = 1.0, metrics: Any = None, heartbeat: Callable[[str], None] | None = None,
-                 end_timeout_s: float = 10.0, log: Callable[[str], None] | None = None):
+                 end_timeout_s: float = 10.0, log: Callable[[str], None] | None = None, max_batch: int = 1):
         """`heartbeat(where)`: called at every ping, step and command (a stall watch that
         must not take an idle server for a hung one). `end_timeout_s`: how long every rank
         has to leave a job once one left it (see the module's docstring). `log(line)`:
-        where a job's end is written (one line per job)."""
+        where a job's end is written (one line per job). `max_batch`: the most waiting jobs
+        of one batch key run together (> 1 needs a `BatchingAdapter`)."""
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
+        if max_batch > 1 and not can_batch(adapter):
+            raise ValueError(f"--max-batch {max_batch}: {getattr(adapter, 'name', type(adapter).__name__)}'s server "
+                             "runs one request at a time (its adapter has no batched entry); use --max-batch 1")
+        self.max_batch = max_batch
         self.link, self.adapter, self.board = link, adapter, board
         self.heartbeat = heartbeat or (lambda where: None)
         self.ping_s = ping_s
@@ -279,7 +420,7 @@ class Engine:
         self.stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_broken = None
-        self._current: Job | None = None
+        self._current: list[Job] = []
         self._job_no = 0
         self._lock = threading.Lock()        # the current job's end: the engine thread or the watch
         # The current CUDA device is per thread: the engine thread takes the one this rank set.
@@ -300,8 +441,7 @@ class Engine:
         in a collective: it is not waited for."""
         if self.board is not None:
             self.board.close()
-        current = self._current
-        if current is not None:
+        for current in list(self._current):
             current.cancel("the server is shutting down", 503)
         self.stopped.set()
         if self._thread is not None and self.broken is None:
@@ -316,14 +456,14 @@ class Engine:
             self.ready.set()
             last = time.monotonic()
             while not self.stopped.is_set() and self.broken is None:
-                job = self.board.next(timeout_s=min(self.ping_s, 0.2))
-                if job is None:
+                jobs = self.board.next_batch(min(self.ping_s, 0.2), self.max_batch)
+                if not jobs:
                     if time.monotonic() - last >= self.ping_s:
                         self.link.send({"op": "ping"})
                         self.heartbeat("idle")
                         last = time.monotonic()
                     continue
-                self._run(job)
+                self._run(jobs)
                 last = time.monotonic()
             if self.broken is None:
                 self.link.send({"op": "exit"})
@@ -347,33 +487,44 @@ class Engine:
             took = (job.ended or time.monotonic()) - (job.started or job.created)
             self.log(f"{job.id} {job.kind} {state} in {took:.2f} s" + (f" ({status}): {error}" if error else ""))
 
-    def _run(self, job: Job) -> None:
+    def _run(self, jobs: list[Job]) -> None:
+        """One engine run: a job, or a batch of jobs of one key, on every rank."""
         m = self.metrics
         if m is not None:
-            m.started(job)
+            for job in jobs:
+                m.started(job)
         self._job_no += 1
         job_no = self._job_no
+        ids = ", ".join(job.id for job in jobs)
 
-        def on_step(phase: str, done: int, total: int) -> None:
+        def on_step(k: int, phase: str, done: int, total: int) -> None:
+            job = jobs[k]
             job.phase, job.done, job.total = phase, done, total
             self.heartbeat(f"{job.id} {phase} {done}/{total}")
             self.adapter.on_step(phase, done, total)
 
-        def on_show(phase: str, done: int, total: int) -> None:
+        def on_show(k: int, phase: str, done: int, total: int) -> None:
+            job = jobs[k]
             job.phase, job.done, job.total = phase, done, total
 
-        self._current = job
+        self._current = list(jobs)
         try:
-            self.link.send({"op": "run", "job": job_no, "request": job.request})
+            self.link.send({"op": "run", "job": job_no, "requests": [job.request for job in jobs]})
             try:
-                mine, result = run_job_on_rank(self.link, self.adapter, job.request, job, on_step, on_show)
+                mine, results = run_jobs_on_rank(self.link, self.adapter, [job.request for job in jobs], jobs,
+                                                 on_step, on_show)
             except LinkBroken:
-                self._end(job, FAILED, "a rank is gone; the server stops", 503)
+                for job in jobs:
+                    self._end(job, FAILED, "a rank is gone; the server stops", 503)
                 raise
+            for k, member in enumerate(mine["members"]):
+                if member["kind"] == ERROR and "traceback" in member:
+                    print(f"[rank 0] {jobs[k].id} failed:\n{member['traceback']}", flush=True)
             if mine["kind"] == ERROR:
-                print(f"[rank 0] {job.id} failed:\n{mine['traceback']}", flush=True)
+                print(f"[rank 0] {ids} failed:\n{mine['traceback']}", flush=True)
             if mine["kind"] in (ERROR, OOM):  # answered now; the check below decides if the server goes on
-                self._end(job, *job_answer({0: mine}, self.link.world_size))
+                for job in jobs:
+                    self._end(job, *job_answer({0: mine}, self.link.world_size))
             outcomes = {0: mine}
             if self.link.world_size > 1:
                 outcomes = self._collect(job_no, mine)
@@ -382,27 +533,32 @@ class Engine:
             with self._lock:
                 if self.broken is not None:
                     return
-                state, error, status = job_answer(outcomes, self.link.world_size)
-                if state == CANCELLED:
-                    stop = job.stop_reason()
-                    status = stop[1] if stop else 499
-                self._end(job, state, error, status, result if state == SUCCEEDED else None)
+                errors = []
+                for k, job in enumerate(jobs):
+                    each = {r: {**o, **o["members"][k]} for r, o in outcomes.items()}
+                    state, error, status = job_answer(each, self.link.world_size)
+                    if state == CANCELLED:
+                        stop = job.stop_reason()
+                        status = stop[1] if stop else 499
+                    self._end(job, state, error, status, results[k] if state == SUCCEEDED else None)
+                    errors.append(error)
+                error = next((e for e in errors if e), None)
                 fatal = [r for r, o in outcomes.items() if o.get("fatal")]
                 missing = sorted(set(range(self.link.world_size)) - set(outcomes))
                 fine, why = in_step(outcomes)
                 if fatal or missing or not fine:
                     self._give_up(job_no, error or "the ranks left the job out of step",
                                   f"rank {fatal[0]}'s device failed" if fatal else
-                                  f"rank(s) {missing} did not leave {job.id} within {self.end_timeout_s:g} s, "
+                                  f"rank(s) {missing} did not leave {ids} within {self.end_timeout_s:g} s, "
                                   "stuck in a collective their peers will not issue" if missing else
-                                  f"the ranks left {job.id} out of step ({why})")
+                                  f"the ranks left {ids} out of step ({why})")
                     return
                 if self.link.world_size > 1:
                     self.link.set_verdict(job_no, "go")
                     if job_no > 1:
                         self.link.forget(job_no - 1)
         finally:
-            self._current = None
+            self._current = []
 
     def _collect(self, job_no: int, mine: dict) -> dict[int, dict] | None:
         """Every rank's post for this job, waiting up to `end_timeout_s` for the others."""
@@ -434,8 +590,8 @@ class Engine:
         seen: dict[int, tuple[int, float, dict]] = {}  # rank -> (job, when, its post)
         while not self.stopped.is_set() and self.broken is None:
             time.sleep(0.05)
-            job, job_no = self._current, self._job_no
-            if job is None:
+            jobs, job_no = list(self._current), self._job_no
+            if not jobs:
                 continue
             try:
                 for r in range(1, self.link.world_size):
@@ -455,12 +611,14 @@ class Engine:
                 if not (ahead or late):
                     continue
                 with self._lock:
-                    if self._current is not job or job.finished.is_set() or self.broken is not None:
+                    if self._current != jobs or all(j.finished.is_set() for j in jobs) or self.broken is not None:
                         break
                     error = f"rank {r}: {post['message']}"
-                    self._end(job, FAILED, error, 503 if post["kind"] == OOM else 500)
+                    for job in jobs:
+                        self._end(job, FAILED, error, 503 if post["kind"] == OOM else 500)
                     self._give_up(no, error, f"rank 0 waits in a collective of group {ahead[0]} that rank {r} left "
-                                             "inside a step" if ahead else f"rank 0 did not leave {job.id} within "
+                                             "inside a step" if ahead else f"rank 0 did not leave "
+                                             f"{', '.join(j.id for j in jobs)} within "
                                              f"{self.end_timeout_s:g} s of rank {r}'s failure")
                 break
 
@@ -482,7 +640,11 @@ class Engine:
                 self.adapter.warm_up(lambda phase, done, total: None)
             elif op == "run":
                 job_no = command["job"]
-                outcome, _ = run_job_on_rank(self.link, self.adapter, command["request"], None, self._worker_step)
+                outcome, _ = run_jobs_on_rank(self.link, self.adapter, command["requests"], None,
+                                              lambda k, *step: self._worker_step(*step))
+                for member in outcome["members"]:
+                    if member["kind"] == ERROR and "traceback" in member:
+                        print(f"[rank {self.link.rank}] a request failed:\n{member['traceback']}", flush=True)
                 if outcome["kind"] == ERROR:
                     print(f"[rank {self.link.rank}] job failed:\n{outcome['traceback']}", flush=True)
                 self.link.post(job_no, outcome)

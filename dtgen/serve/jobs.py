@@ -42,6 +42,8 @@ class Job:
     http_status: int = 200                 # what a failed or cancelled job answers
     cancel_reason: str | None = None       # set by cancel(); the engine stops the ranks at the next step
     cancel_status: int = 499               # the HTTP status a cancelled job answers (504: deadline)
+    batch_key: Any = None                  # jobs with equal keys (not None) may run as one batch
+    batch_size: int = 1                    # how many jobs ran together with this one (itself included)
     finished: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self, reason: str, http_status: int = 499) -> None:
@@ -73,6 +75,8 @@ class Job:
     def as_dict(self) -> dict:
         out = {"id": self.id, "kind": self.kind, "status": self.state, "phase": self.phase,
                "progress": {"done": self.done, "total": self.total, "percent": self.percent()}}
+        if self.state != QUEUED:
+            out["batch_size"] = self.batch_size   # jobs that ran together with this one
         if self.error is not None:
             out["error"] = self.error
         if self.state in FINISHED and self.started is not None:
@@ -98,7 +102,7 @@ class JobBoard:
         self.on_finish = on_finish      # called with each job as it finishes (metrics, the log)
 
     def submit(self, request: Any, deadline_s: float | None = None, kind: str = "image",
-               phases: tuple[str, ...] = ()) -> Job:
+               phases: tuple[str, ...] = (), batch_key: Any = None) -> Job:
         with self._lock:
             if self.closed:
                 raise QueueFull("the server is shutting down")
@@ -106,7 +110,8 @@ class JobBoard:
             if len(self._queue) >= self.max_queued:
                 raise QueueFull(f"{len(self._queue)} jobs are waiting (the limit is {self.max_queued})")
             job = Job(f"job-{next(self._ids)}", request,
-                      None if deadline_s is None else time.monotonic() + deadline_s, kind, tuple(phases))
+                      None if deadline_s is None else time.monotonic() + deadline_s, kind, tuple(phases),
+                      batch_key=batch_key)
             self._queue.append(job)
             self._jobs[job.id] = job
             self._lock.notify()
@@ -135,17 +140,33 @@ class JobBoard:
 
     def next(self, timeout_s: float) -> Job | None:
         """The oldest queued job, now RUNNING, or None after `timeout_s`."""
+        jobs = self.next_batch(timeout_s, 1)
+        return jobs[0] if jobs else None
+
+    def next_batch(self, timeout_s: float, max_jobs: int) -> list[Job]:
+        """The oldest queued job and, up to `max_jobs` in all, the queued jobs after it with
+        its `batch_key` (not None), oldest first: all RUNNING now. Empty after `timeout_s`.
+        Only jobs already waiting join: nothing waits for a batch to fill."""
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {max_jobs}")
         end = time.monotonic() + timeout_s
         with self._lock:
             while True:
                 self._drop_expired_locked()
                 if self._queue:
-                    job = self._queue.popleft()
-                    job.state, job.started = RUNNING, time.monotonic()
-                    return job
+                    batch = [self._queue.popleft()]
+                    key = batch[0].batch_key
+                    if key is not None:
+                        for job in [j for j in self._queue if j.batch_key == key][:max_jobs - 1]:
+                            self._queue.remove(job)
+                            batch.append(job)
+                    now = time.monotonic()
+                    for job in batch:
+                        job.state, job.started, job.batch_size = RUNNING, now, len(batch)
+                    return batch
                 left = end - time.monotonic()
                 if left <= 0 or self.closed:
-                    return None
+                    return []
                 self._lock.wait(left)
 
     def finish(self, job: Job, state: str, error: str | None = None, http_status: int = 200,

@@ -30,6 +30,7 @@ class ServeOptions:
     ping_s: float = 1.0              # idle rank 0 checks the other ranks this often
     end_timeout_s: float = 10.0      # how long every rank has to leave a job once one left it
     max_upload_bytes: int = 32 << 20  # a request body (an edit's image) larger than this: 413
+    max_batch: int = 1               # waiting jobs of one batch key run together, up to this many
 
 
 def log_line(text: str) -> None:
@@ -66,7 +67,7 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
     board = JobBoard(options.max_queued)
     metrics = Metrics(board)
     engine = Engine(link, adapter, board, ping_s=options.ping_s, metrics=metrics, heartbeat=heartbeat,
-                    end_timeout_s=options.end_timeout_s, log=log_line)
+                    end_timeout_s=options.end_timeout_s, log=log_line, max_batch=options.max_batch)
     app = create_app(engine, board, metrics, deadline_s=options.deadline_s,
                      max_upload_bytes=options.max_upload_bytes, log=log_line)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",

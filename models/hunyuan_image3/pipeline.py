@@ -17,13 +17,15 @@ import torch
 from tqdm import tqdm
 
 from dtgen.attention import AttentionMeta, KVCache, KVCachePool, SlotRuns, decode_batch, decode_programs, slots_of_runs
+from dtgen.batching import BatchHook, BatchMembers, MemberLeft, per_member
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.cuda_graph import GraphedStep
 from dtgen.profiling import NullProfiler
 from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
-from dtgen.step_cache import DenoiserCall, StepCacheConfig, TaylorConfig, make_step_cache, merged_report, run_step
+from dtgen.step_cache import (DenoiserCall, StepCacheConfig, TaylorConfig, make_step_cache, merged_report,
+                              run_step_shared)
 
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
                        PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
@@ -236,6 +238,63 @@ class _Run:
     profiler: object
 
 
+@dataclass
+class DenoiseMember:
+    """One request's share of a denoise batch (`run_denoise_batch`)."""
+
+    req: T2IRequest
+    seq: DiffusionSequence
+    run: "_Run"
+    condition: ConditionTokens | None = None
+    noise: torch.Tensor | None = None   # initial latents [1, C, h, w]; None: drawn from the seed
+
+
+@dataclass
+class _Prepared:
+    """What a request's AR phase leaves for its denoise."""
+
+    seq: DiffusionSequence
+    condition: ConditionTokens | None
+    tokens: list[int]
+    ratio: int
+    image_size: tuple[int, int]
+
+
+def denoise_key(req: T2IRequest, seq: DiffusionSequence) -> tuple:
+    """What requests must share for their denoise steps to run as rows of one batch: every
+    shape and slot of the sequence (its length, the image's place and size, the bucket's hole
+    end, an edit's condition layout), the step count, the schedule, the CFG mode and the step
+    cache (whose schedule every request of a batch then shares). Not the text itself, the
+    seed, the guidance or the positions: those are per row."""
+    return (seq.length, seq.image_start, seq.timestep_slot, seq.height, seq.width,
+            None if seq.hole is None else seq.hole.end, seq.condition,
+            req.steps, req.flow_shift, req.cfg_mode, req.step_cache)
+
+
+def batched_sequence(seqs: list[DiffusionSequence], device) -> DiffusionSequence:
+    """The sequence of a call's rows (one per row, all of one `denoise_key`), on `device`:
+    the first row's, with RoPE positions [B, S, 2] and a per-row hole start [B] where the
+    rows' text lengths differ; one [S, 2] and a 0-d start where they agree (the batch of
+    one: a single request's graphs)."""
+    first = seqs[0]
+    same = all(s is first or (s.pad == first.pad and torch.equal(s.rope_pos, first.rope_pos)) for s in seqs[1:])
+    rope = first.rope_pos if same else torch.stack([s.rope_pos for s in seqs])
+    hole = first.hole
+    if hole is not None:
+        start = hole.start if same else torch.stack([s.hole.start for s in seqs])
+        hole = hole._replace(start=start.to(device))
+    return replace(first, rope_pos=rope.to(device), hole=hole)
+
+
+def batched_condition(conds: list[ConditionTokens | None]) -> ConditionTokens | None:
+    """The condition rows of a call's rows (one per row; None: a T2I batch)."""
+    first = conds[0]
+    if first is None or all(c is first for c in conds[1:]):
+        return first
+    return replace(first, timestep=torch.cat([c.timestep for c in conds]), vae=torch.cat([c.vae for c in conds]),
+                   vit=torch.cat([c.vit for c in conds]), latent=None)
+
+
 class _TokenReader:
     """Sampled token ids to the host, one step late, without stalling the device.
 
@@ -418,6 +477,7 @@ class HunyuanT2IPipeline:
         or static runs ((start, end), ...) where they are fixed for the graph: then the
         attention runs mask-free pieces (`plan_segments`) on the fast kernels.
         `hole`: bucket padding inside the rows, hidden from every query (`DiffusionSequence`).
+        `rope_pos` [n, 2], or [B, n, 2] with a per-row `hole`: batched requests of one bucket.
         """
         n = embeds.shape[1]
         runs = None
@@ -427,7 +487,7 @@ class HunyuanT2IPipeline:
             if slots.shape[0] != n:
                 raise ValueError(f"slot runs {runs} hold {slots.shape[0]} rows, but {n} rows are fed")
         meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks), slot_runs=runs, hole=hole)
-        h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, 0), meta, cache)
+        h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, -2), meta, cache)
         return rt.seq.gather(h, 1, n)
 
     # ---- AR ---------------------------------------------------------------------------
@@ -760,7 +820,7 @@ class HunyuanT2IPipeline:
         first = seq.timestep_slot
         img = m.image_tokens(latents, t)
         step = m.step_tokens(t, guidance, t_end)
-        rope = seq.rope_pos.to(self.device)
+        rope = seq.rope_pos.to(self.device)   # [S, 2], or [B, S, 2]: each row its own (a batch of requests)
         if first_step:
             pieces = condition.splices(seq.condition) if condition is not None else []
             embeds = splice_rows(m.embed_tokens(ids), pieces + [(first, step), (img0, img)])
@@ -768,7 +828,7 @@ class HunyuanT2IPipeline:
             h = h[:, first:img1]
         else:
             # The step rows sit right before the image: the rows fed are one run of slots.
-            h = self.forward_rows(rt, torch.cat([step, img], dim=1), rope[first:img1], ((first, img1),), S,
+            h = self.forward_rows(rt, torch.cat([step, img], dim=1), rope[..., first:img1, :], ((first, img1),), S,
                                   seq.attention_blocks, cache, seq.hole)
         return h, self.head_velocity(h, t, seq.step_rows, seq.height, seq.width)
 
@@ -788,117 +848,212 @@ class HunyuanT2IPipeline:
 
     def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: "_Run",
                     condition: ConditionTokens | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The denoise loop; `noise`: the initial latents [1, C, h, w] (default: drawn from the
-        request's seed, as the official pipeline draws them)."""
+        """The denoise loop of one request: the batch of one (`run_denoise_batch`). `noise`: the
+        initial latents [1, C, h, w] (default: drawn from the request's seed, as the official
+        pipeline draws them). A step's `run.progress` that raises ends it with that error."""
+        batch = BatchMembers(1, per_member([run.progress]))
+        (latents,) = self.run_denoise_batch([DenoiseMember(req, seq, run, condition, noise)], batch)
+        if latents is None:
+            raise batch.left[0]
+        return latents
+
+    def run_denoise_batch(self, members: list["DenoiseMember"], batch: BatchMembers,
+                          in_batch: list[int] | None = None) -> list[torch.Tensor | None]:
+        """The denoise loop, for requests of one denoise shape (`denoise_key`) as rows of one
+        batch: final latents [1, C, h, w] per member, None for one that left the batch.
+
+        Each member keeps its own initial noise (its seed), guidance, step caches (one per call
+        site), record and timings; the rows of a call are request-major (member 0's CFG
+        branches, then member 1's, ...), each with its own RoPE positions and padding hole
+        (`batched_sequence`). At every step boundary `batch.boundary("denoise", done, steps,
+        members)` says who leaves (`in_batch`: the members' indices in `batch`, default
+        0..n-1); their rows are dropped before the next step (the latents, the KV caches'
+        rows), and the others go on exactly as before. The batch of one is the plain loop."""
+        index = list(range(len(members))) if in_batch is None else list(in_batch)
+        keys = {denoise_key(m.req, m.seq) for m in members}
+        if len(keys) != 1:
+            raise ValueError(f"a denoise batch needs one denoise shape; these members have {len(keys)}")
         rt = self.controller.activate("denoise")
-        record, timer, timings = run.record, run.timer, run.timings
-        timings["phase_switch"] = self.controller.last_switch.ms
+        for m in members:
+            m.run.timings["phase_switch"] = self.controller.last_switch.ms
+        first_run = members[0].run
+        timer = first_run.timer
         dev = self.device
+        req0, seq0 = members[0].req, members[0].seq
+        steps = req0.steps
         distilled = self.cfg.cfg_distilled
         if distilled:     # the guidance is embedded: one row, no unconditional branch
             if rt.cfg_size > 1:
                 raise ValueError(f"plan '{self.controller.topology.resolved.plan.name}' splits the CFG branches, but "
                                  "this checkpoint is CFG-distilled (one row a step): choose a plan without a cfg axis")
-            groups, branches = [[0]], [seq.cond_ids]
+            groups = [[0]]
+        elif rt.cfg_size > 1:   # CFG-parallel: this half of the ranks runs one branch
+            groups = [[rt.cfg_rank]]
         else:
-            branches = [seq.cond_ids, seq.uncond_ids]
-            if rt.cfg_size > 1:   # CFG-parallel: this half of the ranks runs one branch
-                groups = [[rt.cfg_rank]]
-            else:
-                groups = [[0, 1]] if req.cfg_mode == "batch" else [[0], [1]]
-        caches = [self.denoise_cache(rt, len(g), seq, reuse=f"denoise{i}") for i, g in enumerate(groups)]
-        # One step cache per call site (a CFG branch run on its own is one), new for every
-        # request: nothing carries over to the next (dtgen/step_cache.py).
-        step_caches = [make_step_cache(req.step_cache, req.steps) for _ in groups]
+            groups = [[0, 1]] if req0.cfg_mode == "batch" else [[0], [1]]
+        # The velocity's rows after the CFG gather: each group's rows (request-major), group after group.
+        gathered = [[0], [1]] if rt.cfg_size > 1 else groups
+        branches = [[m.seq.cond_ids] if distilled else [m.seq.cond_ids, m.seq.uncond_ids] for m in members]
+        # One step cache per request and call site (a CFG branch run on its own is one), new
+        # for every request: nothing carries over to the next (dtgen/step_cache.py).
+        step_caches = [[make_step_cache(m.req.step_cache, steps) for _ in groups] for m in members]
         # The official initial noise: drawn in bfloat16 from a CPU generator seeded by the
         # request, upcast; both CFG branches start from it.
-        shape = (1, self.cfg.vae.latent_channels, seq.height, seq.width)
-        if noise is None:
-            generator = torch.Generator().manual_seed(req.seed)
-            noise = torch.randn(shape, generator=generator, dtype=torch.bfloat16)
-        elif tuple(noise.shape) != shape:
-            raise ValueError(f"initial noise of shape {tuple(noise.shape)} does not fit the sequence; expected {shape}")
-        latents = noise.float().to(dev)
-        sigmas = flow_match_sigmas(req.steps, req.flow_shift)   # float32, as the official scheduler
+        shape = (1, self.cfg.vae.latent_channels, seq0.height, seq0.width)
+        starts = []
+        for m in members:
+            noise = m.noise
+            if noise is None:
+                noise = torch.randn(shape, generator=torch.Generator().manual_seed(m.req.seed), dtype=torch.bfloat16)
+            elif tuple(noise.shape) != shape:
+                raise ValueError(f"initial noise of shape {tuple(noise.shape)} does not fit the sequence; "
+                                 f"expected {shape}")
+            starts.append(noise.float().to(dev))
+        latents = starts[0] if len(starts) == 1 else torch.cat(starts)
+        sigmas = flow_match_sigmas(steps, req0.flow_shift)   # float32, as the official scheduler
         # A distilled checkpoint embeds 1000 * guidance, rounded to bf16 as the official code does.
-        embedded = float(torch.tensor([1000.0 * req.guidance], dtype=torch.bfloat16)) if distilled else None
-        # Everything a step reads from the host goes to the device once, here: a copy from
-        # pageable memory inside the loop waits for the device to drain, and the device then
-        # idles while the host checks the next call's guards (1-2 ms per branch; more on a
-        # rank whose host is slower, which the other rank then waits for in a collective).
-        seq = replace(seq, rope_pos=seq.rope_pos.to(dev),
-                      hole=None if seq.hole is None else seq.hole._replace(start=seq.hole.start.to(dev)))
-        ids = [torch.stack([branches[b] for b in g]).to(dev) for g in groups]
+        embedded = [float(torch.tensor([1000.0 * m.req.guidance], dtype=torch.bfloat16)) if distilled else None
+                    for m in members]
+        # Everything a step reads from the host goes to the device once, here (and again only
+        # when members leave): a copy from pageable memory inside the loop waits for the device
+        # to drain, and the device then idles while the host checks the next call's guards
+        # (1-2 ms per branch; more on a rank whose host is slower, which the other rank then
+        # waits for in a collective).
+        caches = [self.denoise_cache(rt, len(g) * len(members), seq0, reuse=f"denoise{i}")
+                  for i, g in enumerate(groups)]
+        now = list(range(len(members)))   # positions in `members` of those still in the batch
 
-        def call(i: int, g_ids: torch.Tensor, cache: KVCache, latents: torch.Tensor) -> DenoiserCall:
-            n = g_ids.shape[0]
+        def inputs(now: list[int]) -> list[tuple]:
+            """Per group: (ids [rows, S], the sequence of those rows, their condition, guidance)."""
+            out = []
+            for g in groups:
+                rows = [p for p in now for _ in g]   # the member of each row
+                ids = torch.stack([branches[p][b] for p in now for b in g]).to(dev)
+                seq = batched_sequence([members[p].seq for p in rows], dev)
+                cond = batched_condition([members[p].condition for p in rows])
+                values = [embedded[p] for p in rows]
+                guidance = None if not distilled else (torch.full((len(rows),), values[0], device=dev)
+                                                       if len(set(values)) == 1 else torch.tensor(values, device=dev))
+                out.append((ids, seq, cond, guidance))
+            return out
+
+        batch_in = inputs(now)
+
+        def call(i: int, g: list[int], ids, seq, cond, guidance, cache: KVCache, latents: torch.Tensor) -> torch.Tensor:
+            n = ids.shape[0]
             t_value, t_end_value = 1000.0 * float(sigmas[i]), 1000.0 * float(sigmas[i + 1])
             t = torch.full((n,), t_value, device=dev)
-            guidance = torch.full((n,), embedded, device=dev) if distilled else None
             t_end = torch.full((n,), t_end_value, device=dev) if self.cfg.use_meanflow else None
-            if g_ids is ids[0]:   # what the model is fed (float32 values, kept on the host)
+            if g is groups[0]:   # what the model is fed (float32 values, kept on the host)
                 f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
-                record.setdefault("step_inputs", []).append(
-                    {"t": f32(t_value), "guidance": embedded, "t_end": f32(t_end_value) if t_end is not None else None})
-            return DenoiserCall(
-                head=partial(self._head_fn, t=t, step_rows=seq.step_rows, height=seq.height, width=seq.width),
-                full=partial(self._denoise_fn, rt, seq, g_ids, latents.expand(n, -1, -1, -1), t, cache, i == 0,
-                             condition, guidance, t_end))
+                for p in now:
+                    members[p].run.record.setdefault("step_inputs", []).append(
+                        {"t": f32(t_value), "guidance": embedded[p],
+                         "t_end": f32(t_end_value) if t_end is not None else None})
+            rows = latents if len(g) == 1 else (latents.expand(len(g), -1, -1, -1) if latents.shape[0] == 1
+                                                else latents.repeat_interleave(len(g), 0))
+            # A member's head runs on its own rows (a cached step): the graph of one request's call.
+            heads = [partial(self._head_fn, t=t[:len(g)], step_rows=seq.step_rows, height=seq.height,
+                             width=seq.width) for _ in now]
+            full = partial(self._denoise_fn, rt, seq, ids, rows, t, cache, i == 0, cond, guidance, t_end)
+            return run_step_shared([step_caches[p][groups.index(g)] for p in now], i,
+                                   DenoiserCall(head=heads[0], full=full), [len(g)] * len(now), heads)
 
         def step(i: int, latents: torch.Tensor) -> torch.Tensor:
-            v = rt.gather_cfg(torch.cat([run_step(sc, i, call(i, g_ids, cache, latents))
-                                         for g_ids, cache, sc in zip(ids, caches, step_caches)]))
-            record.setdefault("velocity", []).append(v)
-            record.setdefault("step_latents", []).append(latents)
-            if not distilled:
-                v = classifier_free_guidance(v[0:1], v[1:2], req.guidance)
-            return euler_step(latents, v, float(sigmas[i]), float(sigmas[i + 1]))
+            v = rt.gather_cfg(torch.cat([call(i, g, *inp, cache, latents)
+                                         for g, inp, cache in zip(groups, batch_in, caches)]))
+            n, out = len(now), []
+            for k, p in enumerate(now):
+                if n == 1:
+                    mine = v
+                else:   # member k's rows, in branch order (cond, uncond)
+                    mine = torch.stack([v[n * sum(len(G) for G in gathered[:gi]) + k * len(G) + G.index(b)]
+                                        for b in range(len(branches[p])) for gi, G in enumerate(gathered) if b in G])
+                record = members[p].run.record
+                record.setdefault("velocity", []).append(mine)
+                record.setdefault("step_latents", []).append(latents if n == 1 else latents[k:k + 1])
+                out.append(mine if distilled else classifier_free_guidance(mine[0:1], mine[1:2], members[p].req.guidance))
+            return euler_step(latents, out[0] if n == 1 else torch.cat(out), float(sigmas[i]), float(sigmas[i + 1]))
 
-        bar = tqdm(total=req.steps, desc="denoise", disable=not self.is_main, leave=False)
+        bar = tqdm(total=steps, desc="denoise", disable=not self.is_main, leave=False)
+        finished: dict[int, torch.Tensor] = {}
+        step_ms_of: dict[int, list[float]] = {}
 
-        def done(n: int) -> None:
+        def done(n: int, latents: torch.Tensor) -> torch.Tensor:
+            """Step boundary `n`: report, then drop the rows of the members that left."""
+            nonlocal now, caches, batch_in
             bar.update(n - bar.n)
-            run.progress("denoise", n, req.steps)
+            gone = set(batch.boundary("denoise", n, steps, [index[p] for p in now]))
+            if not gone:
+                return latents
+            keep = [k for k, p in enumerate(now) if index[p] not in gone]
+            now = [now[k] for k in keep]
+            if not now:
+                return latents
+            positions = torch.tensor(keep, device=dev)
+            latents = latents.index_select(0, positions)
+            caches = [self._cache_rows(cache, torch.tensor([k * len(g) + j for k in keep for j in range(len(g))],
+                                                           device=dev)) for g, cache in zip(groups, caches)]
+            batch_in = inputs(now)
+            return latents
 
         # The first step feeds the whole sequence (and fills the text K/V); the later ones only
         # the image rows. Each profiled region begins and ends on a wait (dtgen/profiling.py).
         marks = [timer.mark()]
-        with run.profiler.region("denoise_first_step"):
+        with first_run.profiler.region("denoise_first_step"):
             latents = step(0, latents)
             marks.append(timer.mark())
             timer.wait(marks[-1])
-        done(1)
-        if req.steps > 1:
+        latents = done(1, latents)
+        if steps > 1 and now:
             # The host runs one step ahead: step i is launched, then step i-1 is waited for
             # (and reported), so a step's host work overlaps the device time of the one before.
-            with run.profiler.region("denoise_step", units=req.steps - 1):
-                for i in range(1, req.steps):
+            with first_run.profiler.region("denoise_step", units=steps - 1):
+                for i in range(1, steps):
                     latents = step(i, latents)
                     marks.append(timer.mark())
                     timer.wait(marks[-2])
                     if i > 1:
-                        done(i)
+                        latents = done(i, latents)
+                        if not now:
+                            break
                 timer.wait(marks[-1])
-            done(req.steps)
+            if now:
+                latents = done(steps, latents)
         bar.close()
         step_ms = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
-        timings["denoise_step"] = sum(step_ms) / len(step_ms)
-        timings["denoise_first_step"] = step_ms[0]
-        # Later steps apart: in full (the first, whole-sequence one left out) and cached.
-        report = merged_report(step_caches)
-        full = set(range(req.steps) if report is None else report["full_steps"])
-        full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
-        cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
-        if full_ms:
-            timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
-        if cached_ms:
-            timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
-        if report is not None:
-            record["step_cache"] = [report]
-        record["denoise_step_ms"] = [step_ms]
-        record["latents"] = [latents]
-        record["denoise_length"] = [seq.real_length]
-        return latents
+        for k, p in enumerate(now):
+            finished[p] = latents if len(now) == 1 else latents[k:k + 1]
+        for p in finished:
+            m = members[p]
+            timings, record = m.run.timings, m.run.record
+            timings["denoise_step"] = sum(step_ms) / len(step_ms)
+            timings["denoise_first_step"] = step_ms[0]
+            # Later steps apart: in full (the first, whole-sequence one left out) and cached.
+            report = merged_report(step_caches[p])
+            full = set(range(steps) if report is None else report["full_steps"])
+            full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
+            cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
+            if full_ms:
+                timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
+            if cached_ms:
+                timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
+            if report is not None:
+                record["step_cache"] = [report]
+            record["denoise_step_ms"] = [step_ms]
+            record["latents"] = [finished[p]]
+            record["denoise_length"] = [m.seq.real_length]
+            record["denoise_batch"] = [len(members)]   # requests whose rows shared these steps (at the start)
+        return [finished.get(p) for p in range(len(members))]
+
+    def _cache_rows(self, cache: KVCache, rows: torch.Tensor) -> KVCache:
+        """The batch rows `rows` of a KV cache, as a new one (members left a batch)."""
+        kept = cache.select_rows(rows)
+        if self._caches.static_addresses:
+            for layer in kept.layers:
+                torch._dynamo.mark_static_address(layer.k)
+                torch._dynamo.mark_static_address(layer.v)
+        return kept
 
     # ---- image editing: the reference image's condition --------------------------------
     def _instruct_tokens(self) -> InstructTokens:
@@ -955,16 +1110,89 @@ class HunyuanT2IPipeline:
 
     @torch.no_grad()
     def generate(self, req: T2IRequest, profiler=None, progress: Progress | None = None) -> T2IResult:
-        """The whole request. `profiler` (dtgen.profiling.PhaseProfiler) traces each phase;
-        `progress(phase, done, total)` is called after every AR token and denoise step (a
-        stall watch, a progress bar, a fault injected for tests)."""
-        if req.cfg_mode not in ("serial", "batch"):
-            raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
+        """The whole request: the batch of one (`generate_batch`). `profiler`
+        (dtgen.profiling.PhaseProfiler) traces each phase; `progress(phase, done, total)` is
+        called after every AR token and denoise step (a stall watch, a progress bar, a fault
+        injected for tests); what it raises ends the request."""
+        (result,) = self.generate_batch([req], per_member([progress or _no_progress]), profiler)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def generate_batch(self, reqs: list[T2IRequest], progress: BatchHook,
+                       profiler=None) -> list[T2IResult | BaseException]:
+        """Several requests whose denoise steps run as rows of one batch: each request's
+        condition and AR phase in turn (`run_ar_phases`), then one denoise batch per denoise
+        shape among them (`denoise_key`; `run_denoise_batch`), then each VAE decode. Every
+        step boundary goes through `progress(phase, done, total, members)` (dtgen/batching.py),
+        which says who leaves the batch there (a cancel, a deadline, that request's own error);
+        the others go on as if it had never been there. Returns, per request, its result or
+        the exception it left with. An error inside a shared step raises: it ends them all."""
+        for req in reqs:
+            if req.cfg_mode not in ("serial", "batch"):
+                raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
+        batch = BatchMembers(len(reqs), progress)
+        profiler = profiler or NullProfiler()
+        runs = [_Run(_Timer(self.device), {}, {}, batch.progress_of(j), profiler) for j in range(len(reqs))]
+        t_start = runs[0].timer.now()
+        prepared = self.run_ar_phases(reqs, runs, batch)
+        parts: dict[tuple, list[int]] = {}
+        for j in batch.active:
+            parts.setdefault(denoise_key(reqs[j], prepared[j].seq), []).append(j)
+        latents: dict[int, torch.Tensor] = {}
+        for part in parts.values():
+            members = [DenoiseMember(reqs[j], prepared[j].seq, runs[j], prepared[j].condition) for j in part]
+            with profiler.phase("denoise"):
+                for j, out in zip(part, self.run_denoise_batch(members, batch, part)):
+                    if out is not None:
+                        latents[j] = out
+        self._release_phase_caches("denoise")   # kv_caches="release": the VAE decode gets their memory
+        results: list[T2IResult | BaseException] = []
+        for j, (req, run) in enumerate(zip(reqs, runs)):
+            if j not in latents or j not in batch.active:
+                results.append(batch.left[j])
+                continue
+            image = None
+            if self.is_main or self.vae_group is not None:
+                with profiler.phase("vae", together=self.vae_group is not None), profiler.region("vae_decode"):
+                    t0 = run.timer.now()
+                    image = self.decode_image(latents[j])
+                    run.timings["vae_decode"] = (run.timer.now() - t0) * 1e3
+                try:
+                    run.progress("vae", 1, 1)
+                except MemberLeft:
+                    results.append(batch.left[j])
+                    continue
+            p = prepared[j]
+            run.timings["total"] = (run.timer.now() - t_start) * 1e3
+            run.timings.setdefault("ar_decode_per_token", 0.0)
+            results.append(T2IResult(image, latents[j], p.tokens, p.ratio, p.image_size, run.timings, run.record))
+        return results
+
+    def run_ar_phases(self, reqs: list[T2IRequest], runs: list["_Run"],
+                      batch: BatchMembers) -> dict[int, "_Prepared"]:
+        """The phases before the denoise, for the members still in the batch: each request's
+        condition and AR in turn (`_prepare_denoise`), every AR token a step boundary of that
+        request alone. A batched AR decode (`run_ar_batch`) plugs in here once its steps report
+        to `batch` (one boundary per decode step for every request in it)."""
+        prepared = {}
+        for j, (req, run) in enumerate(zip(reqs, runs)):
+            if j not in batch.active:
+                continue
+            try:
+                prepared[j] = self._prepare_denoise(req, run, lambda e, j=j: batch.fail(j, e))
+            except MemberLeft:
+                continue
+        return prepared
+
+    def _prepare_denoise(self, req: T2IRequest, run: "_Run", fail) -> "_Prepared | None":
+        """One request's condition (an edit's), AR phase and diffusion sequence. A sequence
+        the model's positions cannot hold fails that request alone (`fail(error)`): every rank
+        finds the same, from the same tokens, without a collective."""
         table = resolution_table(self.cfg.image_base_size)
         forced = parse_image_size(req.image_size, self.cfg.image_base_size)
-        run = _Run(_Timer(self.device), {}, {}, progress or _no_progress, profiler or NullProfiler())
         timer, timings = run.timer, run.timings
-        t_start = timer.now()
         edit = None
         if req.reference is not None:
             # The condition is computed once, here, on every rank (its modules are replicated,
@@ -993,22 +1221,12 @@ class HunyuanT2IPipeline:
             seq = build_instruct_diffusion_sequence(edit[0], tokens, self.tok.encode, self.special,
                                                     self.tok.instruct, self.cfg.image_base_size, ratio, h, w,
                                                     bucket=self.prompt_bucket)
-        self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
-        with run.profiler.phase("denoise"):
-            latents = self.run_denoise(req, seq, run, None if edit is None else edit[1])
-        self._release_phase_caches("denoise")
-        image = None
-        if self.is_main or self.vae_group is not None:
-            with run.profiler.phase("vae", together=self.vae_group is not None), run.profiler.region("vae_decode"):
-                t0 = timer.now()
-                image = self.decode_image(latents)
-                timings["vae_decode"] = (timer.now() - t0) * 1e3
-            run.progress("vae", 1, 1)
-        timings["total"] = (timer.now() - t_start) * 1e3
-        timings.setdefault("ar_decode_per_token", 0.0)
-        record = run.record
-        return T2IResult(image, latents, tokens, ratio, (height, width), timings, record)
-
+        try:
+            self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
+        except ValueError as e:
+            fail(e)
+            raise MemberLeft(-1) from None
+        return _Prepared(seq, None if edit is None else edit[1], tokens, ratio, (height, width))
 
     def warm_up(self, shapes: list[tuple[int, str]], template: T2IRequest,
                 progress: Progress | None = None, cached_step: bool = True) -> list[float]:

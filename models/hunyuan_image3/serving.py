@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.serve.errors import RequestError
@@ -70,9 +71,10 @@ class HunyuanServeAdapter:
 
     def __init__(self, pipe: HunyuanT2IPipeline, rank: int, defaults: T2IRequest,
                  warmup_shapes: list[tuple[int, str]] | None = None, warmup: bool = True,
-                 inject_failure: list[tuple] | None = None):
+                 inject_failure: list[tuple] | None = None, warmup_batch: int = 1):
         self.pipe, self.rank, self.defaults = pipe, rank, defaults
         self.warmup_shapes, self.warmup = warmup_shapes, warmup
+        self.warmup_batch = warmup_batch   # a compiled pipeline also warms up batches of 2..warmup_batch
         self.injections = Injections(inject_failure or [], rank, pipe.model.model.layers[-1])
         m = pipe.model
         self.edit_problem = ("the model was loaded without the vision tower and the VAE encoder (the checkpoint "
@@ -167,8 +169,7 @@ class HunyuanServeAdapter:
     # ---- every rank -------------------------------------------------------------------
     def generate(self, req: T2IRequest, progress) -> dict | None:
         graphs = unique_graphs()
-        progress.show("condition" if req.reference is not None else "ar", 0, 1 if req.reference is not None
-                      else req.max_new_tokens)
+        progress.show(*self._first_phase(req))
 
         def hook(phase: str, done: int, total: int) -> None:
             if phase == "vae":       # only the ranks that decode report it: no agreement there
@@ -178,13 +179,60 @@ class HunyuanServeAdapter:
                 progress.show("vae", 0, 1)
 
         result = self.pipe.generate(req, progress=hook)
+        return self._answer(req, result, unique_graphs() - graphs)
+
+    # ---- batches: requests whose denoise steps run as rows of one batch ------------------
+    def batch_key(self, req: T2IRequest):
+        """Requests whose denoise phases will share one shape (`pipeline.denoise_key`), as far
+        as a request says before its AR phase: its size, steps, schedule, CFG mode, step
+        cache, and the bucket of its denoise text if the AR phase writes all max_new_tokens
+        (an edit: its reference's shape, the prompt's and the system prompt's lengths too).
+        After the AR phase the pipeline groups the batch again by the exact shape, so a
+        request whose AR ends early or whose `auto` size differs still comes out right: it
+        only runs its denoise apart."""
+        pipe = self.pipe
+        text = 1 + len(pipe.tok.encode(req.prompt) if req.prompt_ids is None else req.prompt_ids) + req.max_new_tokens
+        bucket = pipe.prompt_bucket
+        common = (req.image_size, -(-text // bucket) * bucket if bucket else text, req.steps, req.flow_shift,
+                  req.cfg_mode, req.step_cache)
+        if req.reference is None:
+            return ("t2i",) + common
+        return ("edit", tuple(req.reference.shape), len(pipe.tok.encode(req.system_prompt))) + common
+
+    def generate_batch(self, reqs: list[T2IRequest], progress) -> list:
+        """The requests on this rank, their denoise steps shared (`pipe.generate_batch`): per
+        request its answer (rank 0; None elsewhere) or the exception it left with."""
+        graphs = unique_graphs()
+        for k, req in enumerate(reqs):
+            progress.show(*self._first_phase(req), [k])
+
+        def hook(phase: str, done: int, total: int, members: list[int]) -> dict:
+            if phase == "vae":       # only the ranks that decode report it: no agreement there
+                progress.show(phase, done, total, members)
+                return {}
+            left = progress(phase, done, total, members)
+            if phase == "denoise" and done == total:
+                progress.show("vae", 0, 1, [m for m in members if m not in left])
+            return left
+
+        results = self.pipe.generate_batch(reqs, hook)
+        new = unique_graphs() - graphs
+        return [r if isinstance(r, BaseException) else self._answer(req, r, new) for req, r in zip(reqs, results)]
+
+    @staticmethod
+    def _first_phase(req: T2IRequest) -> tuple[str, int, int]:
+        return ("condition", 0, 1) if req.reference is not None else ("ar", 0, req.max_new_tokens)
+
+    def _answer(self, req: T2IRequest, result, new_graphs: int) -> dict | None:
         if self.rank != 0:
             return None
         h, w = result.image_size
         return {"image": {"b64_json": png_b64(result.image)}, "size": f"{w}x{h}", "seed": req.seed,
                 "ar_tokens": len(result.tokens),
-                # graphs this request compiled: 0 for every request of a warmed-up bucket
-                "new_graphs": unique_graphs() - graphs,
+                # graphs this request (its batch) compiled: 0 for every request of a warmed-up bucket
+                "new_graphs": new_graphs,
+                # requests whose rows shared this one's denoise steps (itself included)
+                "denoise_batch": (result.record.get("denoise_batch") or [1])[0],
                 "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()},
                 # which denoise steps ran in full and which a step cache reused (None: no cache)
                 "step_cache": (result.record.get("step_cache") or [None])[0]}
@@ -195,6 +243,20 @@ class HunyuanServeAdapter:
         elif self.warmup:
             self.pipe.generate(replace(warmup_request(self.defaults, cached_step=True),
                                        forced_tokens=filler_ids(self.defaults.max_new_tokens)), progress=progress)
+        if (self.warmup_shapes or self.warmup) and self.warmup_batch > 1 and self.pipe.compiler.options.enabled:
+            # Each batch size has graphs of its own (the batch dimension is static): compile
+            # every size a batch can have (one that members left shrinks) before /ready.
+            template = replace(warmup_request(self.defaults, cached_step=True),
+                               forced_tokens=filler_ids(self.defaults.max_new_tokens))
+            # Prompts of n lengths (one row fewer each): rows with their own positions and
+            # holes, as traffic has them.
+            shapes = [(tokens - 1, size) for tokens, size in self.warmup_shapes] if self.warmup_shapes else \
+                [(len(self.pipe.tok.encode(template.prompt)), template.image_size)]
+            for length, size in shapes:
+                for n in range(2, self.warmup_batch + 1):
+                    reqs = [replace(template, seed=template.seed + k, image_size=size,
+                                    prompt_ids=filler_ids(max(1, length - k))) for k in range(n)]
+                    self.pipe.generate_batch(reqs, per_member([progress] * n))
 
     def free_caches(self) -> None:
         self.pipe.release_caches()

@@ -264,7 +264,8 @@ class HunyuanImage3Transformer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope_pos: torch.Tensor, meta: AttentionMeta,
                 cache: KVCache | None = None) -> torch.Tensor:
-        """h: [B, S, H] input embeddings; rope_pos: [S, 2] (y, x) of these rows.
+        """h: [B, S, H] input embeddings; rope_pos: [S, 2] (y, x) of these rows, or [B, S, 2]
+        (each batch row its own: batched requests whose text lengths differ).
 
         Returns the last layer's output WITHOUT ln_f (image tokens skip it).
         """

@@ -1,0 +1,59 @@
+"""DiT step batching through the real server (one CPU process, the tiny model, real HTTP on
+127.0.0.1): with `--max-batch 3`, jobs of one denoise bucket that wait together run as one
+batch (the job and its answer say how many ran together, and so does /metrics), a job of
+another bucket does not join them, and a batched job's image equals the same request's alone.
+About 40 s: the server's start and warm-up, five jobs (each a 3-10 s VAE decode here)."""
+from __future__ import annotations
+
+import base64
+import io
+import time
+
+import pytest
+
+from tests.test_serve_http import call, running_server, wait_done
+
+pytest.importorskip("fastapi")
+
+
+def _pixels(b64: str):
+    import numpy as np
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64)))).astype(int)
+
+
+def test_same_bucket_jobs_run_as_one_batch_and_other_buckets_apart(tmp_path):
+    # 'a cat sat' and 'a fox in the' pad to one 16-row text bucket; steps differ for the last.
+    b = {"prompt": "a cat sat", "size": "256x256", "num_inference_steps": 2, "seed": 2, "guidance_scale": 3.0}
+    c = {"prompt": "a fox in the", "size": "256x256", "num_inference_steps": 2, "seed": 3}
+    d = {"prompt": "a cat sat", "size": "256x256", "num_inference_steps": 3, "seed": 4}
+    with running_server(tmp_path / "server.log", "--max-batch", "3", "--prompt-bucket", "16", "--steps", "2",
+                        "--ping", "0.2") as (base, _):
+        status, first, _ = call(base, "POST", "/v1/jobs", {**c, "num_inference_steps": 4, "seed": 1})
+        assert status == 202, first
+        end = time.monotonic() + 60
+        while call(base, "GET", f"/v1/jobs/{first['id']}")[1]["status"] == "queued":   # the others wait behind it
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        ids = [call(base, "POST", "/v1/jobs", body)[1]["id"] for body in (b, c, d)]
+        jobs = [wait_done(base, i) for i in [first["id"], *ids]]
+        assert [j["status"] for j in jobs] == ["succeeded"] * 4, jobs
+        assert [j["batch_size"] for j in jobs] == [1, 2, 2, 1], jobs
+        metrics = call(base, "GET", "/metrics")[1]
+        assert 'dtgen_job_batch_size_bucket{le="1.0"} 2.0' in metrics and "dtgen_job_batch_size_count 4.0" in metrics
+        # The same request alone (nothing else waits now): the same image, up to a level.
+        status, alone, _ = call(base, "POST", "/v1/images/generations", b)
+        assert status == 200 and alone["dtgen"]["denoise_batch"] == 1, alone
+        batched = jobs[1]["result"]["data"][0]["b64_json"]
+        assert abs(_pixels(batched) - _pixels(alone["data"][0]["b64_json"])).max() <= 1
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
+    (["--model", "wan", "--max-batch", "2"], "error: --max-batch 2: Wan's server runs one request at a time"),
+])
+def test_bad_max_batch_is_one_line_naming_the_flag(argv, line, capsys):
+    from examples.serve import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(line) and len(err.splitlines()) == 1, err
