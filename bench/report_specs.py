@@ -29,6 +29,9 @@ CPU_COMPILE = "compile-cpu-2026-11-30.json"
 S11 = "h200-2026-12-02-session11"
 S11_DECODE, S11_PEERS = f"{S11}/decode_kernels.json", f"{S11}/bench_peers.json"
 S11_FP8_ATTENTION, S11_MEMORY = f"{S11}/bench_fp8_attention.json", f"{S11}/memory_vae_probe.json"
+S11_LEVERS, S11_DENSE_FP8 = f"{S11}/call_b_bench_memory.json", f"{S11}/call_b_t2i_dense_fp8.json"
+S11_BATCH, S11_PARITY = f"{S11}/call_b_bench_batch.json", f"{S11}/batch_parity.json"
+S11_STEP = f"{S11}/call_b_decode_step.json"
 
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
@@ -40,6 +43,19 @@ RUNS: dict[str, RunInfo] = {
     S11_FP8_ATTENTION: RunInfo("python -m bench.bench_fp8_attention --out /root/out/fp8/bench_fp8_attention.json",
                                software=GPU_IMAGE),
     S11_MEMORY: RunInfo("python -m bench.probes.memory_vae_probe --out $OUT"),
+    S11_LEVERS: RunInfo("python -m bench.bench_memory --configs baseline,all_fp32_vae,all --runs t2i,ti2i "
+                        "--out /root/out/bench_memory.json", software=GPU_IMAGE),
+    # an examples.hunyuan_t2i report holds no command: this is bench/run_gpu_session11.sh's step t2i_dense_fp8
+    S11_DENSE_FP8: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --dense-dtype fp8 "
+                           "--compile --prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 "
+                           "--steps 10 --kv-caches release --vae-dtype bfloat16 --vae-chunks 4 "
+                           "--moe-token-chunk 2048 --report $OUT/t2i_dense_fp8.json --output $OUT/t2i_dense_fp8.png",
+                           software=GPU_IMAGE),
+    S11_BATCH: RunInfo("python -m bench.bench_batch --steps 10 --repeats 1 --out /root/out/bench_batch.json"),
+    S11_PARITY: RunInfo("python -m bench.probes.batch_parity_probe --layers 2 --out batch_parity.json",
+                        software=GPU_IMAGE),
+    S11_STEP: RunInfo("python -m bench.bench_decode_batch --parts step --repeats 5 --step-iters 10 "
+                      "--out /root/out/decode_step.json", software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -1169,4 +1185,194 @@ TABLES += [
     ], note="Wall time of one `vae.decode` to a device sync: the listed calls, after warm-up calls, in one "
             "process (the \"runs\" are these calls, not separate processes). bf16 / fp32: the ratio of the "
             "medians."),
+]
+
+
+# ---- session 11, GPU call B: the memory levers end to end, DiT batching, the batched decode step ----------
+def lever(run, config, key):
+    return f"rows[run={run},config={config}].{key}"
+
+
+LEVER_CONFIGS = (("baseline", "none"), ("all_fp32_vae", "release KV, VAE chunks, MoE chunks (fp32 VAE)"),
+                 ("all", "**all**: release KV, bf16 VAE, VAE chunks, MoE chunks"))
+PEAK_TARGET = 92.0   # issue 29: GB, T2I and TI2I
+
+
+def _lever_row(run, config, label):
+    peak = Value(lever(run, config, "peak_bytes"), scale=1e-9)
+    projected = Value(lever(run, config, "projected_peak_bytes"), scale=1e-9)
+    verdicts = [Verdict(peak, PEAK_TARGET), Verdict(projected, PEAK_TARGET)]
+    labels = ["measured ", ", projected ", ", T2I process "]
+    if run == "t2i":
+        verdicts.append(Verdict(Value(lever(run, config, "t2i_process_peak_bytes"), scale=1e-9), PEAK_TARGET))
+    verdict = Join([c for pair in zip([Text(l) for l in labels], verdicts) for c in pair], "")
+    return Row([run.upper(), label, gb(lever(run, config, "peak_bytes")), gb(lever(run, config, "projected_peak_bytes")),
+                gb(lever(run, config, "peak_over_weights_bytes")),
+                gb(lever(run, config, "t2i_process_peak_bytes")) if run == "t2i" else "-",
+                ms(lever(run, config, "timings_ms.ar_decode_per_token"), fmt="{:.2f} ms"),
+                ms(lever(run, config, "timings_ms.denoise_full_step")), ms(lever(run, config, "timings_ms.vae_decode")),
+                ms(lever(run, config, "timings_ms.condition_encode")) if run == "ti2i" else "-", verdict],
+               file=S11_LEVERS)
+
+
+DENSE_PEAK = Value("peak_memory_bytes_per_rank[0]", scale=1e-9)
+DENSE_WEIGHTS = Value("storage_bytes_per_rank[0]", scale=1e-9)
+
+TABLES += [
+    Table("s11-levers", ["run", "memory levers", "peak (measured)", "projected peak", "peak over the weights",
+                         "a T2I process's peak", "AR decode / token", "DiT full step", "VAE decode",
+                         "condition encode", "<= 92 GB (issue 29)"], [
+        _lever_row(run, config, label) for run in ("t2i", "ti2i") for config, label in LEVER_CONFIGS
+    ] + [
+        Row(["T2I, the CLI", "**all, and dense linears in FP8** (`--dense-dtype fp8`)", gb("peak_memory_bytes_per_rank[0]"),
+             "- (measured in a T2I process)",
+             Calc(lambda peak, weights: peak - weights, [DENSE_PEAK, DENSE_WEIGHTS], "{:.1f} GB"),
+             gb("peak_memory_bytes_per_rank[0]"), ms("timings_ms.ar_decode_per_token", fmt="{:.2f} ms"),
+             ms("timings_ms.denoise_full_step"), ms("timings_ms.vae_decode"), "-",
+             Join([Verdict(DENSE_PEAK, PEAK_TARGET)], prefix="measured ")], file=S11_DENSE_FP8),
+        Row(["", "weights: bench_memory (all resident, editing modules too) / its T2I process / the dense-FP8 CLI",
+             Join([gb("weights_bytes", S11_LEVERS), gb("t2i_process_weights_bytes", S11_LEVERS),
+                   gb("storage_bytes_per_rank[0]", S11_DENSE_FP8)], " / "), "", "", "", "", "", "", "", ""]),
+    ], note="32 layers, FP8 experts (channels), compiled regions, 1024x1024, 1251 prompt tokens, 256 AR tokens, "
+            "serial CFG; bench_memory: 4 denoise steps, the CLI: 10. One run of each (no repeats): a timing is that "
+            "request's. Measured: `torch.cuda.max_memory_allocated` over the request. bench_memory holds the editing "
+            "modules and the fp32 VAE in every config (a bf16 VAE copy stands in for `--vae-dtype bfloat16`): the "
+            "projected peak is the measured one less the bytes a real process would not hold (the JSON's "
+            "`bench_only_bytes`), and a T2I process's, the projected one less the editing modules' planned bytes. The "
+            "CLI row is a T2I process with every lever, measured; its peak over the weights is computed here "
+            "(peak less `storage_bytes_per_rank`)."),
+]
+
+
+def _cell_with_verdict(value: Value, target: float, op: str = "<=", lead: str = ""):
+    return Join([value, Verdict(value, target, op)], ": ", prefix=lead)
+
+
+def _peak_cell(run, config):
+    measured = Value(lever(run, config, "peak_bytes"), "{:.1f} GB measured", scale=1e-9)
+    key = "t2i_process_peak_bytes" if run == "t2i" else "projected_peak_bytes"
+    projected = Value(lever(run, config, key), "{:.1f} GB", scale=1e-9)
+    return Join([measured, projected, Verdict(projected, PEAK_TARGET)],
+                [", " + ("a T2I process " if run == "t2i" else "projected "), ": "], suffix=" (projected)")
+
+
+def _levers(run, config, key, target, fmt="{:.1f} ms"):
+    return _cell_with_verdict(Value(lever(run, config, key), fmt, S11_LEVERS), target)
+
+
+HEADLINE = [  # label, target text, run, timings key, target, format, the dense CLI's key
+    ("HunyuanImage-3 T2I, 32 layers: AR decode", "<= 5.0 ms/token", "t2i", "ar_decode_per_token", 5.0, "{:.2f} ms"),
+    ("DiT step, serial CFG (T2I, a full step)", "<= 280 ms", "t2i", "denoise_full_step", 280.0, "{:.1f} ms"),
+    ("VAE decode 1024x1024 (in the T2I request)", "<= 150 ms", "t2i", "vae_decode", 150.0, "{:.1f} ms"),
+    ("TI2I: condition encode", "<= 200 ms", "ti2i", "condition_encode", 200.0, "{:.1f} ms"),
+    ("TI2I: AR decode", "<= 6.0 ms/token", "ti2i", "ar_decode_per_token", 6.0, "{:.2f} ms"),
+    ("TI2I: DiT step (a full step)", "<= 350 ms", "ti2i", "denoise_full_step", 350.0, "{:.1f} ms"),
+]
+
+TABLES += [
+    Table("s11-issue29", ["issue 29 target (one H200)", "target", "no lever", "every lever",
+                          "every lever and dense FP8 (T2I CLI)"], [
+        Row([label, target_text, _levers(run, "baseline", f"timings_ms.{key}", target, fmt),
+             _levers(run, "all", f"timings_ms.{key}", target, fmt),
+             _cell_with_verdict(Value(f"timings_ms.{key}", fmt, S11_DENSE_FP8), target) if run == "t2i" else "-"])
+        for label, target_text, run, key, target, fmt in HEADLINE[:3]
+    ] + [
+        Row(["peak memory, T2I", "<= 92 GB", _peak_cell("t2i", "baseline"), _peak_cell("t2i", "all"),
+             Join([Value("peak_memory_bytes_per_rank[0]", "{:.1f} GB measured", S11_DENSE_FP8, scale=1e-9),
+                   Verdict(Value("peak_memory_bytes_per_rank[0]", file=S11_DENSE_FP8, scale=1e-9), PEAK_TARGET)],
+                  ": ")], file=S11_LEVERS),
+        Row(["peak memory, TI2I", "<= 92 GB", _peak_cell("ti2i", "baseline"), _peak_cell("ti2i", "all"), "-"],
+            file=S11_LEVERS),
+    ] + [
+        Row([label, target_text, _levers(run, "baseline", f"timings_ms.{key}", target, fmt),
+             _levers(run, "all", f"timings_ms.{key}", target, fmt), "-"])
+        for label, target_text, run, key, target, fmt in HEADLINE[3:]
+    ], note="Single runs (one request each, no repeats): a figure is that request's, not a median. No lever and "
+            "every lever: bench_memory's `baseline` and `all` rows (4 denoise steps); the last column: the CLI with "
+            "every lever and `--dense-dtype fp8` (10 steps). The peaks' verdicts are on the projected figure (T2I: "
+            "a T2I process's, without the editing modules; TI2I: without the bench-only fp32 VAE), the dense-FP8 "
+            "CLI's on its measured peak."),
+]
+
+
+BATCH_MODES = (("one_at_a_time", "4 requests, one at a time"), ("batched", "**4 requests batched** (one denoise batch)"))
+
+TABLES += [
+    Table("s11-batch", ["HunyuanImage-3, 32 layers, 4 same-bucket 1024x1024 requests, 10 steps, serial CFG",
+                        "wall time", "images/min", "denoise ms/step", "peak allocated", "target (issue 30)"], [
+        Row([label, Value(f"summary.{mode}.seconds.median", "{:.2f} s"),
+             Value(f"summary.{mode}.images_per_min.median", "{:.2f}"),
+             Join([Value(f"summary.{mode}.denoise_step_ms.median", "{:.1f} ms"),
+                   Value(f"rows[mode={mode}].denoise_batch[0]", "{}")], " (a batch of ", suffix=")"),
+             gb(f"rows[mode={mode}].peak_memory_bytes"), ""], file=S11_BATCH)
+        for mode, label in BATCH_MODES
+    ] + [
+        Row(["speed-up: images/min batched / one at a time", "", Value("speedup", "**{:.3f}x**"),
+             Calc(lambda batched, one: batched / one, [Value("summary.batched.denoise_step_ms.median"),
+                                                       Value("summary.one_at_a_time.denoise_step_ms.median")],
+                  "the batch's step: {:.2f}x one request's"), "",
+             goal(">= 2.5x", Value("speedup"), 2.5, ">=")], file=S11_BATCH),
+        Row(["the largest latent difference, batched against alone", "",
+             Value("max_latent_diff_batched_vs_alone", "{:.2f}"), "", "", ""], file=S11_BATCH),
+        Row(["the 4 requests' prompt tokens (no AR tokens: `max_new_tokens` 0)", Value("prompt_tokens"), "", "", "",
+             ""], file=S11_BATCH),
+    ], note="One repeat of each mode (single runs). The batch's step over one request's step is computed here from the two stored "
+            "medians. The latent difference is the largest absolute one over the 4 requests (max-abs, not relative: "
+            "see the probe below)."),
+]
+
+
+PARITY_CONFIGS = ((0, "float32, eager"), (5, "bf16, eager"), (10, "bf16, compiled regions"))   # first row of each
+
+TABLES += [
+    Table("s11-batch-parity", ["denoise batched (4 requests) vs each alone, CUDA, 2 layers at full width, 3 steps",
+                               "first-step velocity rel. L2 (requests 0-3)", "final latents rel. L2 (requests 0-3)",
+                               "control: the same request alone with CFG as one batch, final latents rel. L2"], [
+        Row([Join([Value(f"rows[{first}].dtype"), Value(f"rows[{first}].compiled", "compiled {}")], ", ",
+                  prefix=f"**{label}** (", suffix=")"),
+             Join([Value(f"rows[{first + i}].velocity0_rel_l2", "{:.2%}") for i in range(4)], ", "),
+             Join([Value(f"rows[{first + i}].latents_rel_l2", "{:.2%}") for i in range(4)], ", "),
+             Value(f"rows[{first + 4}].control_cfg_batch_vs_serial_latents_rel_l2", "**{:.2%}**")], file=S11_PARITY)
+        for first, label in PARITY_CONFIGS
+    ], note="The probe's 4 requests are bench_batch's (one bucket, 1024x1024), through the released width at "
+            "2 layers, random weights. The control changes only the batch shape of one request (its CFG's two "
+            "branches in one batch instead of two calls): the batched requests' final latents differ from alone by "
+            "the same order as the control does, in float32 as in bf16."),
+]
+
+
+STEP_TIMINGS = (("batch8_ms", "**8 requests batched** (lengths: see below)"),
+                ("one_request_mean_len_ms", "one request at the batch's mean length"),
+                ("one_request_longest_ms", "one request at the batch's longest length"),
+                ("one_request_sdpa_longest_ms", "one request at the longest length, the old masked-SDPA path"))
+
+TABLES += [
+    Table("s11-decode-step", ["HunyuanImage-3 decode step, 32 layers, FP8 experts, compiled regions + CUDA graph",
+                              "per step", "8 requests / this", "target (issue 30)"], [
+        Row([label, timed(f"step.{key}", "{:.2f}", " ms"),
+             "-" if key == "batch8_ms" else
+             Calc(lambda batch, one: batch / one, [Value("step.batch8_ms.median"), Value(f"step.{key}.median")],
+                  "{:.2f}x"),
+             goal("<= 1.5x", Value("step.ratio_vs_one_mean"), 1.5) if key == "one_request_mean_len_ms" else
+             goal("<= 1.5x", Value("step.ratio_vs_one_longest"), 1.5) if key == "one_request_longest_ms" else ""],
+            file=S11_STEP)
+        for key, label in STEP_TIMINGS
+    ] + [
+        Row(["the batch's lengths (tokens)", Join([Value("step.batch_lengths")]),
+             Calc(lambda lens: sum(lens) / len(lens), [Value("step.batch_lengths")], "mean {:.0f}", lists=True), ""],
+            file=S11_STEP),
+    ] + [
+        Row([Join([Value(f'step.expected_distinct_experts_per_layer["{n}"]', "{:.1f}")],
+                  prefix=f"floor: the routed experts' weights read once at 4.3 TB/s, {n} token{'s' if n > 1 else ''} "
+                         "(expected distinct experts per layer: ", suffix=")"),
+             Value(f'step.routed_expert_floor_ms["{n}"]', "{:.2f} ms"),
+             Calc(lambda eight, one: eight / one, [Value('step.routed_expert_floor_ms["8"]'),
+                                                   Value('step.routed_expert_floor_ms["1"]')],
+                  "the floors' ratio: {:.2f}x") if n == 8 else "", ""], file=S11_STEP)
+        for n in (1, 8)
+    ], note="Each timing: the median of 5 repeats of 10 replayed steps (`--repeats 5 --step-iters 10`), with the "
+            "range. The ratios against the one-request runs are recomputed here from the stored medians (the target "
+            "verdicts use the JSON's `ratio_vs_one_mean` / `ratio_vs_one_longest`, the same division). The floor: "
+            "the expected distinct experts of 64 at top-8 routing for that many tokens, times one expert's FP8 "
+            "bytes, over 32 layers."),
 ]
