@@ -117,5 +117,7 @@ def test_video_ui_in_headless_chromium(wan, tmp_path):
     assert re.search(r'<video id="video" controls="" class="" src="/v1/videos/job-\d+/content">', dom), dom[-2000:]
     dom = chromium_dom(f"{base}/?prompt=a+fox&steps=400&frames=9&go=1&cancel_at=denoise:2", tmp_path / "b")
     log = progress_log(dom)
-    assert "in_progress, denoise 2/400" in log and "cancel requested" in log, log
+    # the page polls every 200 ms, so it may see step 3 first: it cancels at the first step >= 2
+    reached = [int(m) for m in re.findall(r"in_progress, denoise (\d+)/400", "\n".join(log))]
+    assert reached and max(reached) >= 2 and "cancel requested" in log, log
     assert '<div id="status">cancelled' in dom, log
