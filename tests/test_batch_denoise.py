@@ -14,6 +14,8 @@ and the real one decodes one request's batched and unbatched latents to compare 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -126,6 +128,32 @@ def test_a_request_failing_at_a_step_fails_alone(tiny_checkpoint, alone):
     out = pipe.generate_batch(_requests(), per_member([fail_first, quiet, quiet]))
     assert isinstance(out[0], RuntimeError) and "request 0 fails" in str(out[0])
     for k in (1, 2):
+        assert _max_diff(alone[k].latents, out[k].latents) < LATENT_ATOL
+
+
+def test_batched_ar_decodes_together_and_a_request_cancelled_mid_ar_leaves(pipe):
+    """Three text-to-image requests decode their AR tokens together (`run_ar_batch`): one
+    boundary per decode step for those with the same max_new_tokens; each equals its run
+    alone (tokens, latents). Request 1, cancelled at its AR step 2, leaves; the others go on."""
+    reqs = [replace(r, max_new_tokens=n, ignore_stop=True) for r, n in zip(_requests(steps=2), (4, 6, 4))]
+    alone = [pipe.generate(r) for r in reqs]
+    calls = []
+
+    def hook(phase, done, total, members):
+        calls.append((phase, done, total, tuple(members)))
+        return {1: Cancelled("cancelled by DELETE")} if (phase, done) == ("ar", 2) and 1 in members else {}
+
+    together = pipe.generate_batch(reqs, per_member([lambda *a: None] * 3))
+    for a, b in zip(alone, together):
+        assert len(b.tokens) == len(a.tokens) > 0 and b.tokens == a.tokens
+        assert _max_diff(a.latents, b.latents) < LATENT_ATOL
+    out = pipe.generate_batch(reqs, hook)
+    assert isinstance(out[1], Cancelled), out[1]
+    ar = [c for c in calls if c[0] == "ar"]
+    assert ar[:3] == [("ar", 0, 4, (0, 2)), ("ar", 0, 6, (1,)), ("ar", 1, 4, (0, 2))], ar
+    assert ("ar", 3, 6, (1,)) not in ar and ("ar", 4, 4, (0, 2)) in ar, ar
+    for k in (0, 2):
+        assert out[k].tokens == alone[k].tokens
         assert _max_diff(alone[k].latents, out[k].latents) < LATENT_ATOL
 
 

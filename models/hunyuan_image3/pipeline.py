@@ -570,15 +570,25 @@ class HunyuanT2IPipeline:
         logits, tokens = self._decode_batch_fn(rt, ids, positions, cache, tuple(uniforms), tuple(samplings))
         return logits.clone(), tokens.clone()   # a CUDA-graph replay reuses its buffers
 
-    def run_ar_batch(self, reqs: list[T2IRequest]) -> list[ARBatchResult]:
+    def run_ar_batch(self, reqs: list[T2IRequest], runs: list["_Run"] | None = None,
+                     batch: BatchMembers | None = None, index: list[int] | None = None) -> list[ARBatchResult | None]:
         """The AR phase of several text-to-image requests together: each prompt is prefilled
         alone into its own row of one KV cache, then every decode step advances all of them
         one token (`decode_batch`), each at its own length; a request that stops sits out the
         remaining steps (its row rewrites one slot that its image head overwrites later), then
         all feed their image head and choose their ratio. Per request, the same tokens and
-        logits as `run_ar` alone (the same draws from its own generator)."""
+        logits as `run_ar` alone (the same draws from its own generator).
+
+        With `batch` (and `runs`, `index`: the requests' runs and their indices in it), every
+        decode step is a step boundary of the requests still decoding (`batch.boundary`, one
+        per distinct max_new_tokens), after the prefills one at token 0; a request that leaves
+        there sits out the remaining steps and gets None. `runs` also take each request's
+        timings (ar_prefill, ar_decode_per_token), record (ar_logits) and profiled regions."""
         if not reqs:
             raise ValueError("run_ar_batch: no requests")
+        if runs is not None and len(runs) != len(reqs):
+            raise ValueError(f"run_ar_batch: {len(reqs)} requests but {len(runs)} runs")
+        index = list(range(len(reqs))) if index is None else list(index)
         for i, r in enumerate(reqs):
             if r.reference is not None:
                 raise ValueError(f"run_ar_batch: request {i} is an image edit; batched AR takes text-to-image only")
@@ -600,16 +610,33 @@ class HunyuanT2IPipeline:
         stops = [{sp.eos, *r.stop_ids} for r in reqs]
         logs: list[list[torch.Tensor]] = []
         current = []
+        profiler = runs[0].profiler if runs is not None else NullProfiler()
+        timer = runs[0].timer if runs is not None else _Timer(dev)
         for b in range(N):   # prefill, one request at a time, into its own row
-            logits, token = self._feed(self._prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
-                                       samplings[b], gens[b], static_slots=True,
-                                       rows=len(prompts[b]) if self.prompt_bucket else None)
+            with profiler.region("ar_prefill"):
+                t0 = timer.now()
+                logits, token = self._feed(self._prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
+                                           samplings[b], gens[b], static_slots=True,
+                                           rows=len(prompts[b]) if self.prompt_bucket else None)
+                if runs is not None:
+                    runs[b].timings["ar_prefill"] = (timer.now() - t0) * 1e3
             logs.append([logits])
             current.append(int(token))
         generated: list[list[int]] = [[] for _ in reqs]
         positions = [len(ids) for ids in prompts]
         active = [n > 0 for n in steps]
+        gone = [False] * N   # left the batch at a boundary (cancelled, failed): no result
         dummy = torch.full((V,), 0.5, device=dev)   # draws of a row that sits out (never read)
+
+        def boundary(done: int, decoding: list[int]) -> None:
+            """Step boundary `done` of the requests in `decoding` (rows); those that leave sit out."""
+            if batch is None:
+                return
+            for n in sorted({steps[b] for b in decoding}):   # one agreement per total: the progress says it
+                for m in batch.boundary("ar", done, n, [index[b] for b in decoding if steps[b] == n]):
+                    if m in index:
+                        b = index.index(m)
+                        gone[b], active[b] = True, False
 
         def step(fed: list[int], live: list[bool]):
             uniforms = tuple((torch.rand(V, generator=g, device=dev) if on else dummy) if s.draws else None
@@ -617,35 +644,55 @@ class HunyuanT2IPipeline:
             return self.decode_batch(rt, torch.tensor(fed, device=dev).view(N, 1), torch.tensor(positions, device=dev),
                                      cache, uniforms, samplings)
 
+        boundary(0, [b for b in range(N)])
+        decode_s = [0.0] * N
         i = 0
-        while any(active):
-            fed = [(reqs[b].forced_tokens[i] if reqs[b].forced_tokens is not None else current[b]) if active[b]
-                   else sp.eos for b in range(N)]
-            logits, tokens = step(fed, active)
-            tokens = tokens.tolist()
-            for b in range(N):
-                if not active[b]:
-                    continue
-                if fed[b] in stops[b] and not reqs[b].ignore_stop:
-                    active[b] = False          # dropped: its slot is the image head's
-                    continue
-                generated[b].append(fed[b])
-                logs[b].append(logits[b])
-                current[b] = tokens[b]
-                positions[b] += 1
-                active[b] = len(generated[b]) < steps[b]
-            i += 1
+        with profiler.region("ar_decode") as counted:
+            t0 = timer.now()
+            while any(active):
+                fed = [(reqs[b].forced_tokens[i] if reqs[b].forced_tokens is not None else current[b]) if active[b]
+                       else sp.eos for b in range(N)]
+                logits, tokens = step(fed, active)
+                tokens = tokens.tolist()
+                reported = []
+                for b in range(N):
+                    if not active[b]:
+                        continue
+                    if fed[b] in stops[b] and not reqs[b].ignore_stop:
+                        active[b] = False          # dropped: its slot is the image head's
+                        decode_s[b] = timer.now() - t0
+                        continue
+                    generated[b].append(fed[b])
+                    logs[b].append(logits[b])
+                    current[b] = tokens[b]
+                    positions[b] += 1
+                    active[b] = len(generated[b]) < steps[b]
+                    reported.append(b)
+                    if not active[b]:
+                        decode_s[b] = timer.now() - t0
+                i += 1
+                boundary(i, reported)
+            if counted is not None:
+                counted[1] = i
         # <boi><img_size_N> at each request's own next slots; the ratio from the last logits.
-        for token in (sp.boi, sp.size[self.cfg.image_base_size]):
-            logits, _ = step([token] * N, [True] * N)
-            positions = [p + 1 for p in positions]
-        results = []
+        with profiler.region("ar_image_head", units=2):
+            for token in (sp.boi, sp.size[self.cfg.image_base_size]):
+                logits, _ = step([token] * N, [True] * N)
+                positions = [p + 1 for p in positions]
+        results: list[ARBatchResult | None] = []
         for b, r in enumerate(reqs):
             too_long = self._sizes_too_long(len(prompts[b]) + len(generated[b]), logits.device)
             chosen = int(torch.argmax(logits[b][list(sp.ratio)].masked_fill(too_long, float("-inf"))))
             ratio = chosen if r.forced_ratio is None else r.forced_ratio
+            if gone[b]:     # every rank agreed it left: no agreement on its tokens
+                results.append(None)
+                continue
             self._check_ranks_agree(generated[b], ratio)
             results.append(ARBatchResult(generated[b], ratio, logs[b] + [logits[b]]))
+            if runs is not None:
+                runs[b].record.setdefault("ar_logits", []).extend(logs[b] + [logits[b]])
+                if generated[b]:
+                    runs[b].timings["ar_decode_per_token"] = decode_s[b] * 1e3 / len(generated[b])
         return results
 
     def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
@@ -1172,24 +1219,36 @@ class HunyuanT2IPipeline:
 
     def run_ar_phases(self, reqs: list[T2IRequest], runs: list["_Run"],
                       batch: BatchMembers) -> dict[int, "_Prepared"]:
-        """The phases before the denoise, for the members still in the batch: each request's
-        condition and AR in turn (`_prepare_denoise`), every AR token a step boundary of that
-        request alone. A batched AR decode (`run_ar_batch`) plugs in here once its steps report
-        to `batch` (one boundary per decode step for every request in it)."""
+        """The phases before the denoise, for the members still in the batch. Two or more
+        text-to-image requests on a TP-only AR phase decode together (`run_ar_batch`: one step
+        boundary per decode step for all of them); an edit, a lone request, or an SP AR phase
+        runs its condition and AR alone (`run_ar`), every AR token a boundary of its own."""
         prepared = {}
+        together = [j for j in batch.active if reqs[j].reference is None]
+        if len(together) < 2 or self.controller.activate("ar").seq.size > 1:
+            together = []
+        ar = {}
+        if together:
+            with runs[together[0]].profiler.phase("ar"):
+                results = self.run_ar_batch([reqs[j] for j in together], [runs[j] for j in together], batch, together)
+            self._release_phase_caches("ar")
+            ar = {j: r for j, r in zip(together, results) if r is not None}
         for j, (req, run) in enumerate(zip(reqs, runs)):
-            if j not in batch.active:
+            if j not in batch.active or (j in together and j not in ar):
                 continue
             try:
-                prepared[j] = self._prepare_denoise(req, run, lambda e, j=j: batch.fail(j, e))
+                prepared[j] = self._prepare_denoise(req, run, lambda e, j=j: batch.fail(j, e),
+                                                    (ar[j].tokens, ar[j].ratio_index) if j in ar else None)
             except MemberLeft:
                 continue
         return prepared
 
-    def _prepare_denoise(self, req: T2IRequest, run: "_Run", fail) -> "_Prepared | None":
-        """One request's condition (an edit's), AR phase and diffusion sequence. A sequence
-        the model's positions cannot hold fails that request alone (`fail(error)`): every rank
-        finds the same, from the same tokens, without a collective."""
+    def _prepare_denoise(self, req: T2IRequest, run: "_Run", fail,
+                         ar: tuple[list[int], int] | None = None) -> "_Prepared | None":
+        """One request's condition (an edit's), AR phase and diffusion sequence (`ar`: its AR
+        tokens and ratio, when a batched AR phase made them). A sequence the model's positions
+        cannot hold fails that request alone (`fail(error)`): every rank finds the same, from
+        the same tokens, without a collective."""
         table = resolution_table(self.cfg.image_base_size)
         forced = parse_image_size(req.image_size, self.cfg.image_base_size)
         timer, timings = run.timer, run.timings
@@ -1204,9 +1263,12 @@ class HunyuanT2IPipeline:
                 timings["condition_encode"] = (timer.now() - t0) * 1e3
             edit = (instruct_prefix(self.tok.encode, self.special, self._instruct_tokens(), self.cfg.image_base_size,
                                     condition.layout_shape, self._prompt_ids(req), req.system_prompt), condition)
-        with run.profiler.phase("ar"):
-            tokens, ratio = self.run_ar(req, run, edit)
-        self._release_phase_caches("ar")
+        if ar is not None:
+            tokens, ratio = ar
+        else:
+            with run.profiler.phase("ar"):
+                tokens, ratio = self.run_ar(req, run, edit)
+            self._release_phase_caches("ar")
         if forced is not None:
             ratio = forced
         elif ratio is None:   # an edit keeps the reference's shape
