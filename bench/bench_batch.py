@@ -8,8 +8,10 @@ The issue's target: images/min of 4 concurrent 1024x1024 requests, one bucket, >
 at a time. Random weights at the released shapes (`--layers`, 32), FP8 experts (channels),
 compiled with one region per layer (as bench/bench_step_cache.py loads them); 4 prompts of
 different lengths in one 256-row bucket (different RoPE positions and padding per row),
-different seeds and guidance, 50 steps, no CoT (`--max-new-tokens` 0: the AR phase is the
-prefill and the ratio head; each request's AR runs in turn in both modes). Every shape is
+different seeds and guidance, 50 steps, no CoT by default (`--max-new-tokens` 0: the AR phase
+is the prefill and the ratio head); with `--max-new-tokens N` each request decodes N tokens
+(`ignore_stop`), one request at a time alone and all 4 together when batched
+(`run_ar_batch`). Every shape is
 warmed up first (one request, then the batch of 4: each compiles its own graphs), then each
 mode runs `--repeats` times. Both modes do the whole request: AR, denoise, VAE decode
 (each request's VAE decode in turn in both). The JSON holds every repeat and the speedup
