@@ -2,8 +2,9 @@
 
 Wan 2.1 and Wan 2.2 A14B share this VAE, and Qwen-Image's (``AutoencoderKLQwenImage``) is the
 same architecture (``models/qwen_image/vae.py`` reads its config into this one's): 16 latent
-channels, 8x spatial and 4x temporal compression. Only the decode path is built (text-to-video never encodes); the checkpoint's
-encoder weights are listed in ``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
+channels, 8x spatial and 4x temporal compression. Only the decode path is built (text-to-video
+and text-to-image never encode); the checkpoint's encoder weights are listed in
+``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
 Module and parameter names mirror the diffusers ``vae/`` state dict, so
 ``WanVAE.state_dict()`` keys are exactly its ``post_quant_conv.*`` and ``decoder.*`` keys.
 

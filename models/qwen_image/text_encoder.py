@@ -87,8 +87,9 @@ class SelfAttention(nn.Module):
         # Local head counts read off the weights: a TP rank holds whole heads (and KV heads).
         q, k, v = (p(x).unflatten(-1, (-1, self.head_dim)) for p in (self.q_proj, self.k_proj, self.v_proj))
         # Rotate-half in the activation dtype (the tables are cast to it), as transformers does.
-        q, k, v = (apply_rope(q, cos, sin, upcast=False).transpose(1, 2),
-                   apply_rope(k, cos, sin, upcast=False).transpose(1, 2), v.transpose(1, 2))
+        q = apply_rope(q, cos, sin, upcast=False).transpose(1, 2)
+        k = apply_rope(k, cos, sin, upcast=False).transpose(1, 2)
+        v = v.transpose(1, 2)
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)

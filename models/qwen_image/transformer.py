@@ -95,7 +95,8 @@ def rope_cos_sin(height: int, width: int, text_rows: int, axes: tuple[int, int, 
     def centred(n: int) -> torch.Tensor:   # scale_rope: positions -(n - n // 2) .. n // 2 - 1
         return torch.arange(n, device=device) - (n - n // 2)
 
-    img = rope_angles(grid_positions(torch.zeros(1, dtype=torch.long, device=device), centred(height), centred(width)), axes, theta)
+    frame = torch.zeros(1, dtype=torch.long, device=device)   # an image is frame 0
+    img = rope_angles(grid_positions(frame, centred(height), centred(width)), axes, theta)
     pos = torch.arange(text_rows, device=device) + max(height // 2, width // 2)
     txt = rope_angles(pos[:, None].expand(-1, len(axes)), axes, theta)
     return (img.cos(), img.sin()), (txt.cos(), txt.sin())
