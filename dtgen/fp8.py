@@ -18,11 +18,9 @@ from torch import nn
 from kernels.fp8_linear import IMPLS, fp8_linear
 from kernels.fp8_quant import FP8_DTYPE, fp8_support_problem
 
+from .layers.linear import empty_param
+
 DENSE_DTYPES = ("model", "fp8")
-
-
-def _empty(*shape, dtype=None) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
 class FP8Linear(nn.Module):
@@ -35,9 +33,9 @@ class FP8Linear(nn.Module):
         if impl not in IMPLS:
             raise ValueError(f"FP8Linear impl must be one of {IMPLS}, got {impl!r}")
         self.in_features, self.out_features, self.impl = in_features, out_features, impl
-        self.weight = _empty(out_features, in_features, dtype=FP8_DTYPE)
-        self.weight_scale = _empty(out_features, dtype=torch.float32)
-        self.bias = _empty(out_features) if bias else None
+        self.weight = empty_param(out_features, in_features, dtype=FP8_DTYPE)
+        self.weight_scale = empty_param(out_features, dtype=torch.float32)
+        self.bias = empty_param(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale, self.bias, self.impl)

@@ -1,7 +1,7 @@
 """Spatial parallelism for convolutional decoders: one image split along one axis over a group.
 
 Generic pieces, no model knowledge (``models/hunyuan_image3/parallel_vae.py`` and
-``models/wan/parallel_vae.py`` map them onto the HunyuanImage-3 and Wan VAEs):
+``dtgen/layers/wan_vae_parallel.py`` map them onto the HunyuanImage-3 and Wan VAEs):
 
 - ``SpatialSplit``: which group, which tensor dim, and how many rows each member holds at a
   reference resolution (uneven splits allowed, ``torch.tensor_split`` convention: the first

@@ -29,7 +29,7 @@ from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags
 from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
-from dtgen.samplers import SAMPLERS
+from dtgen.layers.flow_match import SAMPLERS
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.model import load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request

@@ -213,8 +213,8 @@ def test_prologue_reference_is_the_models_order():
     """The reference against HunyuanImage-3's own Attention ops (split, apply_rope, then its
     RMSNorm modules) and the cache's own write, in bf16: bit for bit."""
     from dtgen.attention import LayerKVCache
-    from models.hunyuan_image3.rope import apply_rope
-    from models.hunyuan_image3.transformer import RMSNorm
+    from dtgen.layers.norms import RMSNorm
+    from dtgen.layers.rope import apply_rope
 
     B, S, Hkv, G, D, L = 2, 5, 2, 3, 16, 11
     qkv, cos, sin, qw, kw, cache, slots = _prologue_case(B, S, Hkv, G, D, L, torch.bfloat16, per_row=False)

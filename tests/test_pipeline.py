@@ -4,9 +4,10 @@ import json
 import pytest
 import torch
 
-from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.attention import structured_mask
-from models.hunyuan_image3.rope import apply_rope, rope_cos_sin
+from dtgen.layers.rope import apply_rope
+from models.hunyuan_image3.rope import rope_cos_sin
 from dtgen.sampling import Sampling, sample_token
 from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint

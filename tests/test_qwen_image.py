@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from models.qwen_image.model import QwenImageAdapter, QwenImageConfigs, load
-from models.qwen_image.pipeline import DynamicShiftSampler, QwenImagePipeline, T2IRequest, pack
+from dtgen.layers.flow_match import DynamicShiftSampler
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, pack
 from models.qwen_image.text_encoder import PROMPT_TEMPLATE, encode_prompt, prompt_ids
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from placements.qwen_image import get_plan

@@ -1,4 +1,4 @@
-"""dtgen.samplers against diffusers' schedulers driven as WanPipeline drives them.
+"""dtgen.layers.flow_match's samplers against diffusers' schedulers driven as WanPipeline drives them.
 
 The reference is diffusers' UniPCMultistepScheduler as Wan's checkpoints configure it (and
 as diffusers' scripts/convert_wan_to_diffusers.py writes it), and FlowMatchEulerDiscreteScheduler(shift).
@@ -8,7 +8,7 @@ does: noise_uncond + guidance_scale * (noise_pred - noise_uncond).
 import pytest
 import torch
 
-from dtgen.samplers import FlowEulerSampler, UniPCFlowSampler, make_sampler
+from dtgen.layers.flow_match import FlowEulerSampler, UniPCFlowSampler, make_sampler
 
 SHIFTS = (3.0, 5.0)          # Wan: 3.0 for 480p, 5.0 for 720p
 STEPS = (1, 2, 3, 10, 50)

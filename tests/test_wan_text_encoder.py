@@ -1,4 +1,4 @@
-"""Wan's UMT5 text encoder (models/wan/text_encoder.py) against transformers' UMT5EncoderModel
+"""The UMT5 text encoder (dtgen/layers/t5.py, Wan's) against transformers' UMT5EncoderModel
 and diffusers' WanPipeline._get_t5_prompt_embeds, on a tiny random config, CPU fp32."""
 import json
 import threading
@@ -9,8 +9,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from models.wan.text_encoder import (  # noqa: E402
-    EMBEDDING_KEYS, UMT5Config, UMT5Encoder, encode_prompt_embeds, load_tokenizer, relative_position_buckets)
+from dtgen.layers.t5 import (  # noqa: E402
+    EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer, relative_position_buckets)
+from models.wan.pipeline import encode_prompt_embeds  # noqa: E402
 from models.wan.tiny import write_tokenizer  # noqa: E402
 
 TINY = dict(vocab_size=128, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,

@@ -1,5 +1,5 @@
-"""Wan VAE decode (models/wan/vae.py) against diffusers ``AutoencoderKLWan``, and its spatially
-split decode (models/wan/parallel_vae.py) on 2 gloo ranks against the single-process decode.
+"""Wan VAE decode (dtgen/layers/wan_vae.py) against diffusers ``AutoencoderKLWan``, and its spatially
+split decode (dtgen/layers/wan_vae_parallel.py) on 2 gloo ranks against the single-process decode.
 
 Tiny random config (decoder widths 32/32/16/8, one residual block + 1 per level, the real
 16-channel latent statistics), CPU fp32. Tolerance atol = rtol = 1e-5: the same windows are
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dtgen.launch import RankPool
-from models.wan.parallel_vae import ParallelWanVAE, parallel_decode
-from models.wan.vae import (IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig, unnormalize_latents)
+from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig, unnormalize_latents
+from dtgen.layers.wan_vae_parallel import ParallelWanVAE, parallel_decode
 
 TOL = {"atol": 1e-5, "rtol": 1e-5}
 TINY = {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
@@ -190,7 +190,7 @@ def test_split_output_modes(pool, split_vae):
             _check(r["dst1"], ref, "video gathered on rank 1")
         else:
             assert r["dst1"] is None
-        assert {"HaloConv", "ParallelAttentionBlock", "RMSNorm"} <= set(r["kinds"])
+        assert {"HaloConv", "ParallelAttentionBlock", "ChannelRMSNorm"} <= set(r["kinds"])
 
 
 @torch.no_grad()

@@ -482,7 +482,7 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
                           t["step2_position_ids"]))
     out.append(case.exact("rope_pos_yx", seq.rope_pos.expand(rows, -1, -1), t["rope_pos_yx"]))
     req = sampling_request(case, run)
-    from dtgen.schedulers import flow_match_sigmas
+    from dtgen.layers.flow_match import flow_match_sigmas
     sigmas = flow_match_sigmas(req.steps, req.flow_shift)
     out.append(case.exact("sigmas", sigmas, t["sigmas"]))
     out.append(case.exact("timesteps", sigmas[:-1] * 1000, t["timesteps"]))

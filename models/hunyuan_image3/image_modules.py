@@ -5,19 +5,11 @@ Module and parameter names follow the checkpoint (`mlp.0`, `in_layers.2`, `emb_l
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def timestep_sinusoid(t: torch.Tensor, dim: int = 256, max_period: float = 10000.0) -> torch.Tensor:
-    """[B] raw timesteps (0..1000) -> [B, dim] float32 as [cos, sin] (cos first)."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    args = t.float().unsqueeze(-1) * freqs
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+from dtgen.layers.embeddings import timestep_sinusoid   # [B] raw timesteps (0..1000) -> [B, dim], [cos, sin]
 
 
 class TimestepEmbedder(nn.Module):

@@ -21,7 +21,7 @@ from dtgen.batching import BatchHook, BatchMembers, MemberLeft, per_member
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.cuda_graph import GraphedStep
 from dtgen.profiling import NullProfiler
-from dtgen.schedulers import classifier_free_guidance, euler_step, flow_match_sigmas
+from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
 from dtgen.step_cache import (DenoiserCall, StepCacheConfig, TaylorConfig, make_step_cache, merged_report,

@@ -1,7 +1,12 @@
-"""HunyuanImage-3's 2-D RoPE: image tokens rotate by (y, x), text tokens by their position."""
+"""HunyuanImage-3's 2-D RoPE tables: image tokens rotate by (y, x), text tokens by their position.
+
+The rotation itself is `dtgen.layers.rope.apply_rope(x, cos, sin, pairs="halves")`.
+"""
 from __future__ import annotations
 
 import torch
+
+from dtgen.layers.rope import inv_freq
 
 # --------------------------------------------------------------------------------------
 # RoPE
@@ -23,22 +28,9 @@ def rope_cos_sin(pos_yx: torch.Tensor, head_dim: int, theta: float) -> tuple[tor
     applied with rotate-half (dim d pairs with d + D/2).
     """
     half = head_dim // 2
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=pos_yx.device) / head_dim))
+    freqs = inv_freq(head_dim, theta, torch.float32, pos_yx.device)
     use_x = (torch.arange(half, device=pos_yx.device) % 2).bool()
     pos = torch.where(use_x, pos_yx[..., 1:2], pos_yx[..., 0:1]).to(torch.float32)  # [..., S, half]
-    angles = pos * inv_freq
+    angles = pos * freqs
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, S, heads, D]; cos/sin: [S, D] or [B, S, D]. Computed in float32."""
-    cos = cos.unsqueeze(-2)
-    sin = sin.unsqueeze(-2)
-    xf = x.float()
-    return (xf * cos + _rotate_half(xf) * sin).to(x.dtype)

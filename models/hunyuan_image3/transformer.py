@@ -23,28 +23,12 @@ from kernels.qk_norm_rope_kv import qk_norm_rope_kv
 from kernels.split_kv_decode import split_kv_decode
 
 from dtgen.attention import AttentionMeta, DecodeBatch, KVCache, LayerKVCache, LocalAttention
+from dtgen.layers.linear import empty_param
+from dtgen.layers.norms import RMSNorm   # rounding "input": variance in float32, cast back before the weight
+from dtgen.layers.rope import apply_rope
 
-from .rope import apply_rope, rope_cos_sin
+from .rope import rope_cos_sin
 from .config import HunyuanImage3Config
-
-
-def _empty(*shape, dtype=None) -> nn.Parameter:
-    # Built on whatever device is current (meta at load time); the loader assigns real views.
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
-
-
-class RMSNorm(nn.Module):
-    """y = w * x / sqrt(mean(x^2) + eps), variance in float32, cast back before the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = _empty(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -73,8 +57,8 @@ class Attention(nn.Module):
         k = qkv[:, :, :, G]
         v = qkv[:, :, :, G + 1]
         # RoPE first, then the per-head QK RMSNorm (the official order).
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        q = apply_rope(q, cos, sin, pairs="halves")
+        k = apply_rope(k, cos, sin, pairs="halves")
         if self.use_qk_norm:
             q = self.query_layernorm(q)
             k = self.key_layernorm(k)
@@ -112,16 +96,16 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_and_up_proj = _empty(1, 2 * intermediate, hidden)
-        self.down_proj = _empty(hidden, intermediate)
+        self.gate_and_up_proj = empty_param(1, 2 * intermediate, hidden)
+        self.down_proj = empty_param(hidden, intermediate)
         # FP8 (`use_fp8`): both weights in e4m3 with one scale per output channel,
         # gate_and_up_scale [M, 2*I_m] (packed like its rows), down_scale [H].
         self.gate_and_up_scale: nn.Parameter | None = None
         self.down_scale: nn.Parameter | None = None
 
     def use_fp8(self) -> None:
-        self.gate_and_up_scale = _empty(1, 0, dtype=torch.float32)
-        self.down_scale = _empty(0, dtype=torch.float32)
+        self.gate_and_up_scale = empty_param(1, 0, dtype=torch.float32)
+        self.down_scale = empty_param(0, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packs = self.gate_and_up_proj.shape[0]
@@ -163,8 +147,8 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_and_up_proj = _empty(1, num_experts, 2 * intermediate, hidden)
-        self.down_proj = _empty(1, num_experts, hidden, intermediate)
+        self.gate_and_up_proj = empty_param(1, num_experts, 2 * intermediate, hidden)
+        self.down_proj = empty_param(1, num_experts, hidden, intermediate)
         self.gate_and_up_scale: nn.Parameter | None = None
         self.down_scale: nn.Parameter | None = None
         # Callables with experts_eager's signature (impl_fp8: with each weight's scales after
@@ -174,8 +158,8 @@ class Experts(nn.Module):
 
     def use_fp8(self) -> None:
         """Give the module scale parameters (their shapes come from the storage's recipe)."""
-        self.gate_and_up_scale = _empty(0, dtype=torch.float32)
-        self.down_scale = _empty(0, dtype=torch.float32)
+        self.gate_and_up_scale = empty_param(0, dtype=torch.float32)
+        self.down_scale = empty_param(0, dtype=torch.float32)
 
     def forward(self, x, topk_ids, topk_weights):
         if self.gate_and_up_scale is not None:

@@ -7,7 +7,6 @@ The tree mirrors the diffusers folder (`text_encoder/`, `transformer/`, `vae/`, 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torch import nn
 
 from dtgen.build import ModelAdapter, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
+from dtgen.layers.config import read_json
 from dtgen.plan import Rule
 
 from . import text_encoder as te
@@ -40,10 +40,10 @@ class QwenImageConfigs:
         if missing:
             raise CheckpointError(f"{folder} is missing the component folder(s) {missing} (a diffusers-format "
                                   f"Qwen-Image checkpoint has {[*COMPONENTS, 'tokenizer', 'scheduler']})")
-        read = lambda *p: json.loads(folder.joinpath(*p).read_text())   # noqa: E731
         return cls(te.QwenTextConfig.from_json(folder / "text_encoder" / "config.json"),
-                   QwenImageTransformerConfig.from_dict(read("transformer", "config.json")),
-                   vae_config(read("vae", "config.json")), read("scheduler", "scheduler_config.json"))
+                   QwenImageTransformerConfig.from_json(folder / "transformer" / "config.json"),
+                   vae_config(read_json(folder / "vae" / "config.json")),
+                   read_json(folder / "scheduler" / "scheduler_config.json"))
 
 
 class QwenImageT2I(nn.Module):

@@ -28,9 +28,9 @@ import torch
 
 from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
-from dtgen.samplers import FlowEulerSampler, _linspace
+from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
+from dtgen.layers.wan_vae_parallel import parallel_decode
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
-from models.wan.parallel_vae import parallel_decode
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
@@ -69,36 +69,6 @@ def check_request(req: T2IRequest, multiple: int = 16) -> None:
         raise ValueError(f"steps must be an integer >= 1, got {req.steps!r}")
     if not 1 <= req.max_sequence_length <= 1024:
         raise ValueError(f"max_sequence_length must be in 1..1024, got {req.max_sequence_length}")
-
-
-class DynamicShiftSampler(FlowEulerSampler):
-    """FlowMatchEulerDiscreteScheduler as QwenImagePipeline sets it up (its `step` is Euler's)."""
-
-    def __init__(self, steps: int, image_seq_len: int, config: dict):
-        for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
-                    "stochastic_sampling"):
-            if config.get(key):
-                raise ValueError(f"scheduler config: '{key}'=true is not supported")
-        base, top = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
-        lo, hi = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
-        mu = image_seq_len * (hi - lo) / (top - base) + lo - (hi - lo) / (top - base) * base   # calculate_shift
-        sigmas = _linspace(1.0, 1 / steps, steps).float()
-        if config.get("use_dynamic_shifting", False):
-            kind = config.get("time_shift_type", "exponential")
-            if kind not in ("exponential", "linear"):
-                raise ValueError(f"scheduler config: time_shift_type={kind!r} is not supported")
-            m = math.exp(mu) if kind == "exponential" else mu
-            sigmas = m / (m + (1 / sigmas - 1))
-        else:
-            shift = config.get("shift", 1.0)
-            sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
-        if config.get("shift_terminal"):
-            one_minus = 1 - sigmas
-            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
-        self.steps, self.mu = steps, mu
-        self.timesteps = sigmas * config.get("num_train_timesteps", 1000)
-        self.sigmas = torch.cat([sigmas, sigmas.new_zeros(1)])
-        self.reset()
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -260,7 +230,7 @@ class QwenImagePipeline:
                 noise = rt.gather_cfg(preds[0]) if cfg and rt.cfg_size == 2 else torch.cat(preds)
                 if cfg:
                     cond, uncond = noise[0:1], noise[1:2]
-                    comb = uncond + req.true_cfg_scale * (cond - uncond)
+                    comb = classifier_free_guidance(cond, uncond, req.true_cfg_scale)
                     noise = comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
                 if record:
                     kept["noise"].append(noise)

@@ -25,7 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.wan.transformer import Linear, _empty
+from dtgen.layers.config import read_json
+from dtgen.layers.linear import Linear, empty_param
+from dtgen.layers.norms import RMSNorm
+from dtgen.layers.rope import apply_rope, rope_angles
 
 PROMPT_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
                    "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}"
@@ -57,7 +60,7 @@ class QwenTextConfig:
     def from_json(cls, path: str | Path) -> "QwenTextConfig":
         """A Qwen2.5-VL config.json: the text fields at the top (transformers 4) or under
         `text_config` (transformers 5); rope_theta at the top or in `rope_parameters`."""
-        d = json.loads(Path(path).read_text())
+        d = read_json(path)
         text = {**d, **d.get("text_config", {})}
         if text.get("hidden_act", "silu") != "silu":
             raise ValueError(f"{path}: hidden_act={text['hidden_act']!r} is not supported (silu)")
@@ -70,37 +73,6 @@ class QwenTextConfig:
             raise ValueError(f"{path}: the text config has no {e.args[0]!r}") from None
 
 
-def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' Qwen2RMSNorm: normalized in float32, cast back, then scaled."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = _empty(dim)
-
-    def forward(self, x):
-        return rms_norm_f32(x, self.weight, self.eps)
-
-
-class NoBiasLinear(nn.Module):
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = _empty(out_features, in_features)
-
-    def forward(self, x):
-        return F.linear(x, self.weight)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
-
-
 class SelfAttention(nn.Module):
     def __init__(self, cfg: QwenTextConfig):
         super().__init__()
@@ -109,14 +81,15 @@ class SelfAttention(nn.Module):
         self.q_proj = Linear(D, cfg.num_attention_heads * hd)
         self.k_proj = Linear(D, cfg.num_key_value_heads * hd)
         self.v_proj = Linear(D, cfg.num_key_value_heads * hd)
-        self.o_proj = NoBiasLinear(cfg.num_attention_heads * hd, D)
+        self.o_proj = Linear(cfg.num_attention_heads * hd, D, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # Local head counts read off the weights: a TP rank holds whole heads (and KV heads).
-        q, k, v = (p(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for p in (self.q_proj, self.k_proj,
-                                                                                       self.v_proj))
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k, v = (p(x).unflatten(-1, (-1, self.head_dim)) for p in (self.q_proj, self.k_proj, self.v_proj))
+        # Rotate-half in the activation dtype (the tables are cast to it), as transformers does.
+        q = apply_rope(q, cos, sin, upcast=False).transpose(1, 2)
+        k = apply_rope(k, cos, sin, upcast=False).transpose(1, 2)
+        v = v.transpose(1, 2)
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -126,9 +99,9 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: QwenTextConfig):
         super().__init__()
-        self.gate_proj = NoBiasLinear(cfg.hidden_size, cfg.intermediate_size)
-        self.up_proj = NoBiasLinear(cfg.hidden_size, cfg.intermediate_size)
-        self.down_proj = NoBiasLinear(cfg.intermediate_size, cfg.hidden_size)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -156,14 +129,13 @@ class QwenTextEncoder(nn.Module):
         self.cfg = cfg
         self.model = nn.Module()
         self.model.embed_tokens = nn.Module()
-        self.model.embed_tokens.weight = _empty(cfg.vocab_size, cfg.hidden_size)
+        self.model.embed_tokens.weight = empty_param(cfg.vocab_size, cfg.hidden_size)
         self.model.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def rope(self, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        hd = self.cfg.head_dim
-        inv = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
-        freqs = torch.outer(torch.arange(n, device=device).float(), inv)
+        """cos/sin [n, head_dim] (float32) of positions 0..n-1, the angles twice (rotate-half)."""
+        freqs = rope_angles(torch.arange(n, device=device)[:, None], (self.cfg.head_dim,), self.cfg.rope_theta)
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos(), emb.sin()
 

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtgen.caches import cache_root, write_folder_once
-from models.wan.tiny import _init
+from dtgen.tiny import component_tensors
 
 TINY_VERSION = 1
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -114,10 +114,7 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, overrides: dict | No
     with torch.device("meta"):
         model = QwenImageT2I(QwenImageConfigs.from_folder(folder))
     g = torch.Generator(device).manual_seed(seed)
-    tensors = {c: {} for c in files}
-    for name, p in model.named_parameters():
-        component, _, key = name.partition(".")
-        tensors[component][key] = _init(key, tuple(p.shape), g).to("cpu", dtype).contiguous()
+    tensors = component_tensors(model, g, dtype)
     for component, file in files.items():
         save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})
 

@@ -33,8 +33,7 @@ float32 and cast to the weight's dtype when that is half precision.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -42,11 +41,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtgen.attention import AttentionMeta, LocalAttention
-from models.wan.transformer import GeluProj, Linear, _empty
+from dtgen.layers.config import JsonConfig, config_values
+from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
+from dtgen.layers.linear import GeluProj, Linear, empty_param
+from dtgen.layers.norms import RMSNorm
+from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 
 
 @dataclass(frozen=True)
-class QwenImageTransformerConfig:
+class QwenImageTransformerConfig(JsonConfig):
     """diffusers' `QwenImageTransformer2DModel.__init__` arguments (names and defaults)."""
 
     patch_size: int = 2
@@ -68,11 +71,7 @@ class QwenImageTransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "QwenImageTransformerConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = [k for k in d if not k.startswith("_") and k not in known]
-        if unknown:
-            raise ValueError(f"Qwen-Image transformer config: unknown key(s) {unknown}")
-        kw = {k: d[k] for k in known if k in d}
+        kw = config_values(cls, d, "Qwen-Image transformer config")
         # The edit / layered variants' switches: text-to-image runs none of them.
         for key in ("guidance_embeds", "zero_cond_t", "use_additional_t_cond", "use_layer3d_rope"):
             if kw.get(key):
@@ -85,61 +84,21 @@ class QwenImageTransformerConfig:
         return cls(**kw)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """diffusers' RMSNorm: float32 statistics, the normalized rows cast to the weight's dtype
-    when that is half precision, then scaled."""
-    h = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    if weight.dtype in (torch.float16, torch.bfloat16):
-        h = h.to(weight.dtype)
-    return h * weight
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = _empty(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
 def layer_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), eps=eps)
 
 
-def timestep_sinusoid(t: torch.Tensor, dim: int = 256, scale: float = 1000.0) -> torch.Tensor:
-    """diffusers' Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0, scale=1000) of
-    t (already divided by 1000, as the pipeline hands it over): [N] -> [N, dim] float32, cos | sin."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    # diffusers rounds the frequencies to t's dtype (bf16 in a bf16 run) before the product.
-    args = scale * (t[:, None].float() * freqs.to(t.dtype)[None, :])
-    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, S, heads, hd]; cos/sin [S, hd/2]: adjacent channel pairs rotated as complex numbers in
-    float32 (diffusers' apply_rotary_emb_qwen(use_real=False): one multiply, fewer kernels than
-    the real-arithmetic form)."""
-    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(xc * torch.complex(cos, sin).unsqueeze(-2)).flatten(-2).to(x.dtype)
-
-
 def rope_cos_sin(height: int, width: int, text_rows: int, axes: tuple[int, int, int], theta: float = 10000.0,
                  device=None) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """((cos, sin) of the h*w image rows, (cos, sin) of the text rows), each [rows, head_dim / 2]."""
-    inv = [1.0 / torch.pow(theta, torch.arange(0, d, 2, device=device).to(torch.float32).div(d)) for d in axes]
-
+    """((cos, sin) of the h*w image rows, (cos, sin) of the text rows), each [rows, head_dim / 2]
+    float32, as diffusers' QwenEmbedRope(scale_rope=True) builds them."""
     def centred(n: int) -> torch.Tensor:   # scale_rope: positions -(n - n // 2) .. n // 2 - 1
         return torch.arange(n, device=device) - (n - n // 2)
 
-    ys, xs = centred(height), centred(width)
-    img = torch.cat([torch.zeros(height, width, len(inv[0]), device=device),
-                     torch.outer(ys, inv[1])[:, None, :].expand(height, width, -1),
-                     torch.outer(xs, inv[2])[None, :, :].expand(height, width, -1)], dim=-1).flatten(0, 1)
+    frame = torch.zeros(1, dtype=torch.long, device=device)   # an image is frame 0
+    img = rope_angles(grid_positions(frame, centred(height), centred(width)), axes, theta)
     pos = torch.arange(text_rows, device=device) + max(height // 2, width // 2)
-    txt = torch.cat([torch.outer(pos, f) for f in inv], dim=-1)
+    txt = rope_angles(pos[:, None].expand(-1, len(axes)), axes, theta)
     return (img.cos(), img.sin()), (txt.cos(), txt.sin())
 
 
@@ -150,8 +109,8 @@ class BiasAfter(nn.Module):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
-        self.weight = _empty(out_features, in_features)
-        self.bias = _empty(out_features)
+        self.weight = empty_param(out_features, in_features)
+        self.bias = empty_param(out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -183,14 +142,15 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([BiasAfter(dim, dim)])  # diffusers' [Linear, Dropout]: key to_out.0
         self.to_add_out = BiasAfter(dim, dim)
         for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
-            setattr(self, name, RMSNorm(head_dim, eps))
+            # diffusers' RMSNorm: rounded to the weight's dtype only when that is half precision.
+            setattr(self, name, RMSNorm(head_dim, eps, rounding="half_weight"))
         self.core: nn.Module = LocalAttention()             # swapped per phase (Ulysses, ring, ...)
 
     def forward(self, img: torch.Tensor, txt: torch.Tensor, rope_img, rope_txt,
                 meta: AttentionMeta) -> tuple[torch.Tensor, torch.Tensor]:
         def heads(proj, norm, x, rope):
             y = proj(x).unflatten(-1, (-1, self.head_dim))
-            return apply_rope(norm(y), *rope) if norm is not None else y
+            return apply_rope(norm(y), *rope, pairs="complex") if norm is not None else y
         q = torch.cat([heads(self.add_q_proj, self.norm_added_q, txt, rope_txt),
                        heads(self.to_q, self.norm_q, img, rope_img)], dim=1)
         k = torch.cat([heads(self.add_k_proj, self.norm_added_k, txt, rope_txt),
@@ -260,10 +220,8 @@ class QwenImageTransformer(nn.Module):
         self.cfg = cfg
         D = cfg.inner_dim
         self.time_text_embed = nn.Module()
-        self.time_text_embed.timestep_embedder = nn.Module()
-        self.time_text_embed.timestep_embedder.linear_1 = Linear(256, D)
-        self.time_text_embed.timestep_embedder.linear_2 = Linear(D, D)
-        self.txt_norm = RMSNorm(cfg.joint_attention_dim)
+        self.time_text_embed.timestep_embedder = TwoLayerMLP(256, D, "silu")
+        self.txt_norm = RMSNorm(cfg.joint_attention_dim, rounding="half_weight")
         self.img_in = Linear(cfg.in_channels, D)
         self.txt_in = Linear(cfg.joint_attention_dim, D)
         self.transformer_blocks = nn.ModuleList(Block(D, cfg.attention_head_dim) for _ in range(cfg.num_layers))
@@ -274,9 +232,11 @@ class QwenImageTransformer(nn.Module):
 
     def time_embedding(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """timestep [B] (sigma, i.e. the scheduler's t / 1000) -> temb [B, D] in `dtype`."""
-        e = self.time_text_embed.timestep_embedder
-        sinus = timestep_sinusoid(timestep.to(dtype)).to(dtype)
-        return e.linear_2(F.silu(e.linear_1(sinus)))
+        t = timestep.to(dtype)
+        # diffusers' Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0, scale=1000), the
+        # frequencies rounded to t's dtype (bf16 in a bf16 run) before the product.
+        sinus = timestep_sinusoid(t, 256, scale=1000.0, freqs_dtype=t.dtype).to(dtype)
+        return self.time_text_embed.timestep_embedder(sinus)
 
     def embed(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
               height: int, width: int) -> QwenInputs:

@@ -7,17 +7,17 @@ default could change the architecture.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
+
+from dtgen.layers.config import JsonConfig, config_values
 
 # Keys whose only supported value is "unset": they switch on the I2V / FLF2V image branch.
 _MUST_BE_NONE = ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
 
 
 @dataclass(frozen=True)
-class WanTransformerConfig:
+class WanTransformerConfig(JsonConfig):
     """Field names and defaults are diffusers' `WanTransformer3DModel.__init__` arguments."""
 
     patch_size: tuple[int, int, int] = (1, 2, 2)
@@ -50,11 +50,7 @@ class WanTransformerConfig:
         if qk_norm != "rms_norm_across_heads":
             raise ValueError(f"Wan transformer config: 'qk_norm'={qk_norm!r} is not supported "
                              "(only 'rms_norm_across_heads')")
-        known = {f.name for f in fields(cls)} - {"raw", "rope_theta"}
-        for key in d:
-            if not key.startswith("_") and key not in known and key not in _MUST_BE_NONE:
-                raise ValueError(f"Wan transformer config: unknown key '{key}'")
-        kw = {k: d[k] for k in known if k in d}
+        kw = config_values(cls, d, "Wan transformer config", exclude={"raw", "rope_theta"}, also_known=_MUST_BE_NONE)
         if "patch_size" in kw:
             kw["patch_size"] = tuple(int(p) for p in kw["patch_size"])
             if len(kw["patch_size"]) != 3:
@@ -65,7 +61,3 @@ class WanTransformerConfig:
         if kw.get("attention_head_dim", cls.attention_head_dim) % 2:
             raise ValueError("Wan transformer config: 'attention_head_dim' must be even (RoPE pairs)")
         return cls(**kw, raw=dict(d))
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "WanTransformerConfig":
-        return cls.from_dict(json.loads(Path(path).read_text()))

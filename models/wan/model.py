@@ -8,7 +8,6 @@ the phases (encode, denoise, decode) and the A14B expert switch only change whic
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +18,14 @@ from dtgen.build import ModelAdapter, ParamSource, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
 from dtgen.controller import PhaseController
 from dtgen.fp8 import check_dense_dtype, swap_fp8_linears
+from dtgen.layers.config import read_json
+from dtgen.layers.t5 import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer
+from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
 from dtgen.plan import Plan
 from dtgen.storage import ResidentStorage
 
 from .config import WanTransformerConfig
-from .text_encoder import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer
 from .transformer import Attention, WanTransformer, check_attention_dtype, keeps_fp32, use_fp8_attention
-from .vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
 
 TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
 # The DiT linears `dense_dtype="fp8"` stores in e4m3 (globs under a DiT): every block's
@@ -51,11 +51,11 @@ class WanConfigs:
         if missing:
             raise CheckpointError(f"{folder} is missing the component folder(s) {missing} (a diffusers-format "
                                   f"Wan checkpoint has {list(TEXT_TO_VIDEO)})")
-        index = json.loads((folder / "model_index.json").read_text()) if (folder / "model_index.json").exists() else {}
+        index = read_json(folder / "model_index.json") if (folder / "model_index.json").exists() else {}
         has_2 = (folder / "transformer_2").is_dir() and index.get("transformer_2", [None])[0] is not None
         return cls(UMT5Config.from_json(folder / "text_encoder" / "config.json"),
                    WanTransformerConfig.from_json(folder / "transformer" / "config.json"),
-                   WanVAEConfig.from_dict(json.loads((folder / "vae" / "config.json").read_text())),
+                   WanVAEConfig.from_json(folder / "vae" / "config.json"),
                    WanTransformerConfig.from_json(folder / "transformer_2" / "config.json") if has_2 else None,
                    index.get("boundary_ratio"))
 

@@ -28,23 +28,49 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.layers.flow_match import classifier_free_guidance, make_sampler
+from dtgen.layers.wan_vae_parallel import parallel_decode
 from dtgen.profiling import NullProfiler
-from dtgen.samplers import make_sampler
 from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
                               merged_report, parse_step_cache, run_step)
 
 from .model import WanT2V
-from .parallel_vae import parallel_decode
-from .text_encoder import encode_prompt_embeds
 from .transformer import WanTransformer, run_block
 
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
 # The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
                 ("decode", "VAE decode", "ms"), ("total", "total", "ms"))
+
+
+def encode_prompt_embeds(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         max_len: int = 512, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """diffusers `WanPipeline._get_t5_prompt_embeds` after tokenization: [B, max_len, d_model].
+
+    The encoder runs on the padded ids WITH the mask; then each row keeps its first
+    seq_len = mask.sum() positions and the rest is set to exactly zero (the pipeline trims to
+    seq_len and re-pads with zeros to max_sequence_length). Rows shorter than max_len (input
+    not padded to it) are zero-padded; no data-dependent shapes, so it compiles.
+    `dtype`: cast the result (the pipeline casts to the text encoder's dtype before trimming).
+    """
+    B, L = input_ids.shape
+    if L > max_len:
+        raise ValueError(f"input_ids has {L} positions, more than max_len={max_len}")
+    h = encoder(input_ids, attention_mask)
+    if dtype is not None:
+        h = h.to(dtype)
+    seq_lens = (attention_mask > 0).sum(dim=1)
+    keep = torch.arange(L, device=h.device)[None, :] < seq_lens[:, None]
+    # where(), not a multiply: garbage (even inf/nan) in padded rows must become exact zeros.
+    h = torch.where(keep[..., None], h, torch.zeros((), dtype=h.dtype, device=h.device))
+    if L < max_len:
+        h = F.pad(h, (0, 0, 0, max_len - L))
+    return h
 
 
 @dataclass(frozen=True)
@@ -223,8 +249,7 @@ class WanT2VPipeline:
         else:
             rows, x = text, x.expand(2, *x.shape[1:])
         out = rt.gather_cfg(self._evaluate(rt, dit, x, t.expand(x.shape[0]).to(self.device), rows, cache, step))
-        cond, uncond = out[0:1], out[1:2]
-        return uncond + guidance * (cond - uncond)
+        return classifier_free_guidance(out[0:1], out[1:2], guidance)
 
     def _evaluate(self, rt, dit: WanTransformer, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor,
                   cache: StepCache | None, step: int) -> torch.Tensor:

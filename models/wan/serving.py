@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from dtgen.harness import Injections
-from dtgen.samplers import SAMPLERS
+from dtgen.layers.flow_match import SAMPLERS
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.pipeline import T2VRequest, WanT2VPipeline, check_request

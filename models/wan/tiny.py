@@ -9,13 +9,13 @@ admits every shipped plan: 4 heads (Ulysses 4), 16 latent channels.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from dtgen.caches import cache_root, write_folder_once
+from dtgen.tiny import component_tensors
 
 TINY_VERSION = 1
 _WORDS = ("a", "an", "the", "cat", "dog", "fox", "bird", "runs", "walks", "flies", "jumps", "on", "in", "over",
@@ -56,17 +56,6 @@ MODEL_INDEX = {
 }
 
 
-def _init(key: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    """Every path contributes, nothing explodes (the Hunyuan tiny default's recipe; at the tiny
-    shapes every scale is the 0.05 cap, at the published ones 1 / sqrt(fan-in))."""
-    randn = torch.randn(shape, generator=g, device=g.device)
-    if key.endswith("weight") and len(shape) == 1:   # norm scales
-        return 1 + 0.1 * randn
-    if key.endswith("bias"):
-        return 0.02 * randn
-    return min(0.05, 1 / math.sqrt(math.prod(shape[1:]))) * randn   # linears, convolutions, modulation tables
-
-
 def write_tokenizer(folder: Path) -> None:
     """A T5-shaped tokenizer.json (Unigram, Metaspace, "$A </s>"): pad 0, eos 1, unk 2."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -96,10 +85,11 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = 
     shapes); `dtype`: of the stored weights; `device`: where they are drawn (a GPU draws a
     billion in a blink; the draws differ from the CPU's); `scales`: factors for the parameters
     whose names ("transformer.blocks.0.ffn...") begin with a key."""
-    from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
+    from dtgen.layers.t5 import UMT5Config
+    from dtgen.layers.wan_vae import WanVAEConfig
+
     from .config import WanTransformerConfig
-    from .text_encoder import UMT5Config
-    from .vae import WanVAEConfig
+    from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
 
     configs = tiny_configs()
     for component, values in (overrides or {}).items():
@@ -115,14 +105,7 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = 
     if two_experts:
         files["transformer_2"] = files["transformer"]
         configs["transformer_2"] = configs["transformer"]
-    tensors = {c: {} for c in files}
-    for name, p in model.named_parameters():
-        component, _, key = name.partition(".")
-        value = _init(key, tuple(p.shape), g)
-        for prefix, factor in (scales or {}).items():
-            if name.startswith(prefix):
-                value = value * factor
-        tensors[component][key] = value.to("cpu", dtype).contiguous()
+    tensors = component_tensors(model, g, dtype, scales)
     for component, file in files.items():
         (folder / component).mkdir(parents=True)
         save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})

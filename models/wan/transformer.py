@@ -52,6 +52,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dtgen.attention import AttentionMeta, LocalAttention
+from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
+from dtgen.layers.linear import GeluProj, Linear, empty_param
+from dtgen.layers.norms import RMSNorm, layer_norm_f32
+from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
 from kernels.fp8_quant import fp8_support_problem
 
@@ -67,50 +71,14 @@ def keeps_fp32(name: str) -> bool:
     return any(m in name.split(".") for m in KEEP_FP32)
 
 
-def _empty(*shape, dtype=None) -> nn.Parameter:
-    # Built on whatever device is current (meta at load time); the loader assigns real tensors.
-    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
-
-
-class Linear(nn.Module):
-    """nn.Linear's parameters (weight [out, in], bias [out]) without its initialisation."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = _empty(out_features, in_features)
-        self.bias = _empty(out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-class RMSNorm(nn.Module):
-    """torch.nn.RMSNorm's math through F.rms_norm, so the numerics are torch's (diffusers uses it)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = _empty(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def layer_norm_f32(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
-    """diffusers' FP32LayerNorm: input, weight and bias in float32; returns float32."""
-    return F.layer_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(),
-                        None if bias is None else bias.float(), eps)
-
-
 class CrossAttnNorm(nn.Module):
     """`norm2`: the affine float32 LayerNorm before the cross-attention (cross_attn_norm=True)."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = _empty(dim)
-        self.bias = _empty(dim)
+        self.weight = empty_param(dim)
+        self.bias = empty_param(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm_f32(x, self.eps, self.weight, self.bias).to(x.dtype)
@@ -133,55 +101,14 @@ def rope_cos_sin(grid: tuple[int, int, int], head_dim: int, theta: float = 10000
     where the first t/2 pairs take the frame index, the next h/2 the row, the last w/2 the
     column. Angles in float64, as diffusers builds its table, so bf16/fp32 runs agree with it.
     """
-    f, h, w = grid
-    dims = rope_axis_dims(head_dim)
-
-    def axis(n: int, dim: int) -> torch.Tensor:
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
-        return torch.outer(torch.arange(n, dtype=torch.float64, device=device), inv_freq)  # [n, dim/2]
-
-    at = axis(f, dims[0])[:, None, None, :].expand(f, h, w, -1)
-    ah = axis(h, dims[1])[None, :, None, :].expand(f, h, w, -1)
-    aw = axis(w, dims[2])[None, None, :, :].expand(f, h, w, -1)
-    angles = torch.cat([at, ah, aw], dim=-1).reshape(f * h * w, head_dim // 2)
+    pos = grid_positions(*(torch.arange(n, dtype=torch.float64, device=device) for n in grid))
+    angles = rope_angles(pos, rope_axis_dims(head_dim), theta, torch.float64)
     return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, S, heads, hd]; cos/sin [S, hd/2]. Rotates adjacent pairs, in float32."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x1, x2 = xf[..., 0], xf[..., 1]
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [S, 1, hd/2]: broadcast over heads
-    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------
 # Conditioning
 # --------------------------------------------------------------------------------------
-def timestep_sinusoid(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
-    """[N] -> [N, dim] float32, [cos | sin] (diffusers' Timesteps with flip_sin_to_cos=True, shift 0)."""
-    half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    args = t.float()[:, None] * freqs[None, :]
-    emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    return F.pad(emb, (0, dim % 2))
-
-
-class TwoLayerMLP(nn.Module):
-    """linear_2(act(linear_1(x))): the time embedder (SiLU) and the text projection (GELU-tanh)."""
-
-    def __init__(self, in_features: int, hidden: int, act: str):
-        super().__init__()
-        self.linear_1 = Linear(in_features, hidden)
-        self.linear_2 = Linear(hidden, hidden)
-        self.act = act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.linear_1(x)
-        h = F.silu(h) if self.act == "silu" else F.gelu(h, approximate="tanh")
-        return self.linear_2(h)
-
-
 class ConditionEmbedder(nn.Module):
     def __init__(self, cfg: WanTransformerConfig):
         super().__init__()
@@ -215,8 +142,9 @@ class Attention(nn.Module):
         self.to_k = Linear(dim, dim)
         self.to_v = Linear(dim, dim)
         self.to_out = nn.ModuleList([Linear(dim, dim)])  # diffusers' [Linear, Dropout]: key to_out.0
-        self.norm_q = RMSNorm(dim, eps)
-        self.norm_k = RMSNorm(dim, eps)
+        # torch.nn.RMSNorm's numerics (diffusers uses it), over all heads at once.
+        self.norm_q = RMSNorm(dim, eps, rounding="torch")
+        self.norm_k = RMSNorm(dim, eps, rounding="torch")
         if self_attention:
             # Swapped per phase by the parallel runtime (Ulysses, ring, ...); same signature.
             self.core: nn.Module = LocalAttention()
@@ -230,8 +158,8 @@ class Attention(nn.Module):
         q = self._heads(self.norm_q(self.to_q(x)))
         k = self._heads(self.norm_k(self.to_k(x)))
         v = self._heads(self.to_v(x))
-        q = apply_rope(q, *rope)
-        k = apply_rope(k, *rope)
+        q = apply_rope(q, *rope, pairs="adjacent")
+        k = apply_rope(k, *rope, pairs="adjacent")
         out = self.core(q, k, v, meta, None)
         return self.to_out[0](out.flatten(2).to(q.dtype))
 
@@ -241,17 +169,6 @@ class Attention(nn.Module):
         v = self._heads(self.to_v(text)).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.to_out[0](out.transpose(1, 2).flatten(2).to(q.dtype))
-
-
-class GeluProj(nn.Module):
-    """`ffn.net.0`: proj then GELU (tanh approximation)."""
-
-    def __init__(self, dim: int, inner: int):
-        super().__init__()
-        self.proj = Linear(dim, inner)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.proj(x), approximate="tanh")
 
 
 class FeedForward(nn.Module):
@@ -275,7 +192,7 @@ class WanBlock(nn.Module):
         self.attn2 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=False)
         self.norm2 = CrossAttnNorm(D, cfg.eps) if cfg.cross_attn_norm else None
         self.ffn = FeedForward(D, cfg.ffn_dim)
-        self.scale_shift_table = _empty(1, 6, D)
+        self.scale_shift_table = empty_param(1, 6, D)
 
     def forward(self, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
@@ -366,12 +283,12 @@ class WanTransformer(nn.Module):
         D = cfg.inner_dim
         self.head_dim = cfg.attention_head_dim
         self.patch_embedding = nn.Module()
-        self.patch_embedding.weight = _empty(D, cfg.in_channels, *cfg.patch_size)
-        self.patch_embedding.bias = _empty(D)
+        self.patch_embedding.weight = empty_param(D, cfg.in_channels, *cfg.patch_size)
+        self.patch_embedding.bias = empty_param(D)
         self.condition_embedder = ConditionEmbedder(cfg)
         self.blocks = nn.ModuleList(WanBlock(cfg) for _ in range(cfg.num_layers))
         self.proj_out = Linear(D, cfg.out_channels * math.prod(cfg.patch_size))
-        self.scale_shift_table = _empty(1, 2, D)
+        self.scale_shift_table = empty_param(1, 2, D)
         # How a block is called: `run_block`, or what a runtime puts here instead (regional
         # compilation: the same function compiled once for all blocks).
         self.run_block = run_block

@@ -1,8 +1,8 @@
 """Wan VAE decode split along the video height or width over a process group.
 
 The generic pieces (and the driver, ``SplitDecoder``) live in ``dtgen/spatial.py``; this file
-maps them onto ``WanVAE`` (``models/wan/vae.py``), as ``models/hunyuan_image3/parallel_vae.py``
-does for HunyuanImage-3:
+maps them onto ``WanVAE`` (``dtgen/layers/wan_vae.py``: Wan's and Qwen-Image's decoder), as
+``models/hunyuan_image3/parallel_vae.py`` does for HunyuanImage-3. The process group is passed in:
 
 - every convolution -> ``HaloConv``: the 3x3x3 causal convs and the upsamplers' 3x3 conv2d get
   one row/column from each neighbour (zeros at the outer edges); 1x1x1 convs and the 3x1x1
@@ -11,8 +11,8 @@ does for HunyuanImage-3:
   rows; the halo of the cached context frames is re-exchanged with the current chunk's
   (the window [cached frames, chunk] goes through the halo conv as one tensor), which costs
   k_t - 1 = 2 extra frames of halo per conv and needs no cache of halos;
-- norms: none to distribute. Every Wan decoder norm is ``RMSNorm``, which normalizes each
-  position's channel vector on its own (no statistics over space or time), so it runs
+- norms: none to distribute. Every Wan decoder norm is ``ChannelRMSNorm``, which normalizes
+  each position's channel vector on its own (no statistics over space or time), so it runs
   unchanged on a member's rows; there is no GroupNorm in the Wan decoder;
 - the mid-block ``AttentionBlock`` -> ``ParallelAttentionBlock``: attention is over the h*w
   positions of each frame, so with the frames as a batch ([B*T, C, h, w]) local queries
@@ -43,7 +43,8 @@ from torch import Tensor, nn
 from dtgen.spatial import (POINTWISE_LEAVES, SpatialSplit, SplitDecoder, SplitOutput, check_output,
                            check_pointwise_convs, route_output, split_attention)
 
-from .vae import AttentionBlock, RMSNorm, Upsample2x, WanVAE, _from_frames, _per_frame
+from .norms import ChannelRMSNorm
+from .wan_vae import AttentionBlock, Upsample2x, WanVAE, _from_frames, _per_frame
 
 
 class ParallelAttentionBlock(nn.Module):
@@ -70,7 +71,7 @@ class ParallelWanVAE(SplitDecoder):
     latent_layout = ("B", "C", "T", "h", "w")
     overrides = {AttentionBlock: ParallelAttentionBlock}
     # Leaves that act on each spatial position alone (see the module docstring).
-    pointwise = (*POINTWISE_LEAVES, RMSNorm, Upsample2x)
+    pointwise = (*POINTWISE_LEAVES, ChannelRMSNorm, Upsample2x)
 
     def video_rows(self, latents: Tensor) -> tuple[int, int]:
         """(offset, size) of this member's rows (or columns) of the decoded video, for

@@ -1,8 +1,10 @@
 """The Wan 2.1 VAE decoder (diffusers ``AutoencoderKLWan``, z_dim 16) as plain modules.
 
-Wan 2.1 and Wan 2.2 A14B share this VAE: 16 latent channels, 8x spatial and 4x temporal
-compression. Only the decode path is built (text-to-video never encodes); the checkpoint's
-encoder weights are listed in ``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
+Wan 2.1 and Wan 2.2 A14B share this VAE, and Qwen-Image's (``AutoencoderKLQwenImage``) is the
+same architecture (``models/qwen_image/vae.py`` reads its config into this one's): 16 latent
+channels, 8x spatial and 4x temporal compression. Only the decode path is built (text-to-video
+and text-to-image never encode); the checkpoint's encoder weights are listed in
+``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
 Module and parameter names mirror the diffusers ``vae/`` state dict, so
 ``WanVAE.state_dict()`` keys are exactly its ``post_quant_conv.*`` and ``decoder.*`` keys.
 
@@ -41,16 +43,19 @@ full-resolution activations alone are ~6 GB per tensor in bf16).
 Every convolution is an ``nn.Conv3d``/``nn.Conv2d`` called as a module with symmetric zero
 padding in space and no padding in time (the causal time context is prepended by the caller
 through the cache), so a spatially split decode can swap each one for a halo-exchanging
-version (``models/wan/parallel_vae.py``) without touching the blocks that call it.
+version (``dtgen/layers/wan_vae_parallel.py``) without touching the blocks that call it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .config import JsonConfig, config_values
+from .norms import ChannelRMSNorm
 
 # Checkpoint keys of the encoder side: text-to-video never encodes, so the loader skips them.
 IGNORED_CHECKPOINT_PREFIXES = ("encoder.", "quant_conv.")
@@ -64,7 +69,7 @@ _LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
 
 
 @dataclass(frozen=True)
-class WanVAEConfig:
+class WanVAEConfig(JsonConfig):
     """The diffusers ``vae/config.json`` of ``AutoencoderKLWan`` (same field names and defaults).
 
     ``temperal_downsample`` (sic, the diffusers spelling) is in ENCODER order; the decoder
@@ -96,15 +101,8 @@ class WanVAEConfig:
         """Read a diffusers ``vae/config.json`` dict. Keys starting with ``_`` are metadata;
         any other unknown key raises ValueError (a silent default could change the
         architecture), as does the Wan 2.2 TI2V-5B VAE (``is_residual`` / ``patch_size``)."""
-        known = {f.name for f in fields(cls)}
-        unknown = [k for k in d if not k.startswith("_") and k not in known]
-        if unknown:
-            raise ValueError(f"Wan VAE config: unknown key(s) {unknown}")
-        kw = {k: d[k] for k in known if k in d}
-        for k in ("dim_mult", "latents_mean", "latents_std", "attn_scales", "temperal_downsample"):
-            if k in kw:
-                kw[k] = tuple(kw[k])
-        cfg = cls(**kw)
+        cfg = cls(**config_values(cls, d, "Wan VAE config", tuples=("dim_mult", "latents_mean", "latents_std",
+                                                                      "attn_scales", "temperal_downsample")))
         cfg.validate()
         return cfg
 
@@ -237,24 +235,6 @@ def _tokens(y: Tensor) -> Tensor:
 # Layers
 
 
-class RMSNorm(nn.Module):
-    """diffusers ``WanRMS_norm``: each position's channel vector scaled to unit L2 norm, times
-    sqrt(C) * gamma. Per position: no statistics across space or time (a split decode runs it
-    unchanged). Half-precision inputs are normalized in fp32 and cast back before the scaling,
-    as in diffusers. (Its ``bias`` is off in every Wan VAE norm: no parameter.)"""
-
-    def __init__(self, channels: int, spatial_dims: int):
-        super().__init__()
-        self.scale = channels ** 0.5
-        # [C, 1, 1(, 1)]: the checkpoint's shape (2 trailing ones in the per-frame attention,
-        # 3 in the video blocks).
-        self.gamma = nn.Parameter(torch.ones(channels, *(1,) * spatial_dims))
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = F.normalize(x.float() if x.element_size() < 4 else x, dim=1).to(x.dtype)
-        return y * self.scale * self.gamma
-
-
 class Upsample2x(nn.Module):
     """Nearest x2 in H and W on [N, C, H, W]: every pixel becomes a 2x2 block (diffusers'
     'nearest-exact' at scale 2 picks the same source pixels; copying is exact in any dtype).
@@ -270,9 +250,9 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int):
         super().__init__()
-        self.norm1 = RMSNorm(in_channels, 3)
+        self.norm1 = ChannelRMSNorm(in_channels, 3)
         self.conv1 = CausalConv3d(in_channels, out_channels, 3)
-        self.norm2 = RMSNorm(out_channels, 3)
+        self.norm2 = ChannelRMSNorm(out_channels, 3)
         self.conv2 = CausalConv3d(out_channels, out_channels, 3)
         self.conv_shortcut = CausalConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
 
@@ -289,7 +269,7 @@ class AttentionBlock(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.norm = RMSNorm(channels, 2)
+        self.norm = ChannelRMSNorm(channels, 2)
         self.to_qkv = nn.Conv2d(channels, 3 * channels, 1)
         self.proj = nn.Conv2d(channels, channels, 1)
 
@@ -381,7 +361,7 @@ class WanDecoder(nn.Module):
             mode = None if i == n_up else ("3d" if cfg.temporal_upsample[i] else "2d")
             levels.append(UpBlock(cin, widths[i + 1], cfg.num_res_blocks + 1, mode))
         self.up_blocks = nn.ModuleList(levels)
-        self.norm_out = RMSNorm(widths[-1], 3)
+        self.norm_out = ChannelRMSNorm(widths[-1], 3)
         self.conv_out = CausalConv3d(widths[-1], cfg.out_channels, 3)
 
     def forward(self, z: Tensor, cache: CausalCache) -> Tensor:

@@ -1,4 +1,4 @@
-"""The UMT5 text encoder of Wan 2.1 / 2.2 (google/umt5-xxl) as plain modules, plus its tokenizer.
+"""The UMT5 text encoder (google/umt5-xxl: Wan 2.1 / 2.2's) as plain modules, plus its tokenizer.
 
 Same math as transformers' `UMT5EncoderModel` (its `last_hidden_state`), same parameter names,
 so the diffusers checkpoint's `text_encoder/` tensors load by name. No module here knows
@@ -27,10 +27,10 @@ Architecture (encoder only, pre-norm T5 blocks, no biases anywhere):
   decoder, caches, output_attentions / hidden_states.
 
 Public API: `UMT5Config` (`from_dict`, `from_json`), `UMT5Encoder(cfg)(input_ids, attention_mask)`
--> last_hidden_state, `UMT5Encoder.checkpoint_keys(present)`, `encode_prompt_embeds(...)` (the
-Wan pipeline's trim-and-zero-pad), `load_tokenizer(folder)` -> `T5PromptTokenizer` (ids + mask
-padded to 512 from `tokenizer.json` with the HF `tokenizers` package), `clean_prompt`,
-`relative_position_buckets`.
+-> last_hidden_state, `UMT5Encoder.checkpoint_keys(present)`, `load_tokenizer(folder)` ->
+`T5PromptTokenizer` (ids + mask padded to 512 from `tokenizer.json` with the HF `tokenizers`
+package), `clean_prompt`, `relative_position_buckets`. (What a pipeline does with the hidden
+states, e.g. Wan's trim-and-zero-pad, is the pipeline's.)
 
 Checkpoint keys (`UMT5EncoderModel` state dict):
   shared.weight, encoder.embed_tokens.weight (the SAME tensor: tied),
@@ -82,7 +82,7 @@ import html
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -90,13 +90,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import JsonConfig, config_values
+from .linear import empty_param
+from .norms import RMSNorm
+
 EMBEDDING_KEYS = ("shared.weight", "encoder.embed_tokens.weight")
 
 
 # ---- configuration ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class UMT5Config:
+class UMT5Config(JsonConfig):
     """Field names are transformers' `UMT5Config` keys; defaults are google/umt5-xxl's."""
 
     vocab_size: int = 256384
@@ -142,47 +146,29 @@ class UMT5Config:
             raise ValueError(f"text_encoder config: model_type={model_type!r} is not supported (only 'umt5')")
         if d.get("is_decoder", False):
             raise ValueError("text_encoder config: is_decoder=True is not supported (encoder only)")
-        names = {f.name for f in fields(cls)} - {"raw"}
-        kwargs = {k: d[k] for k in names if k in d and d[k] is not None}
+        kwargs = config_values(cls, d, "text_encoder config", exclude={"raw"}, refuse_unknown=False, skip_none=True)
         return cls(**kwargs, raw=dict(d))
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "UMT5Config":
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 # ---- modules -----------------------------------------------------------------------------------
 
-def _empty(*shape) -> nn.Parameter:
-    # Built on whatever device is current (meta at load time); the loader assigns real tensors.
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
 def _linear(n_in: int, n_out: int) -> nn.Linear:
     # A real nn.Linear (the TP output hooks attach to it), without the init pass over the weight.
     lin = nn.Linear(n_in, n_out, bias=False, device="meta")
-    lin.weight = _empty(n_out, n_in)
+    lin.weight = empty_param(n_out, n_in)
     return lin
 
 
 def _embedding(rows: int, dim: int) -> nn.Embedding:
     emb = nn.Embedding(rows, dim, device="meta")
-    emb.weight = _empty(rows, dim)
+    emb.weight = empty_param(rows, dim)
     return emb
 
 
-class T5LayerNorm(nn.Module):
-    """w * x / sqrt(mean(x^2) + eps): no mean, no bias; float32 inside, cast to w's dtype."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = _empty(dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(self.weight.dtype)
+def t5_layer_norm(dim: int, eps: float) -> RMSNorm:
+    """T5's layer norm: w * x / sqrt(mean(x^2) + eps), no mean, no bias; float32 inside, rounded
+    to w's dtype."""
+    return RMSNorm(dim, eps, rounding="weight")
 
 
 def relative_position_buckets(length: int, num_buckets: int, max_distance: int,
@@ -257,7 +243,7 @@ class UMT5LayerSelfAttention(nn.Module):
     def __init__(self, cfg: UMT5Config):
         super().__init__()
         self.SelfAttention = UMT5Attention(cfg)
-        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.layer_norm = t5_layer_norm(cfg.d_model, cfg.layer_norm_epsilon)
 
     def forward(self, h, buckets, key_keep):
         return h + self.SelfAttention(self.layer_norm(h), buckets, key_keep)
@@ -267,7 +253,7 @@ class UMT5LayerFF(nn.Module):
     def __init__(self, cfg: UMT5Config):
         super().__init__()
         self.DenseReluDense = UMT5GatedFFN(cfg)  # transformers' name, kept for the checkpoint keys
-        self.layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.layer_norm = t5_layer_norm(cfg.d_model, cfg.layer_norm_epsilon)
 
     def forward(self, h):
         return h + self.DenseReluDense(self.layer_norm(h))
@@ -289,7 +275,7 @@ class UMT5Stack(nn.Module):
         self.cfg = cfg
         self.embed_tokens = embed_tokens  # the same module as the encoder's `shared` (tied)
         self.block = nn.ModuleList([UMT5Block(cfg) for _ in range(cfg.num_layers)])
-        self.final_layer_norm = T5LayerNorm(cfg.d_model, cfg.layer_norm_epsilon)
+        self.final_layer_norm = t5_layer_norm(cfg.d_model, cfg.layer_norm_epsilon)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
@@ -336,33 +322,6 @@ class UMT5Encoder(nn.Module):
             else:
                 out[name] = name
         return out
-
-
-# ---- prompt embeddings as the Wan pipeline makes them -------------------------------------------
-
-def encode_prompt_embeds(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         max_len: int = 512, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """diffusers `WanPipeline._get_t5_prompt_embeds` after tokenization: [B, max_len, d_model].
-
-    The encoder runs on the padded ids WITH the mask; then each row keeps its first
-    seq_len = mask.sum() positions and the rest is set to exactly zero (the pipeline trims to
-    seq_len and re-pads with zeros to max_sequence_length). Rows shorter than max_len (input
-    not padded to it) are zero-padded; no data-dependent shapes, so it compiles.
-    `dtype`: cast the result (the pipeline casts to the text encoder's dtype before trimming).
-    """
-    B, L = input_ids.shape
-    if L > max_len:
-        raise ValueError(f"input_ids has {L} positions, more than max_len={max_len}")
-    h = encoder(input_ids, attention_mask)
-    if dtype is not None:
-        h = h.to(dtype)
-    seq_lens = (attention_mask > 0).sum(dim=1)
-    keep = torch.arange(L, device=h.device)[None, :] < seq_lens[:, None]
-    # where(), not a multiply: garbage (even inf/nan) in padded rows must become exact zeros.
-    h = torch.where(keep[..., None], h, torch.zeros((), dtype=h.dtype, device=h.device))
-    if L < max_len:
-        h = F.pad(h, (0, 0, 0, max_len - L))
-    return h
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------

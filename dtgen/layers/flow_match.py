@@ -1,33 +1,79 @@
-"""Flow-matching samplers: multistep UniPC (bh2) and Euler, step-for-step equal to diffusers.
+"""Flow-matching sampling: schedules, the Euler step, multistep UniPC (bh2), and CFG.
 
-A sampler is a plain object built for one (steps, shift): its tables are computed once, and
-`step(model_output, sample)` advances one step, keeping its own multistep history. Use:
+Two ways to drive it, for two references:
+- the functions (HunyuanImage-3's official scheduler): `flow_match_sigmas(steps, shift)` then
+  `euler_step(x, v, sigma, sigma_next)` per step, all in float32;
+- a sampler object (diffusers' schedulers, step-for-step equal): built for one (steps, shift),
+  its tables computed once, `step(model_output, sample)` advancing one step and keeping its
+  own multistep history. Use:
 
     sampler = make_sampler("unipc", steps=50, shift=3.0)
     for t in sampler.timesteps:                     # exactly what diffusers hands the model
         v = cfg(model(latents, t))                  # flow velocity (noise - x0), any dtype
         latents = sampler.step(v, latents)
 
-- `timesteps` [steps]: the model's timestep input. UniPC: int64, trunc(1000 * sigma).
-  Euler: float32, 1000 * sigma.
-- `sigmas` [steps + 1], float32, from ~1 down to 0 (the last one is 0).
-- `reset()` rewinds to step 0 for a new trajectory with the same tables.
+  - `timesteps` [steps]: the model's timestep input. UniPC: int64, trunc(1000 * sigma).
+    Euler: float32, 1000 * sigma.
+  - `sigmas` [steps + 1], float32, from ~1 down to 0 (the last one is 0).
+  - `reset()` rewinds to step 0 for a new trajectory with the same tables.
 
-The arithmetic reproduces diffusers' dtypes (as WanPipeline runs them on CUDA: float32
+The samplers reproduce diffusers' dtypes (as WanPipeline runs them on CUDA: float32
 latents, bf16 model output), bit for bit on CPU and CUDA:
 - UniPC: x0 = sample - sigma * v with sigma float32 and the product rounded to v's dtype;
   everything after that is float32, and samples come back float32 (a non-float32 sample is
   upcast). The scalar coefficients are float32 ops in diffusers' order, on the samples' device.
-- Euler: dt = sigma_next - sigma in float32, then rounded to v's dtype, dt * v rounded to
-  v's dtype, added to the float32 sample, and the result returned in v's dtype (so with a bf16
-  model the latents become bf16 after the first step, as in diffusers).
+- Euler: `euler_step(..., rounding="diffusers")`: dt = sigma_next - sigma in float32, then
+  rounded to v's dtype, dt * v rounded to v's dtype, added to the float32 sample, and the
+  result returned in v's dtype (so with a bf16 model the latents become bf16 after the first
+  step, as in diffusers).
 Pass `model_output.float()` to keep the whole update in float32 instead.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
+
+EULER_ROUNDINGS = ("float32", "diffusers")
+
+
+def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """The flow-matching time shift s*sigma / (1 + (s - 1)*sigma), in the dtype of `sigmas`."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def flow_match_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """HunyuanImage-3's schedule: sigmas [steps + 1] from 1 to 0, linspace(1, 0, steps + 1) shifted
+    once, in float32 with the official scheduler's ops (so 1000 * sigma is bit for bit the
+    timestep it feeds). Not diffusers' (`FlowEulerSampler`)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return shift_sigmas(torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float32), shift)
+
+
+def euler_step(x: torch.Tensor, velocity: torch.Tensor, sigma, sigma_next, rounding: str = "float32") -> torch.Tensor:
+    """x + (sigma_next - sigma) * velocity; sigma, sigma_next float32 values (Python floats or 0-dim tensors).
+
+    `rounding` "float32" (HunyuanImage-3's official scheduler): everything in float32, returned
+    float32 (the difference of the two float32 values rounds to the float32 one the official
+    scheduler multiplies by). "diffusers" (FlowMatchEulerDiscreteScheduler): dt in float32, then
+    rounded to velocity's dtype, the product rounded to it, added to x in float32, returned in
+    velocity's dtype.
+    """
+    if rounding == "float32":
+        return x.float() + velocity.float() * (float(sigma_next) - float(sigma))
+    if rounding != "diffusers":
+        raise ValueError(f"Euler rounding must be one of {EULER_ROUNDINGS}, got {rounding!r}")
+    dt = torch.as_tensor(sigma_next, dtype=torch.float32) - torch.as_tensor(sigma, dtype=torch.float32)
+    # diffusers computes `dt * model_output`: torch rounds the float32 0-dim dt to the model
+    # output's dtype first (on CPU and CUDA alike), then rounds the product to it.
+    return (x.float() + velocity * float(dt.to(velocity.dtype))).to(velocity.dtype)
+
+
+def classifier_free_guidance(v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """uncond + scale * (cond - uncond)."""
+    return v_uncond + scale * (v_cond - v_uncond)
 
 
 def _check(steps, shift: float, num_train_timesteps: int) -> None:
@@ -49,11 +95,6 @@ def _linspace(start: float, stop: float, num: int) -> torch.Tensor:
     return y
 
 
-def _shift(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
-    """The flow-matching time shift, in the dtype of `sigmas`."""
-    return shift * sigmas / (1 + (shift - 1) * sigmas)
-
-
 def _check_step(index: int, steps: int, model_output: torch.Tensor, sample: torch.Tensor) -> None:
     if index >= steps:
         raise RuntimeError(f"all {steps} steps are done; call reset() to start a new trajectory")
@@ -64,11 +105,10 @@ def _check_step(index: int, steps: int, model_output: torch.Tensor, sample: torc
 class FlowEulerSampler:
     """diffusers' FlowMatchEulerDiscreteScheduler(shift=shift) (static shift, num_train_timesteps 1000).
 
-    Its schedule is not dtgen.schedulers.flow_match_sigmas: diffusers spaces `steps` points
-    from 1 down to the training table's smallest sigma, shift(1/1000), and shifts them again
-    before appending 0 (the smallest one is shifted twice); flow_match_sigmas shifts
-    linspace(1, 0, steps + 1) once. The step is the same x + (sigma_next - sigma) * v, but
-    with diffusers' dtypes (see the module docstring) rather than euler_step's all-float32.
+    Its schedule is not `flow_match_sigmas`: diffusers spaces `steps` points from 1 down to the
+    training table's smallest sigma, shift(1/1000), and shifts them again before appending 0
+    (the smallest one is shifted twice); flow_match_sigmas shifts linspace(1, 0, steps + 1)
+    once. The step is `euler_step` with diffusers' rounding.
     """
 
     def __init__(self, steps: int, shift: float, num_train_timesteps: int = 1000):
@@ -76,10 +116,13 @@ class FlowEulerSampler:
         self.steps, self.shift = steps, shift
         n = num_train_timesteps
         # The training table's sigma range, float32 as diffusers builds it in __init__.
-        sigma_max = float(_shift(torch.tensor(n, dtype=torch.float32) / n, shift))
-        sigma_min = float(_shift(torch.tensor(1, dtype=torch.float32) / n, shift))
-        sigmas = _shift(_linspace(sigma_max * n, sigma_min * n, steps) / n, shift).float()
-        self.timesteps = sigmas * n
+        sigma_max = float(shift_sigmas(torch.tensor(n, dtype=torch.float32) / n, shift))
+        sigma_min = float(shift_sigmas(torch.tensor(1, dtype=torch.float32) / n, shift))
+        self._set_sigmas(shift_sigmas(_linspace(sigma_max * n, sigma_min * n, steps) / n, shift).float(), n)
+
+    def _set_sigmas(self, sigmas: torch.Tensor, num_train_timesteps: int) -> None:
+        """The `steps` float32 sigmas before the final 0; rewinds to step 0."""
+        self.timesteps = sigmas * num_train_timesteps
         self.sigmas = torch.cat([sigmas, sigmas.new_zeros(1)])
         self.reset()
 
@@ -89,12 +132,38 @@ class FlowEulerSampler:
     def step(self, model_output: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         i = self.index
         _check_step(i, self.steps, model_output, sample)
-        dt = self.sigmas[i + 1] - self.sigmas[i]  # float32, as diffusers
-        # diffusers computes `dt * model_output`: torch rounds the float32 0-dim dt to the model
-        # output's dtype first (on CPU and CUDA alike), then rounds the product to it.
-        dt = float(dt.to(model_output.dtype))
         self.index += 1
-        return (sample.float() + model_output * dt).to(model_output.dtype)
+        return euler_step(sample, model_output, self.sigmas[i], self.sigmas[i + 1], rounding="diffusers")
+
+
+class DynamicShiftSampler(FlowEulerSampler):
+    """FlowMatchEulerDiscreteScheduler as a diffusers `scheduler_config.json` sets it up and
+    QwenImagePipeline calls it: sigmas linspace(1, 1/steps), shifted by mu (which grows linearly
+    with the image's token count: `use_dynamic_shifting`) or by the static `shift`, stretched to
+    end at `shift_terminal`. Its `step` is Euler's."""
+
+    def __init__(self, steps: int, image_seq_len: int, config: dict):
+        for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
+                    "stochastic_sampling"):
+            if config.get(key):
+                raise ValueError(f"scheduler config: '{key}'=true is not supported")
+        base, top = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
+        lo, hi = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
+        mu = image_seq_len * (hi - lo) / (top - base) + lo - (hi - lo) / (top - base) * base   # calculate_shift
+        sigmas = _linspace(1.0, 1 / steps, steps).float()
+        if config.get("use_dynamic_shifting", False):
+            kind = config.get("time_shift_type", "exponential")
+            if kind not in ("exponential", "linear"):
+                raise ValueError(f"scheduler config: time_shift_type={kind!r} is not supported")
+            m = math.exp(mu) if kind == "exponential" else mu
+            sigmas = m / (m + (1 / sigmas - 1))
+        else:
+            sigmas = shift_sigmas(sigmas, config.get("shift", 1.0))
+        if config.get("shift_terminal"):
+            one_minus = 1 - sigmas
+            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
+        self.steps, self.mu = steps, mu
+        self._set_sigmas(sigmas, config.get("num_train_timesteps", 1000))
 
 
 class _Update(NamedTuple):
@@ -157,7 +226,7 @@ class UniPCFlowSampler:
             raise ValueError(f"order must be 1 or 2, got {order!r}")
         self.steps, self.shift = steps, shift
         n = num_train_timesteps
-        sigmas = _shift(_linspace(1.0, 1.0 / n, steps + 1)[:-1], shift)  # float64
+        sigmas = shift_sigmas(_linspace(1.0, 1.0 / n, steps + 1)[:-1], shift)  # float64
         if abs(float(sigmas[0]) - 1) < 1e-6:
             sigmas[0] -= 1e-6                   # keeps log(1 - sigma) finite
         self.timesteps = (sigmas * n).to(torch.int64)  # truncated, from the float64 sigmas

@@ -1,0 +1,38 @@
+"""Parameters built without initialisation, and the linear layers built from them.
+
+A model is built on the meta device and the loader assigns every parameter a view of its
+resident tensor, so an init pass would be wasted work (and on a real device, memory).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def empty_param(*shape, dtype: torch.dtype | None = None) -> nn.Parameter:
+    """A frozen parameter of `shape` on whatever device is current (meta at load time)."""
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """nn.Linear's parameters (weight [out, in], bias [out] or None) without its initialisation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.weight = empty_param(out_features, in_features)
+        self.bias = empty_param(out_features) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class GeluProj(nn.Module):
+    """diffusers' `GELU(approximate="tanh")` module (a feed-forward's `net.0`): proj, then GELU-tanh."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.proj = Linear(dim, inner)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x), approximate="tanh")
