@@ -128,9 +128,12 @@ def test_same_decisions_and_latents_as_diffusers(ours, theirs, noise, name):
         assert min(abs(d - thr) / thr for d in measures) > 1e-4, report["first_block_diff"]
     if name == "taylorseer-defaults":
         # bfloat16 factors: a float32 value that differs by ~1e-6 between the two may round to
-        # the neighbouring bfloat16 (2^-8 relative); measured 9e-5 of the latents' scale.
+        # the neighbouring bfloat16 (2^-8 = 3.9e-3 relative). How many factors flip depends on
+        # the CPU's float32 kernels: measured 9e-5 of the latents' scale on CI's CPU and 6.7e-4
+        # on another 2-core machine (both torch 2.13). The bound stays below half a bfloat16
+        # step, far under what a wrong interval, order or start step moves (whole steps).
         scale = float(want.abs().max())
-        assert float((got.latents - want).abs().max()) <= 2.5e-4 * scale
+        assert float((got.latents - want).abs().max()) <= 1.5e-3 * scale
     else:
         torch.testing.assert_close(got.latents, want, atol=2e-5, rtol=1e-5)
 
