@@ -1,5 +1,7 @@
-"""The import boundaries: plans load no attention code, and no package module imports itself in a circle."""
+"""The import boundaries: plans load no attention code, the installed packages import no test
+support, and no package module imports itself in a circle."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +10,10 @@ from dtgen.plan import ATTENTION_KINDS
 from dtgen.sp import SP_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
-# The installed packages (pyproject's packages.find), examples aside: they are entry points
-# that import the rest and are imported by nothing.
-PACKAGES = ("dtgen", "kernels", "models", "placements")
+# The installed packages: pyproject's `[tool.setuptools.packages.find] include` ("dtgen*", ...).
+_FIND = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include\s*=\s*\[([^]]*)\]",
+                  (ROOT / "pyproject.toml").read_text())
+PACKAGES = tuple(name.rstrip("*") for name in re.findall(r'"([^"]+)"', _FIND.group(1)))
 
 
 def test_every_attention_kind_a_plan_may_name_has_one_core():
@@ -29,6 +32,19 @@ def test_reading_plans_loads_no_attention_code_and_no_triton():
     heavy = [m for m in loaded if m.split(".")[0] in ("torch", "triton", "kernels") or m.startswith("dtgen.sp")]
     assert heavy == [], ("importing dtgen.plan and the plans loads "
                          f"{sorted({m if m.startswith('dtgen.') else m.split('.')[0] for m in heavy})}")
+
+
+def test_installed_packages_import_no_test_support():
+    # tests/ (the golden harness in tests/support/ included) is not installed: a wheel has none.
+    assert "tests" not in PACKAGES and "dtgen" in PACKAGES
+    found = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] == "tests"]
+    assert found == []
 
 
 def _module_name(path: Path) -> str:
