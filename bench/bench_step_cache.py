@@ -70,10 +70,11 @@ def deviation(out: str | None) -> int:
     """Each cache's deviation from the uncached run on the tiny golden-taylor cases (CPU,
     float32, dtgen's own runs): final latents' relative L2 and the image's largest uint8
     difference, beside the share of steps computed in full (what the cache saves)."""
-    from models.hunyuan_image3.golden import GoldenCase, discover_taylor_cases, sampling_runs, sampling_request
-    from models.hunyuan_image3.golden import sampling_sequence
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, to_uint8
     from dtgen.profiling import NullProfiler
+    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, to_uint8
+    # The golden harness is test support (tests/support/, not installed): run from a checkout.
+    from tests.support.golden import GoldenCase, discover_taylor_cases, sampling_runs, sampling_request
+    from tests.support.golden import sampling_sequence
     rows = []
     for folder in discover_taylor_cases():
         case = GoldenCase(folder)

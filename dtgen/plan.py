@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Mapping
 
-from .sp import SP_KINDS
-
 
 class PlanError(ValueError):
     """A plan that cannot work (for this world size, or for this model); the message says why."""
@@ -46,6 +44,40 @@ class Output(str, Enum):
     VOCAB_SHARDED = "vocab_sharded"    # all-gather over the TP group, reordered by logical TP rank
 
 
+@dataclass(frozen=True)
+class AttentionKind:
+    """What a plan may say about one attention kind: its name and the sp axes it takes.
+
+    The cores live in `dtgen.sp`, one per kind here (a test holds the two tables equal). The
+    table is here, as plain data, so that reading or checking a plan loads no attention code
+    (and no Triton), and so that `dtgen.sp` can import plans without a circle.
+
+    sequence_parallel: whether the kind shards the sequence (needs sp axes); only 'local' does not.
+    max_sp_axes / exact_sp_axes: how many grid axes its sp may name, when it has a limit
+        (`axes_meaning` says what they are, for the error).
+    """
+
+    name: str
+    summary: str
+    sequence_parallel: bool = True
+    max_sp_axes: int | None = None
+    exact_sp_axes: int | None = None
+    axes_meaning: str = ""
+
+
+ATTENTION_KINDS: dict[str, AttentionKind] = {k.name: k for k in (
+    AttentionKind("local", "no sequence parallelism", sequence_parallel=False),
+    AttentionKind("ulysses", "all-to-all to head shards"),
+    AttentionKind("ulysses-pipelined", "Ulysses in head groups, exchanges overlapped"),
+    AttentionKind("kv-allgather", "K/V all-gathered"),
+    AttentionKind("ring", "K/V ring over P2P"),
+    AttentionKind("attn2d", "Attention2D rows x cols grid",
+                  max_sp_axes=2, axes_meaning="rows, then cols; one axis is 1 x P"),
+    AttentionKind("ulysses-ring", "ring (outer sp axis) over Ulysses (inner sp axis)",
+                  max_sp_axes=2, exact_sp_axes=2, axes_meaning="ring axis, then Ulysses axis"),
+    AttentionKind("ulysses-attn2d", "Attention2D 1 x P (outer sp axis) over Ulysses (inner sp axis)",
+                  max_sp_axes=2, exact_sp_axes=2, axes_meaning="Attention2D axis, then Ulysses axis"),
+)}
 
 
 @dataclass(frozen=True)
@@ -196,10 +228,10 @@ def resolve(plan: Plan, world_size: int) -> ResolvedPlan:
         if ph.cfg and math.prod(sizes[a] for a in ph.cfg) != 2:
             raise PlanError(f"plan '{plan.name}', phase '{name}': the cfg axes {ph.cfg} must hold exactly 2 ranks "
                             f"(conditional and unconditional), got {math.prod(sizes[a] for a in ph.cfg)}")
-        kind = SP_KINDS.get(ph.attention)
+        kind = ATTENTION_KINDS.get(ph.attention)
         if kind is None:
             raise PlanError(f"plan '{plan.name}', phase '{name}': unknown attention kind {ph.attention!r}; "
-                            f"known: {tuple(SP_KINDS)}")
+                            f"known: {tuple(ATTENTION_KINDS)}")
         if kind.sequence_parallel != bool(ph.sp):
             raise PlanError(f"plan '{plan.name}', phase '{name}': attention {ph.attention!r} "
                             + ("needs sequence-parallel axes (sp)" if kind.sequence_parallel

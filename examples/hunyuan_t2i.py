@@ -40,7 +40,8 @@ from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
 from models.hunyuan_image3.tokenizer import load_tokenizer
-from models.hunyuan_image3.model import MOE_IMPLS, set_moe_token_chunk
+from kernels.moe_dispatch import MOE_IMPLS
+from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.requests import (OFFICIAL_TAYLOR_KNOBS, check_positions, check_t2i_request, size_to_hw,
                                             taylor_from_official)

@@ -6,7 +6,7 @@ triton is imported, so it is set here when no GPU is present. GPU-only tests car
 skipped with fewer than 2 GPUs.
 
 Under DTGEN_REQUIRE_GOLDEN=1 (CI) a missing golden folder ends the run at collection with
-the one-line message of `models.hunyuan_image3.golden.discover_cases`, instead of turning
+the one-line message of `tests.support.golden.discover_cases`, instead of turning
 the official-parity tests into skips.
 """
 import os
@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_exception_interact(node, call, report):
     """A golden folder that DTGEN_REQUIRE_GOLDEN=1 demands is missing: stop the whole run
     with its one line (the first module to look for it raises; nothing else runs)."""
-    from models.hunyuan_image3.golden import GoldenDataMissing
+    from tests.support.golden import GoldenDataMissing
     if report.when == "collect" and call.excinfo is not None and isinstance(call.excinfo.value, GoldenDataMissing):
         pytest.exit(str(call.excinfo.value), returncode=pytest.ExitCode.USAGE_ERROR)
 

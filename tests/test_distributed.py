@@ -15,11 +15,11 @@ from torch.distributed.tensor import Replicate, Shard
 from dtgen.build import plan_problem
 from dtgen.controller import PhaseMismatchError
 from dtgen.launch import RankFailure, RankPool
-from models.hunyuan_image3.golden import GoldenCase, compare_case, compare_ti2i_case, discover_cases, discover_ti2i_cases
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import HunyuanAdapter, load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import PLANS, get_plan
+from tests.support.golden import GoldenCase, compare_case, compare_ti2i_case, discover_cases, discover_ti2i_cases
 
 PLANS_4 = ["hybrid", "hybrid-aabb", "tp4", "tp2sp2"]
 EVERY_PLAN_4 = [name for name, plan in PLANS.items() if plan.world_size == 4]  # attention kinds included

@@ -37,9 +37,9 @@ from dtgen.storage import ParamSpec, ResidentStorage, StorageShard, planned_nbyt
 from kernels.fp8_linear import fp8_linear, fp8_linear_reference, quantize_activation_rows
 from kernels.fp8_quant import FP8_DTYPE, quantize_weight_channels
 from models.hunyuan_image3 import loading
-from models.hunyuan_image3.golden import GoldenCase, compare_case, discover_cases
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import GoldenCase, compare_case, discover_cases
 
 CASES = discover_cases()
 BOUNDS = {"ar_prefill_logits": 0.15, "diff_pred_step1": 0.08, "diff_pred_step2_cached": 0.08,

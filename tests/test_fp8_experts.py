@@ -33,9 +33,9 @@ from dtgen.storage import StorageShard, planned_nbytes
 from examples.hunyuan_t2i import main
 from kernels.fp8_quant import FP8_DTYPE
 from models.hunyuan_image3 import loading
-from models.hunyuan_image3.golden import GoldenCase, compare_case, discover_cases
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import GoldenCase, compare_case, discover_cases
 
 CASES = discover_cases()
 BOUNDS = {"ar_prefill_logits": 0.05, "ar_decode_logits": 0.06, "diff_pred_step1": 0.05,

@@ -5,10 +5,10 @@
 import pytest
 import torch
 
-from models.hunyuan_image3.golden import GoldenCase, compare_case, discover_cases
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import GoldenCase, compare_case, discover_cases
 
 CASES = discover_cases()
 

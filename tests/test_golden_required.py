@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from models.hunyuan_image3.golden import GoldenDataMissing, discover_cases
+from tests.support.golden import GoldenDataMissing, discover_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,11 +8,11 @@ and their knobs come from each case's golden.json.
 import pytest
 import torch
 
-from models.hunyuan_image3.golden import (GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_request,
-                                          sampling_runs)
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import (GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_request,
+                                 sampling_runs)
 
 CASES = discover_taylor_cases()
 # What a run feeds in rather than checks: nothing (the noise comes from the seed, the
@@ -81,7 +81,7 @@ def test_a_wrong_cache_fails_the_comparison(pipes, folder):
     the first cached run, replayed with a full step every step, must fail its checks."""
     from dataclasses import replace
 
-    import models.hunyuan_image3.golden as golden
+    import tests.support.golden as golden
     case, pipe = pipes(folder)
     run = next(r for r in sampling_runs(case) if sampling_request(case, r).step_cache is not None)
     original = golden.sampling_request

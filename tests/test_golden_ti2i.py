@@ -5,10 +5,10 @@ pieces and their bad inputs.)"""
 import pytest
 import torch
 
-from models.hunyuan_image3.golden import TI2I_INPUTS, GoldenCase, compare_ti2i_case, discover_ti2i_cases
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import TI2I_INPUTS, GoldenCase, compare_ti2i_case, discover_ti2i_cases
 
 CASES = discover_ti2i_cases()
 
@@ -66,7 +66,7 @@ def test_an_edit_through_the_taylor_cache(case_results):
     update: the last full step's output, at the cached step's timestep)."""
     from dtgen.profiling import NullProfiler
     from dtgen.step_cache import TaylorConfig
-    from models.hunyuan_image3.golden import ti2i_condition
+    from tests.support.golden import ti2i_condition
     from models.hunyuan_image3.instruct import encode_with_specials, instruct_prefix
     from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, build_instruct_diffusion_sequence
     case, _, pipe = case_results

@@ -398,10 +398,11 @@ def test_model_dispatch_to_the_traceable_path_compiles_in_a_layer(monkeypatch):
     usability checks themselves must trace (no data_ptr at trace time)."""
     if not _grouped_mm_on_cpu(torch.bfloat16):
         pytest.skip("torch._grouped_mm has no CPU bf16 kernel in this torch")
-    import models.hunyuan_image3.model as model_mod
+    import kernels.moe_dispatch as dispatch
     from dtgen.attention import AttentionMeta
     from models.hunyuan_image3.rope import rope_cos_sin
     from models.hunyuan_image3.config import HunyuanImage3Config
+    from models.hunyuan_image3.model import set_moe_impl
     from models.hunyuan_image3.tiny import tiny_config
     from models.hunyuan_image3.transformer import DecoderLayer
 
@@ -411,15 +412,15 @@ def test_model_dispatch_to_the_traceable_path_compiles_in_a_layer(monkeypatch):
     for name, p in layer.named_parameters():
         p.requires_grad_(False)
         p.data = (torch.randn_like(p, dtype=torch.float32) * 0.1).to(p.dtype if ".wg." in name else torch.bfloat16)
-    model_mod.set_moe_impl(layer, "auto")
+    set_moe_impl(layer, "auto")
     calls = []
 
     def usable_on_cpu(x, w_gate_up, w_down):  # the real checks, minus "is CUDA"
         calls.append(1)
         return mm._aligned_16(w_gate_up) and mm._aligned_16(w_down) and x.dtype == torch.bfloat16
 
-    monkeypatch.setattr(model_mod, "graph_path_usable", usable_on_cpu)
-    model_mod.set_moe_impl(layer, "graph")
+    monkeypatch.setattr(dispatch, "graph_path_usable", usable_on_cpu)
+    set_moe_impl(layer, "graph")
     S = 40
     x = torch.randn(1, S, cfg.hidden_size, dtype=torch.bfloat16)
     slots = torch.arange(S)

@@ -9,11 +9,11 @@ from torch._dynamo.utils import counters
 
 from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
 from dtgen.step_cache import TaylorConfig
-from models.hunyuan_image3.golden import GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_request
-from models.hunyuan_image3.golden import sampling_runs
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_request
+from tests.support.golden import sampling_runs
 
 # 7 steps, a full step every 3 (with first-enhance: 0, 1, 2 and 5 in full; 3, 4 and 6 cached
 # at distances 1, 2 and 1), so the cached steps see two distances and two orders.

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from dtgen.launch import RankPool
-from models.hunyuan_image3.golden import GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_runs
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
 from placements.hunyuan_image3 import get_plan
+from tests.support.golden import GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_runs
 
 CASES = discover_taylor_cases()
 PLANS = ["hybrid", "tp2sp2", "hybrid-cfg"]

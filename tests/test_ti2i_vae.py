@@ -17,10 +17,10 @@ from safetensors import safe_open
 
 from models.hunyuan_image3.cond_image import (MAX_SIDE, MIN_SIDE, load_reference_image, resize_and_crop,
                                               vae_bucket, vae_pixels)
-from models.hunyuan_image3.golden import GoldenCase, discover_ti2i_cases
 from models.hunyuan_image3.pipeline import resolution_table
 from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
+from tests.support.golden import GoldenCase, discover_ti2i_cases
 
 ENCODE_KEYS = ("cond_vae_resized_uint8", "cond_vae_posterior_mean", "cond_vae_posterior_logvar",
                "cond_vae_sample_noise", "cond_vae_latent")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from dtgen.checkpoint import CheckpointReader
-from models.hunyuan_image3.golden import GoldenCase, case_has_tensors, discover_ti2i_cases
 from models.hunyuan_image3.vision import (AlignerConfig, VisionAligner, VisionConfig, VisionProcessorConfig,
                                           VisionTransformer, target_size_for_max_patches, vit_inputs)
+from tests.support.golden import GoldenCase, case_has_tensors, discover_ti2i_cases
 
 PROCESSOR_KEYS = ("cond_vit_pixel_values", "cond_vit_pixel_attention_mask", "cond_vit_spatial_shapes")
 TOWER_KEYS = ("cond_vit_embeddings", "cond_vit_last_hidden_state", "cond_vit_aligned")

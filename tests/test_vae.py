@@ -13,9 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from dtgen.checkpoint import CheckpointReader
-from models.hunyuan_image3.golden import DEFAULT_ROOT as GOLDEN_ROOT
-from models.hunyuan_image3.golden import case_has_tensors, discover_cases
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
+from tests.support.golden import DEFAULT_ROOT as GOLDEN_ROOT
+from tests.support.golden import case_has_tensors, discover_cases
 VAE_KEYS = ("vae_latent_in", "vae_decoded", "vae_decoder_all_frames")
 NONSQUARE_KEYS = ("vae_latent_in_nonsquare", "vae_decoded_nonsquare")
 DEFAULT_TOL = {"rtol": 1e-4, "atol": 1e-5}

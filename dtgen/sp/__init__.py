@@ -1,10 +1,13 @@
-"""The registry of attention kinds: each kind is declared here once, with its core in a file of its own.
+"""The cores of the attention kinds: one `SPKind` per kind, each core in a file of its own.
 
 A kind wraps the model's local core (`dtgen.attention.LocalAttention` or the model's own) in a
 core with the same signature, built from a phase's `PhaseGroups` at construction; it reads
-nothing global in forward. `dtgen.plan.resolve` checks a plan's kinds and sp axes against
-this table, the build checks head counts with `check_heads`, and the controller builds the
-cores with `make_core`. To add a kind: write its core in a new file here and add one `SPKind`.
+nothing global in forward. The kinds' names and sp-axis rules are plan data
+(`dtgen.plan.ATTENTION_KINDS`, which `dtgen.plan.resolve` checks plans against, with no
+attention code loaded); this table gives each of those names its core, and a test holds the
+two tables equal. The build checks head counts with `check_heads`, and the controller builds
+the cores with `make_core`. To add a kind: add its name and sp-axis rules to
+`dtgen.plan.ATTENTION_KINDS`, write its core in a new file here and add one `SPKind`.
 
 | kind | what moves | file |
 |---|---|---|
@@ -38,23 +41,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SPKind:
-    """One attention kind.
+    """The core of one attention kind (its name and sp-axis rules: `dtgen.plan.ATTENTION_KINDS`).
 
     build: (the model's local core, the phase's groups) -> the phase's core.
-    sequence_parallel: whether the kind shards the sequence (needs sp axes); only 'local' does not.
-    max_sp_axes / exact_sp_axes: how many grid axes its sp may name, when it has a limit
-        (`axes_meaning` says what they are, for the error).
     ulysses_span: for kinds that exchange heads, how many ranks the head split spans in a
         layout (query and KV heads must split over them); None for kinds that keep all heads.
     """
 
     name: str
     build: Callable[[nn.Module, "PhaseGroups"], nn.Module]
-    summary: str
-    sequence_parallel: bool = True
-    max_sp_axes: int | None = None
-    exact_sp_axes: int | None = None
-    axes_meaning: str = ""
     ulysses_span: Callable[["PhaseLayout"], int] | None = None
 
 
@@ -84,23 +79,15 @@ def _ulysses_attn2d(inner: nn.Module, groups: "PhaseGroups") -> nn.Module:
 
 
 SP_KINDS: dict[str, SPKind] = {k.name: k for k in (
-    SPKind("local", lambda inner, groups: inner, "no sequence parallelism", sequence_parallel=False),
-    SPKind("ulysses", lambda inner, g: UlyssesAttention(inner, g.sp_group, g.sp_size),
-           "all-to-all to head shards", ulysses_span=_whole_sp),
+    SPKind("local", lambda inner, groups: inner),
+    SPKind("ulysses", lambda inner, g: UlyssesAttention(inner, g.sp_group, g.sp_size), ulysses_span=_whole_sp),
     SPKind("ulysses-pipelined", lambda inner, g: UlyssesPipelinedAttention(inner, g.sp_group, g.sp_size),
-           "Ulysses in head groups, exchanges overlapped", ulysses_span=_whole_sp),
-    SPKind("kv-allgather", lambda inner, g: KVAllGatherAttention(inner, g.sp_group, g.sp_size, g.sp_rank),
-           "K/V all-gathered"),
-    SPKind("ring", lambda inner, g: RingAttention(inner, g.sp_group, g.sp_size, g.sp_rank),
-           "K/V ring over P2P"),
-    SPKind("attn2d", attention2d_from_groups, "Attention2D rows x cols grid",
-           max_sp_axes=2, axes_meaning="rows, then cols; one axis is 1 x P"),
-    SPKind("ulysses-ring", _ulysses_ring, "ring (outer sp axis) over Ulysses (inner sp axis)",
-           max_sp_axes=2, exact_sp_axes=2, axes_meaning="ring axis, then Ulysses axis",
-           ulysses_span=_inner_sp_axis),
-    SPKind("ulysses-attn2d", _ulysses_attn2d, "Attention2D 1 x P (outer sp axis) over Ulysses (inner sp axis)",
-           max_sp_axes=2, exact_sp_axes=2, axes_meaning="Attention2D axis, then Ulysses axis",
-           ulysses_span=_inner_sp_axis),
+           ulysses_span=_whole_sp),
+    SPKind("kv-allgather", lambda inner, g: KVAllGatherAttention(inner, g.sp_group, g.sp_size, g.sp_rank)),
+    SPKind("ring", lambda inner, g: RingAttention(inner, g.sp_group, g.sp_size, g.sp_rank)),
+    SPKind("attn2d", attention2d_from_groups),
+    SPKind("ulysses-ring", _ulysses_ring, ulysses_span=_inner_sp_axis),
+    SPKind("ulysses-attn2d", _ulysses_attn2d, ulysses_span=_inner_sp_axis),
 )}
 
 

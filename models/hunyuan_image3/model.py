@@ -7,19 +7,10 @@ changing this code.
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 from torch import nn
 
-from kernels.moe_decode import moe_decode, moe_decode_fp8
-from kernels.moe_multi_micro import (
-    MULTI_MICRO_IMPLS,
-    graph_path_usable,
-    moe_multi_micro,
-    moe_multi_micro_fp8,
-    moe_multi_micro_graph,
-)
+from kernels.moe_dispatch import experts_impl, experts_impl_fp8
 
 from dtgen.build import ParamSource
 from dtgen.fp8 import swap_fp8_linears
@@ -128,38 +119,6 @@ class HunyuanImage3ForCausalMM(nn.Module):
         return sources
 
 
-# Up to this many tokens the decode MoE (which reads only the chosen experts) beats the
-# grouped-GEMM path on a GPU.
-DECODE_MOE_MAX_TOKENS = 16
-MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS
-
-
-def experts_op(x, topk_ids, topk_weights, gate_and_up, down, *, impl: str):
-    """Routed experts through the kernel ops (one graph node each under torch.compile).
-
-    "graph": under torch.compile on the grouped-GEMM fast path, the multi-micro op's
-    torch-level form instead, so that inductor sees (and, with GEMM autotuning, tunes) its
-    grouped GEMMs; everywhere else the same as "auto".
-    """
-    if impl in ("auto", "graph") and x.is_cuda and x.shape[0] <= DECODE_MOE_MAX_TOKENS:
-        return moe_decode(x, topk_ids, topk_weights, gate_and_up, down)
-    if impl == "graph":
-        if torch.compiler.is_compiling() and graph_path_usable(x, gate_and_up, down):
-            return moe_multi_micro_graph(x, topk_ids, topk_weights, gate_and_up, down)
-        impl = "auto"
-    return moe_multi_micro(x, topk_ids, topk_weights, gate_and_up, down, impl=impl)
-
-
-def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, *, impl: str):
-    """FP8 experts: up to DECODE_MOE_MAX_TOKENS tokens the decode op (weight-only FP8: it
-    reads weights, so halving their bytes is what pays), above them `moe_multi_micro_fp8`
-    (x and the activation in e4m3 too: it is compute-bound). On every device alike, so the
-    CPU's torch emulations follow the GPU's numerics; impl "reference" forces them on CUDA."""
-    impl = "reference" if impl == "reference" else "auto"
-    op = moe_decode_fp8 if x.shape[0] <= DECODE_MOE_MAX_TOKENS else moe_multi_micro_fp8
-    return op(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)
-
-
 def use_fp8_experts(model: nn.Module) -> None:
     """Every MoE layer's routed experts in FP8 (scale parameters added; the loader fills them)."""
     for module in model.modules():
@@ -182,22 +141,16 @@ def use_fp8_dense(model: nn.Module) -> None:
 
 
 def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
-    """Pick the routed-experts implementation for every MoE layer.
-
-    "eager": the plain loop in transformer.py; "auto": the kernel ops (CPU: their torch
-    reference; CUDA: decode MoE for <= 16 tokens, the fused grouped GEMMs above); "graph":
-    "auto", but compiled steps trace torch._grouped_mm for inductor to tune; "reference",
-    "fused", "grouped_mm", "triton", "two_dispatch", "flashinfer": forced variants of the
-    multi-micro op (kernels/moe_multi_micro.py). FP8 experts (`use_fp8_experts`) always run
+    """Pick the routed-experts implementation for every MoE layer: a name of
+    `kernels.moe_dispatch.MOE_IMPLS` (its docstring says what each runs); "eager" is the
+    plain loop in transformer.py. FP8 experts (`use_fp8_experts`) always run
     `experts_op_fp8` ("reference" forces its torch emulation).
     """
-    if impl not in MOE_IMPLS:
-        raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
-    fn = experts_eager if impl == "eager" else partial(experts_op, impl=impl)
+    fn = experts_impl(impl, eager=experts_eager)
     for module in model.modules():
         if isinstance(module, Experts):
             module.impl = fn
-            module.impl_fp8 = partial(experts_op_fp8, impl=impl)
+            module.impl_fp8 = experts_impl_fp8(impl)
 
 
 def set_moe_token_chunk(model: nn.Module, tokens: int | None) -> None:

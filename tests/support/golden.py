@@ -1,4 +1,8 @@
-"""Compare a loaded model with a golden case of the official implementation.
+"""Compare a loaded model with a golden case of the official implementation (test support).
+
+HunyuanImage-3's golden harness: it reads `../shared/golden*` next to the repository, so it
+lives with the tests (the tests and `bench/bench_step_cache.py` import it from a checkout),
+not in the installed packages; the model imports nothing from it.
 
 A case folder holds a tiny checkpoint in the official format plus `golden.safetensors`
 (inputs and outputs) and `golden.json` (what each tensor is, tolerances). `compare_case`
@@ -17,13 +21,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dtgen.attention import AttentionMeta, structured_mask
-
-from .rope import rope_cos_sin
-from .cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
-from .instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix, prompt_condition,
-                       splice_rows)
-from .pipeline import (HunyuanT2IPipeline, T2IRequest, build_diffusion_sequence, build_instruct_diffusion_sequence,
-                       resolution_table)
+from models.hunyuan_image3.cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
+from models.hunyuan_image3.instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix,
+                                            prompt_condition, splice_rows)
+from models.hunyuan_image3.pipeline import (HunyuanT2IPipeline, T2IRequest, build_diffusion_sequence,
+                                            build_instruct_diffusion_sequence, resolution_table)
+from models.hunyuan_image3.rope import rope_cos_sin
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
 # TI2I (image editing) cases live apart, so that the T2I tests do not pick them up.
@@ -432,7 +435,7 @@ def sampling_runs(case: GoldenCase) -> list[str]:
 def sampling_request(case: GoldenCase, run: str) -> T2IRequest:
     """The request a golden run made: its seed, steps, guidance and shift, and its Taylor cache
     from the official `generate_image` keywords (golden.json `runs`)."""
-    from .requests import taylor_from_official
+    from models.hunyuan_image3.requests import taylor_from_official
     r = case.meta["runs"][run]
     cache = taylor_from_official(r.get("generate_image_kwargs", {})) if r.get("use_taylor_cache") else None
     return T2IRequest(prompt=r["prompt"], seed=int(r["seed"]), steps=int(r["steps"]), guidance=float(r["guidance_scale"]),
@@ -459,7 +462,7 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     `golden_noise`: start from the case's initial latents instead of the seed's draw (torch's
     CPU generator draws other bf16 normals on other torch versions: the GPU stack's 2.11 is
     not the goldens' 2.13, so there only the draw would differ)."""
-    from .pipeline import _no_progress, _Run, _Timer, to_uint8
+    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, to_uint8
     from dtgen.profiling import NullProfiler
     t, meta = case.t, case.meta
     # A trajectory's differences grow with the steps: its own (looser) tolerance.
