@@ -113,14 +113,31 @@ def metrics(base: str) -> dict[str, float]:
 
 
 # ---- the load test -----------------------------------------------------------------------------
-def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict) -> dict:
-    """One client: its kind, its definite answer, and for a job the id and final state."""
+def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict,
+                timeout: float = 300.0) -> dict:
+    """One client: its kind, its definite answer, and for a job the id and final state. A
+    client that waited `timeout` seconds without an answer gives up: status "client timeout"
+    (no answer within the client's patience: it counts against every_request_answered, and
+    the server must still end the job it accepted: accepted = finished)."""
+    t0 = time.perf_counter()
+    kind = ["image"]
+    try:
+        return _one_request(base, port, i, rng, sizes, fields, timeout, kind)
+    except (TimeoutError, socket.timeout):
+        return {"kind": kind[0], "status": "client timeout", "ms": (time.perf_counter() - t0) * 1e3}
+    except (urllib.error.URLError, ConnectionError) as e:
+        return {"kind": kind[0], "status": f"connection error: {e}", "ms": (time.perf_counter() - t0) * 1e3}
+
+
+def _one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict,
+                 timeout: float, kind: list[str]) -> dict:
     roll = rng.random()
+    kind[0] = "malformed" if roll < 0.05 else "disconnect" if roll < 0.10 else "cancel" if roll < 0.20 else "image"
     body = dict(fields, prompt=f"a red fox in fresh snow, take {i}", seed=i, size=rng.choice(sizes))
     t0 = time.perf_counter()
     if roll < 0.05:     # malformed: not JSON, or a field of the wrong type
         data = b"{not json" if rng.random() < 0.5 else json.dumps(dict(body, num_inference_steps="two")).encode()
-        status, answer = call(base, "POST", "/v1/images/generations", data)
+        status, answer = call(base, "POST", "/v1/images/generations", data, timeout)
         return {"kind": "malformed", "status": status, "ms": (time.perf_counter() - t0) * 1e3}
     if roll < 0.10:     # a client that leaves mid-request: the server cancels its job
         data = json.dumps(body).encode()
@@ -142,7 +159,7 @@ def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[st
             time.sleep(0.05)
         return {"kind": "cancel", "status": seen["status"], "id": job["id"], "delete_answered": deleted["status"],
                 "ms": (time.perf_counter() - t0) * 1e3}
-    status, answer = call(base, "POST", "/v1/images/generations", json.dumps(body).encode())
+    status, answer = call(base, "POST", "/v1/images/generations", json.dumps(body).encode(), timeout)
     out = {"kind": "image", "status": status, "size": body["size"], "ms": (time.perf_counter() - t0) * 1e3}
     if status != 200:
         out["error"] = (answer.get("error") or {}).get("message") if isinstance(answer, dict) else str(answer)[:200]
@@ -150,7 +167,7 @@ def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[st
 
 
 def load_level(server: Server, concurrency: int, requests: int, rng: random.Random, sizes: list[str],
-               fields: dict, budget_end: float) -> dict:
+               fields: dict, budget_end: float, client_timeout: float = 300.0) -> dict:
     before = metrics(server.base)
     rss = []
     sampling = threading.Event()
@@ -163,12 +180,18 @@ def load_level(server: Server, concurrency: int, requests: int, rng: random.Rand
     sampler.start()
     t0 = time.perf_counter()
     seeds = [(i, random.Random(rng.random())) for i in range(requests)]
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(one_request, server.base, server.port, i, r, sizes, fields) for i, r in seeds]
-        results = []
-        for f in futures:
-            left = budget_end - time.monotonic()
+    pool = concurrent.futures.ThreadPoolExecutor(concurrency)
+    futures = [pool.submit(one_request, server.base, server.port, i, r, sizes, fields, client_timeout)
+               for i, r in seeds]
+    results, over_budget = [], 0
+    for f in futures:
+        left = budget_end - time.monotonic()
+        try:
             results.append(f.result(timeout=max(left, 1.0)))
+        except concurrent.futures.TimeoutError:   # the whole run's --budget is spent: no answer counted
+            f.cancel()
+            over_budget += 1
+    pool.shutdown(wait=over_budget == 0, cancel_futures=True)
     wall = time.perf_counter() - t0
     # the last jobs (a disconnected client's) may still be ending: wait until every accepted one has
     end = time.monotonic() + 120
@@ -189,13 +212,16 @@ def load_level(server: Server, concurrency: int, requests: int, rng: random.Rand
     for r in results:
         key = f"{r['kind']}:{r['status']}"
         outcomes[key] = outcomes.get(key, 0) + 1
-    definite = all(r["status"] not in (None, "queued", "running") for r in results)
+    definite = all(r["status"] not in (None, "queued", "running", "client timeout") and
+                   not str(r["status"]).startswith("connection error") for r in results)
     return {"concurrency": concurrency, "requests": requests, "wall_s": round(wall, 2),
             "outcomes": dict(sorted(outcomes.items())),
             "images": len(images), "images_per_min": round(len(images) / wall * 60, 2),
             "latency_ms": {"p50": round(statistics.median(lat), 1) if lat else None,
                            "p99": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 1) if lat else None},
             "every_request_answered": definite and len(results) == requests,
+            "client_timeouts": sum(1 for r in results if r["status"] == "client timeout"),
+            "not_run_budget_spent": over_budget, "client_timeout_s": client_timeout,
             "server_accepted": int(accepted), "server_finished": int(finished),
             "no_job_lost_or_twice": finished == accepted and len(set(ids)) == len(ids),
             "cancelled_jobs_final": {s: sum(1 for r in results if r["kind"] == "cancel" and r["status"] == s)
@@ -250,6 +276,9 @@ def main() -> None:
     p.add_argument("--max-queued", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=float, default=3600, help="seconds the whole load part may take")
+    p.add_argument("--client-timeout", type=float, default=1200,
+                   help="seconds a load client waits for its answer (16 clients on a queue of 16 wait for up to "
+                        "16 jobs before theirs); one that gives up is counted, not an error of the bench")
     p.add_argument("--torchrun", action="store_true",
                    help="launch through torchrun, one process per rank (GPUs); else one process that spawns CPU ranks")
     p.add_argument("--timeout", type=float, default=900, help="seconds a server may take to become ready")
@@ -290,8 +319,9 @@ def main() -> None:
             for c in (int(x) for x in args.concurrency.split(",")):
                 level = load_level(server, c, args.requests, rng, sizes, {"num_inference_steps": args.steps,
                                                                           "max_new_tokens": args.max_new_tokens},
-                                   budget_end)
+                                   budget_end, args.client_timeout)
                 result["load"].append(level)
+                out.write_text(json.dumps(dict(result, complete=False), indent=2))   # a level at a time
                 print(f"concurrency {c:>2}: {level['images']} images, {level['images_per_min']:.1f} images/min, "
                       f"p50 {level['latency_ms']['p50']} ms, p99 {level['latency_ms']['p99']} ms; "
                       f"answered {level['every_request_answered']}, nothing lost {level['no_job_lost_or_twice']}; "
@@ -304,6 +334,7 @@ def main() -> None:
     result["memory"] = {"rss_end_of_first_level": first_end, "rss_end_of_last_level": last_end, "growth": growth,
                         "limit": RSS_GROWTH_LIMIT, "flat": growth is not None and growth <= RSS_GROWTH_LIMIT}
     result["all_answered_nothing_lost"] = all(l["every_request_answered"] and l["no_job_lost_or_twice"] for l in levels)
+    result["complete"] = True
     out.write_text(json.dumps(result, indent=2))
     print(f"memory: {first_end / 1e6:.0f} MB -> {last_end / 1e6:.0f} MB ({growth * 100:+.1f}%); wrote {out}")
 
