@@ -10,7 +10,7 @@ wherever a user types one (the CLI, the server's `size`, the UI).
 from __future__ import annotations
 
 from dtgen.serve.errors import RequestError
-from dtgen.step_cache import StepCacheError
+from dtgen.step_cache import StepCacheError, parse_step_cache
 
 MAX_STEPS = 1000
 MAX_SEED = 2**63 - 1
@@ -53,18 +53,17 @@ def check_number(field: str, value, low: float, high: float, low_ok: bool = True
         raise RequestError(field, f"must be {'>=' if low_ok else '>'} {low:g} and <= {high:g}, got {value:g}")
 
 
-def check_step_cache(config, model: str | None = None, methods: tuple[str, ...] | None = None) -> None:
-    """`RequestError("step_cache", ...)` unless `config` is None or a valid config (of one of
-    `methods`, the ones `model`'s pipeline runs, when it runs only some)."""
-    if config is None:
-        return
-    method = getattr(config, "method", None)
-    if methods is not None and method not in methods:
-        raise RequestError("step_cache", f"{model} runs the step caches {', '.join(methods)}; "
-                                         f"got {method or type(config).__name__!r}")
-    if method is None:
-        raise RequestError("step_cache", f"must be a step-cache config, got {type(config).__name__!r}")
+def check_step_cache(spec, model: str | None = None, methods: tuple[str, ...] | None = None) -> None:
+    """`RequestError("step_cache", ...)` unless `spec` (a config, its text or dict form) is None
+    or a valid config (of one of `methods`, the ones `model`'s pipeline runs, when it runs
+    only some)."""
     try:
+        config = parse_step_cache(spec)
+        if config is None:
+            return
+        if methods is not None and config.method not in methods:
+            raise RequestError("step_cache", f"{model} runs the step caches {', '.join(methods)}; "
+                                             f"got {config.method!r}")
         config.check()
     except StepCacheError as e:
         raise RequestError("step_cache", f"{e.knob}: {e.message}") from None

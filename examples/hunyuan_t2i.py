@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main, run_device_type,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
@@ -192,16 +192,11 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "of that size; default: the device's free memory)")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    if cli:
-        add_report_flags(p, "outputs/hunyuan_t2i.png")
-    else:
-        p.set_defaults(**CLI_ONLY)
-        p.add_argument_group("server (HunyuanImage-3)").add_argument(
-            "--edits", action=argparse.BooleanOptionalAction, default=None,
-            help="serve /v1/images/edits: load the vision tower and the VAE encoder (default: when the checkpoint "
-                 "has them)")
+    server = add_run_flags(p, PLANS, "outputs/hunyuan_t2i.png", cli, CLI_ONLY, "HunyuanImage-3")
+    if server is not None:
+        server.add_argument("--edits", action=argparse.BooleanOptionalAction, default=None,
+                            help="serve /v1/images/edits: load the vision tower and the VAE encoder (default: when "
+                                 "the checkpoint has them)")
     return p
 
 

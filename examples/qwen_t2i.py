@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_problem, example_main,
+from dtgen.harness import (add_run_flags, compile_problem, example_main,
                            finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
 from dtgen.launch import RankContext, exit_process
 from dtgen.requests import flag_line, parse_size
@@ -40,12 +40,11 @@ FLAG_OF_FIELD = {"prompt": "--prompt", "width": "--image-size", "height": "--ima
 
 def build_parser(prog: str = "python -m examples.qwen_t2i", description: str = __doc__.split("\n")[0],
                  cli: bool = True) -> argparse.ArgumentParser:
-    """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
-    without the flags only the CLI reads (the prompt, --check, --profile, --output, --report)."""
+    """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags, and a
+    --warmup of its own."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Qwen-Image folder (default: the embedded tiny model)")
-    if cli:
-        p.add_argument("--prompt", default=DEFAULT_PROMPT)
+    (p.add_argument if cli else lambda *a, **k: None)("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative-prompt", default=" ")
     p.add_argument("--image-size", default=None, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the tiny default)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
@@ -54,15 +53,10 @@ def build_parser(prog: str = "python -m examples.qwen_t2i", description: str = _
     p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    if cli:
-        add_report_flags(p, "outputs/qwen_t2i.png")
-    else:
-        p.set_defaults(prompt=DEFAULT_PROMPT, check=False, profile=None, output=None, report=None)
-        p.add_argument_group("server (Qwen-Image)").add_argument(
-            "--warmup", action=argparse.BooleanOptionalAction, default=True,
-            help="run one short request (2 steps) before /ready, so that first-call work stays out of requests")
+    server = add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
+    if server is not None:
+        server.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                            help="run one short request (2 steps) before /ready: first-call work out of requests")
     return p
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.fp8 import DENSE_DTYPES
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, parse_injections,
                            peak_memory, rank_device, reference_threads, rel_l2, table)
@@ -81,16 +81,12 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
                         "stay out of the figures (default: on with --compile or on GPU)")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    if cli:
-        add_report_flags(p, "outputs/wan_t2v.mp4")
-    else:
-        p.set_defaults(prompt=DEFAULT_PROMPT, check=False, profile=None, output=None, report=None)
-        p.add_argument_group("server (Wan)").add_argument(
-            "--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
-            help="testing the error path: raise on RANK after STEP of PHASE (denoise) of the first job that gets "
-                 "there; ':inside' raises inside the next step (from the last block), ':oom' an out-of-memory error")
+    server = add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
+    if server is not None:
+        server.add_argument("--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
+                            help="testing the error path: raise on RANK after STEP of PHASE (denoise) of the first "
+                                 "job that gets there; ':inside' raises inside the next step (from the last block), "
+                                 "':oom' an out-of-memory error")
     return p
 
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from dtgen.requests import check_image_fields, parse_size, renamed
+from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
@@ -39,7 +40,7 @@ def png_b64(image: torch.Tensor) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-class QwenServeAdapter:
+class QwenServeAdapter(DiffusionAdapter):
     """`defaults`: the request every field not given comes from; `warmup`: run it once (2
     steps) before /ready."""
 
@@ -79,33 +80,15 @@ class QwenServeAdapter:
             raise renamed(e, _JSON_NAME) from None
         return req
 
-    def phases(self, req: T2IRequest) -> tuple[str, ...]:
-        return ("encode", "denoise", "decode")
-
     # ---- every rank -------------------------------------------------------------------
     def generate(self, req: T2IRequest, progress) -> dict | None:
-        progress.show("encode", 0, 1)
-
-        def hook(phase: str, done: int, total: int) -> None:
-            progress(phase, done, total)
-            if phase == "denoise" and done == total:
-                progress.show("decode", 0, 1)
-
-        result = self.pipe.generate(req, progress=hook)
+        result = self.run(req, progress)
         if self.rank != 0:
             return None
         return {"image": {"b64_json": png_b64(result.image)}, "size": f"{req.width}x{req.height}", "seed": req.seed,
                 # which denoise steps ran in full and which the step cache reused (None: no cache)
                 "step_cache": result.record.get("step_cache"),
                 "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}}
-
-    def warm_up(self, progress) -> None:
-        if self.warmup:
-            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
-
-    def free_caches(self) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

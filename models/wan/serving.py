@@ -23,6 +23,7 @@ import torch
 
 from dtgen.harness import Injections
 from dtgen.requests import parse_size, renamed
+from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
@@ -58,7 +59,7 @@ def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
         container.mux(stream.encode())
 
 
-class WanServeAdapter:
+class WanServeAdapter(DiffusionAdapter):
     kind = "video"
     name = "Wan"
 
@@ -130,19 +131,9 @@ class WanServeAdapter:
             raise renamed(e, _JSON_NAME) from None
         return VideoJob(req, fps)
 
-    def phases(self, job: VideoJob) -> tuple[str, ...]:
-        return ("encode", "denoise", "decode")
-
     # ---- every rank -------------------------------------------------------------------
     def generate(self, job: VideoJob, progress) -> dict | None:
-        progress.show("encode", 0, 1)
-
-        def hook(phase: str, done: int, total: int) -> None:
-            progress(phase, done, total)
-            if phase == "denoise" and done == total:
-                progress.show("decode", 0, 1)
-
-        result = self.pipe.generate(job.request, progress=hook)
+        result = self.run(job.request, progress)
         if self.rank != 0:
             return None
         buffer = io.BytesIO()
@@ -155,14 +146,6 @@ class WanServeAdapter:
                 "step_cache": result.record.get("step_cache"),
                 "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
                                "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
-
-    def warm_up(self, progress) -> None:
-        if self.warmup:
-            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
-
-    def free_caches(self) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         self.injections.at(phase, done)
