@@ -100,4 +100,7 @@ def checkpoint_problem(specs: Iterable[ModelSpec], spec: ModelSpec, folder: str,
     other = next((s for s in specs if s is not spec and path.is_dir() and s.detect(path)), None)
     if other is not None:
         return f"--checkpoint {folder} holds {other.title}; this runs {spec.title} (python -m {other.cli} runs it)"
+    named = diffusers_class(path)
+    if named is not None:
+        return f"--checkpoint {folder}: a diffusers folder of {named!r}; {spec.title}'s is {spec.layout}"
     return f"--checkpoint {folder}: {missing}"

@@ -64,6 +64,9 @@ def test_a_checkpoint_is_detected_by_its_layout(tmp_path):
         f"--checkpoint {tmp_path / 'wan'} holds Wan; this runs Qwen-Image (python -m examples.wan_t2v runs it)"
     assert registry.checkpoint_problem("wan", str(tmp_path / "empty"), "no model_index.json there") == \
         f"--checkpoint {tmp_path / 'empty'}: no model_index.json there"
+    assert registry.checkpoint_problem("wan", str(flux), "-") == (f"--checkpoint {flux}: a diffusers folder of "
+                                                                  "'FluxPipeline'; Wan's is a diffusers folder, "
+                                                                  "model_index.json naming WanPipeline")
 
 
 def test_the_server_chooses_the_model_from_the_checkpoint_or_model(tmp_path):

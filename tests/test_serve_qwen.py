@@ -1,6 +1,7 @@
 """The Qwen-Image server over real HTTP on 127.0.0.1 (`examples.serve --model qwen-image`: the
 tiny default, one process, 2 steps): an image through /v1/images/generations and /v1/jobs,
-one-line 422s naming the field, and the routes it does not serve."""
+the same image as the pipeline run directly, one-line 422s naming the field, and the routes
+it does not serve."""
 from __future__ import annotations
 
 import base64
@@ -34,6 +35,16 @@ def test_an_image_through_generations_and_a_job(qwen):
     assert status == 200, answer
     assert _png(answer["data"][0]["b64_json"]).size == (64, 48) and answer["dtgen"]["size"] == "64x48"
     assert set(answer["dtgen"]["timings_ms"]) >= {"encode", "denoise", "decode", "total"}
+    # the pipeline's own image for the same request (the server's defaults: the CLI's flags)
+    import numpy as np
+    from models.qwen_image.model import load
+    from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+    from models.qwen_image.tiny import ensure_tiny_checkpoint
+    from placements.qwen_image import get_plan
+    loaded = load(ensure_tiny_checkpoint(), get_plan("single"))
+    want = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(
+        T2IRequest("a red fox", width=64, height=48, steps=2, seed=1)).image.numpy()
+    assert (np.asarray(_png(answer["data"][0]["b64_json"])) == want).all()
     # a job with its own size and no CFG (true_cfg_scale <= 1: the conditional branch alone)
     status, job, _ = call(qwen, "POST", "/v1/jobs", {"prompt": "a red fox", "size": "32x48", "true_cfg_scale": 1.0})
     assert status == 202, job
