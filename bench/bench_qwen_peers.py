@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+from dtgen.requests import parse_size
+from dtgen.serve.errors import RequestError
+
 BF16_FLOPS = 694e12
 PUBLISHED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
                  num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=[16, 56, 56])
@@ -104,7 +107,11 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: --modes {bad}: each must be eager, compiled or regions", file=sys.stderr)
         return 2
-    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    try:
+        width, height = parse_size(args.image_size, "--image-size", "1024x1024")
+    except RequestError as e:
+        print(f"error: {e.field} {e.message}", file=sys.stderr)
+        return 2
     h, w = height // 16, width // 16
     theirs, ours = build_pair(cfg, device, dtype)
     g = torch.Generator(device).manual_seed(1)

@@ -103,6 +103,19 @@ def add_report_flags(p: argparse.ArgumentParser, output: str) -> None:
     p.add_argument("--report", help="write a JSON report here")
 
 
+def add_run_flags(p: argparse.ArgumentParser, plans, output: str, cli: bool, cli_only: dict, model: str):
+    """The launch and compile flags; then on a CLI the report flags, or on a server (`cli=False`,
+    examples.serve) the values of the flags only a CLI reads (`cli_only`, the report's off)
+    and a group for the model's own server flags, returned (None on a CLI)."""
+    add_launch_flags(p, plans)
+    add_compile_flags(p)
+    if cli:
+        add_report_flags(p, output)
+        return None
+    p.set_defaults(**{"check": False, "profile": None, "output": None, "report": None, **cli_only})
+    return p.add_argument_group(f"server ({model})")
+
+
 def finish_launch_args(args: argparse.Namespace, default_plan: Callable[[int], str]) -> argparse.Namespace:
     """--world-size from torchrun when not given; --plan from the world size when not given."""
     if args.world_size is None:

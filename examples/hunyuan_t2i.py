@@ -27,13 +27,14 @@ import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, settle_heap
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main, run_device_type,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
 from dtgen.devices import parse_dtype
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
+from dtgen.requests import flag_line
 from dtgen.serve.errors import RequestError
 from dtgen.fp8 import DENSE_DTYPES
 from dtgen.storage import FP8_RECIPES
@@ -43,13 +44,13 @@ from models.hunyuan_image3.tokenizer import load_tokenizer
 from kernels.moe_dispatch import MOE_IMPLS
 from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.requests import (OFFICIAL_TAYLOR_KNOBS, check_positions, check_t2i_request, size_to_hw,
-                                            taylor_from_official)
+from models.hunyuan_image3.requests import Limits, OFFICIAL_TAYLOR_KNOBS, T2IRequest, size_to_hw, taylor_from_official
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
-from models.hunyuan_image3.pipeline import (KV_CACHE_POLICIES, PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest, filler_ids, parse_image_size,
-                                            to_uint8, warmup_request)
+from models.hunyuan_image3.pipeline import (KV_CACHE_POLICIES, PROFILE_ROWS, HunyuanT2IPipeline, filler_ids, to_uint8,
+                                            warmup_request)
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
+from models.registry import checkpoint_problem
 from placements.hunyuan_image3 import PLANS, get_plan
 
 
@@ -192,12 +193,11 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "of that size; default: the device's free memory)")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    if cli:
-        add_report_flags(p, "outputs/hunyuan_t2i.png")
-    else:
-        p.set_defaults(**CLI_ONLY)
+    server = add_run_flags(p, PLANS, "outputs/hunyuan_t2i.png", cli, CLI_ONLY, "HunyuanImage-3")
+    if server is not None:
+        server.add_argument("--edits", action=argparse.BooleanOptionalAction, default=None,
+                            help="serve /v1/images/edits: load the vision tower and the VAE encoder (default: when "
+                                 "the checkpoint has them)")
     return p
 
 
@@ -262,11 +262,12 @@ def _requests(args) -> list[T2IRequest]:
     """Every request of the run, in order (all share the sampling, image and step settings)."""
     if args.prompt_tokens is not None:
         # Benchmark prompts: fixed ids (the <bos> comes on top of the N - 1 given here).
-        return [_request(args, prompt_ids=filler_ids(n - 1)) for n in _prompt_lengths(args.prompt_tokens)]
-    return [_request(args, prompt=p) for p in _prompts(args)]
+        return [request_from_args(args, prompt_ids=filler_ids(n - 1)) for n in _prompt_lengths(args.prompt_tokens)]
+    return [request_from_args(args, prompt=p) for p in _prompts(args)]
 
 
-def _request(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
+def request_from_args(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
+    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
     return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
                       flow_shift=args.flow_shift, image_size=args.image_size_hw,
                       max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -527,8 +528,11 @@ def _check_args(args, plan) -> str | None:
         return f"--prompts-file {args.prompts_file}: no such file"
     if args.prompts_file and not Path(args.prompts_file).read_text().strip():
         return f"--prompts-file {args.prompts_file}: no prompt in it (every line is blank)"
-    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
-        return f"--checkpoint {args.checkpoint}: no config.json there (expected the official checkpoint folder)"
+    if args.checkpoint:
+        problem = checkpoint_problem("hunyuan-image3", args.checkpoint,
+                                     "no config.json there (expected the official checkpoint folder)")
+        if problem is not None:
+            return problem
     if args.system_prompt and args.image is None:
         return "--system-prompt belongs to image editing: give --image too"
     if args.image is not None and args.prompt_tokens is not None:
@@ -537,7 +541,7 @@ def _check_args(args, plan) -> str | None:
     return None
 
 
-# The request fields' flags: `check_t2i_request` names fields, the CLI names flags.
+# The request fields' flags: `T2IRequest.check` names fields, the CLI names flags.
 _FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
                   "flow_shift": "--flow-shift", "image_size": "--image-size", "max_new_tokens": "--max-new-tokens",
                   "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "cfg_mode": "--cfg-mode",
@@ -546,25 +550,19 @@ _FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "g
 
 def _request_problem(args, config: dict) -> str | None:
     """The first bad request setting, in the server's words with the CLI's flag, or None:
-    the fields (`check_t2i_request`), then every request's positions (`check_positions`),
-    so that a size the model cannot hold is one line here, not a traceback on a rank."""
-    base = int(config.get("image_base_size", 1024))
+    every request's `check`, with the position budget where the tokenizer is at hand, so
+    that a size the model cannot hold is one line here, not a traceback on a rank."""
+    cfg = HunyuanImage3Config.from_dict(config)
     try:
-        args.image_size_hw = size_to_hw(args.image_size, "image_size", base)
-        requests = _requests(args)
-        for req in requests:
-            check_t2i_request(req, base, distilled=bool(config.get("cfg_distilled")))
-        if not args.random_weights and args.image is None:  # an edit's rows are checked by the pipeline
-            cfg = HunyuanImage3Config.from_dict(config)
-            tok = load_tokenizer(args.checkpoint, cfg)
-            for req in requests:
-                ids = list(req.prompt_ids) if req.prompt_ids is not None else tok.encode(req.prompt)
-                check_positions(req, ids, tok.special, base, tuple(cfg.vae_downsample_factor),
-                                cfg.max_position_embeddings, field="image_size")
+        args.image_size_hw = size_to_hw(args.image_size, "image_size", cfg.image_base_size)
+        # an edit's rows are checked by the pipeline
+        tok = load_tokenizer(args.checkpoint, cfg) if not args.random_weights and args.image is None else None
+        limits = Limits.of(cfg, tok)
+        for req in _requests(args):
+            req.check(limits)
     except RequestError as e:
-        flag = _FLAG_OF_FIELD.get(e.field, e.field)
-        return f"{flag} {e.message}" if e.field != "prompt" or args.prompt_tokens is None else \
-            f"--prompt-tokens {e.message}"
+        flags = dict(_FLAG_OF_FIELD, prompt="--prompt-tokens") if args.prompt_tokens is not None else _FLAG_OF_FIELD
+        return flag_line(e, flags)
     return None
 
 
@@ -612,6 +610,28 @@ def prepare(args) -> tuple[str | None, bool]:
 
 def main(argv=None) -> int:
     return example_main(parse_args(argv), prepare, run_rank, write_report, RANK_PRELOAD)
+
+
+# ---- served (`python -m examples.serve`, the registry's contract: dtgen/registry.py) ----------
+def serve_problem(args) -> str | None:
+    """After `prepare`: --edits against what the checkpoint holds (the default: edits when it can)."""
+    config = {} if args.random_weights else json.loads((Path(args.checkpoint) / "config.json").read_text())
+    can = all(config.get(k) for k in ("vit", "vit_aligner", "vit_processor")) and \
+        not (config.get("vae") or {}).get("only_decoder", True)
+    if args.edits and not can:
+        return "--edits needs a checkpoint with a vision tower and a VAE encoder; this one has none"
+    args.image_editing = can if args.edits is None else args.edits
+    return None
+
+
+def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
+    """This rank's pipeline behind the server; the flags' request holds the defaults."""
+    from models.hunyuan_image3.serving import HunyuanServeAdapter
+    pipe, loaded, _, _ = build_pipeline(ctx, args)
+    return HunyuanServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup is not False,
+                               inject_failure=parse_injections(args.inject_failure),
+                               warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size),
+                               warmup_batch=max_batch)
 
 
 def _cache_line(report: dict, t: dict) -> str:

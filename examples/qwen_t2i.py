@@ -18,20 +18,33 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_problem, example_main,
+from dtgen.harness import (add_run_flags, compile_problem, example_main,
                            finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
 from dtgen.launch import RankContext, exit_process
+from dtgen.requests import flag_line, parse_size
+from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.qwen_image.model import load
-from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, check_request
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 from models.qwen_image.tiny import ensure_tiny_checkpoint
+from models.registry import checkpoint_problem
 from placements.qwen_image import PLANS, get_plan
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m examples.qwen_t2i", description=__doc__.split("\n")[0])
+DEFAULT_PROMPT = "A red fox in fresh snow at golden hour, a sign that says 'dtgen'"
+RANK_PRELOAD = ("examples.qwen_t2i",)
+# The request fields' flags: `T2IRequest.check` names fields, the CLI names flags.
+FLAG_OF_FIELD = {"prompt": "--prompt", "width": "--image-size", "height": "--image-size", "steps": "--steps",
+                 "true_cfg_scale": "--true-cfg-scale", "seed": "--seed", "step_cache": "--step-cache"}
+
+
+def build_parser(prog: str = "python -m examples.qwen_t2i", description: str = __doc__.split("\n")[0],
+                 cli: bool = True) -> argparse.ArgumentParser:
+    """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags, and a
+    --warmup of its own."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Qwen-Image folder (default: the embedded tiny model)")
-    p.add_argument("--prompt", default="A red fox in fresh snow at golden hour, a sign that says 'dtgen'")
+    (p.add_argument if cli else lambda *a, **k: None)("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--negative-prompt", default=" ")
     p.add_argument("--image-size", default=None, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the tiny default)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
@@ -40,47 +53,67 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    add_report_flags(p, "outputs/qwen_t2i.png")
-    return finish_launch_args(p.parse_args(argv), lambda world: "single" if world == 1 else "cfg2")
+    server = add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
+    if server is not None:
+        server.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                            help="run one short request (2 steps) before /ready: first-call work out of requests")
+    return p
 
 
-def _request(args) -> T2IRequest:
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    return finish_launch_args(args, lambda world: "single" if world == 1 else "cfg2")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return finish_args(build_parser().parse_args(argv))
+
+
+def request_from_args(args) -> T2IRequest:
+    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
     return T2IRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
                       steps=args.steps, true_cfg_scale=args.true_cfg_scale, seed=args.seed, step_cache=args.step_cache)
 
 
 def prepare(args) -> tuple[str | None, bool]:
     tiny = args.checkpoint is None
-    args.image_size = args.image_size or ("64x48" if tiny else "1024x1024")
-    args.steps = args.steps or (4 if tiny else 50)
+    if args.image_size is None:
+        args.image_size = "64x48" if tiny else "1024x1024"
+    if args.steps is None:
+        args.steps = 4 if tiny else 50
     try:
-        args.width, args.height = (int(v) for v in args.image_size.lower().split("x"))
-    except ValueError:
-        return f"--image-size {args.image_size!r}: expected WIDTHxHEIGHT, e.g. 1024x1024", tiny
-    try:
+        args.width, args.height = parse_size(args.image_size, "--image-size", "1024x1024")
         args.step_cache = parse_step_cache(args.step_cache)
-        check_request(_request(args))
+        request_from_args(args).check()
         problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
+    except RequestError as e:
+        return flag_line(e, FLAG_OF_FIELD), tiny
     except ValueError as e:
         return str(e), tiny
-    if problem is None and not tiny and not (Path(args.checkpoint) / "model_index.json").is_file():
-        problem = f"--checkpoint {args.checkpoint}: no model_index.json there (expected a diffusers-format folder)"
+    if problem is None and not tiny:
+        problem = checkpoint_problem("qwen-image", args.checkpoint,
+                                     "no model_index.json there (expected a diffusers-format folder)")
     if problem is None and tiny:
         args.checkpoint = str(ensure_tiny_checkpoint())
     return problem, tiny
 
 
-def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+def build_pipeline(ctx: RankContext, args: argparse.Namespace):
+    """This rank's share of the model, loaded, and its pipeline (the example's and the server's):
+    (pipeline, loaded, device, dtype), as examples.hunyuan_t2i.build_pipeline."""
     device, dtype = rank_device(ctx, args)
+    ctx.progress("loading")
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
     group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
     pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, group)
-    result = pipe.generate(_request(args), record=args.check)
+    return pipe, loaded, device, dtype
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    pipe, loaded, device, dtype = build_pipeline(ctx, args)
+    result = pipe.generate(request_from_args(args), record=args.check)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "image": result.image, "device": str(device),
            "dtype": str(dtype).replace("torch.", ""), "step_cache": result.record.get("step_cache"),
            "weights_copied": loaded.controller.last_switch.weights_copied}
@@ -88,7 +121,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         with reference_threads(ctx, device):
             ref_loaded = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
             ref = QwenImagePipeline(ref_loaded.model, ref_loaded.tokenizer, ref_loaded.controller, device).generate(
-                _request(args), record=True)
+                request_from_args(args), record=True)
         out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
                         "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
                         "max_abs_diff_image": max_diff([result.image], [ref.image])}
@@ -125,7 +158,15 @@ def write_report(args, main: dict, tiny: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    return example_main(parse_args(argv), prepare, run_rank, write_report, ("examples.qwen_t2i",))
+    return example_main(parse_args(argv), prepare, run_rank, write_report, RANK_PRELOAD)
+
+
+# ---- served (`python -m examples.serve`, the registry's contract: dtgen/registry.py) ----------
+def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
+    """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
+    from models.qwen_image.serving import QwenServeAdapter
+    pipe = build_pipeline(ctx, args)[0]
+    return QwenServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup)
 
 
 if __name__ == "__main__":

@@ -2,54 +2,40 @@
 
     .venv/bin/python -m examples.serve --port 8000                              # tiny HunyuanImage-3, one process
     .venv/bin/python -m examples.serve --model wan --port 8000                  # tiny Wan (video jobs)
+    .venv/bin/python -m examples.serve --model qwen-image --port 8000           # tiny Qwen-Image
     .venv/bin/python -m examples.serve --world-size 2 --plan tp2 --port 8000    # 2 gloo ranks spawned here
     torchrun --nproc-per-node 2 -m examples.serve --world-size 2 --plan tp2 \\
         --checkpoint /path/to/HunyuanImage-3 --compile --warmup-shapes 256:1024x1024 --port 8000
     torchrun --nproc-per-node 2 -m examples.serve --world-size 2 --plan cfg2 \\
         --checkpoint /path/to/Wan2.1-T2V-14B-Diffusers --port 8000
 
-A folder with a config.json is a HunyuanImage-3 checkpoint (images: /v1/images/generations,
-/v1/images/edits), one with a model_index.json a diffusers-format Wan (videos: /v1/videos);
-`--model` picks the tiny default when there is no --checkpoint (and, with one, must agree).
-Every model, plan and compile flag of the model's CLI applies (`--checkpoint DIR --help`
-lists them); its request flags are the defaults of fields a request leaves out. Rank 0
-answers HTTP; every rank warms up first (/ready says when), then runs each job in lockstep
-with the others. The generic server is `dtgen.serve`; this file only plugs a pipeline in.
+The model comes from the registry (models/registry.py): the one whose checkpoint layout the
+--checkpoint folder holds (HunyuanImage-3's official folder: images, /v1/images/generations and
+/v1/images/edits; a diffusers WanPipeline folder: videos, /v1/videos; a diffusers
+QwenImagePipeline folder: images, /v1/images/generations). `--model` picks the tiny default
+when there is no --checkpoint (and, with one, must agree). Every model, plan and compile flag
+of the model's CLI applies (`--model M --help` lists them); its request flags are the
+defaults of fields a request leaves out. Rank 0 answers HTTP; every rank warms up first
+(/ready says when), then runs each job in lockstep with the others. The generic server is
+`dtgen.serve`; this file only plugs the model's pipeline in (its CLI's `serve_adapter`).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from dtgen.harness import parse_injections, refuse
+from dtgen.harness import refuse
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks
+from dtgen.registry import ModelSpec
 from dtgen.serve.server import ServeOptions, ServerStopped, serve
-
-MODELS = ("hunyuan-image3", "wan")
-
-
-def detect_model(checkpoint: str) -> str:
-    """The model a checkpoint folder holds; ValueError (one line) when it is neither."""
-    folder = Path(checkpoint)
-    if (folder / "model_index.json").is_file():
-        index = json.loads((folder / "model_index.json").read_text())
-        if "Wan" not in str(index.get("_class_name", "")):
-            raise ValueError(f"--checkpoint {checkpoint}: a diffusers folder of {index.get('_class_name')!r}; "
-                             "the served diffusers model is Wan (WanPipeline)")
-        return "wan"
-    if (folder / "config.json").is_file():
-        return "hunyuan-image3"
-    raise ValueError(f"--checkpoint {checkpoint}: neither a HunyuanImage-3 checkpoint (config.json) nor a "
-                     "diffusers-format Wan folder (model_index.json)")
+from models import registry
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
-    g.add_argument("--model", choices=MODELS, default=None,
-                   help="the tiny default to serve without --checkpoint (default hunyuan-image3); with one, it "
-                        "must be the model the checkpoint holds")
+    g.add_argument("--model", choices=registry.names(), default=None,
+                   help=f"the tiny default to serve without --checkpoint (default {registry.default().name}); with "
+                        "one, it must be the model the checkpoint holds")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--max-queued", type=int, default=16, help="jobs waiting; more are answered 429")
@@ -65,10 +51,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help="run up to N waiting requests of one denoise shape together, their denoise steps as rows "
                         "of one batch (each keeps its seed, guidance, cache, progress, cancel and deadline); "
-                        "HunyuanImage-3 only (default: 4 on a GPU, 1 on the CPU, where a batch saves no time)")
+                        "models that batch (HunyuanImage-3; default: 4 on a GPU, 1 on the CPU, where a batch saves "
+                        "no time)")
 
 
-def _server_problem(args) -> str | None:
+def _server_problem(args, spec: ModelSpec) -> str | None:
     if not 0 < args.port < 65536:
         return f"--port must be in 1..65535, got {args.port}"
     for flag, value in (("--max-queued", args.max_queued), ("--ping", args.ping), ("--end-timeout", args.end_timeout),
@@ -79,6 +66,11 @@ def _server_problem(args) -> str | None:
         return f"--deadline must be > 0 seconds, got {args.deadline}"
     if args.max_batch is not None and args.max_batch < 1:
         return f"--max-batch must be >= 1, got {args.max_batch}"
+    if not spec.batches:
+        if args.max_batch is not None and args.max_batch > 1:
+            return (f"--max-batch {args.max_batch}: {spec.title}'s server runs one request at a time (its denoise "
+                    "steps are not batched across requests yet); use --max-batch 1")
+        args.max_batch = 1
     return None
 
 
@@ -93,124 +85,49 @@ def _options(args) -> ServeOptions:
                         max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_batch=_max_batch(args))
 
 
-def _inject(args, phases=("ar", "denoise")):
-    return parse_injections(getattr(args, "inject_failure", None), phases)
-
-
-# ---- HunyuanImage-3 ---------------------------------------------------------------------------
-def hunyuan_parser(prog: str) -> argparse.ArgumentParser:
-    from examples.hunyuan_t2i import build_parser
-    p = build_parser(prog, "Serve HunyuanImage-3.0 (text-to-image, image editing) over HTTP", cli=False)
-    add_server_flags(p)
-    p.add_argument_group("server").add_argument(
-        "--edits", action=argparse.BooleanOptionalAction, default=None,
-        help="serve /v1/images/edits: load the vision tower and the VAE encoder (default: when the checkpoint "
-             "has them)")
-    return p
-
-
-def hunyuan_prepare(args) -> str | None:
-    from examples.hunyuan_t2i import finish_args, prepare
-    finish_args(args)
-    problem, _ = prepare(args)
-    if problem is not None:
-        return problem
-    config = {} if args.random_weights else json.loads((Path(args.checkpoint) / "config.json").read_text())
-    can = all(config.get(k) for k in ("vit", "vit_aligner", "vit_processor")) and \
-        not (config.get("vae") or {}).get("only_decoder", True)
-    if args.edits and not can:
-        return "--edits needs a checkpoint with a vision tower and a VAE encoder; this one has none"
-    args.image_editing = can if args.edits is None else args.edits
-    return None
-
-
-def hunyuan_rank(ctx: RankContext, args) -> None:
-    from examples.hunyuan_t2i import _request, _warmup_shapes, build_pipeline
-    from models.hunyuan_image3.serving import HunyuanServeAdapter
-    pipe, loaded, _, _ = build_pipeline(ctx, args)
-    adapter = HunyuanServeAdapter(
-        pipe, ctx.rank, _request(args), warmup=args.warmup is not False, inject_failure=_inject(args),
-        warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size),
-        warmup_batch=_max_batch(args))
-    serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)
-
-
-# ---- Wan --------------------------------------------------------------------------------------
-def wan_parser(prog: str) -> argparse.ArgumentParser:
-    from examples.wan_t2v import build_parser
-    p = build_parser(prog, "Serve Wan text-to-video over HTTP (async video jobs)", cli=False)
-    add_server_flags(p)
-    p.add_argument_group("server").add_argument(
-        "--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
-        help="testing the error path: raise on RANK after STEP of PHASE (denoise) of the first job that gets "
-             "there; ':inside' raises inside the next step (from the last block), ':oom' an out-of-memory error")
-    return p
-
-
-def wan_prepare(args) -> str | None:
-    from examples.wan_t2v import finish_launch_args, prepare
-    if args.max_batch is not None and args.max_batch > 1:
-        return (f"--max-batch {args.max_batch}: Wan's server runs one request at a time (its denoise steps are not "
-                "batched across requests yet); use --max-batch 1")
-    args.max_batch = 1
-    finish_launch_args(args, lambda world: "single" if world == 1 else "ulysses2")
-    try:
-        _inject(args, ("denoise",))
-    except ValueError as e:
-        return str(e)
-    problem, _ = prepare(args)
-    return problem
-
-
-def wan_rank(ctx: RankContext, args) -> None:
-    from examples.wan_t2v import _request, build_pipeline
-    from models.wan.serving import WanServeAdapter
-    pipe = build_pipeline(ctx, args)[0]
-    adapter = WanServeAdapter(pipe, ctx.rank, _request(args), fps=args.fps, warmup=args.warmup is not False,
-                              inject_failure=_inject(args, ("denoise",)))
-    serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)
-
-
-LAUNCH = {"hunyuan-image3": (hunyuan_parser, hunyuan_prepare, hunyuan_rank, ("examples.hunyuan_t2i",)),
-          "wan": (wan_parser, wan_prepare, wan_rank, ("examples.wan_t2v",))}
-
-
-def choose_model(argv, only: str | None = None) -> tuple[str | None, str | None]:
-    """(the model, or None) and (a one-line problem, or None) from --checkpoint / --model."""
+def choose_model(argv, only: str | None = None) -> tuple[ModelSpec | None, str | None]:
+    """(the model's spec, or None) and (a one-line problem, or None) from --checkpoint / --model."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--checkpoint")
-    first.add_argument("--model", choices=MODELS)
-    first.add_argument("--random-weights")
+    first.add_argument("--model", choices=registry.names())
     known, _ = first.parse_known_args(argv)
     try:
-        found = detect_model(known.checkpoint) if known.checkpoint and Path(known.checkpoint).is_dir() else None
+        found = registry.detect(known.checkpoint) if known.checkpoint else None
     except ValueError as e:
         return None, str(e)
-    if known.checkpoint and not Path(known.checkpoint).is_dir():
-        return None, f"--checkpoint {known.checkpoint}: no such folder"
-    model = found or known.model or only or "hunyuan-image3"
-    if known.model and found and known.model != found:
-        return None, f"--model {known.model}, but --checkpoint {known.checkpoint} holds {found}"
-    if known.random_weights and model != "hunyuan-image3":
-        return None, "--random-weights is HunyuanImage-3's (a Wan server needs a checkpoint or the tiny default)"
-    if only and model != only:
-        return None, f"--checkpoint {known.checkpoint} holds {model}; this launcher serves {only} (use examples.serve)"
-    return model, None
+    if known.model and found and known.model != found.name:
+        return None, f"--model {known.model}, but --checkpoint {known.checkpoint} holds {found.name}"
+    spec = found or registry.spec(known.model or only or registry.default().name)
+    if only and spec.name != only:
+        what = f"--checkpoint {known.checkpoint} holds {spec.name}" if found else f"--model {spec.name}"
+        return None, f"{what}; this launcher serves {only} (use examples.serve)"
+    return spec, None
+
+
+def serve_rank(ctx: RankContext, args) -> None:
+    adapter = registry.spec(args.model).load("cli").serve_adapter(ctx, args, _max_batch(args))
+    serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)
 
 
 def main(argv=None, prog: str = "python -m examples.serve", only: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    model, problem = choose_model(argv, only)
+    spec, problem = choose_model(argv, only)
     if problem is not None:
         return refuse(problem)
-    make_parser, prepare, run_rank, preload = LAUNCH[model]
-    args = make_parser(prog).parse_args(argv)
-    problem = _server_problem(args) or prepare(args)
+    cli = spec.load("cli")
+    what = "async video jobs" if spec.makes == "video" else "images"
+    parser = cli.build_parser(prog, f"Serve {spec.title} over HTTP ({what})", cli=False)
+    add_server_flags(parser)
+    args = cli.finish_args(parser.parse_args(argv))
+    args.model = spec.name
+    problem = _server_problem(args, spec) or cli.prepare(args)[0]
+    if problem is None and hasattr(cli, "serve_problem"):
+        problem = cli.serve_problem(args)
     if problem is not None:
         return refuse(problem)
     try:
-        run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, job_deadline_s=float("inf"),
-                     preload=preload + ("dtgen.serve.app",))
+        run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout, job_deadline_s=float("inf"),
+                     preload=(spec.cli, "dtgen.serve.app"))
     except RankFailure as e:
         print(f"error: the server stops: {e}", file=sys.stderr)
         return 1

@@ -22,17 +22,20 @@ import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.fp8 import DENSE_DTYPES
-from dtgen.harness import (add_compile_flags, add_launch_flags, add_report_flags, compile_facts, compile_problem,
+from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main,
-                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
-                           rank_device, reference_threads, rel_l2, table)
+                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, parse_injections,
+                           peak_memory, rank_device, reference_threads, rel_l2, table)
 from dtgen.host import GcPauses, settle_heap
 from dtgen.launch import RankContext, exit_process
+from dtgen.serve.errors import RequestError
 from dtgen.profiling import PhaseProfiler
 from dtgen.layers.flow_match import SAMPLERS
+from dtgen.requests import flag_line
 from dtgen.step_cache import StepCacheError, parse_step_cache
-from models.wan.model import load
-from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline, check_request
+from models.registry import checkpoint_problem
+from models.wan.model import WanConfigs, load
+from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline
 from models.wan.serving import encode_mp4
 from models.wan.transformer import ATTENTION_DTYPES
 from models.wan.tiny import ensure_tiny_checkpoint
@@ -78,20 +81,31 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
                         "stay out of the figures (default: on with --compile or on GPU)")
-    add_launch_flags(p, PLANS)
-    add_compile_flags(p)
-    if cli:
-        add_report_flags(p, "outputs/wan_t2v.mp4")
-    else:
-        p.set_defaults(prompt=DEFAULT_PROMPT, check=False, profile=None, output=None, report=None)
+    server = add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
+    if server is not None:
+        server.add_argument("--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
+                            help="testing the error path: raise on RANK after STEP of PHASE (denoise) of the first "
+                                 "job that gets there; ':inside' raises inside the next step (from the last block), "
+                                 "':oom' an out-of-memory error")
     return p
 
 
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    return finish_launch_args(args, lambda world: "single" if world == 1 else "ulysses2")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    return finish_launch_args(build_parser().parse_args(argv), lambda world: "single" if world == 1 else "ulysses2")
+    return finish_args(build_parser().parse_args(argv))
 
 
-def _request(args) -> T2VRequest:
+# The request fields' flags: `T2VRequest.check` names fields, the CLI names flags.
+FLAG_OF_FIELD = {"height": "--height", "width": "--width", "num_frames": "--num-frames", "steps": "--steps",
+                 "guidance_scale": "--guidance", "guidance_scale_2": "--guidance-2", "shift": "--flow-shift",
+                 "sampler": "--sampler", "seed": "--seed", "step_cache": "--step-cache"}
+
+
+def request_from_args(args) -> T2VRequest:
+    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
     return T2VRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
                       num_frames=args.num_frames, steps=args.steps, guidance_scale=args.guidance,
                       guidance_scale_2=args.guidance_2, shift=args.flow_shift, sampler=args.sampler, seed=args.seed,
@@ -116,18 +130,21 @@ def prepare(args) -> tuple[str | None, bool]:
         if problem is None and args.vae_parallel is not None and args.world_size == 1:
             flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
             problem = f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
-        if problem is None and not tiny and not (Path(args.checkpoint) / "model_index.json").is_file():
-            problem = f"--checkpoint {args.checkpoint}: no model_index.json there (expected a diffusers-format folder)"
+        if problem is None and not tiny:
+            problem = checkpoint_problem("wan", args.checkpoint,
+                                         "no model_index.json there (expected a diffusers-format folder)")
         if problem is None:
             if tiny:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             if args.flow_shift is None:
                 scheduler = Path(args.checkpoint) / "scheduler" / "scheduler_config.json"
                 args.flow_shift = json.loads(scheduler.read_text()).get("flow_shift", 3.0) if scheduler.exists() else 3.0
-            vae = json.loads((Path(args.checkpoint) / "vae" / "config.json").read_text())
-            transformer = json.loads((Path(args.checkpoint) / "transformer" / "config.json").read_text())
-            spatial = 2 ** (len(vae.get("dim_mult", [1, 2, 4, 4])) - 1) * transformer.get("patch_size", [1, 2, 2])[1]
-            check_request(_request(args), 2 ** sum(vae.get("temperal_downsample", [False, True, True])), spatial)
+            cfgs = WanConfigs.from_folder(args.checkpoint)
+            request_from_args(args).check(cfgs.vae.temporal_factor,
+                                          cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
+                                          cfgs.transformer_2 is not None)
+    except RequestError as e:
+        problem = flag_line(e, FLAG_OF_FIELD)
     except (KeyError, ValueError, OSError) as e:
         problem = str(e.args[0]) if e.args else str(e)
     return problem, tiny
@@ -150,7 +167,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
 
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     pipe, loaded, device, dtype = build_pipeline(ctx, args)
-    req = _request(args)
+    req = request_from_args(args)
 
     def progress(phase, done, total):
         ctx.progress(f"{phase} {done}/{total}")
@@ -294,6 +311,23 @@ def write_report(args, main: dict, tiny: bool) -> dict:
 
 def main(argv=None) -> int:
     return example_main(parse_args(argv), prepare, run_rank, write_report, RANK_PRELOAD)
+
+
+# ---- served (`python -m examples.serve`, the registry's contract: dtgen/registry.py) ----------
+def serve_problem(args) -> str | None:
+    try:
+        parse_injections(args.inject_failure, ("denoise",))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
+    """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
+    from models.wan.serving import WanServeAdapter
+    pipe = build_pipeline(ctx, args)[0]
+    return WanServeAdapter(pipe, ctx.rank, request_from_args(args), fps=args.fps, warmup=args.warmup is not False,
+                           inject_failure=parse_injections(args.inject_failure, ("denoise",)))
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ def test_two_rank_cfg2_with_check_writes_png_and_report(cache_env, tmp_path):
 def test_bad_flags_are_refused_in_one_line(cache_env, capsys):
     assert main(["--image-size", "70x48"]) == 2
     assert capsys.readouterr().err.strip() == \
-        "error: width=70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"
+        "error: --image-size width 70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"
     assert main(["--image-size", "big"]) == 2
-    assert "--image-size 'big': expected WIDTHxHEIGHT" in capsys.readouterr().err
+    assert "--image-size 'big' is not 'WIDTHxHEIGHT'" in capsys.readouterr().err
 
 
 def test_bench_peers_smoke_run_writes_its_json(tmp_path):

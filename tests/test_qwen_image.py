@@ -124,7 +124,7 @@ def test_three_step_cfg_run_matches_diffusers(pipe, reference):
 
 
 def test_bad_input_is_refused_in_one_line(pipe, ckpt):
-    with pytest.raises(ValueError, match=r"^height=70 must be a multiple of 16 \(VAE x patch size\); "
+    with pytest.raises(ValueError, match=r"^height: 70 must be a multiple of 16 \(VAE x patch size\); "
                                          r"nearest valid: 64 or 80$"):
         pipe.generate(T2IRequest(**{**REQUEST.__dict__, "height": 70}))
     with pytest.raises(ValueError, match=r"latents of shape \(1, 5, 64\) do not fit the request; expected \(1, 12, 64\)"):

@@ -83,7 +83,7 @@ def test_a_video_job_takes_its_own_step_cache(wan):
 
 @pytest.mark.parametrize("body, field, message", [
     ({"prompt": "x", "num_frames": 10}, "num_frames", "4k + 1); nearest valid: 9 or 13"),
-    ({"prompt": "x", "size": "63x48"}, "size", "width=63 must be a multiple of 16"),
+    ({"prompt": "x", "size": "63x48"}, "size", "width 63 must be a multiple of 16"),
     ({"prompt": "x", "seconds": 1, "num_frames": 17}, "seconds", "not both"),
     ({"prompt": "x", "guidance_scale_2": 3.0}, "guidance_scale_2", "one transformer (Wan 2.1)"),
     ({"prompt": "x", "input_reference": "a.png"}, "input_reference", "text only"),

@@ -49,9 +49,9 @@ def test_step_cache_report_says_which_steps_ran_in_full(cache_env, tmp_path, cap
     (["--step-cache", "taylorseer:interval=0"], "error: --step-cache interval: must be >= 1, got 0"),
     (["--step-cache", "magcache"], "error: --step-cache mag_ratios: are required"),
     (["--step-cache", "teacache"], "error: --step-cache method: unknown method 'teacache'"),
-    (["--num-frames", "80"], "error: num_frames=80 does not map to whole latent frames (it must be 4k + 1); "
+    (["--num-frames", "80"], "error: --num-frames 80 does not map to whole latent frames (it must be 4k + 1); "
                              "nearest valid: 77 or 81"),
-    (["--width", "70"], "error: width=70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"),
+    (["--width", "70"], "error: --width 70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"),
     (["--world-size", "2", "--plan", "ulysses4"], "error: plan 'ulysses4' runs on 4 ranks, --world-size is 2"),
     (["--plan", "nope"], "error: unknown Wan plan 'nope'; known: "),
     (["--compile-regions"], "error: --compile-regions needs --compile (without it every step runs eagerly)"),

@@ -196,9 +196,9 @@ def test_plans_resolve_and_cover_every_denoise_kind():
 
 def test_bad_input_is_refused_in_one_line(wan_checkpoint, tmp_path):
     pipe = _pipe(wan_checkpoint)
-    cases = {"num_frames=80 does not map to whole latent frames (it must be 4k + 1); nearest valid: 77 or 81":
+    cases = {"num_frames: 80 does not map to whole latent frames (it must be 4k + 1); nearest valid: 77 or 81":
              dict(num_frames=80),
-             "height=50 must be a multiple of 16 (VAE x patch size); nearest valid: 48 or 64": dict(height=50)}
+             "height: 50 must be a multiple of 16 (VAE x patch size); nearest valid: 48 or 64": dict(height=50)}
     for message, change in cases.items():
         with pytest.raises(ValueError) as e:
             pipe.generate(T2VRequest(**{**REQUEST.__dict__, **change}))

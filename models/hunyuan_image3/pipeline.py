@@ -24,13 +24,14 @@ from dtgen.profiling import NullProfiler
 from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.sequence import SlotHole
-from dtgen.step_cache import (DenoiserCall, StepCacheConfig, TaylorConfig, make_step_cache, merged_report,
+from dtgen.step_cache import (DenoiserCall, TaylorConfig, make_step_cache, merged_report,
                               run_step_shared)
 
 from .instruct import (ANSWER_SUFFIX, ConditionLayout, ConditionShape, ConditionTokens, InstructPrefix,
                        PromptCondition, cot_uncond, instruct_prefix, prompt_condition, special_ids, splice_rows)
 from .cond_image import resize_and_crop, vae_bucket, vae_pixels
 from .rope import image_rope_positions
+from .requests import T2IRequest
 from .resolutions import parse_image_size, resolution_table
 from .model import HunyuanImage3ForCausalMM
 from .transformer import run_layer
@@ -168,33 +169,6 @@ AR_CACHE_ROUND = 256
 # ----------------------------------------------------------------------------------------
 # The pipeline
 # ----------------------------------------------------------------------------------------
-@dataclass
-class T2IRequest:
-    prompt: str = "A photo of a red fox in fresh snow"
-    seed: int = 0
-    steps: int = 50
-    guidance: float = 5.0
-    flow_shift: float = 3.0
-    image_size: str = "auto"
-    max_new_tokens: int = 0       # AR tokens (CoT / recaption) before the image
-    temperature: float = 0.6
-    top_k: int = 1024
-    top_p: float = 0.95
-    stop_ids: tuple[int, ...] = ()  # besides <eos>
-    cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
-    forced_tokens: tuple[int, ...] | None = None  # replay these AR tokens instead of sampling
-    prompt_ids: tuple[int, ...] | None = None     # token ids to use instead of encoding `prompt`
-    ignore_stop: bool = False                     # always decode max_new_tokens (fixed-length benchmarks)
-    forced_ratio: int | None = None               # skip the ratio choice
-    # Image editing (the Instruct template): a reference image, uint8 [H, W, 3] RGB (see
-    # cond_image.load_reference_image), and the system prompt written before the user turn.
-    reference: torch.Tensor | None = None
-    system_prompt: str = ""
-    # Fewer full denoise steps (dtgen/step_cache.py): HunyuanImage-3 takes "taylor" (the
-    # official Taylor cache) and "taylorseer"; None computes every step.
-    step_cache: StepCacheConfig | None = None
-
-
 @dataclass
 class T2IResult:
     image: torch.Tensor | None        # [H, W, 3] float32 in [0, 1] (main rank only)

@@ -1,19 +1,25 @@
-"""One validation of a text-to-image request, for the CLI and the server.
+"""A HunyuanImage-3 request and its one check, for the CLI and the server.
 
-`check_t2i_request` names the first bad field of a `T2IRequest` in a `RequestError`; the
-CLI turns it into `error: --flag ...` and exit status 2, the server into a 422 naming the
-JSON field. Limits that need the tokenizer (the prompt's length against the model's
-positions) are checked here too, so a request is refused before it is queued.
+`T2IRequest.check(limits)` names the first bad field in a `RequestError` (dtgen/requests.py):
+the CLI turns it into `error: --flag ...` and exit status 2, the server into a 422 naming
+the JSON field. With the tokenizer in `limits`, the position budget of the whole request
+(its AR and denoise sequences) is checked too, so a request is refused before it is queued.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache, parse_size
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
-from models.hunyuan_image3.pipeline import T2IRequest, parse_image_size
-from models.hunyuan_image3.resolutions import resolution_table
+from models.hunyuan_image3.resolutions import parse_image_size, resolution_table
 
-MAX_STEPS = 1000
-MAX_SEED = 2**63 - 1
+if TYPE_CHECKING:
+    import torch
+
+    from dtgen.step_cache import StepCacheConfig
+
 # The step caches this model's pipeline runs (dtgen/step_cache.py): both keep the decoder
 # stack's output, which is all a KV-cached denoise step exposes.
 STEP_CACHES = ("taylor", "taylorseer")
@@ -42,68 +48,80 @@ def taylor_from_official(kwargs: dict) -> TaylorConfig | None:
     return step_cache_config("taylor", **knobs)
 
 
-def check_t2i_request(req: T2IRequest, image_base_size: int, max_positions: int | None = None,
-                      prompt_tokens: int | None = None, distilled: bool = False) -> None:
-    """Raise `RequestError(field, message)` for the first bad field of `req`.
+@dataclass(frozen=True)
+class Limits:
+    """What a request is checked against: the model's config, and with its tokenizer (`encode`,
+    `special`, `instruct`) the position budget too."""
 
-    `prompt_tokens` (the prompt's ids without <bos>) and `max_positions` bound the AR
-    sequence: <bos> + prompt + max_new_tokens + <boi><img_size>. `distilled`: the checkpoint
-    is CFG-distilled (one row a step; the guidance is embedded).
-    """
-    if req.prompt_ids is None and (not isinstance(req.prompt, str) or not req.prompt.strip()):
-        raise RequestError("prompt", "must be a non-empty string")
-    _int_at_least("steps", req.steps, 1, MAX_STEPS)
-    _int_at_least("seed", req.seed, 0, MAX_SEED)
-    _int_at_least("max_new_tokens", req.max_new_tokens, 0)
-    _int_at_least("top_k", req.top_k, 0, note=" (0: off)")
-    for name, value, low, low_ok, high in (("guidance", req.guidance, 0.0, True, 100.0),
-                                           ("flow_shift", req.flow_shift, 0.0, False, 100.0),
-                                           ("temperature", req.temperature, 0.0, True, 100.0),
-                                           ("top_p", req.top_p, 0.0, False, 1.0)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            raise RequestError(name, f"must be a number, got {value!r}")
-        if value < low or (value == low and not low_ok) or value > high:
-            bound = f"{'>=' if low_ok else '>'} {low:g} and <= {high:g}"
-            raise RequestError(name, f"must be {bound}, got {value:g}")
-    if req.cfg_mode not in ("serial", "batch"):
-        raise RequestError("cfg_mode", f"must be 'serial' or 'batch', got {req.cfg_mode!r}")
-    if distilled and req.cfg_mode != "serial":
-        raise RequestError("cfg_mode", "does not apply: this checkpoint is CFG-distilled (one row a step, "
-                                       "the guidance embedded as a token)")
-    check_step_cache(req.step_cache)
-    try:
-        parse_image_size(req.image_size, image_base_size)
-    except (ValueError, AttributeError) as e:
-        text = str(e).removeprefix("image size ") if isinstance(e, ValueError) else "must be 'auto' or 'HxW'"
-        raise RequestError("image_size", text) from None
-    if max_positions and prompt_tokens is not None:
-        need = 1 + prompt_tokens + req.max_new_tokens + 2
-        if need > max_positions:
-            raise RequestError("prompt", f"{prompt_tokens} prompt tokens + {req.max_new_tokens} new tokens + 3 "
-                                         f"special tokens need {need} positions; the model has {max_positions}")
+    image_base_size: int = 1024
+    distilled: bool = False             # CFG-distilled: one row a step, the guidance embedded
+    max_positions: int | None = None
+    latent_down: tuple[int, int] = (16, 16)
+    tokenizer: object = None
+
+    @classmethod
+    def of(cls, cfg, tokenizer=None) -> "Limits":
+        """From a `HunyuanImage3Config` (and the tokenizer, for the budget)."""
+        return cls(cfg.image_base_size, bool(cfg.cfg_distilled), cfg.max_position_embeddings,
+                   tuple(cfg.vae_downsample_factor), tokenizer)
 
 
-def _int_at_least(name: str, value, low: int, high: int | None = None, note: str = "") -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RequestError(name, f"must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f">= {low}" + (f" and <= {high}" if high is not None else "")
-        raise RequestError(name, f"must be {bound}{note}, got {value}")
+@dataclass
+class T2IRequest:
+    prompt: str = "A photo of a red fox in fresh snow"
+    seed: int = 0
+    steps: int = 50
+    guidance: float = 5.0
+    flow_shift: float = 3.0
+    image_size: str = "auto"      # "auto" or the pipeline's "HxW" (a user's WIDTHxHEIGHT: `size_to_hw`)
+    max_new_tokens: int = 0       # AR tokens (CoT / recaption) before the image
+    temperature: float = 0.6
+    top_k: int = 1024
+    top_p: float = 0.95
+    stop_ids: tuple[int, ...] = ()  # besides <eos>
+    cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
+    forced_tokens: tuple[int, ...] | None = None  # replay these AR tokens instead of sampling
+    prompt_ids: tuple[int, ...] | None = None     # token ids to use instead of encoding `prompt`
+    ignore_stop: bool = False                     # always decode max_new_tokens (fixed-length benchmarks)
+    forced_ratio: int | None = None               # skip the ratio choice
+    # Image editing (the Instruct template): a reference image, uint8 [H, W, 3] RGB (see
+    # cond_image.load_reference_image), and the system prompt written before the user turn.
+    reference: torch.Tensor | None = None
+    system_prompt: str = ""
+    # Fewer full denoise steps (dtgen/step_cache.py): HunyuanImage-3 takes "taylor" (the
+    # official Taylor cache) and "taylorseer"; None computes every step.
+    step_cache: StepCacheConfig | None = None
 
-
-def check_step_cache(config) -> None:
-    """RequestError("step_cache", ...) unless `config` is None or a valid config of a method
-    this pipeline runs."""
-    if config is None:
-        return
-    method = getattr(config, "method", None)
-    if method not in STEP_CACHES:
-        raise RequestError("step_cache", f"HunyuanImage-3 runs the step caches {', '.join(STEP_CACHES)}; "
-                                         f"got {method or type(config).__name__!r}")
-    try:
-        config.check()
-    except StepCacheError as e:
-        raise RequestError("step_cache", f"{e.knob}: {e.message}") from None
+    def check(self, limits: Limits, edit_prefix=None) -> None:
+        """Raise `RequestError(field, message)` for the first bad field; then, with the
+        tokenizer in `limits`, for a request whose sequences the model's positions cannot
+        hold (`check_positions`; `edit_prefix(prompt_ids)`: an edit's InstructPrefix)."""
+        if self.prompt_ids is None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
+            raise RequestError("prompt", "must be a non-empty string")
+        check_int("steps", self.steps, 1, MAX_STEPS)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        check_int("max_new_tokens", self.max_new_tokens, 0)
+        check_int("top_k", self.top_k, 0, note=" (0: off)")
+        check_number("guidance", self.guidance, 0.0, 100.0)
+        check_number("flow_shift", self.flow_shift, 0.0, 100.0, low_ok=False)
+        check_number("temperature", self.temperature, 0.0, 100.0)
+        check_number("top_p", self.top_p, 0.0, 1.0, low_ok=False)
+        if self.cfg_mode not in ("serial", "batch"):
+            raise RequestError("cfg_mode", f"must be 'serial' or 'batch', got {self.cfg_mode!r}")
+        if limits.distilled and self.cfg_mode != "serial":
+            raise RequestError("cfg_mode", "does not apply: this checkpoint is CFG-distilled (one row a step, "
+                                           "the guidance embedded as a token)")
+        check_step_cache(self.step_cache, "HunyuanImage-3", STEP_CACHES)
+        try:
+            parse_image_size(self.image_size, limits.image_base_size)
+        except ValueError as e:
+            raise RequestError("image_size", str(e).removeprefix("image size ")) from None
+        tok = limits.tokenizer
+        if tok is not None and limits.max_positions:
+            ids = list(self.prompt_ids) if self.prompt_ids is not None else tok.encode(self.prompt)
+            check_positions(self, ids, tok.special, limits.image_base_size, limits.latent_down,
+                            limits.max_positions, condition_prefix=edit_prefix(ids) if edit_prefix else None,
+                            encode=tok.encode, instruct=tok.instruct)
 
 
 # ---- sizes: what a user types is WIDTHxHEIGHT (OpenAI's `size`), everywhere -----------------
@@ -112,14 +130,10 @@ def check_step_cache(config) -> None:
 def size_to_hw(size, field: str, base: int) -> str:
     """"auto" or "WIDTHxHEIGHT" from the model's table -> the pipeline's "auto" / "HxW";
     `RequestError(field, ...)` in the user's order otherwise, with the nearest sizes."""
-    if not isinstance(size, str):
-        raise RequestError(field, f"must be 'auto' or 'WIDTHxHEIGHT', got {size!r}")
-    if size == "auto":
-        return size
-    parts = size.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise RequestError(field, f"{size!r} is not 'auto' or 'WIDTHxHEIGHT' (e.g. {base}x{base})")
-    w, h = (int(p) for p in parts)
+    parsed = parse_size(size, field, f"{base}x{base}", auto=True)
+    if parsed is None:
+        return "auto"
+    w, h = parsed
     table = resolution_table(base)
     if (h, w) not in table:
         near = sorted(table, key=lambda s: abs(s[1] / s[0] - w / max(h, 1)))[:3]
@@ -137,7 +151,7 @@ def hw_to_size(hw: str) -> str:
 
 
 def check_positions(req: T2IRequest, prompt_ids: list[int], special, base: int, latent_down: tuple[int, int],
-                    max_positions: int, field: str = "size", condition_prefix: int | None = None,
+                    max_positions: int, field: str = "image_size", condition_prefix=None,
                     encode=None, instruct=None) -> None:
     """Refuse, before any work, a request whose AR or denoise sequence would not fit the
     model's positions: `RequestError(field, ...)` naming the image size, or the prompt when

@@ -1,6 +1,8 @@
 """The resolution table of HunyuanImage-3.0: the image sizes a base size allows, index k <-> `<img_ratio_k>`."""
 from __future__ import annotations
 
+from dtgen.requests import split_size
+
 
 # Added after the grid when their ratio is missing from it; the official code adds them as
 # they are, whatever the base size.
@@ -35,10 +37,10 @@ def parse_image_size(text: str, base: int) -> int | None:
     if text == "auto":
         return None
     table = resolution_table(base)
-    try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"image size {text!r} is not 'auto' or 'HxW' (e.g. {base}x{base})") from None
+    size = split_size(text)
+    if size is None:
+        raise ValueError(f"image size {text!r} is not 'auto' or 'HxW' (e.g. {base}x{base})")
+    h, w = size
     if (h, w) in table:
         return table.index((h, w))
     near = sorted(table, key=lambda s: abs(s[0] / s[1] - h / w))[:3]

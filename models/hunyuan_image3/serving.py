@@ -9,11 +9,11 @@ Request fields (JSON, or form text on the edits route), OpenAI's first:
   {"method": "taylor", "interval": 5, ...}; `taylorseer` too; null: every step in full), and
   on the edits route `system_prompt`; the edit's `image` is a file (one), `mask` is refused.
 Fields not given take the server's defaults (the T2I example's flags). Any other field is
-refused by name. Validation is `check_t2i_request` (the CLI's own) plus the position budget
-of the whole request (`check_positions`), before the job is queued.
+refused by name. Validation is `T2IRequest.check` (the CLI's own) with the position budget
+of the whole request, before the job is queued.
 
 A new `T2IRequest` field reaches requests with one `FIELDS` entry (its JSON name, the
-request's attribute, its type) and its check in `check_t2i_request`; nothing else here.
+request's attribute, its type) and its check in `T2IRequest.check`; nothing else here.
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ import torch
 from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
+from dtgen.requests import check_image_fields, renamed
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
 from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
-from models.hunyuan_image3.pipeline import (HunyuanT2IPipeline, T2IRequest, filler_ids, resolution_table, to_uint8,
-                                            warmup_request)
-from models.hunyuan_image3.requests import check_positions, check_t2i_request, hw_to_size, size_to_hw
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, filler_ids, resolution_table, to_uint8, warmup_request
+from models.hunyuan_image3.requests import Limits, T2IRequest, hw_to_size, size_to_hw
 
 
 @dataclass(frozen=True)
@@ -90,16 +90,7 @@ class HunyuanServeAdapter:
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def _values(self, fields: dict, route: str) -> dict:
-        unknown = sorted(k for k in fields if k not in FIELDS or route not in FIELDS[k].routes)
-        if unknown:
-            accepted = ", ".join(k for k, f in FIELDS.items() if route in f.routes)
-            raise RequestError(unknown[0], f"unknown field; accepted: {accepted}")
-        if "prompt" not in fields:
-            raise RequestError("prompt", "is required")
-        if fields.get("n", 1) != 1:
-            raise RequestError("n", f"must be 1 (one image per request), got {fields['n']!r}")
-        if fields.get("response_format", "b64_json") != "b64_json":
-            raise RequestError("response_format", f"must be 'b64_json', got {fields['response_format']!r}")
+        check_image_fields(fields, (k for k, f in FIELDS.items() if route in f.routes))
         values = {FIELDS[k].attr: v for k, v in fields.items() if FIELDS[k].attr is not None}
         if "image_size" in values:
             values["image_size"] = size_to_hw(values["image_size"], "size", self.pipe.cfg.image_base_size)
@@ -112,15 +103,10 @@ class HunyuanServeAdapter:
         return values
 
     def _check(self, req: T2IRequest, prefix=None) -> T2IRequest:
-        cfg, pipe = self.pipe.cfg, self.pipe
         try:
-            check_t2i_request(req, cfg.image_base_size, distilled=cfg.cfg_distilled)
-            prompt_ids = pipe.tok.encode(req.prompt)
-            check_positions(req, prompt_ids, pipe.special, cfg.image_base_size, tuple(cfg.vae_downsample_factor),
-                            cfg.max_position_embeddings, condition_prefix=prefix(prompt_ids) if prefix else None,
-                            encode=pipe.tok.encode, instruct=pipe.tok.instruct)
+            req.check(Limits.of(self.pipe.cfg, self.pipe.tok), edit_prefix=prefix)
         except RequestError as e:
-            raise RequestError(_JSON_NAME.get(e.field, e.field), e.message) from None
+            raise renamed(e, _JSON_NAME) from None
         return req
 
     def parse(self, fields: dict, form: bool = False) -> T2IRequest:

@@ -30,11 +30,16 @@ from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import parallel_decode
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
+from dtgen.serve.errors import RequestError
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
 from .transformer import QwenImageTransformer, joint_meta, run_block
+
+
+MAX_SIDE = 4096
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,26 @@ class T2IRequest:
     max_sequence_length: int = 512
     step_cache: object = None       # dtgen/step_cache.py: a config, its text or dict form
 
+    def check(self, multiple: int = 16) -> None:
+        """`RequestError(field, message)` for the first field the model cannot take, before any
+        work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x patch)."""
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise RequestError("prompt", "must be a non-empty string")
+        if not isinstance(self.negative_prompt, str):
+            raise RequestError("negative_prompt", f"must be a string, got {self.negative_prompt!r}")
+        for name in ("height", "width"):
+            v = getattr(self, name)
+            check_int(name, v, 1, MAX_SIDE, note=" px")
+            if v < multiple or v % multiple:
+                lo = max(multiple, v // multiple * multiple)
+                raise RequestError(name, f"{v} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
+                                         f"{lo} or {lo + multiple}")
+        check_int("steps", self.steps, 1, MAX_STEPS)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        check_number("true_cfg_scale", self.true_cfg_scale, 0.0, 100.0)
+        check_int("max_sequence_length", self.max_sequence_length, 1, 1024)
+        check_step_cache(self.step_cache)
+
 
 @dataclass
 class T2IResult:
@@ -58,17 +83,6 @@ class T2IResult:
     record: dict = field(default_factory=dict)
 
 
-def check_request(req: T2IRequest, multiple: int = 16) -> None:
-    for name in ("height", "width"):
-        v = getattr(req, name)
-        if v < multiple or v % multiple:
-            lo = max(multiple, v // multiple * multiple)
-            raise ValueError(f"{name}={v} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
-                             f"{lo} or {lo + multiple}")
-    if not isinstance(req.steps, int) or req.steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {req.steps!r}")
-    if not 1 <= req.max_sequence_length <= 1024:
-        raise ValueError(f"max_sequence_length must be in 1..1024, got {req.max_sequence_length}")
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -199,7 +213,7 @@ class QwenImagePipeline:
                  record: bool = False, progress=None) -> T2IResult:
         """`latents`: the packed initial noise (default: drawn from `req.seed` on the CPU);
         `record`: keep every step's guided prediction in `result.record["noise"]`."""
-        check_request(req, self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
+        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
         cache_config = parse_step_cache(req.step_cache)
         cfg = req.true_cfg_scale > 1
         f = self.model.vae.cfg.spatial_factor * 2

@@ -33,15 +33,19 @@ from torch import nn
 
 from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
-from dtgen.layers.flow_match import classifier_free_guidance, make_sampler
+from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import parallel_decode
 from dtgen.profiling import NullProfiler
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
+from dtgen.serve.errors import RequestError
 from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
                               merged_report, parse_step_cache, run_step)
 
 from .model import WanT2V
 from .transformer import WanTransformer, run_block
 
+MAX_FRAMES = 1001
+MAX_SIDE = 4096
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
 # The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
@@ -91,6 +95,35 @@ class T2VRequest:
     # threshold=0.05") or dict form; None runs every step in full.
     step_cache: StepCacheConfig | str | dict | None = None
 
+    def check(self, temporal: int, spatial: int, two_experts: bool | None = None) -> None:
+        """`RequestError(field, message)` for the first field the model cannot take, before
+        any work: the CLI's and the server's one check. `temporal`, `spatial`: frames per
+        latent frame, pixels per token side (VAE x patch); `two_experts`: whether the
+        checkpoint has Wan2.2-A14B's second DiT (None: not known here)."""
+        check_int("steps", self.steps, 1, MAX_STEPS)
+        check_int("num_frames", self.num_frames, 1, MAX_FRAMES)
+        if (self.num_frames - 1) % temporal:
+            lo, hi = nearest_valid(self.num_frames, temporal, 1)
+            raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
+                                             f"{temporal}k + 1); nearest valid: {lo} or {hi}")
+        for name in ("height", "width"):
+            v = getattr(self, name)
+            check_int(name, v, 1, MAX_SIDE, note=" px")
+            if v < spatial or v % spatial:
+                lo, hi = nearest_valid(v, spatial)
+                raise RequestError(name, f"{v} must be a multiple of {spatial} (VAE x patch size); nearest valid: "
+                                         f"{lo} or {hi}")
+        check_int("seed", self.seed, 0, MAX_SEED)
+        for name in ("guidance_scale", "guidance_scale_2", "shift"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 0.0, 100.0)
+        if two_experts is False and self.guidance_scale_2 is not None:
+            raise RequestError("guidance_scale_2", "applies to Wan2.2-A14B's low-noise expert; this checkpoint has "
+                                                   "one transformer (Wan 2.1)")
+        if self.sampler not in SAMPLERS:
+            raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
+        check_step_cache(self.step_cache)
+
 
 @dataclass
 class T2VResult:
@@ -104,22 +137,6 @@ def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
     """The valid values (offset + k * step, k >= 1) just below and just above n."""
     below = max(offset + step, offset + (n - offset) // step * step)
     return below, below + step
-
-
-def check_request(req: T2VRequest, temporal: int, spatial: int) -> None:
-    """One-line refusals for shapes the model cannot take (before any work)."""
-    if req.num_frames < 1 or (req.num_frames - 1) % temporal:
-        lo, hi = nearest_valid(req.num_frames, temporal, 1)
-        raise ValueError(f"num_frames={req.num_frames} does not map to whole latent frames (it must be "
-                         f"{temporal}k + 1); nearest valid: {lo} or {hi}")
-    for name in ("height", "width"):
-        v = getattr(req, name)
-        if v < spatial or v % spatial:
-            lo, hi = nearest_valid(v, spatial)
-            raise ValueError(f"{name}={v} must be a multiple of {spatial} (VAE x patch size); nearest valid: "
-                             f"{lo} or {hi}")
-    if req.steps < 1:
-        raise ValueError(f"steps must be >= 1, got {req.steps}")
 
 
 def sequence_meta(rt, rows: int, device) -> AttentionMeta:
@@ -329,7 +346,7 @@ class WanT2VPipeline:
         step's guided prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
         profiler = profiler or NullProfiler()
         vae = self.model.vae.cfg
-        check_request(req, vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
+        req.check(vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
         cache_config = parse_step_cache(req.step_cache)   # a bad setting: one line, before any work
         timings, kept = {}, {"noise": []}
         t0 = time.perf_counter()

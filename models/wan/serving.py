@@ -12,7 +12,7 @@ Request fields (JSON or form text), OpenAI's videos API first:
   dtgen/step_cache.py: "first-block:threshold=0.05", {"method": "magcache", ...}, or null for
   none; default: the server's `--step-cache`).
 Fields not given take the server's defaults (the T2V example's flags). Checked before the
-job is queued by `check_request`, the CLI's own.
+job is queued by `T2VRequest.check`, the CLI's own.
 """
 from __future__ import annotations
 
@@ -22,13 +22,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from dtgen.harness import Injections
-from dtgen.layers.flow_match import SAMPLERS
+from dtgen.requests import parse_size, renamed
+from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
-from models.wan.pipeline import T2VRequest, WanT2VPipeline, check_request
-
-MAX_FRAMES = 1001
-MAX_SIDE = 4096
+from models.wan.pipeline import T2VRequest, WanT2VPipeline
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,7 @@ FIELDS = {"prompt": ("prompt", str), "negative_prompt": ("negative_prompt", str)
           "guidance_scale_2": ("guidance_scale_2", float), "flow_shift": ("shift", float),
           "sampler": ("sampler", str), "seed": ("seed", int), "model": (None, str),
           "step_cache": ("step_cache", None)}   # text, an object or null: parse_step_cache checks it
-_JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr}
+_JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr} | {"width": "size", "height": "size"}
 FORM_TYPES = {name: kind or str for name, (_, kind) in FIELDS.items()}
 
 
@@ -61,7 +59,7 @@ def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
         container.mux(stream.encode())
 
 
-class WanServeAdapter:
+class WanServeAdapter(DiffusionAdapter):
     kind = "video"
     name = "Wan"
 
@@ -114,10 +112,7 @@ class WanServeAdapter:
             except StepCacheError as e:
                 raise RequestError(f"step_cache.{e.knob}", e.message) from None
         if "size" in fields:
-            parts = fields["size"].lower().split("x")
-            if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-                raise RequestError("size", f"{fields['size']!r} is not 'WIDTHxHEIGHT' (e.g. 832x480)")
-            values["width"], values["height"] = (int(p) for p in parts)
+            values["width"], values["height"] = parse_size(fields["size"], "size", "832x480")
         fps = fields.get("fps", self.default_fps)
         if not 1 <= fps <= 120:
             raise RequestError("fps", f"must be >= 1 and <= 120, got {fps}")
@@ -129,46 +124,16 @@ class WanServeAdapter:
                 raise RequestError("seconds", f"{fields['seconds']:g} s at {fps} fps is {frames:g} frames; it must "
                                               f"make {self.temporal}k + 1 frames")
             values["num_frames"] = int(frames)
-        if "guidance_scale_2" in fields and not self.two_experts:
-            raise RequestError("guidance_scale_2", "this checkpoint has one transformer (Wan 2.1); the field is "
-                                                   "Wan2.2-A14B's low-noise expert's guidance")
-        if values.get("sampler", self.defaults.sampler) not in SAMPLERS:
-            raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {values['sampler']!r}")
         req = replace(self.defaults, **values)
-        for name, value, low, high in (("num_inference_steps", req.steps, 1, 1000),
-                                       ("num_frames", req.num_frames, 1, MAX_FRAMES),
-                                       ("seed", req.seed, 0, 2**63 - 1)):
-            if not low <= value <= high:
-                raise RequestError(name, f"must be >= {low} and <= {high}, got {value}")
-        if max(req.width, req.height) > MAX_SIDE:
-            raise RequestError("size", f"{req.width}x{req.height}: each side must be at most {MAX_SIDE} px")
-        for name, value in (("guidance_scale", req.guidance_scale), ("guidance_scale_2", req.guidance_scale_2),
-                            ("flow_shift", req.shift)):
-            if value is not None and not 0 <= value <= 100:
-                raise RequestError(name, f"must be >= 0 and <= 100, got {value:g}")
         try:
-            check_request(req, self.temporal, self.spatial)
-        except ValueError as e:
-            text = str(e)
-            field = "size" if text.startswith(("height", "width")) else (
-                "seconds" if "seconds" in fields else "num_frames") if text.startswith("num_frames") else \
-                "num_inference_steps"
-            raise RequestError(field, text) from None
+            req.check(self.temporal, self.spatial, self.two_experts)
+        except RequestError as e:
+            raise renamed(e, _JSON_NAME) from None
         return VideoJob(req, fps)
-
-    def phases(self, job: VideoJob) -> tuple[str, ...]:
-        return ("encode", "denoise", "decode")
 
     # ---- every rank -------------------------------------------------------------------
     def generate(self, job: VideoJob, progress) -> dict | None:
-        progress.show("encode", 0, 1)
-
-        def hook(phase: str, done: int, total: int) -> None:
-            progress(phase, done, total)
-            if phase == "denoise" and done == total:
-                progress.show("decode", 0, 1)
-
-        result = self.pipe.generate(job.request, progress=hook)
+        result = self.run(job.request, progress)
         if self.rank != 0:
             return None
         buffer = io.BytesIO()
@@ -181,14 +146,6 @@ class WanServeAdapter:
                 "step_cache": result.record.get("step_cache"),
                 "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
                                "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
-
-    def warm_up(self, progress) -> None:
-        if self.warmup:
-            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
-
-    def free_caches(self) -> None:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         self.injections.at(phase, done)

@@ -1,0 +1,39 @@
+"""What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image).
+
+Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
+encode before the first step and the VAE decode after the last, so a job's progress covers
+every phase. A subclass gives `pipe` (with `generate(request, progress=...)`), `defaults`
+(a request with `steps`), `warmup`, and its own `parse` and answer.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+
+class DiffusionAdapter:
+    PHASES = ("encode", "denoise", "decode")
+
+    def phases(self, request) -> tuple[str, ...]:
+        return self.PHASES
+
+    def run(self, request, progress):
+        """The pipeline's result for `request` on this rank, reporting every phase."""
+        progress.show("encode", 0, 1)
+
+        def hook(phase: str, done: int, total: int) -> None:
+            progress(phase, done, total)
+            if phase == "denoise" and done == total:
+                progress.show("decode", 0, 1)
+
+        return self.pipe.generate(request, progress=hook)
+
+    def warm_up(self, progress) -> None:
+        """The defaults once, with 2 steps at most: first-call work (compiling, kernel JIT) out of requests."""
+        if self.warmup:
+            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
+
+    def free_caches(self) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

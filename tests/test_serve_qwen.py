@@ -1,0 +1,78 @@
+"""The Qwen-Image server over real HTTP on 127.0.0.1 (`examples.serve --model qwen-image`: the
+tiny default, one process, 2 steps): an image through /v1/images/generations and /v1/jobs,
+the same image as the pipeline run directly, one-line 422s naming the field, and the routes
+it does not serve."""
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from tests.test_serve_http import call, running_server, wait_done  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    log = tmp_path_factory.mktemp("qwen") / "server.log"
+    with running_server(log, "--model", "qwen-image", "--steps", "2", "--ping", "0.2",
+                        module="examples.serve") as (base, _):
+        yield base
+
+
+def _png(b64: str):
+    from PIL import Image
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def test_an_image_through_generations_and_a_job(qwen):
+    status, info, _ = call(qwen, "GET", "/info")
+    assert status == 200 and info["model"] == "Qwen-Image" and info["kind"] == "image" and not info["edits"], info
+    assert info["defaults"]["size"] == "64x48"
+    status, answer, _ = call(qwen, "POST", "/v1/images/generations", {"prompt": "a red fox", "seed": 1})
+    assert status == 200, answer
+    assert _png(answer["data"][0]["b64_json"]).size == (64, 48) and answer["dtgen"]["size"] == "64x48"
+    assert set(answer["dtgen"]["timings_ms"]) >= {"encode", "denoise", "decode", "total"}
+    # the pipeline's own image for the same request (the server's defaults: the CLI's flags)
+    import numpy as np
+    from models.qwen_image.model import load
+    from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+    from models.qwen_image.tiny import ensure_tiny_checkpoint
+    from placements.qwen_image import get_plan
+    loaded = load(ensure_tiny_checkpoint(), get_plan("single"))
+    want = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(
+        T2IRequest("a red fox", width=64, height=48, steps=2, seed=1)).image.numpy()
+    assert (np.asarray(_png(answer["data"][0]["b64_json"])) == want).all()
+    # a job with its own size and no CFG (true_cfg_scale <= 1: the conditional branch alone)
+    status, job, _ = call(qwen, "POST", "/v1/jobs", {"prompt": "a red fox", "size": "32x48", "true_cfg_scale": 1.0})
+    assert status == 202, job
+    done = wait_done(qwen, job["id"])
+    assert done["status"] == "succeeded", done
+    assert _png(done["result"]["data"][0]["b64_json"]).size == (32, 48)
+
+
+@pytest.mark.parametrize("body, field, message", [
+    ({"prompt": "x", "size": "70x48"}, "size", "width 70 must be a multiple of 16"),
+    ({"prompt": "x", "size": "big"}, "size", "'big' is not 'WIDTHxHEIGHT'"),
+    ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
+    ({"prompt": "x", "num_inference_steps": 0}, "num_inference_steps", "must be >= 1 and <= 1000, got 0"),
+    ({"prompt": "x", "true_cfg_scale": -1}, "true_cfg_scale", "must be >= 0"),
+    ({"prompt": " "}, "prompt", "must be a non-empty string"),
+    ({"size": "64x48"}, "prompt", "is required"),
+    ({"prompt": "x", "n": 2}, "n", "must be 1"),
+    ({"prompt": "x", "guidance": 3}, "guidance", "unknown field"),
+    ({"prompt": "x", "step_cache": "nocache"}, "step_cache.method", "nocache"),
+])
+def test_bad_fields_get_422_naming_the_field(qwen, body, field, message):
+    status, answer, _ = call(qwen, "POST", "/v1/images/generations", body)
+    error = answer["error"]
+    assert status == 422 and error["field"] == field and message in error["message"], answer
+
+
+def test_routes_it_does_not_serve_are_refused_in_one_line(qwen):
+    status, answer, _ = call(qwen, "POST", "/v1/images/edits", {"prompt": "x"})
+    assert status == 404 and "text to image only" in answer["error"]["message"], answer
+    status, answer, _ = call(qwen, "POST", "/v1/videos", {"prompt": "x"})
+    assert status == 404 and "this server makes images (Qwen-Image)" in answer["error"]["message"], answer
