@@ -21,6 +21,7 @@ X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-session2", "h200x2-202
 S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-session6", "h200-2026-12-01-session7",
                           "h200x2-2026-12-01-session7", "h200-2026-12-01-session8", "h200-2026-12-01-session9")
 SERVE = "cpu-2026-12-01-serve/bench_serve.json"
+SERVE_LOAD = "cpu-2026-12-02-serve-load/bench_serve.json"
 S10 = "h200-2026-12-01-session10"
 STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/step_cache_distil.json"
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
@@ -139,6 +140,8 @@ RUNS: dict[str, RunInfo] = {
     # CPU
     CPU_COMPILE: RunInfo("python -m bench.bench_compile --layers 2,16 --modes regions,whole", software=CPU_STACK),
     SERVE: RunInfo("python -m bench.bench_serve --requests 5 --steps 8", software=CPU_STACK),
+    SERVE_LOAD: RunInfo("python -m bench.bench_serve --requests 100 --overhead-requests 0 --budget 4200",
+                        software=CPU_STACK),
 }
 
 
@@ -872,6 +875,30 @@ TABLES += [
         Row(["weights / peak", "", Join([rank0_gb("storage_bytes_per_rank", TC),
                                          rank0_gb("peak_memory_bytes_per_rank", TC)])]),
     ]),
+    Table("s12-serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
+                             "p99", "server RSS at the end / max"], [
+        Row(["1", Value("load[concurrency=1].requests"), Value("load[concurrency=1].every_request_answered", lambda v: "yes" if v else "**no**"),
+             Join([Value("load[concurrency=1].server_accepted"), Value("load[concurrency=1].server_finished")], " accepted, ", suffix=" ended"),
+             Value("load[concurrency=1].images"), Value("load[concurrency=1].images_per_min", "{:.1f}"), Value("load[concurrency=1].latency_ms.p50", "{:.0f} ms", scale=1.0),
+             Value("load[concurrency=1].latency_ms.p99", "{:.0f} ms"),
+             Join([Value("load[concurrency=1].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=1].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
+            file=SERVE_LOAD),
+        Row(["4", Value("load[concurrency=4].requests"), Value("load[concurrency=4].every_request_answered", lambda v: "yes" if v else "**no**"),
+             Join([Value("load[concurrency=4].server_accepted"), Value("load[concurrency=4].server_finished")], " accepted, ", suffix=" ended"),
+             Value("load[concurrency=4].images"), Value("load[concurrency=4].images_per_min", "{:.1f}"), Value("load[concurrency=4].latency_ms.p50", "{:.0f} ms", scale=1.0),
+             Value("load[concurrency=4].latency_ms.p99", "{:.0f} ms"),
+             Join([Value("load[concurrency=4].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=4].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
+            file=SERVE_LOAD),
+        Row(["16", Value("load[concurrency=16].requests"), Value("load[concurrency=16].every_request_answered", lambda v: "yes" if v else "**no**"),
+             Join([Value("load[concurrency=16].server_accepted"), Value("load[concurrency=16].server_finished")], " accepted, ", suffix=" ended"),
+             Value("load[concurrency=16].images"), Value("load[concurrency=16].images_per_min", "{:.1f}"), Value("load[concurrency=16].latency_ms.p50", "{:.0f} ms", scale=1.0),
+             Value("load[concurrency=16].latency_ms.p99", "{:.0f} ms"),
+             Join([Value("load[concurrency=16].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=16].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
+            file=SERVE_LOAD),
+    ], note="Tiny model, one CPU process, 2 steps and 2 AR tokens a request, random sizes from the model's table "
+            "(those its positions cannot hold: 422 up front), 10% cancelled after a random wait, 5% malformed bodies, "
+            "5% clients that leave mid-request; a queue of 16. Run on a shared 2-core machine (helpers' tests ran "
+            "beside it during the first level), so the latencies are this machine's, not the server's alone."),
     Table("serve", ["tiny model, one CPU process, 5 requests of 8 steps at 256x256", "ms"], [
         Row(["the pipeline's total inside the server (median)", Value("medians.server_inside_ms", "{:.1f}")], file=SERVE),
         Row(["what the HTTP client waited (median)", Value("medians.server_end_to_end_ms", "{:.1f}")], file=SERVE),
