@@ -12,9 +12,10 @@ sigmas linspace(1, 1/steps), shifted by mu, which grows linearly with the image'
 count (dynamic shift), stretched to end at `shift_terminal`.
 
 Under sequence parallelism each rank holds a chunk of the text rows and a chunk of the image
-rows (each tail-padded to a multiple of the SP size), as diffusers' `_cp_plan` splits them;
-the attention meta gives every row its slot (text 0..L-1, image L..L+N-1, padding past
-them), so the joint attention sees one bidirectional block and no padding. The blocks' output
+rows (each tail-padded to a multiple of the SP size), as the MMDiT declares
+(`QwenImageTransformer.seq_splits`, applied by dtgen/seq_split.py; diffusers' `_cp_plan`
+splits the same); the attention meta gives every row its slot (text 0..L-1, image
+L..L+N-1, padding past them), so the joint attention sees one bidirectional block and no padding. The blocks' output
 a step cache keeps is the image stream; the text stream travels inside the call.
 """
 from __future__ import annotations
@@ -22,21 +23,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
 import torch
 
-from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import parallel_decode
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
 from dtgen.serve.errors import RequestError
+from dtgen.seq_split import LocalInputs, gather_output, split_inputs
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
-from .transformer import QwenImageTransformer, joint_meta, run_block
+from .transformer import QwenImageTransformer, run_block
 
 
 MAX_SIDE = 4096
@@ -97,39 +96,18 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
 
 
-def sp_meta(rt, txt_rows: int, img_rows: int, device) -> AttentionMeta:
-    """The rows of every SP rank in order (rank r: its text chunk, then its image chunk), as slots."""
-    seq, L, N = rt.seq, txt_rows, img_rows
-    if seq.size == 1:
-        return joint_meta(L + N, device)
-    txt = seq.pad_slots(torch.arange(L, device=device), L + N)
-    img = seq.pad_slots(torch.arange(L, L + N, device=device), L + N + txt.shape[0] - L)
-    slots = torch.cat([torch.cat(pair) for pair in zip(txt.chunk(seq.size), img.chunk(seq.size))])
-    return AttentionMeta(slots=slots, image_blocks=((0, L + N),))
+def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid) -> LocalInputs:
+    """This rank's rows of the blocks' inputs (`QwenImageTransformer.seq_splits`), and their meta."""
+    return split_inputs(rt.seq, dit.seq_splits, dit.embed(x, t, text, *grid))
 
 
-class StepInputs(NamedTuple):
-    img: torch.Tensor
-    txt: torch.Tensor
-    temb: torch.Tensor
-    rope_img: tuple
-    rope_txt: tuple
-    meta: AttentionMeta
-
-
-def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid) -> StepInputs:
-    """This rank's rows of the blocks' inputs."""
-    e, shard = dit.embed(x, t, text, *grid), rt.seq.shard
-    return StepInputs(shard(e.img, 1), shard(e.txt, 1), e.temb, tuple(shard(r, 0) for r in e.rope_img),
-                      tuple(shard(r, 0) for r in e.rope_txt), sp_meta(rt, text.shape[1], math.prod(grid), x.device))
-
-
-def step_blocks(rt, dit: QwenImageTransformer, inputs: StepInputs, img, txt, start=0, stop=None):
-    return dit.blocks_forward(img, txt, inputs.temb, inputs.rope_img, inputs.rope_txt, inputs.meta, start, stop)
+def step_blocks(rt, dit: QwenImageTransformer, local: LocalInputs, img, txt, start=0, stop=None):
+    e = local.inputs
+    return dit.blocks_forward(img, txt, e.temb, e.rope_img, e.rope_txt, local.meta, start, stop)
 
 
 def step_head(rt, dit: QwenImageTransformer, img, temb, rows: int) -> torch.Tensor:
-    return rt.seq.gather(dit.final_layer(img, temb), 1, rows)
+    return gather_output(rt.seq, dit.seq_splits, dit.final_layer(img, temb), rows)
 
 
 def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
@@ -138,9 +116,9 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
 
 def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
     """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
-    inputs = step_inputs(rt, dit, x, t, text, grid)
-    img, _ = step_blocks(rt, dit, inputs, inputs.img, inputs.txt)
-    return step_head(rt, dit, img, inputs.temb, math.prod(grid))
+    local = step_inputs(rt, dit, x, t, text, grid)
+    img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
+    return step_head(rt, dit, img, local.inputs.temb, math.prod(grid))
 
 
 class QwenImagePipeline:
@@ -179,8 +157,8 @@ class QwenImagePipeline:
 
         def embed():
             made["inputs"] = self._inputs(rt, dit, x, t, text, grid)
-            made["txt"] = (0, made["inputs"].txt)
-            return made["inputs"].img
+            made["txt"] = (0, made["inputs"].inputs.txt)
+            return made["inputs"].inputs.img
 
         def blocks(img, lo, hi):
             at, txt = made["txt"]
@@ -191,7 +169,7 @@ class QwenImagePipeline:
             return img
 
         def head(img):
-            temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
+            temb = made["inputs"].inputs.temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
             return self._head(rt, dit, img, temb, rows)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
