@@ -6,8 +6,9 @@ runs the blocks on its chunk of the rows, so the per-row inputs (the tokens, the
 a per-token modulation) are split along their row dim, and the final layer's rows are
 gathered back. The model declares which, as data beside its modules (a `SeqSplits`, e.g.
 `WanTransformer.seq_splits`), as diffusers' `_cp_plan` does for its hooks; `split_inputs` and
-`gather_output` apply that declaration to a phase's `SequenceLayout` (`rt.seq`), so no model
-pipeline shards by hand.
+`gather_output` apply that declaration to a phase's `SequenceLayout` (`rt.seq`), and
+`embed_split` / `final_gathered` run the model's own pieces with it, so no model pipeline
+shards by hand.
 
 Every attention kind (ulysses, ring, kv-allgather, attn2d and their nestings) takes the same
 rows: each split field is tail-padded to a multiple of the SP size and rank r keeps chunk r.
@@ -98,6 +99,17 @@ def split_inputs(seq: SequenceLayout, splits: SeqSplits, embedded: NamedTuple) -
 def gather_output(seq: SequenceLayout, splits: SeqSplits, out: torch.Tensor, rows: int) -> torch.Tensor:
     """`final_layer`'s output on this rank's rows -> every rank's `rows` real rows, in order."""
     return seq.gather(out, splits.output.dim, rows)
+
+
+def embed_split(rt, model, *args) -> LocalInputs:
+    """`model.embed(*args)` split over the phase's SP ranks as `model.seq_splits` declares: a
+    step piece of its own (compiled like the others), for every model with `embed`."""
+    return split_inputs(rt.seq, model.seq_splits, model.embed(*args))
+
+
+def final_gathered(rt, model, h: torch.Tensor, temb: torch.Tensor, rows: int) -> torch.Tensor:
+    """`model.final_layer(h, temb)` on this rank's rows, every rank's `rows` real rows gathered."""
+    return gather_output(rt.seq, model.seq_splits, model.final_layer(h, temb), rows)
 
 
 def sequence_meta(seq: SequenceLayout, rows: Sequence[int], device=None) -> AttentionMeta:

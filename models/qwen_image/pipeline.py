@@ -27,10 +27,10 @@ import torch
 
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
-from dtgen.layers.wan_vae_parallel import parallel_decode
+from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
 from dtgen.serve.errors import RequestError
-from dtgen.seq_split import LocalInputs, gather_output, split_inputs
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
 
 from .model import QwenImageT2I
@@ -96,18 +96,9 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
 
 
-def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid) -> LocalInputs:
-    """This rank's rows of the blocks' inputs (`QwenImageTransformer.seq_splits`), and their meta."""
-    return split_inputs(rt.seq, dit.seq_splits, dit.embed(x, t, text, *grid))
-
-
 def step_blocks(rt, dit: QwenImageTransformer, local: LocalInputs, img, txt, start=0, stop=None):
     e = local.inputs
     return dit.blocks_forward(img, txt, e.temb, e.rope_img, e.rope_txt, local.meta, start, stop)
-
-
-def step_head(rt, dit: QwenImageTransformer, img, temb, rows: int) -> torch.Tensor:
-    return gather_output(rt.seq, dit.seq_splits, dit.final_layer(img, temb), rows)
 
 
 def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
@@ -116,9 +107,9 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
 
 def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
     """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
-    local = step_inputs(rt, dit, x, t, text, grid)
+    local = embed_split(rt, dit, x, t, text, *grid)
     img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
-    return step_head(rt, dit, img, local.inputs.temb, math.prod(grid))
+    return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
 
 
 class QwenImagePipeline:
@@ -127,7 +118,7 @@ class QwenImagePipeline:
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
         self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
         self.compiler = StepCompiler(compile_options or CompileOptions())
-        pieces = (dit_step, step_inputs, step_blocks, step_head, step_time)
+        pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
         if self.compiler.options.regions:
             model.transformer.run_block = self.compiler.region(run_block)
             pieces = tuple(map(self.compiler.timed, pieces))
@@ -156,7 +147,7 @@ class QwenImagePipeline:
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, grid)
+            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid)
             made["txt"] = (0, made["inputs"].inputs.txt)
             return made["inputs"].inputs.img
 
@@ -176,15 +167,9 @@ class QwenImagePipeline:
                             rows=RowLayout(rt.seq, 1, rows))
 
     def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
-        z = unpack(latents, *grid)
-        if self.vae_group is not None:
-            dim = "height" if z.shape[-2] >= z.shape[-1] else "width"
-            image = parallel_decode(self.model.vae, z, self.vae_group, dim=dim, output=0)
-        else:
-            image = self.model.vae.decode(z) if self.is_main else None
-        if image is None:
-            return None
-        return ((image[0, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+        """[H, W, 3] uint8 on the main rank (None on the others)."""
+        image = decode_uint8(self.model.vae, unpack(latents, *grid), self.vae_group, self.is_main)
+        return None if image is None else image[0, 0]
 
     @torch.no_grad()
     def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,

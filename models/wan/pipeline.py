@@ -32,11 +32,11 @@ from torch import nn
 
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
-from dtgen.layers.wan_vae_parallel import parallel_decode
+from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
 from dtgen.serve.errors import RequestError
-from dtgen.seq_split import LocalInputs, gather_output, split_input, split_inputs
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
 from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
                               merged_report, parse_step_cache, run_step)
 
@@ -138,10 +138,6 @@ def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
     return below, below + step
 
 
-def step_inputs(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> LocalInputs:
-    """The blocks' inputs for latents x [B, C, F, H, W]: this rank's token rows (as the DiT
-    declares, `WanTransformer.seq_splits`) and the padded video sequence's meta."""
-    return split_inputs(rt.seq, dit.seq_splits, dit.embed(x, timestep, text))
 
 
 def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -159,13 +155,13 @@ def step_blocks(rt, dit: WanTransformer, local: LocalInputs, tokens: torch.Tenso
 def step_head(rt, dit: WanTransformer, tokens: torch.Tensor, temb: torch.Tensor,
               grid: tuple[int, int, int]) -> torch.Tensor:
     """The final layer on this rank's rows, every rank's rows gathered, unpatchified: [B, C, F, H, W]."""
-    return dit.unpatchify(gather_output(rt.seq, dit.seq_splits, dit.final_layer(tokens, temb), math.prod(grid)), grid)
+    return dit.unpatchify(final_gathered(rt, dit, tokens, temb, math.prod(grid)), grid)
 
 
 def dit_step(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """The DiT's prediction [B, C, F, H, W] for the rows of this rank's CFG branch, with the
     token rows spread over the phase's SP ranks (identity without SP)."""
-    local = step_inputs(rt, dit, x, timestep, text)
+    local = embed_split(rt, dit, x, timestep, text)
     tokens = step_blocks(rt, dit, local, local.inputs.tokens)
     return step_head(rt, dit, tokens, local.inputs.temb, local.inputs.grid)
 
@@ -196,7 +192,7 @@ class WanT2VPipeline:
         # The step's pieces for a step cache: each compiled as one graph (--compile), or eager
         # around the compiled block region (--compile-regions); a request without a cache
         # runs `dit_step` whole, as one graph.
-        pieces = (step_inputs, step_time, step_blocks, step_head)
+        pieces = (embed_split, step_time, step_blocks, step_head)
         if self.compile_options.regions:
             region = self.compiler.region(run_block)
             for dit in self._dits():
@@ -280,15 +276,8 @@ class WanT2VPipeline:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """[F, H, W, 3] uint8 on the main rank (None on the others)."""
-        vae = self.model.vae
-        if self.vae_group is not None:
-            dim = "height" if latents.shape[-2] >= latents.shape[-1] else "width"
-            video = parallel_decode(vae, latents, self.vae_group, dim=dim, output=0)
-        else:
-            video = vae.decode(latents) if self.is_main else None
-        if video is None:
-            return None
-        return ((video[0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 3, 0).cpu()
+        video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
+        return None if video is None else video[0]
 
     def _cache_report(self, rt, segments, step_caches: list[StepCache], steps: int) -> dict:
         """Which steps ran in full and which were reused, for the whole request: with CFG
