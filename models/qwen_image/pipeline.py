@@ -15,14 +15,16 @@ Under sequence parallelism each rank holds a chunk of the text rows and a chunk 
 rows (each tail-padded to a multiple of the SP size), as the MMDiT declares
 (`QwenImageTransformer.seq_splits`, applied by dtgen/seq_split.py; diffusers' `_cp_plan`
 splits the same); the attention meta gives every row its slot (text 0..L-1, image
-L..L+N-1, padding past them), so the joint attention sees one bidirectional block and no padding. The blocks' output
-a step cache keeps is the image stream; the text stream travels inside the call.
+L..L+N-1, padding past them), so the joint attention sees one bidirectional block and no
+padding. The blocks' output a step cache keeps is the image stream; the text stream travels
+inside the call.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+
 import torch
 
 from dtgen.compile import CompileOptions, StepCompiler

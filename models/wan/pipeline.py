@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
