@@ -139,8 +139,6 @@ def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
     return below, below + step
 
 
-
-
 def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
     """temb alone (what the head needs), for a cached step that runs no block."""
     return split_input(rt.seq, dit.seq_splits, "temb", dit.time_embedding(timestep, batch, dtype)[0])
