@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import Tensor, nn
 
 from dtgen.spatial import (POINTWISE_LEAVES, SpatialSplit, SplitDecoder, SplitOutput, check_output,
@@ -93,3 +94,17 @@ def parallel_decode(vae: WanVAE, latents: Tensor, group=None, dim: str = "height
                     exchange: str = "p2p", chunk_frames: int = 1) -> Optional[Tensor]:
     """``vae.decode(latents)`` split along ``dim`` ("height" or "width") over ``group``."""
     return ParallelWanVAE(vae, group, dim, exchange).decode(latents, output, chunk_frames)
+
+
+def decode_uint8(vae: WanVAE, latents: Tensor, group=None, is_main: bool = True) -> Optional[Tensor]:
+    """The decoded video as uint8 [B, T, H, W, 3] on the CPU (pixels in [-1, 1] scaled to 0..255):
+    split along the longer side over `group` when one is given (the pixels on its rank 0), else
+    decoded whole on the main rank; None on every other rank."""
+    if group is not None:
+        dim = "height" if latents.shape[-2] >= latents.shape[-1] else "width"
+        video = parallel_decode(vae, latents, group, dim=dim, output=0)
+    else:
+        video = vae.decode(latents) if is_main else None
+    if video is None:
+        return None
+    return ((video.float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).cpu()

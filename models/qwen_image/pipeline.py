@@ -12,31 +12,32 @@ sigmas linspace(1, 1/steps), shifted by mu, which grows linearly with the image'
 count (dynamic shift), stretched to end at `shift_terminal`.
 
 Under sequence parallelism each rank holds a chunk of the text rows and a chunk of the image
-rows (each tail-padded to a multiple of the SP size), as diffusers' `_cp_plan` splits them;
-the attention meta gives every row its slot (text 0..L-1, image L..L+N-1, padding past
-them), so the joint attention sees one bidirectional block and no padding. The blocks' output
-a step cache keeps is the image stream; the text stream travels inside the call.
+rows (each tail-padded to a multiple of the SP size), as the MMDiT declares
+(`QwenImageTransformer.seq_splits`, applied by dtgen/seq_split.py; diffusers' `_cp_plan`
+splits the same); the attention meta gives every row its slot (text 0..L-1, image
+L..L+N-1, padding past them), so the joint attention sees one bidirectional block and no
+padding. The blocks' output a step cache keeps is the image stream; the text stream travels
+inside the call.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
-from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
-from dtgen.layers.wan_vae_parallel import parallel_decode
+from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
 from dtgen.serve.errors import RequestError
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
-from .transformer import QwenImageTransformer, joint_meta, run_block
+from .transformer import QwenImageTransformer, run_block
 
 
 MAX_SIDE = 4096
@@ -97,39 +98,9 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
 
 
-def sp_meta(rt, txt_rows: int, img_rows: int, device) -> AttentionMeta:
-    """The rows of every SP rank in order (rank r: its text chunk, then its image chunk), as slots."""
-    seq, L, N = rt.seq, txt_rows, img_rows
-    if seq.size == 1:
-        return joint_meta(L + N, device)
-    txt = seq.pad_slots(torch.arange(L, device=device), L + N)
-    img = seq.pad_slots(torch.arange(L, L + N, device=device), L + N + txt.shape[0] - L)
-    slots = torch.cat([torch.cat(pair) for pair in zip(txt.chunk(seq.size), img.chunk(seq.size))])
-    return AttentionMeta(slots=slots, image_blocks=((0, L + N),))
-
-
-class StepInputs(NamedTuple):
-    img: torch.Tensor
-    txt: torch.Tensor
-    temb: torch.Tensor
-    rope_img: tuple
-    rope_txt: tuple
-    meta: AttentionMeta
-
-
-def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid) -> StepInputs:
-    """This rank's rows of the blocks' inputs."""
-    e, shard = dit.embed(x, t, text, *grid), rt.seq.shard
-    return StepInputs(shard(e.img, 1), shard(e.txt, 1), e.temb, tuple(shard(r, 0) for r in e.rope_img),
-                      tuple(shard(r, 0) for r in e.rope_txt), sp_meta(rt, text.shape[1], math.prod(grid), x.device))
-
-
-def step_blocks(rt, dit: QwenImageTransformer, inputs: StepInputs, img, txt, start=0, stop=None):
-    return dit.blocks_forward(img, txt, inputs.temb, inputs.rope_img, inputs.rope_txt, inputs.meta, start, stop)
-
-
-def step_head(rt, dit: QwenImageTransformer, img, temb, rows: int) -> torch.Tensor:
-    return rt.seq.gather(dit.final_layer(img, temb), 1, rows)
+def step_blocks(rt, dit: QwenImageTransformer, local: LocalInputs, img, txt, start=0, stop=None):
+    e = local.inputs
+    return dit.blocks_forward(img, txt, e.temb, e.rope_img, e.rope_txt, local.meta, start, stop)
 
 
 def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
@@ -138,9 +109,9 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
 
 def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
     """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
-    inputs = step_inputs(rt, dit, x, t, text, grid)
-    img, _ = step_blocks(rt, dit, inputs, inputs.img, inputs.txt)
-    return step_head(rt, dit, img, inputs.temb, math.prod(grid))
+    local = embed_split(rt, dit, x, t, text, *grid)
+    img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
+    return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
 
 
 class QwenImagePipeline:
@@ -149,7 +120,7 @@ class QwenImagePipeline:
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
         self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
         self.compiler = StepCompiler(compile_options or CompileOptions())
-        pieces = (dit_step, step_inputs, step_blocks, step_head, step_time)
+        pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
         if self.compiler.options.regions:
             model.transformer.run_block = self.compiler.region(run_block)
             pieces = tuple(map(self.compiler.timed, pieces))
@@ -178,9 +149,9 @@ class QwenImagePipeline:
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, grid)
-            made["txt"] = (0, made["inputs"].txt)
-            return made["inputs"].img
+            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid)
+            made["txt"] = (0, made["inputs"].inputs.txt)
+            return made["inputs"].inputs.img
 
         def blocks(img, lo, hi):
             at, txt = made["txt"]
@@ -191,22 +162,16 @@ class QwenImagePipeline:
             return img
 
         def head(img):
-            temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
+            temb = made["inputs"].inputs.temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
             return self._head(rt, dit, img, temb, rows)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
                             rows=RowLayout(rt.seq, 1, rows))
 
     def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
-        z = unpack(latents, *grid)
-        if self.vae_group is not None:
-            dim = "height" if z.shape[-2] >= z.shape[-1] else "width"
-            image = parallel_decode(self.model.vae, z, self.vae_group, dim=dim, output=0)
-        else:
-            image = self.model.vae.decode(z) if self.is_main else None
-        if image is None:
-            return None
-        return ((image[0, :, 0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu()
+        """[H, W, 3] uint8 on the main rank (None on the others)."""
+        image = decode_uint8(self.model.vae, unpack(latents, *grid), self.vae_group, self.is_main)
+        return None if image is None else image[0, 0]
 
     @torch.no_grad()
     def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,

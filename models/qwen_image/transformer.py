@@ -46,6 +46,7 @@ from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
 from dtgen.layers.linear import GeluProj, Linear, empty_param
 from dtgen.layers.norms import RMSNorm
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
+from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,12 @@ def joint_meta(rows: int, device=None) -> AttentionMeta:
 
 class QwenImageTransformer(nn.Module):
     """diffusers' QwenImageTransformer2DModel (text-to-image), same parameter names."""
+
+    # Under sequence parallelism (dtgen/seq_split.py; diffusers' `_cp_plan` splits the same):
+    # both streams and their RoPE rows are split along their rows, each stream alone, the
+    # joint attention sees [text, image], and `final_layer`'s image rows are gathered back.
+    seq_splits = SeqSplits(inputs={"img": SplitRows(1), "txt": SplitRows(1), "rope_img": SplitRows(0),
+                                   "rope_txt": SplitRows(0)}, attention=("txt", "img"), output=GatherRows(1))
 
     def __init__(self, cfg: QwenImageTransformerConfig):
         super().__init__()

@@ -7,11 +7,12 @@ SP ranks; `decode` runs the VAE, split over a spatial group when the caller give
 A14B's two DiTs are both resident: the step's timestep picks one (`WanT2V.transformer_for`),
 an expert switch with nothing moved.
 
-Sequence parallelism is data here, not code in the model: the patch tokens are padded at the
-tail to a multiple of the SP size and each rank keeps its chunk (`SequenceLayout`), RoPE rows
-alike; the attention meta marks the real rows as ONE bidirectional block, so padding rows see
-and are seen by nothing real; after the blocks and the per-row final layer, the rows are
-gathered back. 81 frames = 21 latent frames: any SP degree works, the padding absorbs it.
+Sequence parallelism is data, declared by the DiT (`WanTransformer.seq_splits`) and applied by
+the framework (dtgen/seq_split.py): the patch tokens are padded at the tail to a multiple of
+the SP size and each rank keeps its chunk, RoPE rows alike; the attention meta marks the real
+rows as ONE bidirectional block, so padding rows see and are seen by nothing real; after the
+blocks and the per-row final layer, the rows are gathered back. 81 frames = 21 latent frames:
+any SP degree works, the padding absorbs it.
 
 Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut into
 embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
@@ -25,19 +26,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtgen.attention import AttentionMeta
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
-from dtgen.layers.wan_vae_parallel import parallel_decode
+from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
 from dtgen.serve.errors import RequestError
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
 from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
                               merged_report, parse_step_cache, run_step)
 
@@ -139,63 +139,30 @@ def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
     return below, below + step
 
 
-def sequence_meta(rt, rows: int, device) -> AttentionMeta:
-    """The padded video sequence of this phase: one bidirectional block over the real rows."""
-    seq = rt.seq
-    return AttentionMeta(slots=seq.pad_slots(torch.arange(rows, device=device), rows), image_blocks=((0, rows),),
-                         slot_runs=seq.pad_runs(((0, rows),), rows))
-
-
-class StepInputs(NamedTuple):
-    """This rank's share of one DiT evaluation's inputs (token rows on dim 1, RoPE rows on dim 0)."""
-
-    tokens: torch.Tensor        # [B, S_local, D] the patch tokens: block 0's input
-    temb: torch.Tensor          # [B, T, D] (T = 1, or this rank's rows for per-token timesteps)
-    temb_proj: torch.Tensor     # [B, T, 6, D]
-    text: torch.Tensor          # [B, L, D]
-    rope: tuple[torch.Tensor, torch.Tensor]
-
-
-def _shard_time(rt, temb: torch.Tensor, temb_proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # Per-token timesteps: their rows travel with the tokens.
-    if temb_proj.shape[1] > 1:
-        return rt.seq.shard(temb, 1), rt.seq.shard(temb_proj, 1)
-    return temb, temb_proj
-
-
-def step_inputs(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> StepInputs:
-    """The blocks' inputs for latents x [B, C, F, H, W], this rank's token rows."""
-    e = dit.embed(x, timestep, text)
-    temb, temb_proj = _shard_time(rt, e.temb, e.temb_proj)
-    return StepInputs(rt.seq.shard(e.tokens, 1), temb, temb_proj, e.text, tuple(rt.seq.shard(t, 0) for t in e.rope))
-
-
 def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
     """temb alone (what the head needs), for a cached step that runs no block."""
-    return _shard_time(rt, *dit.time_embedding(timestep, batch, dtype))[0]
+    return split_input(rt.seq, dit.seq_splits, "temb", dit.time_embedding(timestep, batch, dtype)[0])
 
 
-def step_blocks(rt, dit: WanTransformer, inputs: StepInputs, tokens: torch.Tensor, rows: int, start: int = 0,
+def step_blocks(rt, dit: WanTransformer, local: LocalInputs, tokens: torch.Tensor, start: int = 0,
                 stop: int | None = None) -> torch.Tensor:
-    """Blocks start..stop-1 on this rank's token rows (`rows`: the real rows, every rank's)."""
-    return dit.blocks_forward(tokens, inputs.temb_proj, inputs.text, inputs.rope,
-                              sequence_meta(rt, rows, tokens.device), start, stop)
+    """Blocks start..stop-1 on this rank's token rows."""
+    e = local.inputs
+    return dit.blocks_forward(tokens, e.temb_proj, e.text, e.rope, local.meta, start, stop)
 
 
 def step_head(rt, dit: WanTransformer, tokens: torch.Tensor, temb: torch.Tensor,
               grid: tuple[int, int, int]) -> torch.Tensor:
     """The final layer on this rank's rows, every rank's rows gathered, unpatchified: [B, C, F, H, W]."""
-    out = rt.seq.gather(dit.final_layer(tokens, temb), 1, math.prod(grid))
-    return dit.unpatchify(out, grid)
+    return dit.unpatchify(final_gathered(rt, dit, tokens, temb, math.prod(grid)), grid)
 
 
 def dit_step(rt, dit: WanTransformer, x: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
     """The DiT's prediction [B, C, F, H, W] for the rows of this rank's CFG branch, with the
     token rows spread over the phase's SP ranks (identity without SP)."""
-    grid = dit.patch_grid(x)
-    inputs = step_inputs(rt, dit, x, timestep, text)
-    tokens = step_blocks(rt, dit, inputs, inputs.tokens, math.prod(grid))
-    return step_head(rt, dit, tokens, inputs.temb, grid)
+    local = embed_split(rt, dit, x, timestep, text)
+    tokens = step_blocks(rt, dit, local, local.inputs.tokens)
+    return step_head(rt, dit, tokens, local.inputs.temb, local.inputs.grid)
 
 
 def expert_segments(dits: list) -> list[tuple[object, int, int]]:
@@ -224,7 +191,7 @@ class WanT2VPipeline:
         # The step's pieces for a step cache: each compiled as one graph (--compile), or eager
         # around the compiled block region (--compile-regions); a request without a cache
         # runs `dit_step` whole, as one graph.
-        pieces = (step_inputs, step_time, step_blocks, step_head)
+        pieces = (embed_split, step_time, step_blocks, step_head)
         if self.compile_options.regions:
             region = self.compiler.region(run_block)
             for dit in self._dits():
@@ -279,45 +246,37 @@ class WanT2VPipeline:
         """One DiT evaluation cut where a step cache may reuse it (dtgen/step_cache.py): embed =
         this rank's patch tokens entering block 0, blocks = blocks lo..hi-1 with this step's
         modulation, text, RoPE and meta, head = final layer + SP gather + unpatchify. What the
-        caches keep is the last block's output rows (this rank's chunk: `rows`)."""
+        caches keep is the last block's output rows (this rank's chunk: `DenoiserCall.rows`)."""
         grid = dit.patch_grid(x)
-        rows = math.prod(grid)
-        made: dict[str, StepInputs] = {}
+        made: dict[str, LocalInputs] = {}
 
         def embed() -> torch.Tensor:
             made["inputs"] = self._inputs(rt, dit, x, t, text)
-            return made["inputs"].tokens
+            return made["inputs"].inputs.tokens
 
         def blocks(h: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-            return self._blocks(rt, dit, made["inputs"], h, rows, lo, hi)
+            return self._blocks(rt, dit, made["inputs"], h, lo, hi)
 
         def row_blocks(h: torch.Tensor, lo: int, hi: int, picked: list[int]) -> torch.Tensor:
             # Some CFG rows only (first-block, rows that disagree): their modulation and text.
-            inputs = made["inputs"]
+            local = made["inputs"]
             index = torch.tensor(picked, device=h.device)
-            some = inputs._replace(temb_proj=inputs.temb_proj.index_select(0, index),
-                                   text=inputs.text.index_select(0, index))
-            return self._blocks(rt, dit, some, h, rows, lo, hi)
+            some = local.inputs._replace(temb_proj=local.inputs.temb_proj.index_select(0, index),
+                                         text=local.inputs.text.index_select(0, index))
+            return self._blocks(rt, dit, local._replace(inputs=some), h, lo, hi)
 
         def head(h: torch.Tensor) -> torch.Tensor:
             # A Taylor-cached step runs no block: it needs the time embedding alone.
-            temb = made["inputs"].temb if "inputs" in made else self._time(rt, dit, t, x.shape[0], text.dtype)
+            temb = made["inputs"].inputs.temb if "inputs" in made else self._time(rt, dit, t, x.shape[0], text.dtype)
             return self._head(rt, dit, h, temb, grid)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
-                            rows=RowLayout(rt.seq, 1, rows), row_blocks=row_blocks)
+                            rows=RowLayout(rt.seq, 1, math.prod(grid)), row_blocks=row_blocks)
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """[F, H, W, 3] uint8 on the main rank (None on the others)."""
-        vae = self.model.vae
-        if self.vae_group is not None:
-            dim = "height" if latents.shape[-2] >= latents.shape[-1] else "width"
-            video = parallel_decode(vae, latents, self.vae_group, dim=dim, output=0)
-        else:
-            video = vae.decode(latents) if self.is_main else None
-        if video is None:
-            return None
-        return ((video[0].float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 3, 0).cpu()
+        video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
+        return None if video is None else video[0]
 
     def _cache_report(self, rt, segments, step_caches: list[StepCache], steps: int) -> dict:
         """Which steps ran in full and which were reused, for the whole request: with CFG

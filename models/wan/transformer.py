@@ -56,6 +56,7 @@ from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
 from dtgen.layers.linear import GeluProj, Linear, empty_param
 from dtgen.layers.norms import RMSNorm, layer_norm_f32
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
+from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
 from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
 from kernels.fp8_quant import fp8_support_problem
 
@@ -276,6 +277,14 @@ def full_sequence_meta(rows: int, real_rows: int | None = None, device=None) -> 
 
 class WanTransformer(nn.Module):
     """diffusers' WanTransformer3DModel (text-to-video), same parameter names."""
+
+    # Under sequence parallelism (dtgen/seq_split.py, diffusers' `_cp_plan`): `embed`'s per-token
+    # outputs are split along their token rows (temb and temb_proj only with per-token
+    # timesteps), the text stays whole for the cross-attention, the video rows are the self-
+    # attention's sequence, and `final_layer`'s rows are gathered back.
+    seq_splits = SeqSplits(inputs={"tokens": SplitRows(1), "temb": SplitRows(1, only_per_row=True),
+                                   "temb_proj": SplitRows(1, only_per_row=True), "rope": SplitRows(0)},
+                           attention=("tokens",), output=GatherRows(1))
 
     def __init__(self, cfg: WanTransformerConfig):
         super().__init__()
