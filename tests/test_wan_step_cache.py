@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from dtgen.step_cache import StepCacheError
+from dtgen.serve.errors import RequestError
 from models.wan.pipeline import T2VRequest
 
 from .test_wan_pipeline import REQUEST, _diffusers_pipeline, _pipe
@@ -233,12 +233,13 @@ def test_a_cache_changes_only_the_run_that_asked(ours, noise):
 
 
 def test_bad_cache_settings_are_refused_in_one_line(ours):
-    cases = {"first-block:threshold=-1": "step cache threshold: must be >= 0, got -1",
-             "taylorseer:order=9": "step cache order: must be >= 0 and <= 4, got 9",
-             "magcache": "step cache mag_ratios: are required",
-             "nope": "step cache method: unknown method 'nope'"}
+    # the request's own check (`T2VRequest.check`): the field, then the knob
+    cases = {"first-block:threshold=-1": "step_cache: threshold: must be >= 0, got -1",
+             "taylorseer:order=9": "step_cache: order: must be >= 0 and <= 4, got 9",
+             "magcache": "step_cache: mag_ratios: are required",
+             "nope": "step_cache: method: unknown method 'nope'"}
     for spec, message in cases.items():
-        with pytest.raises(StepCacheError) as e:
+        with pytest.raises(RequestError) as e:
             ours.generate(T2VRequest(**{**REQUEST.__dict__, "step_cache": spec}), decode=False)
         assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
 
