@@ -37,7 +37,8 @@ from dtgen.compile import CompileOptions
 from dtgen.host import settle_heap
 from dtgen.step_cache import describe, parse_step_cache
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.tiny import tiny_config
 from placements.hunyuan_image3 import get_plan

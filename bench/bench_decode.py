@@ -72,7 +72,9 @@ def main(argv=None) -> int:
         return 0
     from dtgen.compile import CompileOptions
     from models.hunyuan_image3.loading import load
-    from models.hunyuan_image3.pipeline import DECODE_IMPLS, HunyuanT2IPipeline, Sampling
+    from dtgen.sampling import Sampling
+    from models.hunyuan_image3.ar import DECODE_IMPLS
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
     from models.hunyuan_image3.presets import full_config
     from placements.hunyuan_image3 import get_plan
     from torch.profiler import ProfilerActivity, profile

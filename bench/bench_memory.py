@@ -55,7 +55,8 @@ from dtgen.host import settle_heap
 from dtgen.build import planned_storage
 from models.hunyuan_image3.loading import HunyuanAdapter, load
 from models.hunyuan_image3.model import set_moe_token_chunk
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE

@@ -31,7 +31,8 @@ from dtgen.compile import CompileOptions
 from dtgen.host import settle_heap
 from dtgen.step_cache import TaylorConfig, describe
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.tiny import tiny_config
 from placements.hunyuan_image3 import get_plan
@@ -71,7 +72,9 @@ def deviation(out: str | None) -> int:
     float32, dtgen's own runs): final latents' relative L2 and the image's largest uint8
     difference, beside the share of steps computed in full (what the cache saves)."""
     from dtgen.profiling import NullProfiler
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, to_uint8
+    from dtgen.timing import Timer
+    from models.hunyuan_image3.pipeline import to_uint8
+    from models.hunyuan_image3.requests import RequestRun, no_progress
     # The golden harness is test support (tests/support/, not installed): run from a checkout.
     from tests.support.golden import GoldenCase, discover_taylor_cases, sampling_runs, sampling_request
     from tests.support.golden import sampling_sequence
@@ -83,7 +86,7 @@ def deviation(out: str | None) -> int:
         finals = {}
         for run in sampling_runs(case):
             req = sampling_request(case, run)
-            r = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+            r = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
             latents = pipe.run_denoise(req, sampling_sequence(case, pipe), r)
             report = (r.record.get("step_cache") or [None])[0]
             finals[run] = (req, latents, to_uint8(pipe.decode_image(latents)).int(), report)

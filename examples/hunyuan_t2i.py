@@ -44,11 +44,12 @@ from models.hunyuan_image3.tokenizer import load_tokenizer
 from kernels.moe_dispatch import MOE_IMPLS
 from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.presets import full_config
-from models.hunyuan_image3.requests import Limits, OFFICIAL_TAYLOR_KNOBS, T2IRequest, size_to_hw, taylor_from_official
+from models.hunyuan_image3.requests import (Limits, OFFICIAL_TAYLOR_KNOBS, T2IRequest, filler_ids, size_to_hw,
+                                            taylor_from_official, warmup_request)
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_image, reference_tensor
-from models.hunyuan_image3.pipeline import (KV_CACHE_POLICIES, PROFILE_ROWS, HunyuanT2IPipeline, filler_ids, to_uint8,
-                                            warmup_request)
+from models.hunyuan_image3.pipeline import PROFILE_ROWS, HunyuanT2IPipeline, to_uint8
+from models.hunyuan_image3.stack import KV_CACHE_POLICIES
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint, tiny_config
 from models.registry import checkpoint_problem
 from placements.hunyuan_image3 import PLANS, get_plan

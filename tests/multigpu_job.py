@@ -29,7 +29,8 @@ from dtgen.compile import CompileOptions, graph_breaks, unique_graphs  # noqa: E
 from dtgen.devices import parse_dtype  # noqa: E402
 from dtgen.launch import exit_process, run_on_ranks  # noqa: E402
 from models.hunyuan_image3.loading import load  # noqa: E402
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest  # noqa: E402
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline  # noqa: E402
+from models.hunyuan_image3.requests import T2IRequest  # noqa: E402
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint  # noqa: E402
 from placements.hunyuan_image3 import get_plan  # noqa: E402
 

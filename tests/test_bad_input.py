@@ -13,11 +13,9 @@ from dtgen.plan import match_rules, resolve
 from dtgen.storage import StorageShard, planned_nbytes
 from models.hunyuan_image3.config import ConfigError, HunyuanImage3Config
 from models.hunyuan_image3.loading import build_on_meta, load, param_specs
-from models.hunyuan_image3.pipeline import (
-    HunyuanT2IPipeline,
-    T2IRequest,
-    parse_image_size,
-)
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
+from models.hunyuan_image3.resolutions import parse_image_size
 from placements.hunyuan_image3 import get_plan
 
 

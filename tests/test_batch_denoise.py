@@ -24,7 +24,9 @@ from dtgen.launch import RankPool
 from dtgen.serve.errors import Cancelled
 from dtgen.step_cache import parse_step_cache
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, denoise_key, to_uint8
+from models.hunyuan_image3.denoise import denoise_key
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, to_uint8
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import PLANS, get_plan
 
 BUCKET = 16          # denoise text rows per bucket: the prompts below (6, 10, 13 rows) share one
@@ -68,7 +70,7 @@ def test_requests_of_one_bucket_share_a_shape_but_not_their_positions(pipe):
     seqs = []
     for r in _requests():
         ids = pipe.tok.encode(r.prompt)
-        from models.hunyuan_image3.pipeline import build_diffusion_sequence
+        from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence
         seqs.append(build_diffusion_sequence(ids, pipe.special, pipe.cfg.image_base_size, 16, 16, 16, bucket=BUCKET))
     assert len({denoise_key(r, s) for r, s in zip(_requests(), seqs)}) == 1
     assert len({s.pad for s in seqs}) == 3, "three text lengths: three holes and position shifts"

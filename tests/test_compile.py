@@ -12,7 +12,8 @@ from torch._dynamo.utils import counters
 from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
 from dtgen.profiling import PhaseProfiler
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import PROFILE_ROWS, HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import PROFILE_ROWS, HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from models.hunyuan_image3.tiny import tiny_config
 from placements.hunyuan_image3 import get_plan
 

@@ -17,7 +17,8 @@ from dtgen.controller import PhaseMismatchError
 from dtgen.launch import RankFailure, RankPool
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import HunyuanAdapter, load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import PLANS, get_plan
 from tests.support.golden import GoldenCase, compare_case, compare_ti2i_case, discover_cases, discover_ti2i_cases
 

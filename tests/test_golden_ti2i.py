@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import get_plan
 from tests.support.golden import TI2I_INPUTS, GoldenCase, compare_ti2i_case, discover_ti2i_cases
 
@@ -68,7 +69,9 @@ def test_an_edit_through_the_taylor_cache(case_results):
     from dtgen.step_cache import TaylorConfig
     from tests.support.golden import ti2i_condition
     from models.hunyuan_image3.instruct import encode_with_specials, instruct_prefix
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, build_instruct_diffusion_sequence
+    from dtgen.timing import Timer
+    from models.hunyuan_image3.diffusion_sequence import build_instruct_diffusion_sequence
+    from models.hunyuan_image3.requests import RequestRun, no_progress
     case, _, pipe = case_results
     inputs = case.meta["conditioning"]["inputs"]
     shape, cond = ti2i_condition(case, pipe)
@@ -86,7 +89,7 @@ def test_an_edit_through_the_taylor_cache(case_results):
         return h, v
 
     def denoise(cache):
-        run = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+        run = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
         pipe.run_denoise(T2IRequest(steps=4, seed=3, step_cache=cache), seq, run, cond)
         return run.record
     plain = denoise(None)

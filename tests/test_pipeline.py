@@ -7,9 +7,9 @@ import torch
 from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.attention import structured_mask
 from dtgen.layers.rope import apply_rope
-from models.hunyuan_image3.rope import rope_cos_sin
+from models.hunyuan_image3.rope import image_rope_positions, rope_cos_sin
 from dtgen.sampling import Sampling, sample_token
-from models.hunyuan_image3.pipeline import image_rope_positions, resolution_table
+from models.hunyuan_image3.resolutions import resolution_table
 from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
 from placements.hunyuan_image3 import get_plan
 
@@ -119,7 +119,7 @@ def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint)
     """The pipeline reuses its KV caches across requests (one CUDA-graph recording): a
     request after a longer one gives exactly what a fresh pipeline gives, and prompts in one
     length bucket share the AR cache."""
-    from models.hunyuan_image3.pipeline import T2IRequest
+    from models.hunyuan_image3.requests import T2IRequest
     common = dict(steps=2, max_new_tokens=3, image_size="256x256", seed=5, ignore_stop=True)
     long_request = T2IRequest(prompt="a long prompt about a lighthouse on a cliff at dusk", **common)
     short_request = T2IRequest(prompt="a fox", **common)
@@ -139,7 +139,7 @@ def test_stop_token_read_one_step_late_changes_nothing(tiny_checkpoint):
     """The decode loop launches step i before the host has read token i (so host work overlaps
     the device); a stop token's step is dropped. The result must equal a run that stops at the
     same place: the same tokens, one logit row per fed token, the same ratio and latents."""
-    from models.hunyuan_image3.pipeline import T2IRequest
+    from models.hunyuan_image3.requests import T2IRequest
     common = dict(prompt="a red fox", steps=2, image_size="256x256", seed=11, temperature=0.9, top_k=0)
     pipe = _tiny_pipe(tiny_checkpoint)
     free = pipe.generate(T2IRequest(max_new_tokens=6, ignore_stop=True, **common))
@@ -164,7 +164,7 @@ def test_ranks_leaving_ar_with_different_tokens_fail_instead_of_hanging(tiny_che
     compare count, digest and ratio before the switch, and a mismatch raises on every rank."""
     import pytest
 
-    from models.hunyuan_image3.pipeline import T2IRequest
+    from models.hunyuan_image3.requests import T2IRequest
     pipe = _tiny_pipe(tiny_checkpoint)
     seen = []
 
@@ -209,7 +209,8 @@ def test_released_caches_change_no_output_and_leave_no_cache(tiny_checkpoint, mo
     denoise starts, the denoise caches when the VAE decodes, nothing is kept after the request,
     and the outputs are the kept-cache pipeline's, bit for bit. About 2 s."""
     from models.hunyuan_image3.loading import load
-    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+    from models.hunyuan_image3.requests import T2IRequest
     req = T2IRequest(prompt="a fox", steps=2, max_new_tokens=3, image_size="256x256", seed=5, ignore_stop=True)
     loaded = load(tiny_checkpoint, get_plan("single"))
     keep = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(req)

@@ -39,7 +39,8 @@ from dtgen.sp import cache_kv_heads, make_core, ulysses_kv_heads
 from dtgen.sp.ulysses_pipelined import UlyssesPipelinedAttention, pipeline_groups
 from dtgen.topology import Topology
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import get_plan
 
 CORE_TOL = 1e-5

@@ -10,7 +10,8 @@ from torch._dynamo.utils import counters
 from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
 from dtgen.step_cache import TaylorConfig
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import get_plan
 from tests.support.golden import GoldenCase, compare_sampling_run, discover_taylor_cases, sampling_request
 from tests.support.golden import sampling_runs
@@ -23,9 +24,11 @@ REQUEST = T2IRequest(prompt="a lighthouse", steps=7, seed=3, step_cache=TaylorCo
 def _denoise(pipe):
     """The denoise loop alone (no AR, no VAE: what a step cache changes), on a 4 x 4 latent."""
     from dtgen.profiling import NullProfiler
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, build_diffusion_sequence
+    from dtgen.timing import Timer
+    from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence
+    from models.hunyuan_image3.requests import RequestRun, no_progress
     seq = build_diffusion_sequence(pipe.tok.encode(REQUEST.prompt), pipe.special, pipe.cfg.image_base_size, 16, 4, 4)
-    run = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+    run = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
     pipe.run_denoise(REQUEST, seq, run)
     return run.record
 

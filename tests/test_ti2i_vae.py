@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from models.hunyuan_image3.cond_image import (MAX_SIDE, MIN_SIDE, load_reference_image, resize_and_crop,
                                               vae_bucket, vae_pixels)
-from models.hunyuan_image3.pipeline import resolution_table
+from models.hunyuan_image3.resolutions import resolution_table
 from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
 from tests.support.golden import GoldenCase, discover_ti2i_cases

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from dtgen.launch import RankPool
 from dtgen.plan import PhasePlan, PlanError, resolve
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
 from placements.hunyuan_image3 import get_plan
 
 # At 8 ranks (slow on 2 cores) the Ulysses-ring plan only: hybrid8-tp4 and hybrid8-cfg use the

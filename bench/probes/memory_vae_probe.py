@@ -12,7 +12,8 @@ import torch
 
 from dtgen.compile import CompileOptions
 from models.hunyuan_image3.loading import load
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, T2IRequest, filler_ids, warmup_request
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest, filler_ids, warmup_request
 from models.hunyuan_image3.presets import full_config
 from placements.hunyuan_image3 import get_plan
 

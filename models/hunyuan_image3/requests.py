@@ -1,5 +1,7 @@
-"""A HunyuanImage-3 request and its one check, for the CLI and the server.
+"""A HunyuanImage-3 request: its type and its one check, its result, and what its phases share.
 
+`T2IRequest` is what the pipeline runs, `T2IResult` what it gives back, `RequestRun` what a
+request's phases share while it runs (its clock, timings, record, progress, profiler).
 `T2IRequest.check(limits)` names the first bad field in a `RequestError` (dtgen/requests.py):
 the CLI turns it into `error: --flag ...` and exit status 2, the server into a 422 naming
 the JSON field. With the tokenizer in `limits`, the position budget of the whole request
@@ -7,18 +9,21 @@ the JSON field. With the tokenizer in `limits`, the position budget of the whole
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from dtgen.batching import Progress
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache, parse_size
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
+from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence, build_instruct_diffusion_sequence
 from models.hunyuan_image3.resolutions import parse_image_size, resolution_table
 
 if TYPE_CHECKING:
     import torch
 
     from dtgen.step_cache import StepCacheConfig
+    from dtgen.timing import Timer
 
 # The step caches this model's pipeline runs (dtgen/step_cache.py): both keep the decoder
 # stack's output, which is all a KV-cached denoise step exposes.
@@ -124,6 +129,48 @@ class T2IRequest:
                             encode=tok.encode, instruct=tok.instruct)
 
 
+@dataclass
+class T2IResult:
+    image: torch.Tensor | None        # [H, W, 3] float32 in [0, 1] (main rank only)
+    latents: torch.Tensor             # final latents [1, C, h, w] float32
+    tokens: list[int]                 # AR tokens generated (CoT), without the ratio token
+    ratio_index: int
+    image_size: tuple[int, int]
+    timings_ms: dict[str, float]
+    record: dict[str, list] = field(default_factory=dict)
+
+
+def no_progress(phase: str, done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class RequestRun:
+    """What one request's phases share: its clock, timings, record, progress hook, profiler."""
+
+    timer: Timer
+    timings: dict
+    record: dict
+    progress: Progress
+    profiler: object
+
+
+def warmup_request(req: T2IRequest, cached_step: bool = False) -> T2IRequest:
+    """A short request of `req`'s shapes that compiles every graph `req` runs: the whole-
+    sequence first step and a KV-cached one (2 steps), and with a step cache (or
+    `cached_step`: a server, whose requests may ask for one) a cached step too (3 steps: two
+    full, then one cached: the head's own graph). The cache's knobs change no shape, so any
+    config that reaches a cached step does."""
+    if req.step_cache is None and not cached_step:
+        return replace(req, steps=min(req.steps, 2))
+    return replace(req, steps=3, step_cache=TaylorConfig(interval=3, first_enhance=True, first_enhance_steps=2))
+
+
+def filler_ids(n: int) -> tuple[int, ...]:
+    """n fixed token ids, for benchmarks and warm-ups, where only the length matters."""
+    return tuple(1 + (i * 37) % 200 for i in range(n))
+
+
 # ---- sizes: what a user types is WIDTHxHEIGHT (OpenAI's `size`), everywhere -----------------
 # The CLI's --image-size and --warmup-shapes, the server's `size` and the UI all read
 # WIDTHxHEIGHT; only `T2IRequest.image_size` (the pipeline's, internal) is "HxW".
@@ -158,8 +205,6 @@ def check_positions(req: T2IRequest, prompt_ids: list[int], special, base: int, 
     even the AR part does not fit. With size "auto" the model picks among the sizes that
     fit (the pipeline), so only the smallest needs to. `condition_prefix`: an edit's
     Instruct prefix (the InstructPrefix), whose rows replace <bos> + prompt."""
-    from models.hunyuan_image3.pipeline import build_diffusion_sequence, build_instruct_diffusion_sequence
-    from models.hunyuan_image3.pipeline import filler_ids
     cot = list(filler_ids(req.max_new_tokens))
     head = 1 + len(prompt_ids) if condition_prefix is None else len(condition_prefix.ids) + 1
     ar = head + req.max_new_tokens + 2

@@ -31,8 +31,9 @@ from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
 from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
-from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, filler_ids, resolution_table, to_uint8, warmup_request
-from models.hunyuan_image3.requests import Limits, T2IRequest, hw_to_size, size_to_hw
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, to_uint8
+from models.hunyuan_image3.requests import Limits, T2IRequest, filler_ids, hw_to_size, size_to_hw, warmup_request
+from models.hunyuan_image3.resolutions import resolution_table
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ from dtgen.attention import AttentionMeta, structured_mask
 from models.hunyuan_image3.cond_image import reference_tensor, resize_and_crop, vae_bucket, vae_pixels
 from models.hunyuan_image3.instruct import (ConditionShape, ConditionTokens, encode_with_specials, instruct_prefix,
                                             prompt_condition, splice_rows)
-from models.hunyuan_image3.pipeline import (HunyuanT2IPipeline, T2IRequest, build_diffusion_sequence,
-                                            build_instruct_diffusion_sequence, resolution_table)
+from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence, build_instruct_diffusion_sequence
+from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+from models.hunyuan_image3.requests import T2IRequest
+from models.hunyuan_image3.resolutions import resolution_table
 from models.hunyuan_image3.rope import rope_cos_sin
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[3] / "shared" / "golden"
@@ -462,7 +464,9 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     `golden_noise`: start from the case's initial latents instead of the seed's draw (torch's
     CPU generator draws other bf16 normals on other torch versions: the GPU stack's 2.11 is
     not the goldens' 2.13, so there only the draw would differ)."""
-    from models.hunyuan_image3.pipeline import _no_progress, _Run, _Timer, to_uint8
+    from dtgen.timing import Timer
+    from models.hunyuan_image3.pipeline import to_uint8
+    from models.hunyuan_image3.requests import RequestRun, no_progress
     from dtgen.profiling import NullProfiler
     t, meta = case.t, case.meta
     # A trajectory's differences grow with the steps: its own (looser) tolerance.
@@ -490,7 +494,7 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     out.append(case.exact("sigmas", sigmas, t["sigmas"]))
     out.append(case.exact("timesteps", sigmas[:-1] * 1000, t["timesteps"]))
 
-    r = _Run(_Timer(pipe.device), {}, {}, _no_progress, NullProfiler())
+    r = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
     latents = pipe.run_denoise(req, seq, r, noise=t[f"{run}_latents"][0] if golden_noise else None)
     rec = r.record
     fed = rec["step_inputs"]
