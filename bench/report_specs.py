@@ -877,24 +877,13 @@ TABLES += [
     ]),
     Table("s12-serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
                              "p99", "server RSS at the end / max"], [
-        Row(["1", Value("load[concurrency=1].requests"), Value("load[concurrency=1].every_request_answered", lambda v: "yes" if v else "**no**"),
-             Join([Value("load[concurrency=1].server_accepted"), Value("load[concurrency=1].server_finished")], " accepted, ", suffix=" ended"),
-             Value("load[concurrency=1].images"), Value("load[concurrency=1].images_per_min", "{:.1f}"), Value("load[concurrency=1].latency_ms.p50", "{:.0f} ms", scale=1.0),
-             Value("load[concurrency=1].latency_ms.p99", "{:.0f} ms"),
-             Join([Value("load[concurrency=1].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=1].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
-            file=SERVE_LOAD),
-        Row(["4", Value("load[concurrency=4].requests"), Value("load[concurrency=4].every_request_answered", lambda v: "yes" if v else "**no**"),
-             Join([Value("load[concurrency=4].server_accepted"), Value("load[concurrency=4].server_finished")], " accepted, ", suffix=" ended"),
-             Value("load[concurrency=4].images"), Value("load[concurrency=4].images_per_min", "{:.1f}"), Value("load[concurrency=4].latency_ms.p50", "{:.0f} ms", scale=1.0),
-             Value("load[concurrency=4].latency_ms.p99", "{:.0f} ms"),
-             Join([Value("load[concurrency=4].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=4].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
-            file=SERVE_LOAD),
-        Row(["16", Value("load[concurrency=16].requests"), Value("load[concurrency=16].every_request_answered", lambda v: "yes" if v else "**no**"),
-             Join([Value("load[concurrency=16].server_accepted"), Value("load[concurrency=16].server_finished")], " accepted, ", suffix=" ended"),
-             Value("load[concurrency=16].images"), Value("load[concurrency=16].images_per_min", "{:.1f}"), Value("load[concurrency=16].latency_ms.p50", "{:.0f} ms", scale=1.0),
-             Value("load[concurrency=16].latency_ms.p99", "{:.0f} ms"),
-             Join([Value("load[concurrency=16].rss_bytes.end", "{:.0f}", scale=1e-6), Value("load[concurrency=16].rss_bytes.max", "{:.0f} MB", scale=1e-6)], " / ")],
-            file=SERVE_LOAD),
+        Row([str(c), Value(f"{L}.requests"), Value(f"{L}.every_request_answered", lambda v: "yes" if v else "**no**"),
+             Join([Value(f"{L}.server_accepted"), Value(f"{L}.server_finished")], " accepted, ", suffix=" ended"),
+             Value(f"{L}.images"), Value(f"{L}.images_per_min", "{:.1f}"), Value(f"{L}.latency_ms.p50", "{:.0f} ms"),
+             Value(f"{L}.latency_ms.p99", "{:.0f} ms"),
+             Join([Value(f"{L}.rss_bytes.end", "{:.0f}", scale=1e-6), Value(f"{L}.rss_bytes.max", "{:.0f} MB", scale=1e-6)],
+                  " / ")], file=SERVE_LOAD)
+        for c, L in ((c, f"load[concurrency={c}]") for c in (1, 4, 16))
     ], note="Tiny model, one CPU process, 2 steps and 2 AR tokens a request, random sizes from the model's table "
             "(those its positions cannot hold: 422 up front), 10% cancelled after a random wait, 5% malformed bodies, "
             "5% clients that leave mid-request; a queue of 16. Run on a shared 2-core machine (helpers' tests ran "
