@@ -95,6 +95,18 @@ def discover_ti2i_cases() -> list[Path]:
     return discover_cases(TI2I_ROOT, "DTGEN_GOLDEN_TI2I_DIRS")
 
 
+# The VAE encoder's outputs end a chain of ~20 float32 3-D convolutions and GroupNorms on
+# random weights, with values up to ~9 (case ti2i_a). Their float32 noise is set by the
+# summation order the CPU's kernels pick, which follows the thread count and the process's
+# history: the same code on one 2-core machine measured 0.95e-5 to 2.0e-5 from the golden
+# (1, 2, 4+ threads; 2.0e-5 after a full suite), so an absolute 1e-5 near zero-valued
+# elements fails on machines, not on bugs. For these tensors atol is taken relative to the
+# tensor's largest value (1e-5 of max |golden|, ~9e-5 here); a wrong padding, eps or
+# channel order moves them by 1e-2 or more.
+MAGNITUDE_SCALED_ATOL = frozenset({"cond_vae_posterior_mean", "cond_vae_posterior_logvar", "cond_vae_latent",
+                                   "pipeline_cond_vae_latent"})
+
+
 class GoldenCase:
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -109,10 +121,13 @@ class GoldenCase:
 
     def check(self, name: str, ours: torch.Tensor, golden: torch.Tensor, rtol: float | None = None,
               atol: float | None = None) -> GoldenCheck:
-        """Values within atol + rtol * |golden| (the case's single-call tolerances by default)."""
+        """Values within atol + rtol * |golden| (the case's single-call tolerances by default;
+        for `MAGNITUDE_SCALED_ATOL` tensors atol times max(1, max |golden|))."""
         rtol, atol = self.rtol if rtol is None else rtol, self.atol if atol is None else atol
         ours = ours.detach().float().cpu().reshape(golden.shape)
         golden = golden.float()
+        if name in MAGNITUDE_SCALED_ATOL:
+            atol = atol * max(1.0, float(golden.abs().max()))
         diff = (ours - golden).abs()
         ok = bool((diff <= atol + rtol * golden.abs()).all())
         rel_l2 = float((ours - golden).norm() / golden.norm().clamp_min(1e-30))
