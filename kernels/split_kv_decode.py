@@ -72,19 +72,22 @@ class DecodeSchedule(NamedTuple):
 # ------------------------------------------------------------------------------ schedules
 
 
-def _request_tiles(lengths: torch.Tensor, cache_len: int, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _request_tiles(lengths: torch.Tensor, cache_len: int,
+                   tile: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tiles [B], req_begin [B + 1], req_end [B]). req_end is the cumsum itself, not a slice of
+    req_begin: inductor (torch 2.11) cannot lower a searchsorted whose sorted sequence is a
+    slice view of a computed buffer (NotImplementedError: SliceView)."""
     if lengths.dim() != 1 or lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"split_kv_decode: lengths must be int32/int64 [B], got {lengths.dtype} {tuple(lengths.shape)}")
     if tile < 16 or tile & (tile - 1):
         raise ValueError(f"split_kv_decode: tile must be a power of two >= 16, got {tile}")
     tiles = (lengths.long().clamp(0, cache_len) + tile - 1) // tile
     req_end = torch.cumsum(tiles, 0)
-    return tiles, torch.cat([req_end.new_zeros(1), req_end])
+    return tiles, torch.cat([req_end.new_zeros(1), req_end]), req_end
 
 
-def _finish(prog_begin: torch.Tensor, req_begin: torch.Tensor, tile: int) -> DecodeSchedule:
+def _finish(prog_begin: torch.Tensor, req_begin: torch.Tensor, req_end: torch.Tensor, tile: int) -> DecodeSchedule:
     P = prog_begin.shape[0] - 1
-    req_end = req_begin[1:]
     prog_req = torch.searchsorted(req_end, prog_begin[:-1], right=True)
     # The last program whose range starts at or before the request's first (last) tile.
     req_first = (torch.searchsorted(prog_begin, req_begin[:-1], right=True) - 1).clamp(0, P - 1)
@@ -99,22 +102,22 @@ def balanced_schedule(lengths: torch.Tensor, cache_len: int, num_programs: int,
     """Every program gets floor or ceil of (all tiles) / num_programs consecutive tiles."""
     if num_programs < 1:
         raise ValueError(f"split_kv_decode: num_programs must be >= 1, got {num_programs}")
-    _, req_begin = _request_tiles(lengths, cache_len, tile)
+    _, req_begin, req_end = _request_tiles(lengths, cache_len, tile)
     total = req_begin[-1]
     prog_begin = torch.arange(num_programs + 1, device=lengths.device) * total // num_programs
-    return _finish(prog_begin, req_begin, tile)
+    return _finish(prog_begin, req_begin, req_end, tile)
 
 
 def static_schedule(lengths: torch.Tensor, cache_len: int, splits: int, tile: int = DEFAULT_TILE) -> DecodeSchedule:
     """The baseline: `splits` programs per request, each ceil(its tiles / splits) tiles."""
     if splits < 1:
         raise ValueError(f"split_kv_decode: splits must be >= 1, got {splits}")
-    tiles, req_begin = _request_tiles(lengths, cache_len, tile)
+    tiles, req_begin, req_end = _request_tiles(lengths, cache_len, tile)
     chunk = (tiles + splits - 1) // splits                                           # [B]
     s = torch.arange(splits, device=lengths.device)
     begin = req_begin[:-1, None] + torch.minimum(s[None, :] * chunk[:, None], tiles[:, None])   # [B, splits]
     prog_begin = torch.cat([begin.flatten(), req_begin[-1:]])
-    return _finish(prog_begin, req_begin, tile)
+    return _finish(prog_begin, req_begin, req_end, tile)
 
 
 def default_num_programs(device: torch.device, kv_heads: int) -> int:
@@ -254,36 +257,44 @@ def _split_kv_kernel(
 def _merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, prog_begin_ptr, req_begin_ptr, req_first_ptr, req_last_ptr,
     s_pn, s_ph, s_ln, s_ob, s_oh,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program (request b, kv head h): the LSE merge of b's partials for h's query heads."""
+    """Program (request b, query head h): the LSE merge of b's partials for h.
+
+    The partials are read BLOCK_P programs at a time (one vector load of their LSEs, one tile
+    load of their outputs), each chunk folded into a running max: a request spread over
+    every program of the grid costs a couple of chunks, not one dependent load per program."""
     b = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    g = tl.arange(0, BLOCK_G)
+    head = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
-    heads = kv_head * GROUP + g
-    g_ok = g < GROUP
-    tile_ok = g_ok[:, None] & (d[None, :] < HEAD_DIM)
+    d_ok = d < HEAD_DIM
+    pp = tl.arange(0, BLOCK_P)
     r_begin = tl.load(req_begin_ptr + b)
     r_end = tl.load(req_begin_ptr + b + 1)
-    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
-    for p in range(tl.load(req_first_ptr + b), tl.load(req_last_ptr + b) + 1):
-        overlap = tl.minimum(tl.load(prog_begin_ptr + p + 1), r_end) - tl.maximum(tl.load(prog_begin_ptr + p), r_begin)
-        if overlap > 0:   # program p wrote a partial of request b (row p + b)
-            row = (p + b).to(tl.int64)
-            lse = tl.load(part_lse_ptr + row * s_ln + heads, mask=g_ok, other=0.0)
-            o = tl.load(part_o_ptr + row * s_pn + heads[:, None] * s_ph + d[None, :], mask=tile_ok, other=0.0)
-            m_new = tl.maximum(m, lse)
-            alpha = tl.exp(m - m_new)
-            w = tl.exp(lse - m_new)
-            l = l * alpha + w
-            acc = acc * alpha[:, None] + w[:, None] * o
-            m = m_new
-    out = tl.where(l[:, None] > 0, acc / tl.where(l > 0, l, 1.0)[:, None], 0.0)   # no keys: 0
-    tl.store(out_ptr + b.to(tl.int64) * s_ob + heads[:, None] * s_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=tile_ok)
+    p_lo = tl.load(req_first_ptr + b)
+    p_hi = tl.load(req_last_ptr + b)
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for p0 in range(p_lo, p_hi + 1, BLOCK_P):
+        p = p0 + pp
+        in_range = p <= p_hi
+        begin = tl.load(prog_begin_ptr + p, mask=in_range, other=0)
+        end = tl.load(prog_begin_ptr + p + 1, mask=in_range, other=0)
+        ok = in_range & (tl.minimum(end, r_end) - tl.maximum(begin, r_begin) > 0)   # p wrote row p + b
+        row = (p + b).to(tl.int64)
+        lse = tl.load(part_lse_ptr + row * s_ln + head, mask=ok, other=float("-inf"))
+        o = tl.load(part_o_ptr + row[:, None] * s_pn + head * s_ph + d[None, :], mask=ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # a chunk with no partial of b
+        alpha = tl.exp(m - m_safe)
+        w = tl.where(ok, tl.exp(lse - m_safe), 0.0)
+        l = l * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        m = m_new
+    out = tl.where(l > 0, acc / tl.where(l > 0, l, 1.0), 0.0)   # no keys: 0
+    tl.store(out_ptr + b.to(tl.int64) * s_ob + head * s_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 TRITON_INTERPRETED = not isinstance(_split_kv_kernel, JITFunction)
@@ -326,10 +337,10 @@ def split_kv_decode_triton(q, k_cache, v_cache, lengths, prog_begin, prog_req, r
         part_lse.stride(0),
         GROUP=group, HEAD_DIM=D, BLOCK_G=block_g, BLOCK_N=tile, BLOCK_D=block_d, DOT_PRECISION=precision,
         DOT_F32=dot_f32, num_warps=4, num_stages=2)
-    _merge_kernel[(B, Hkv)](
+    _merge_kernel[(B, Hq)](
         part_o, part_lse, out, prog_begin, req_begin, req_first, req_last,
         part_o.stride(0), part_o.stride(1), part_lse.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=D, BLOCK_G=block_g, BLOCK_D=block_d, num_warps=4)
+        HEAD_DIM=D, BLOCK_P=min(32, triton.next_power_of_2(P)), BLOCK_D=block_d, num_warps=2)
     return out
 
 
