@@ -9,10 +9,13 @@ experts in FP8 by default as the one-GPU run has them), plan `single`, compiled 
 decode step replayed as a CUDA graph. Every `--decode-impls` entry gets its own pipeline
 over the one loaded model. After a 1251-token prompt it decodes `--tokens` tokens the way
 `run_ar` does and reports, per decode impl:
-- step: one token's wall time: the sampled id to the host (the stop check, the one sync
-  per token), then the compiled decode step (embedding, layers, lm_head, sampling in the
-  graph, replayed as a CUDA graph), its logits cloned;
-- feed: the same without the per-token sync (what the host-side launch costs);
+- step: one token's wall time as `run_ar`'s loop (dtgen/ar.py TokenDecode) has it: the
+  compiled decode step launched (embedding, layers, lm_head, sampling in the graph, replayed
+  as a CUDA graph), then the host reads the previous step's token (the stop check, one step
+  late, so the next launch overlaps this step's device time);
+- synced: the host waits for each token before launching the next step (what a batched
+  decode does: its rows end at different steps);
+- feed: launches alone, no token read (what the host-side launch costs);
 - device: the GPU time of one step's kernels (torch.profiler), with the top kernels: the
   layers, the lm_head GEMV (a 133120 x 4096 bf16 read: ~0.25 ms at 4.3 TB/s), the sampler;
   the kernels a step launches and their time by kind (routed experts, dense GEMVs,
@@ -70,6 +73,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_decode needs a CUDA GPU; nothing to do here.")
         return 0
+    from dtgen.ar import TokenReader
     from dtgen.compile import CompileOptions
     from models.hunyuan_image3.loading import load
     from dtgen.sampling import Sampling
@@ -121,7 +125,17 @@ def main(argv=None) -> int:
             _, token = pipe._feed(pipe._prefill_fn, rt, ids, 0, cache, budget, sampling, generator, static_slots=True)
             pos = len(ids)
 
-            def step():   # what run_ar does per token: the token to the host (stop check), the step
+            reader = TokenReader(device)
+            reader.push(token)
+
+            def step():   # what run_ar does per token: launch the step, then read the previous token
+                nonlocal token, pos
+                _, token = pipe._feed(pipe._decode_fn, rt, token.view(1, 1), pos, cache, budget, sampling, generator)
+                reader.pop()
+                reader.push(token)
+                pos += 1
+
+            def synced():   # the token to the host before the next step is launched
                 nonlocal token, pos
                 int(token)
                 _, token = pipe._feed(pipe._decode_fn, rt, token.view(1, 1), pos, cache, budget, sampling, generator)
@@ -137,6 +151,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             warm_s = time.perf_counter() - t0
             step_runs = [_ms(step, max(1, args.tokens // 8)) for _ in range(4)]
+            synced_ms = _ms(synced, args.tokens // 4)
             feed_ms = _ms(feed, args.tokens // 4)
             iters = 8
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -161,12 +176,13 @@ def main(argv=None) -> int:
         step_ms = statistics.median(step_runs)
         results["impls"][impl] = {
             "step_ms": {"median": step_ms, "min": min(step_runs), "max": max(step_runs), "runs": step_runs},
-            "feed_ms": feed_ms, "device_ms": device_us / 1e3, "floor_ms": floor_ms, "warmup_s": round(warm_s, 1),
+            "synced_ms": synced_ms, "feed_ms": feed_ms, "device_ms": device_us / 1e3, "floor_ms": floor_ms, "warmup_s": round(warm_s, 1),
             "kernel_launches_per_step": sum(n for _, _, n in kernels),
             "by_kind": {k: {"ms": round(v["us"] / 1e3, 4), "launches": v["launches"]} for k, v in by_kind.items()},
             "kernels": [(k, round(us, 2), n) for k, us, n in kernels[:args.kernels]]}
         print(f"AR decode [{impl}], {args.layers} layers: step {step_ms:.3f} ms/token (runs "
-              f"{min(step_runs):.3f}-{max(step_runs):.3f}; without the per-token sync {feed_ms:.3f}); device "
+              f"{min(step_runs):.3f}-{max(step_runs):.3f}; each token waited for {synced_ms:.3f}; launches alone "
+              f"{feed_ms:.3f}); device "
               f"{device_us / 1e3:.3f} ms in {sum(n for _, _, n in kernels):.0f} launches; floor {floor_ms:.3f} ms",
               flush=True)
         for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["us"]):
