@@ -1,4 +1,5 @@
-"""The host side of a warm process: Python's garbage collector after compilation.
+"""The host side of a warm process: Python's garbage collector after compilation, and the
+C heap handed back when a server goes idle.
 
 Compiling the phase steps leaves about a million long-lived Python objects per process
 (FX graphs, guards, inductor's caches, CUDA-graph trees; more with depth). Python's
@@ -10,9 +11,13 @@ GPUs). Servers built on torch.compile freeze the heap once warm for the same rea
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import time
 from dataclasses import dataclass, field
+
+_LIBC = None
 
 
 def settle_heap() -> None:
@@ -21,6 +26,28 @@ def settle_heap() -> None:
     load): the objects made by then live as long as the process."""
     gc.collect()
     gc.freeze()
+
+
+def trim_heap() -> bool:
+    """Return the C heap's free pages to the OS (glibc's malloc_trim(0)); False where there is
+    no glibc. A request's host tensors (latents, images, PNG bytes, request bodies) are freed
+    but glibc keeps their pages mapped, fragmented among live blocks: measured on the tiny
+    CPU model, a server's resident memory after 100 requests sat 23% above where it started
+    with nothing live. Call it when the process goes idle (an engine with no job waiting):
+    it walks the heap, so not between steps."""
+    global _LIBC
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        try:
+            _LIBC = ctypes.CDLL(name) if name else False
+        except OSError:
+            _LIBC = False
+        if _LIBC is not False and not hasattr(_LIBC, "malloc_trim"):
+            _LIBC = False
+    if _LIBC is False:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
 
 
 @dataclass

@@ -45,6 +45,8 @@ from typing import Any, Callable, Protocol
 import torch
 import torch.distributed as dist
 
+from dtgen.host import trim_heap
+
 from .errors import Cancelled
 from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard
 
@@ -454,17 +456,21 @@ class Engine:
             self.link.send({"op": "warm_up"})
             self.adapter.warm_up(lambda phase, done, total: None)
             self.ready.set()
-            last = time.monotonic()
+            last, idle = time.monotonic(), False
             while not self.stopped.is_set() and self.broken is None:
                 jobs = self.board.next_batch(min(self.ping_s, 0.2), self.max_batch)
                 if not jobs:
+                    if not idle:   # the queue ran dry: hand the freed host memory back, once
+                        self.link.send({"op": "trim"})
+                        trim_heap()
+                        idle = True
                     if time.monotonic() - last >= self.ping_s:
                         self.link.send({"op": "ping"})
                         self.heartbeat("idle")
                         last = time.monotonic()
                     continue
                 self._run(jobs)
-                last = time.monotonic()
+                last, idle = time.monotonic(), False
             if self.broken is None:
                 self.link.send({"op": "exit"})
         except LinkBroken as e:
@@ -636,7 +642,9 @@ class Engine:
             self.heartbeat(op)
             if op == "exit":
                 return None
-            if op == "warm_up":
+            if op == "trim":
+                trim_heap()
+            elif op == "warm_up":
                 self.adapter.warm_up(lambda phase, done, total: None)
             elif op == "run":
                 job_no = command["job"]

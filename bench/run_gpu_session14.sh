@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Session 14's GPU calls (one H200), each step under a time limit; results in $OUT (JSON,
+# summary.txt, and the logs as logs.tgz).
+#   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh tests,micro,decode     # call 2
+#   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh peers,t2i              # call 3
+# tests:  every one-GPU test (`-m "gpu and not multigpu"`), with the golden cases and diffusers
+#         where they were carried (.golden/golden, .golden/golden-taylor; .whl/ wheels).
+# micro:  the decode step's new ops alone: the fused MoE router, the decode GEMV (bf16, FP8).
+# decode: bench_decode, 32 layers, FP8 experts, regions: the dense linears in bf16, then FP8.
+# peers:  Qwen-Image's MMDiT, dtgen vs diffusers, 1024x1024, bf16 (bench_qwen_peers).
+# t2i:    the CLI's T2I on the released shapes (random weights, FP8 experts, 256 AR tokens,
+#         10 steps) with the dense linears in bf16 and in FP8: the user's decode figure.
+set -u
+OUT=${OUT:-outputs/gpu14}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ! python3 -c "import diffusers" 2>/dev/null && ls .whl/*.whl > /dev/null 2>&1; then
+  pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/pip.log" 2>&1 || tail -3 "$OUT/pip.log"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+[ -d .golden/golden ] && export DTGEN_GOLDEN_DIRS=$PWD/.golden/golden
+[ -d .golden/golden-taylor ] && export DTGEN_GOLDEN_TAYLOR_DIRS=$PWD/.golden/golden-taylor
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
+  grep -v "it/s\]\|Warning\|warn" "$OUT/$name.log" | tail -n "${TAIL:-6}"; }
+T2I="python3 -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile --prompt-tokens 1251
+  --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10"
+for stage in ${1//,/ }; do case "$stage" in
+tests)
+  TAIL=14 step gpu_tests 330 python3 -m pytest -q -m "gpu and not multigpu" -p no:cacheprovider --durations=10 tests
+  ;;
+micro)
+  TAIL=12 step bench_moe_router 60 python3 -m bench.bench_moe_router --out "$OUT/bench_moe_router.json"
+  TAIL=24 step bench_decode_gemv 90 python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
+  ;;
+decode)
+  TAIL=14 step decode_bf16 120 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
+      --tokens 64 --kernels 12 --out "$OUT/decode_bf16.json"
+  TAIL=14 step decode_dense_fp8 120 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
+      --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
+  ;;
+peers)
+  TAIL=16 step qwen_peers 240 python3 -m bench.bench_qwen_peers --out "$OUT/qwen_peers.json"
+  ;;
+t2i)
+  step t2i_bf16 150 $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
+  step t2i_dense_fp8 150 $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
+  ;;
+*) echo "unknown stage $stage (tests, micro, decode, peers, t2i)"; exit 2 ;;
+esac; done
+# At most 8 files come back from a device call: the logs travel as one archive.
+(cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
+cat "$OUT/summary.txt"
