@@ -32,7 +32,7 @@ from .diffusion_sequence import DiffusionSequence, build_diffusion_sequence, bui
 from .instruct import ConditionTokens
 from .model import HunyuanImage3ForCausalMM
 from .parallel_vae import parallel_decode
-from .requests import RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
+from .requests import Limits, RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
 from .resolutions import parse_image_size, resolution_table
 from .stack import KV_CACHE_POLICIES, DecoderStack
 from .tokenizer import SpecialTokens
@@ -153,9 +153,10 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         which says who leaves the batch there (a cancel, a deadline, that request's own error);
         the others go on as if it had never been there. Returns, per request, its result or
         the exception it left with. An error inside a shared step raises: it ends them all."""
+        # Without the tokenizer: the positions are checked per member as its sequences are built.
+        limits = Limits.of(self.cfg)
         for req in reqs:
-            if req.cfg_mode not in ("serial", "batch"):
-                raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
+            req.check(limits)   # the request's one check (the CLI's and the server's): a bad field, before any work
         batch = BatchMembers(len(reqs), progress)
         profiler = profiler or NullProfiler()
         runs = [RequestRun(Timer(self.device), {}, {}, batch.progress_of(j), profiler) for j in range(len(reqs))]

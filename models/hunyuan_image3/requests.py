@@ -4,8 +4,9 @@
 request's phases share while it runs (its clock, timings, record, progress, profiler).
 `T2IRequest.check(limits)` names the first bad field in a `RequestError` (dtgen/requests.py):
 the CLI turns it into `error: --flag ...` and exit status 2, the server into a 422 naming
-the JSON field. With the tokenizer in `limits`, the position budget of the whole request
-(its AR and denoise sequences) is checked too, so a request is refused before it is queued.
+the JSON field; the pipeline runs it on every request it is given. With the tokenizer in
+`limits`, the position budget of the whole request (its AR and denoise sequences) is checked
+too, so a request is refused before it is queued.
 """
 from __future__ import annotations
 
