@@ -23,7 +23,6 @@ from dtgen.batching import BatchHook, BatchMembers, MemberLeft, Progress, per_me
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
-from dtgen.timing import Timer
 
 from .ar import AR_CACHE_ROUND, DECODE_IMPLS, ARPhase
 from .condition import EditCondition
@@ -159,7 +158,7 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
             req.check(limits)   # the request's one check (the CLI's and the server's): a bad field, before any work
         batch = BatchMembers(len(reqs), progress)
         profiler = profiler or NullProfiler()
-        runs = [RequestRun(Timer(self.device), {}, {}, batch.progress_of(j), profiler) for j in range(len(reqs))]
+        runs = [RequestRun.fresh(self.device, batch.progress_of(j), profiler) for j in range(len(reqs))]
         t_start = runs[0].timer.now()
         prepared = self.run_ar_phases(reqs, runs, batch)
         parts: dict[tuple, list[int]] = {}
