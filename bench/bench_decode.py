@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: --decode-impls: {impl!r} is not one of {DECODE_IMPLS}")
     device = torch.device("cuda")
     t0 = time.perf_counter()
-    loaded = load(None, get_plan("single"), 0, 1, torch.bfloat16, device, "auto",
+    loaded = load(None, get_plan("single"), 0, 1, torch.bfloat16, device, moe_impl="auto",
                   random_config=full_config(args.layers), moe_dtype=args.moe_dtype, dense_dtype=args.dense_dtype)
     load_s = time.perf_counter() - t0
     model = loaded.model

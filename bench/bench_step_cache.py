@@ -71,10 +71,8 @@ def deviation(out: str | None) -> int:
     """Each cache's deviation from the uncached run on the tiny golden-taylor cases (CPU,
     float32, dtgen's own runs): final latents' relative L2 and the image's largest uint8
     difference, beside the share of steps computed in full (what the cache saves)."""
-    from dtgen.profiling import NullProfiler
-    from dtgen.timing import Timer
     from models.hunyuan_image3.pipeline import to_uint8
-    from models.hunyuan_image3.requests import RequestRun, no_progress
+    from models.hunyuan_image3.requests import RequestRun
     # The golden harness is test support (tests/support/, not installed): run from a checkout.
     from tests.support.golden import GoldenCase, discover_taylor_cases, sampling_runs, sampling_request
     from tests.support.golden import sampling_sequence
@@ -86,7 +84,7 @@ def deviation(out: str | None) -> int:
         finals = {}
         for run in sampling_runs(case):
             req = sampling_request(case, run)
-            r = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
+            r = RequestRun.fresh(pipe.device)
             latents = pipe.run_denoise(req, sampling_sequence(case, pipe), r)
             report = (r.record.get("step_cache") or [None])[0]
             finals[run] = (req, latents, to_uint8(pipe.decode_image(latents)).int(), report)

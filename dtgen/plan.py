@@ -109,6 +109,13 @@ class Plan:
         return math.prod(size for _, size in self.grid)
 
 
+def find_plan(plans: Mapping[str, Plan], name: str, model: str) -> Plan:
+    """`plans[name]` (a placements module's PLANS), or one line naming the model's plans."""
+    if name not in plans:
+        raise PlanError(f"unknown {model} plan {name!r}; known: {sorted(plans)}")
+    return plans[name]
+
+
 # --------------------------------------------------------------------------------------
 # Resolution: what a plan means for the ranks
 # --------------------------------------------------------------------------------------

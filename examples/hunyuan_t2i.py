@@ -348,7 +348,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
         # What a card of this size would allow: the allocator fails past it, as that card would.
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / torch.cuda.get_device_properties(device).total_memory),
                                                    device)
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, args.moe_impl,
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl=args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                   image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget,
                   vae_dtype=args.vae_dtype, dense_dtype=getattr(args, "dense_dtype", "model"))
@@ -429,7 +429,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
             # The same experts' storage: FP8 scales belong to the official matrices, so the
             # single-process model quantizes every weight as the plan's ranks did.
             with reference_threads(ctx, device):
-                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, "eager",
+                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, moe_impl="eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                                  image_editing=args.image is not None, dense_dtype=args.dense_dtype)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)

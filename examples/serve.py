@@ -82,7 +82,8 @@ def _max_batch(args) -> int:
 def _options(args) -> ServeOptions:
     return ServeOptions(host=args.host, port=args.port, max_queued=args.max_queued, deadline_s=args.deadline,
                         ping_s=args.ping, end_timeout_s=args.end_timeout,
-                        max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_batch=_max_batch(args))
+                        max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_batch=_max_batch(args),
+                        models=tuple((s.makes, s.title) for s in registry.specs()))
 
 
 def choose_model(argv, only: str | None = None) -> tuple[ModelSpec | None, str | None]:

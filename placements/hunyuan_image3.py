@@ -4,7 +4,7 @@ Parameter rules are the same in every plan (they say *how* a weight splits); the
 differ in the device grid and in which grid axes each phase uses for TP and SP (they say
 *how far*). See docs/placements.md for how to add one.
 """
-from dtgen.plan import Output, PhasePlan, Plan, Rule
+from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
 
 PARAM_RULES = {
     "model.wte.weight": Rule.REPLICATE,
@@ -155,7 +155,4 @@ PLANS.update({
 
 
 def get_plan(name: str) -> Plan:
-    try:
-        return PLANS[name]
-    except KeyError:
-        raise KeyError(f"unknown plan {name!r}; shipped plans: {sorted(PLANS)}") from None
+    return find_plan(PLANS, name, "HunyuanImage-3")

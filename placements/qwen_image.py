@@ -6,7 +6,7 @@ not by the plan). Unlike Wan's DiT, this one's QK norms are per head, so it spli
 (TP, diffusers' `_tp_plan`), by sequence (SP) and by CFG branch. The TP rules are the same in
 every phase; a phase's `tp` axes say how far they go.
 """
-from dtgen.plan import Output, PhasePlan, Plan, PlanError, Rule
+from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
 
 _BLOCK = "transformer.transformer_blocks.*."
 _LAYER = "text_encoder.model.layers.*."
@@ -51,6 +51,4 @@ PLANS = {
 
 
 def get_plan(name: str) -> Plan:
-    if name not in PLANS:
-        raise PlanError(f"unknown Qwen-Image plan {name!r}; known: {sorted(PLANS)}")
-    return PLANS[name]
+    return find_plan(PLANS, name, "Qwen-Image")

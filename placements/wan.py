@@ -6,7 +6,7 @@ the plan). The DiT is never tensor-parallel: its QK norms are RMSNorms across al
 runs replicated and spreads over ranks by sequence (SP) and by CFG branch. The text encoder
 is replicated (every rank encodes the same prompt, nothing moves) or TP over the ranks.
 """
-from dtgen.plan import Output, PhasePlan, Plan, PlanError, Rule
+from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
 
 _ENCODER = "text_encoder.encoder.block.*.layer."
 PARAM_RULES = {
@@ -78,6 +78,4 @@ PLANS = {
 
 
 def get_plan(name: str) -> Plan:
-    if name not in PLANS:
-        raise PlanError(f"unknown Wan plan {name!r}; known: {sorted(PLANS)}")
-    return PLANS[name]
+    return find_plan(PLANS, name, "Wan")

@@ -75,7 +75,7 @@ def job(ctx, args) -> dict:
         e = eager.generate(T2IRequest(**REQUEST))
         replay = T2IRequest(**REQUEST, forced_tokens=tuple(e.tokens), forced_ratio=e.ratio_index)
         if ctx.rank == 0 and reference is None:
-            single = load(ckpt, get_plan("single"), 0, 1, dtype, ctx.device, "eager")
+            single = load(ckpt, get_plan("single"), 0, 1, dtype, ctx.device, moe_impl="eager")
             reference = _pipe(single, ctx.device, False, True).generate(replay)
         _say(ctx, t0, f"{plan}: eager done; compiling")
         compiled = _pipe(loaded, ctx.device, True, ctx.rank == 0, args.backend, args.regions)

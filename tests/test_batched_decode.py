@@ -11,11 +11,9 @@ import pytest
 import torch
 
 from dtgen.launch import RankPool
-from dtgen.profiling import NullProfiler
-from dtgen.timing import Timer
 from models.hunyuan_image3.loading import load
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
-from models.hunyuan_image3.requests import RequestRun, T2IRequest, no_progress
+from models.hunyuan_image3.requests import RequestRun, T2IRequest
 from placements.hunyuan_image3 import get_plan
 
 REQUESTS = [T2IRequest(prompt="a fox", max_new_tokens=5, seed=1, ignore_stop=True),
@@ -30,7 +28,7 @@ def _pipe(ckpt, plan="single", rank=0, world=1, **kw):
 
 
 def _alone(pipe, req):
-    run = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
+    run = RequestRun.fresh(pipe.device)
     tokens, ratio = pipe.run_ar(req, run)
     return tokens, ratio, run.record["ar_logits"]
 

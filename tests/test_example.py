@@ -47,7 +47,7 @@ def test_the_demo_edits_an_image(cache_env, tmp_path):
 
 def test_bad_arguments_exit_with_a_message(cache_env, capsys):
     assert main(["--plan", "nope"]) == 2
-    assert "unknown plan 'nope'" in capsys.readouterr().err
+    assert "unknown HunyuanImage-3 plan 'nope'; known: [" in capsys.readouterr().err
     assert main(["--world-size", "2", "--plan", "hybrid"]) == 2
     assert "runs on 4 ranks" in capsys.readouterr().err
     assert main(["--dtype", "int3"]) == 2

@@ -65,13 +65,11 @@ def test_an_edit_through_the_taylor_cache(case_results):
     sequence): every step in full (interval 1) is the uncached run bit for bit, and a cached
     step is the head on the extrapolation of the full steps' stack outputs (order 0 after one
     update: the last full step's output, at the cached step's timestep)."""
-    from dtgen.profiling import NullProfiler
     from dtgen.step_cache import TaylorConfig
     from tests.support.golden import ti2i_condition
     from models.hunyuan_image3.instruct import encode_with_specials, instruct_prefix
-    from dtgen.timing import Timer
     from models.hunyuan_image3.diffusion_sequence import build_instruct_diffusion_sequence
-    from models.hunyuan_image3.requests import RequestRun, no_progress
+    from models.hunyuan_image3.requests import RequestRun
     case, _, pipe = case_results
     inputs = case.meta["conditioning"]["inputs"]
     shape, cond = ti2i_condition(case, pipe)
@@ -89,7 +87,7 @@ def test_an_edit_through_the_taylor_cache(case_results):
         return h, v
 
     def denoise(cache):
-        run = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
+        run = RequestRun.fresh(pipe.device)
         pipe.run_denoise(T2IRequest(steps=4, seed=3, step_cache=cache), seq, run, cond)
         return run.record
     plain = denoise(None)

@@ -135,6 +135,18 @@ def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint)
     assert torch.equal(reused.latents, fresh.latents)
 
 
+def test_the_pipeline_runs_the_requests_own_check_before_any_work(tiny_checkpoint):
+    """generate (and so generate_batch) checks every request with `T2IRequest.check`, the
+    CLI's and the server's check: a bad field is its `RequestError`, no phase runs."""
+    from dtgen.serve.errors import RequestError
+    from models.hunyuan_image3.requests import T2IRequest
+    pipe = _tiny_pipe(tiny_checkpoint)
+    pipe.run_ar_phases = None   # calling it would raise a TypeError, not the request's error
+    with pytest.raises(RequestError) as e:
+        pipe.generate(T2IRequest(prompt="a fox", cfg_mode="both"))
+    assert e.value.field == "cfg_mode" and e.value.message == "must be 'serial' or 'batch', got 'both'"
+
+
 def test_stop_token_read_one_step_late_changes_nothing(tiny_checkpoint):
     """The decode loop launches step i before the host has read token i (so host work overlaps
     the device); a stop token's step is dropped. The result must equal a run that stops at the

@@ -285,7 +285,9 @@ def test_a_video_request_to_an_image_model_is_refused_in_one_line(server):
     base, _, _ = server
     for method, path in (("POST", "/v1/videos"), ("GET", "/v1/videos/job-1"), ("GET", "/v1/videos/job-1/content")):
         status, answer, _ = call(base, method, path, {"prompt": "x"} if method == "POST" else None)
-        assert status == 404 and "this server makes images" in answer["error"]["message"], answer
+        assert status == 404 and answer["error"]["message"] == (
+            f"{method} {path}: this server makes images (HunyuanImage-3); video routes need a video model (a Wan "
+            "checkpoint). Here: POST /v1/images/generations, /v1/images/edits, /v1/jobs"), answer
 
 
 def test_not_json_and_unknown_job(server):

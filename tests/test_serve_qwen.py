@@ -75,4 +75,6 @@ def test_routes_it_does_not_serve_are_refused_in_one_line(qwen):
     status, answer, _ = call(qwen, "POST", "/v1/images/edits", {"prompt": "x"})
     assert status == 404 and "text to image only" in answer["error"]["message"], answer
     status, answer, _ = call(qwen, "POST", "/v1/videos", {"prompt": "x"})
-    assert status == 404 and "this server makes images (Qwen-Image)" in answer["error"]["message"], answer
+    assert status == 404 and answer["error"]["message"] == (
+        "POST /v1/videos: this server makes images (Qwen-Image); video routes need a video model (a Wan "
+        "checkpoint). Here: POST /v1/images/generations, /v1/jobs"), answer

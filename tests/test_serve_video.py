@@ -102,7 +102,10 @@ def test_an_image_request_to_a_video_model_is_refused_in_one_line(wan):
     base, _ = wan
     for path in ("/v1/images/generations", "/v1/images/edits"):
         status, answer, _ = call(base, "POST", path, {"prompt": "x"})
-        assert status == 404 and "this server makes videos" in answer["error"]["message"], answer
+        message = answer["error"]["message"]
+        assert status == 404 and message.startswith(f"POST {path}: this server makes videos (Wan") and message.endswith(
+            "); image routes need an image model (a HunyuanImage-3 or Qwen-Image checkpoint). Here: POST /v1/videos, "
+            "/v1/jobs"), answer
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")

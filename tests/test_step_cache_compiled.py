@@ -23,12 +23,10 @@ REQUEST = T2IRequest(prompt="a lighthouse", steps=7, seed=3, step_cache=TaylorCo
 
 def _denoise(pipe):
     """The denoise loop alone (no AR, no VAE: what a step cache changes), on a 4 x 4 latent."""
-    from dtgen.profiling import NullProfiler
-    from dtgen.timing import Timer
     from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence
-    from models.hunyuan_image3.requests import RequestRun, no_progress
+    from models.hunyuan_image3.requests import RequestRun
     seq = build_diffusion_sequence(pipe.tok.encode(REQUEST.prompt), pipe.special, pipe.cfg.image_base_size, 16, 4, 4)
-    run = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
+    run = RequestRun.fresh(pipe.device)
     pipe.run_denoise(REQUEST, seq, run)
     return run.record
 

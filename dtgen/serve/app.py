@@ -125,7 +125,9 @@ class AccessLog:
 
 def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: float | None = None,
                retry_after_s: int = 5, max_upload_bytes: int = 32 << 20,
-               log: Callable[[str], None] | None = None) -> FastAPI:
+               log: Callable[[str], None] | None = None, models: tuple[tuple[str, str], ...] = ()) -> FastAPI:
+    """`models`: (what it makes, its title) of every model the launcher knows (dtgen knows
+    none): a route of the other kind is refused naming the models that serve it."""
     app = FastAPI(title="dtgen", docs_url=None, redoc_url=None)
     adapter = engine.adapter
     kind = adapter.kind
@@ -172,11 +174,15 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
 
     def wrong_kind(path: str) -> JSONResponse:
         if kind == "image":
-            return refuse(404, f"{path}: this server makes images ({adapter.name}); video routes need a video model "
-                               "(a Wan checkpoint). Here: POST /v1/images/generations, /v1/images/edits, /v1/jobs",
-                          outcome="wrong_route")
-        return refuse(404, f"{path}: this server makes videos ({adapter.name}); image routes need an image model "
-                           "(a HunyuanImage-3 checkpoint). Here: POST /v1/videos, /v1/jobs", outcome="wrong_route")
+            need = "video routes need a video model"
+            here = "/v1/images/generations" + (", /v1/images/edits" if getattr(adapter, "can_edit", False) else "")
+        else:
+            need, here = "image routes need an image model", "/v1/videos"
+        makers = " or ".join(title for makes, title in models if makes != kind)
+        if makers:
+            need += f" (a {makers} checkpoint)"
+        return refuse(404, f"{path}: this server makes {kind}s ({adapter.name}); {need}. Here: POST {here}, /v1/jobs",
+                      outcome="wrong_route")
 
     def finished_image(job: Job) -> JSONResponse:
         if job.state == SUCCEEDED:

@@ -137,7 +137,7 @@ class LoadedModel:
 
 
 def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
-         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
          image_editing: bool = False, memory_budget_bytes: int | None = None,

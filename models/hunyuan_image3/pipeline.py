@@ -23,7 +23,6 @@ from dtgen.batching import BatchHook, BatchMembers, MemberLeft, Progress, per_me
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
-from dtgen.timing import Timer
 
 from .ar import AR_CACHE_ROUND, DECODE_IMPLS, ARPhase
 from .condition import EditCondition
@@ -32,7 +31,7 @@ from .diffusion_sequence import DiffusionSequence, build_diffusion_sequence, bui
 from .instruct import ConditionTokens
 from .model import HunyuanImage3ForCausalMM
 from .parallel_vae import parallel_decode
-from .requests import RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
+from .requests import Limits, RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
 from .resolutions import parse_image_size, resolution_table
 from .stack import KV_CACHE_POLICIES, DecoderStack
 from .tokenizer import SpecialTokens
@@ -153,12 +152,13 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         which says who leaves the batch there (a cancel, a deadline, that request's own error);
         the others go on as if it had never been there. Returns, per request, its result or
         the exception it left with. An error inside a shared step raises: it ends them all."""
+        # Without the tokenizer: the positions are checked per member as its sequences are built.
+        limits = Limits.of(self.cfg)
         for req in reqs:
-            if req.cfg_mode not in ("serial", "batch"):
-                raise ValueError(f"cfg_mode must be 'serial' or 'batch', got {req.cfg_mode!r}")
+            req.check(limits)   # the request's one check (the CLI's and the server's): a bad field, before any work
         batch = BatchMembers(len(reqs), progress)
         profiler = profiler or NullProfiler()
-        runs = [RequestRun(Timer(self.device), {}, {}, batch.progress_of(j), profiler) for j in range(len(reqs))]
+        runs = [RequestRun.fresh(self.device, batch.progress_of(j), profiler) for j in range(len(reqs))]
         t_start = runs[0].timer.now()
         prepared = self.run_ar_phases(reqs, runs, batch)
         parts: dict[tuple, list[int]] = {}

@@ -4,8 +4,9 @@
 request's phases share while it runs (its clock, timings, record, progress, profiler).
 `T2IRequest.check(limits)` names the first bad field in a `RequestError` (dtgen/requests.py):
 the CLI turns it into `error: --flag ...` and exit status 2, the server into a 422 naming
-the JSON field. With the tokenizer in `limits`, the position budget of the whole request
-(its AR and denoise sequences) is checked too, so a request is refused before it is queued.
+the JSON field; the pipeline runs it on every request it is given. With the tokenizer in
+`limits`, the position budget of the whole request (its AR and denoise sequences) is checked
+too, so a request is refused before it is queued.
 """
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from dtgen.batching import Progress
+from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache, parse_size
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
+from dtgen.timing import Timer
 from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence, build_instruct_diffusion_sequence
 from models.hunyuan_image3.resolutions import parse_image_size, resolution_table
 
@@ -23,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from dtgen.step_cache import StepCacheConfig
-    from dtgen.timing import Timer
 
 # The step caches this model's pipeline runs (dtgen/step_cache.py): both keep the decoder
 # stack's output, which is all a KV-cached denoise step exposes.
@@ -153,6 +155,12 @@ class RequestRun:
     record: dict
     progress: Progress
     profiler: object
+
+    @classmethod
+    def fresh(cls, device, progress: Progress = no_progress, profiler=None) -> "RequestRun":
+        """A run starting now on `device`: a new clock, no timings or record yet; without a
+        hook or a profiler (a test's, a bench's), nothing reports progress and nothing traces."""
+        return cls(Timer(device), {}, {}, progress, profiler or NullProfiler())
 
 
 def warmup_request(req: T2IRequest, cached_step: bool = False) -> T2IRequest:

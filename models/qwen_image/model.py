@@ -16,7 +16,7 @@ from torch import nn
 from dtgen.build import ModelAdapter, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
 from dtgen.layers.config import read_json
-from dtgen.plan import Rule
+from dtgen.plan import Plan, Rule
 
 from . import text_encoder as te
 from .transformer import Attention, QwenImageTransformer, QwenImageTransformerConfig
@@ -93,8 +93,9 @@ class LoadedQwenImage:
     plan: object
 
 
-def load(checkpoint: str | Path, plan, rank: int = 0, world_size: int = 1, dtype: torch.dtype = torch.float32,
-         device: torch.device | str = "cpu", vae_dtype: str = "float32") -> LoadedQwenImage:
+def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
+         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
+         vae_dtype: str = "float32") -> LoadedQwenImage:
     """A diffusers-format Qwen-Image folder -> this rank's resident weights + controller."""
     if vae_dtype not in _DTYPES:
         raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")

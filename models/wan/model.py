@@ -143,7 +143,7 @@ class LoadedWan:
 
 
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
-         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", vae_dtype: str = "float32",
+         dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *, vae_dtype: str = "float32",
          startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0, dense_dtype: str = "model",
          attention_dtype: str = "model") -> LoadedWan:
     """A diffusers-format Wan checkpoint folder -> this rank's resident weights + controller.

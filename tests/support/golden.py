@@ -480,10 +480,8 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     `golden_noise`: start from the case's initial latents instead of the seed's draw (torch's
     CPU generator draws other bf16 normals on other torch versions: the GPU stack's 2.11 is
     not the goldens' 2.13, so there only the draw would differ)."""
-    from dtgen.timing import Timer
     from models.hunyuan_image3.pipeline import to_uint8
-    from models.hunyuan_image3.requests import RequestRun, no_progress
-    from dtgen.profiling import NullProfiler
+    from models.hunyuan_image3.requests import RequestRun
     t, meta = case.t, case.meta
     # A trajectory's differences grow with the steps: its own (looser) tolerance.
     tol = meta["recommended_tolerances"].get("trajectory", {})
@@ -510,7 +508,7 @@ def compare_sampling_run(case: GoldenCase, pipe: HunyuanT2IPipeline, run: str, i
     out.append(case.exact("sigmas", sigmas, t["sigmas"]))
     out.append(case.exact("timesteps", sigmas[:-1] * 1000, t["timesteps"]))
 
-    r = RequestRun(Timer(pipe.device), {}, {}, no_progress, NullProfiler())
+    r = RequestRun.fresh(pipe.device)
     latents = pipe.run_denoise(req, seq, r, noise=t[f"{run}_latents"][0] if golden_noise else None)
     rec = r.record
     fed = rec["step_inputs"]
