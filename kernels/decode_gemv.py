@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
-from .fp8_quant import FP8_DTYPE, FP8_MAX
+from .fp8_quant import FP8_DTYPE, quantize_activation_rows
 
 IMPLS = ("auto", "reference", "triton")
 DECODE_GEMV_MAX_ROWS = 16          # M above this: not a GEMV (the Triton path refuses it)
@@ -123,13 +123,19 @@ def check_gemv_rows(x: torch.Tensor) -> None:
 def decode_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
                           bias: torch.Tensor | None = None) -> torch.Tensor:
     """The op in torch (any number of rows). 16-bit: F.linear in float32, cast once. e4m3:
-    `fp8_linear_reference` (x quantized per row, dequantize, float32 matmul)."""
+    `kernels.fp8_linear.fp8_linear_reference`'s arithmetic, line for line (x quantized per
+    row, both operands dequantized, float32 matmul; tests/test_decode_gemv.py checks the two
+    agree bit for bit; importing it here would close an import circle)."""
     check_gemv_inputs(x, weight, weight_scale, bias)
-    if weight.dtype == FP8_DTYPE:
-        from .fp8_linear import fp8_linear_reference
-        return fp8_linear_reference(x, weight, weight_scale, bias)
-    y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
-    return y.to(x.dtype)
+    if weight.dtype != FP8_DTYPE:
+        y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        return y.to(x.dtype)
+    flat = x.reshape(-1, x.shape[-1])
+    q, scale = quantize_activation_rows(flat)
+    y = (q.float() * scale) @ (weight.float() * weight_scale[:, None]).t()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
 
 
 # ------------------------------------------------------------------------------ configs
@@ -225,7 +231,8 @@ def _quantize(xf, sx):
 
 @triton.jit
 def _row_scale(amax):
-    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+    """amax / 448 (IEEE division, as torch), 1 for an all-zero row."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
 
 
 @triton.jit
@@ -398,7 +405,8 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         m, n, k, k_per_split,
         flat.stride(0), flat.stride(1), weight.stride(0), weight.stride(1),
         out.stride(0) if splits > 1 else 0, out.stride(-2),
-        ROWS=m, BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        ROWS=0 if cfg.dot else m,      # the sums' unrolled rows; the dot pads to 16 (one compile for any M)
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         FP8=fp8, X_QUANTIZED=quantized, USE_DOT=cfg.dot,
         DOT_F32=TRITON_INTERPRETED and weight.dtype == torch.bfloat16,
         EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, PARTIAL=splits > 1,

@@ -27,21 +27,12 @@ from __future__ import annotations
 import torch
 
 from .decode_gemv import decode_gemv, gemv_suits
-from .fp8_quant import FP8_DTYPE, FP8_MAX
+from .fp8_quant import FP8_DTYPE, quantize_activation_rows  # noqa: F401 (re-exported)
 
 # "auto": the GEMV at <= DECODE_GEMV_MAX_ROWS rows on CUDA, else _scaled_mm where usable, else
 # the reference; "scaled_mm": never the GEMV (today's GEMM path at any rows, for comparison);
 # "reference": the torch path everywhere.
 IMPLS = ("auto", "reference", "scaled_mm")
-
-
-def quantize_activation_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q [M, K] e4m3, scale [M, 1] float32): one scale per row, amax / 448
-    (1 for an all-zero row). Float32 math."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous(), scale   # _scaled_mm: row-major
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
