@@ -25,8 +25,8 @@ DENSE_DTYPES = ("model", "fp8")
 
 class FP8Linear(nn.Module):
     """y = x W^T + b, W [out, in] in e4m3 with weight_scale [out] float32 (kernels/fp8_linear.py).
-    `impl`: "auto" (rowwise torch._scaled_mm on CUDA, the torch reference elsewhere) or
-    "reference"."""
+    `impl` (kernels.fp8_linear.IMPLS): "auto" (on CUDA the decode GEMV at <= 16 rows, rowwise
+    torch._scaled_mm above; the torch reference elsewhere), "scaled_mm" or "reference"."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, impl: str = "auto"):
         super().__init__()

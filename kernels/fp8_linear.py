@@ -6,7 +6,11 @@ on every call (dynamic: scale [M] = row amax / 448). Both scales are constant al
 the GEMM accumulates plain e4m3 products in float32 and applies scale_x[m] * scale_w[n] in
 its epilogue:
 
-- CUDA (compute capability 8.9+), K and N multiples of 16: `torch._scaled_mm` with rowwise
+- CUDA, at most DECODE_GEMV_MAX_ROWS (16) rows (an AR decode step): `kernels.decode_gemv`, a
+  bandwidth-bound Triton GEMV that reads the e4m3 weight once and quantizes x itself, with
+  the reference's numerics (at M = 1 `_scaled_mm` plus the separate quantization kernels were
+  slower than the bf16 linear). Any K and N.
+- CUDA (compute capability 8.9+), more rows, K and N multiples of 16: `torch._scaled_mm` with rowwise
   scales (float32 scale_a [M, 1] and scale_b [1, N], bf16 out; cuBLASLt/CUTLASS, and
   inductor's lowering under torch.compile). The bias is added after it, in the output
   dtype, where inductor fuses it into whatever follows.
@@ -22,18 +26,13 @@ from __future__ import annotations
 
 import torch
 
-from .fp8_quant import FP8_DTYPE, FP8_MAX
+from .decode_gemv import decode_gemv, gemv_suits
+from .fp8_quant import FP8_DTYPE, quantize_activation_rows  # noqa: F401 (re-exported)
 
-IMPLS = ("auto", "reference")
-
-
-def quantize_activation_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (q [M, K] e4m3, scale [M, 1] float32): one scale per row, amax / 448
-    (1 for an all-zero row). Float32 math."""
-    xf = x.float()
-    amax = xf.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous(), scale   # _scaled_mm: row-major
+# "auto": the GEMV at <= DECODE_GEMV_MAX_ROWS rows on CUDA, else _scaled_mm where usable, else
+# the reference; "scaled_mm": never the GEMV (today's GEMM path at any rows, for comparison);
+# "reference": the torch path everywhere.
+IMPLS = ("auto", "reference", "scaled_mm")
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> None:
@@ -69,11 +68,20 @@ def scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.is_cuda and k % 16 == 0 and n % 16 == 0 and weight.stride(1) == 1
 
 
+def fp8_gemv_suits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether "auto" takes the decode GEMV: CUDA, at most DECODE_GEMV_MAX_ROWS rows, a
+    K-contiguous weight, x in float32/bf16/fp16."""
+    return gemv_suits(x, weight) and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                bias: torch.Tensor | None = None, impl: str = "auto") -> torch.Tensor:
-    """y = x W^T + b with FP8 W (see the module docstring); "reference" forces the torch path."""
+    """y = x W^T + b with FP8 W (see the module docstring and IMPLS)."""
     if impl not in IMPLS:
         raise ValueError(f"fp8_linear impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto" and fp8_gemv_suits(x, weight):
+        _check(x, weight, weight_scale)
+        return decode_gemv(x, weight, weight_scale, bias)
     if impl == "reference" or not scaled_mm_usable(x, weight):
         return fp8_linear_reference(x, weight, weight_scale, bias)
     _check(x, weight, weight_scale)

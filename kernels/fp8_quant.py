@@ -53,6 +53,16 @@ def scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
 
 
+def quantize_activation_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K] e4m3, scale [M, 1] float32): one scale per row, amax / 448
+    (1 for an all-zero row). Float32 math. The dense FP8 linear's activations
+    (kernels/fp8_linear.py, kernels/decode_gemv.py)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).contiguous(), scale   # _scaled_mm: row-major
+
+
 def quantize_weight_blocks(w: torch.Tensor, block: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """w [..., N, K] -> (q [..., N, K] fp8, scale [..., ceil(N/block), ceil(K/block)] float32).
     Float32 math; edge blocks cover what is left."""
