@@ -30,17 +30,13 @@ import torch
 from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
-from dtgen.serve.errors import RequestError
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered
 from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
 from .transformer import QwenImageTransformer, run_block
-
-
-MAX_SIDE = 4096
 
 
 @dataclass(frozen=True)
@@ -58,17 +54,10 @@ class T2IRequest:
     def check(self, multiple: int = 16) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
         work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x patch)."""
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise RequestError("prompt", "must be a non-empty string")
-        if not isinstance(self.negative_prompt, str):
-            raise RequestError("negative_prompt", f"must be a string, got {self.negative_prompt!r}")
+        check_text("prompt", self.prompt)
+        check_text("negative_prompt", self.negative_prompt, empty_ok=True)
         for name in ("height", "width"):
-            v = getattr(self, name)
-            check_int(name, v, 1, MAX_SIDE, note=" px")
-            if v < multiple or v % multiple:
-                lo = max(multiple, v // multiple * multiple)
-                raise RequestError(name, f"{v} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
-                                         f"{lo} or {lo + multiple}")
+            check_side(name, getattr(self, name), multiple)
         check_int("steps", self.steps, 1, MAX_STEPS)
         check_int("seed", self.seed, 0, MAX_SEED)
         check_number("true_cfg_scale", self.true_cfg_scale, 0.0, 100.0)

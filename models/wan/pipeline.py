@@ -35,7 +35,7 @@ from dtgen.compile import CompileOptions, StepCompiler
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.profiling import NullProfiler
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, nearest_valid
 from dtgen.serve.errors import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
 from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
@@ -45,7 +45,6 @@ from .model import WanT2V
 from .transformer import WanTransformer, run_block
 
 MAX_FRAMES = 1001
-MAX_SIDE = 4096
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
 # The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
@@ -107,12 +106,7 @@ class T2VRequest:
             raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
                                              f"{temporal}k + 1); nearest valid: {lo} or {hi}")
         for name in ("height", "width"):
-            v = getattr(self, name)
-            check_int(name, v, 1, MAX_SIDE, note=" px")
-            if v < spatial or v % spatial:
-                lo, hi = nearest_valid(v, spatial)
-                raise RequestError(name, f"{v} must be a multiple of {spatial} (VAE x patch size); nearest valid: "
-                                         f"{lo} or {hi}")
+            check_side(name, getattr(self, name), spatial)
         check_int("seed", self.seed, 0, MAX_SEED)
         for name in ("guidance_scale", "guidance_scale_2", "shift"):
             if getattr(self, name) is not None:
@@ -131,12 +125,6 @@ class T2VResult:
     latents: torch.Tensor               # [1, z, T, h, w] float32, the denoised latents
     timings_ms: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)
-
-
-def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
-    """The valid values (offset + k * step, k >= 1) just below and just above n."""
-    below = max(offset + step, offset + (n - offset) // step * step)
-    return below, below + step
 
 
 def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
