@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.compile import CompileOptions
+from dtgen.compiled_steps import CompiledSteps
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
@@ -108,14 +109,14 @@ class QwenImagePipeline:
                  compile_options: CompileOptions | None = None, vae_group=None):
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
         self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
-        self.compiler = StepCompiler(compile_options or CompileOptions())
+        # The step's pieces (dtgen/compiled_steps.py): a request without a step cache runs
+        # `dit_step` whole; one with a cache runs the pieces `denoiser_call` cuts it into.
+        self.steps = CompiledSteps(compile_options, self.device)
+        self.compiler = self.steps.compiler
+        if self.steps.regions:
+            model.transformer.run_block = self.steps.region(run_block)
         pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
-        if self.compiler.options.regions:
-            model.transformer.run_block = self.compiler.region(run_block)
-            pieces = tuple(map(self.compiler.timed, pieces))
-        else:
-            pieces = tuple(map(self.compiler.wrap, pieces))
-        self._step, self._inputs, self._blocks, self._head, self._time = pieces
+        self._step, self._inputs, self._blocks, self._head, self._time = map(self.steps.step, pieces)
 
     @property
     def dtype(self) -> torch.dtype:

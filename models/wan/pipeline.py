@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.compile import CompileOptions
+from dtgen.compiled_steps import CompiledSteps
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.profiling import NullProfiler
@@ -174,21 +175,17 @@ class WanT2VPipeline:
         self.device = torch.device(device)
         self.is_main = is_main
         self.vae_group = vae_group
-        self.compile_options = compile_options or CompileOptions()
-        self.compiler = StepCompiler(self.compile_options)
         # The step's pieces for a step cache: each compiled as one graph (--compile), or eager
         # around the compiled block region (--compile-regions); a request without a cache
-        # runs `dit_step` whole, as one graph.
-        pieces = (embed_split, step_time, step_blocks, step_head)
-        if self.compile_options.regions:
-            region = self.compiler.region(run_block)
+        # runs `dit_step` whole (dtgen/compiled_steps.py).
+        self.steps = CompiledSteps(compile_options, self.device)
+        self.compiler = self.steps.compiler
+        if self.steps.regions:
+            region = self.steps.region(run_block)
             for dit in self._dits():
                 dit.run_block = region
-            self._step = self.compiler.timed(dit_step)
-            self._inputs, self._time, self._blocks, self._head = map(self.compiler.timed, pieces)
-        else:
-            self._step = self.compiler.wrap(dit_step)
-            self._inputs, self._time, self._blocks, self._head = map(self.compiler.wrap, pieces)
+        pieces = (dit_step, embed_split, step_time, step_blocks, step_head)
+        self._step, self._inputs, self._time, self._blocks, self._head = map(self.steps.step, pieces)
 
     def _dits(self) -> list[WanTransformer]:
         return [d for d in (self.model.transformer, self.model.transformer_2) if d is not None]
