@@ -29,6 +29,12 @@ class DiffusionAdapter:
 
         return self.pipe.generate(request, progress=hook)
 
+    def answer(self, result, **fields) -> dict:
+        """Rank 0's answer: the model's own `fields`, which denoise steps ran in full and which
+        the step cache reused (None: no cache), and each phase's time and the total (ms)."""
+        return {**fields, "step_cache": result.record.get("step_cache"),
+                "timings_ms": {k: round(result.timings_ms[k], 3) for k in (*self.PHASES, "total")}}
+
     def warm_up(self, progress) -> None:
         """The defaults once, with 2 steps at most: first-call work (compiling, kernel JIT) out of requests."""
         if self.warmup:

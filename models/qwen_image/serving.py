@@ -85,10 +85,8 @@ class QwenServeAdapter(DiffusionAdapter):
         result = self.run(req, progress)
         if self.rank != 0:
             return None
-        return {"image": {"b64_json": png_b64(result.image)}, "size": f"{req.width}x{req.height}", "seed": req.seed,
-                # which denoise steps ran in full and which the step cache reused (None: no cache)
-                "step_cache": result.record.get("step_cache"),
-                "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}}
+        return self.answer(result, image={"b64_json": png_b64(result.image)}, size=f"{req.width}x{req.height}",
+                           seed=req.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

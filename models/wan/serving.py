@@ -138,14 +138,9 @@ class WanServeAdapter(DiffusionAdapter):
             return None
         buffer = io.BytesIO()
         encode_mp4(result.video, buffer, job.fps)
-        t = result.timings_ms
         r = job.request
-        return {"video": buffer.getvalue(), "size": f"{r.width}x{r.height}", "num_frames": r.num_frames,
-                "fps": job.fps, "seed": r.seed,
-                # which DiT evaluations ran in full and which the step cache reused (None: no cache)
-                "step_cache": result.record.get("step_cache"),
-                "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
-                               "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
+        return self.answer(result, video=buffer.getvalue(), size=f"{r.width}x{r.height}", num_frames=r.num_frames,
+                           fps=job.fps, seed=r.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         self.injections.at(phase, done)
