@@ -1,4 +1,5 @@
-"""What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image).
+"""What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image),
+and the image answer's PNG (HunyuanImage-3's too).
 
 Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
 encode before the first step and the VAE decode after the last, so a job's progress covers
@@ -7,9 +8,19 @@ every phase. A subclass gives `pipe` (with `generate(request, progress=...)`), `
 """
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import replace
 
 import torch
+from PIL import Image
+
+
+def png_b64(image: torch.Tensor) -> str:
+    """[H, W, 3] uint8 -> a base64 PNG (an image answer's `b64_json`)."""
+    buffer = io.BytesIO()
+    Image.fromarray(image.numpy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class DiffusionAdapter:
