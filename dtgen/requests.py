@@ -14,6 +14,7 @@ from dtgen.step_cache import StepCacheError, parse_step_cache
 
 MAX_STEPS = 1000
 MAX_SEED = 2**63 - 1
+MAX_SIDE = 4096   # px: the largest image or video side a request may ask for
 
 
 def split_size(text) -> tuple[int, int] | None:
@@ -37,6 +38,14 @@ def parse_size(text, field: str, example: str, auto: bool = False) -> tuple[int,
     return size
 
 
+def check_text(field: str, value, empty_ok: bool = False) -> None:
+    """A string: a prompt's not empty nor blank, unless `empty_ok` (a negative prompt may be)."""
+    if not isinstance(value, str):
+        raise RequestError(field, "must be a non-empty string" if not empty_ok else f"must be a string, got {value!r}")
+    if not empty_ok and not value.strip():
+        raise RequestError(field, "must be a non-empty string")
+
+
 def check_int(field: str, value, low: int, high: int | None = None, note: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise RequestError(field, f"must be an integer, got {value!r}")
@@ -51,6 +60,22 @@ def check_number(field: str, value, low: float, high: float, low_ok: bool = True
         raise RequestError(field, f"must be a number, got {value!r}")
     if value < low or (value == low and not low_ok) or value > high:
         raise RequestError(field, f"must be {'>=' if low_ok else '>'} {low:g} and <= {high:g}, got {value:g}")
+
+
+def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
+    """The valid values (offset + k * step, k >= 1) just below and just above n."""
+    below = max(offset + step, offset + (n - offset) // step * step)
+    return below, below + step
+
+
+def check_side(field: str, value, multiple: int, high: int = MAX_SIDE) -> None:
+    """An image side in px: an integer in [1, high] and a multiple of `multiple` (the VAE's
+    factor x the patch size: whole tokens); the nearest valid sides named otherwise."""
+    check_int(field, value, 1, high, note=" px")
+    if value < multiple or value % multiple:
+        lo, hi = nearest_valid(value, multiple)
+        raise RequestError(field, f"{value} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
+                                  f"{lo} or {hi}")
 
 
 def check_step_cache(spec, model: str | None = None, methods: tuple[str, ...] | None = None) -> None:

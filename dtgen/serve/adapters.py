@@ -1,4 +1,5 @@
-"""What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image).
+"""What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image),
+and the image answer's PNG (HunyuanImage-3's too).
 
 Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
 encode before the first step and the VAE decode after the last, so a job's progress covers
@@ -7,9 +8,19 @@ every phase. A subclass gives `pipe` (with `generate(request, progress=...)`), `
 """
 from __future__ import annotations
 
+import base64
+import io
 from dataclasses import replace
 
 import torch
+from PIL import Image
+
+
+def png_b64(image: torch.Tensor) -> str:
+    """[H, W, 3] uint8 -> a base64 PNG (an image answer's `b64_json`)."""
+    buffer = io.BytesIO()
+    Image.fromarray(image.numpy()).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 class DiffusionAdapter:
@@ -28,6 +39,12 @@ class DiffusionAdapter:
                 progress.show("decode", 0, 1)
 
         return self.pipe.generate(request, progress=hook)
+
+    def answer(self, result, **fields) -> dict:
+        """Rank 0's answer: the model's own `fields`, which denoise steps ran in full and which
+        the step cache reused (None: no cache), and each phase's time and the total (ms)."""
+        return {**fields, "step_cache": result.record.get("step_cache"),
+                "timings_ms": {k: round(result.timings_ms[k], 3) for k in (*self.PHASES, "total")}}
 
     def warm_up(self, progress) -> None:
         """The defaults once, with 2 steps at most: first-call work (compiling, kernel JIT) out of requests."""

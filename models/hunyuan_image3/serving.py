@@ -17,18 +17,15 @@ request's attribute, its type) and its check in `T2IRequest.check`; nothing else
 """
 from __future__ import annotations
 
-import base64
-import io
-from dataclasses import dataclass, replace
-
-import torch
+from dataclasses import replace
 
 from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
-from dtgen.requests import check_image_fields, renamed
+from dtgen.requests import check_image_fields
+from dtgen.serve.adapters import png_b64
 from dtgen.serve.errors import RequestError
-from dtgen.step_cache import StepCacheError, parse_step_cache
+from dtgen.serve.fields import Field, FieldTable
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
 from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, to_uint8
@@ -36,29 +33,13 @@ from models.hunyuan_image3.requests import Limits, T2IRequest, filler_ids, hw_to
 from models.hunyuan_image3.resolutions import resolution_table
 
 
-@dataclass(frozen=True)
-class Field:
-    attr: str | None     # the T2IRequest attribute (None: OpenAI's, handled here)
-    type: type           # what form text becomes (JSON values are checked as they are)
-    routes: tuple[str, ...] = ("generations", "edits")
-
-
-FIELDS = {
+FIELDS = FieldTable({
     "prompt": Field("prompt", str), "seed": Field("seed", int), "num_inference_steps": Field("steps", int),
     "guidance_scale": Field("guidance", float), "max_new_tokens": Field("max_new_tokens", int),
     "size": Field("image_size", str), "step_cache": Field("step_cache", str),
     "system_prompt": Field("system_prompt", str, ("edits",)),
     "n": Field(None, int), "response_format": Field(None, str), "model": Field(None, str), "user": Field(None, str),
-}
-_JSON_NAME = {f.attr: name for name, f in FIELDS.items() if f.attr is not None}
-FORM_TYPES = {name: f.type for name, f in FIELDS.items()}
-
-
-def png_b64(image) -> str:
-    from PIL import Image
-    buffer = io.BytesIO()
-    Image.fromarray(to_uint8(image).numpy()).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+})
 
 
 class HunyuanServeAdapter:
@@ -91,34 +72,21 @@ class HunyuanServeAdapter:
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def _values(self, fields: dict, route: str) -> dict:
-        check_image_fields(fields, (k for k, f in FIELDS.items() if route in f.routes))
-        values = {FIELDS[k].attr: v for k, v in fields.items() if FIELDS[k].attr is not None}
+        check_image_fields(fields, FIELDS.names(route))
+        # a step cache: "taylor:interval=5" or {"method": "taylor", "interval": 5}; null: no cache
+        values = FIELDS.values(fields)
         if "image_size" in values:
             values["image_size"] = size_to_hw(values["image_size"], "size", self.pipe.cfg.image_base_size)
-        if "step_cache" in values:
-            # "taylor:interval=5" or {"method": "taylor", "interval": 5}; null: no cache
-            try:
-                values["step_cache"] = parse_step_cache(values["step_cache"])
-            except StepCacheError as e:
-                raise RequestError(f"step_cache.{e.knob}", e.message) from None
         return values
 
     def _check(self, req: T2IRequest, prefix=None) -> T2IRequest:
-        try:
-            req.check(Limits.of(self.pipe.cfg, self.pipe.tok), edit_prefix=prefix)
-        except RequestError as e:
-            raise renamed(e, _JSON_NAME) from None
-        return req
+        return FIELDS.checked(req, Limits.of(self.pipe.cfg, self.pipe.tok), edit_prefix=prefix)
 
     def parse(self, fields: dict, form: bool = False) -> T2IRequest:
-        if form:
-            from dtgen.serve.forms import coerce
-            fields = coerce(fields, FORM_TYPES)
-        return self._check(replace(self.defaults, **self._values(fields, "generations")))
+        return self._check(replace(self.defaults, **self._values(FIELDS.read(fields, form), "generations")))
 
     def parse_edit(self, fields: dict, files: dict, form: bool = True) -> T2IRequest:
         """An edit: the form's fields and its one `image` file (OpenAI's `image` or `image[]`)."""
-        from dtgen.serve.forms import coerce
         if "mask" in files or "mask" in fields:
             raise RequestError("mask", "not supported: the edit covers the whole image (HunyuanImage-3 takes no mask)")
         other = sorted(set(files) - {"image", "image[]"})
@@ -136,7 +104,7 @@ class HunyuanServeAdapter:
             reference = reference_tensor(load_reference_bytes(data, filename or "image"))
         except ValueError as e:
             raise RequestError("image", str(e)) from None
-        values = self._values(coerce(fields, FORM_TYPES) if form else fields, "edits")
+        values = self._values(FIELDS.read(fields, form), "edits")
         req = replace(self.defaults, **values, reference=reference)
         m, cfg = self.pipe.model, self.pipe.cfg
         base = cfg.image_base_size
@@ -214,7 +182,7 @@ class HunyuanServeAdapter:
         if self.rank != 0:
             return None
         h, w = result.image_size
-        return {"image": {"b64_json": png_b64(result.image)}, "size": f"{w}x{h}", "seed": req.seed,
+        return {"image": {"b64_json": png_b64(to_uint8(result.image))}, "size": f"{w}x{h}", "seed": req.seed,
                 "ar_tokens": len(result.tokens),
                 # graphs this request (its batch) compiled: 0 for every request of a warmed-up bucket
                 "new_graphs": new_graphs,

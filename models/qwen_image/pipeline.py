@@ -22,25 +22,22 @@ inside the call.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.compile import CompileOptions
+from dtgen.compiled_steps import CompiledSteps
+from dtgen.diffusion_run import DiffusionRun
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
-from dtgen.serve.errors import RequestError
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered
-from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, merged_report, parse_step_cache, run_step
+from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, run_step
 
 from .model import QwenImageT2I
 from .text_encoder import encode_prompt
 from .transformer import QwenImageTransformer, run_block
-
-
-MAX_SIDE = 4096
 
 
 @dataclass(frozen=True)
@@ -58,17 +55,10 @@ class T2IRequest:
     def check(self, multiple: int = 16) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
         work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x patch)."""
-        if not isinstance(self.prompt, str) or not self.prompt.strip():
-            raise RequestError("prompt", "must be a non-empty string")
-        if not isinstance(self.negative_prompt, str):
-            raise RequestError("negative_prompt", f"must be a string, got {self.negative_prompt!r}")
+        check_text("prompt", self.prompt)
+        check_text("negative_prompt", self.negative_prompt, empty_ok=True)
         for name in ("height", "width"):
-            v = getattr(self, name)
-            check_int(name, v, 1, MAX_SIDE, note=" px")
-            if v < multiple or v % multiple:
-                lo = max(multiple, v // multiple * multiple)
-                raise RequestError(name, f"{v} must be a multiple of {multiple} (VAE x patch size); nearest valid: "
-                                         f"{lo} or {lo + multiple}")
+            check_side(name, getattr(self, name), multiple)
         check_int("steps", self.steps, 1, MAX_STEPS)
         check_int("seed", self.seed, 0, MAX_SEED)
         check_number("true_cfg_scale", self.true_cfg_scale, 0.0, 100.0)
@@ -84,8 +74,6 @@ class T2IResult:
     record: dict = field(default_factory=dict)
 
 
-
-
 def pack(latents: torch.Tensor) -> torch.Tensor:
     """[B, C, 1, H, W] -> [B, (H/2)(W/2), C*4] (QwenImagePipeline._pack_latents)."""
     B, C, _, H, W = latents.shape
@@ -96,6 +84,14 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """[B, h*w, C*4] on the (h, w) patch grid -> [B, C, 1, 2h, 2w] (QwenImagePipeline._unpack_latents)."""
     B, _, C4 = latents.shape
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
+
+
+def true_cfg(noise: torch.Tensor, scale: float) -> torch.Tensor:
+    """QwenImagePipeline's true CFG of the rows [cond; uncond]: the guided prediction, rescaled
+    per row to the conditional prediction's norm over channels."""
+    cond, uncond = noise[0:1], noise[1:2]
+    comb = classifier_free_guidance(cond, uncond, scale)
+    return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
 
 
 def step_blocks(rt, dit: QwenImageTransformer, local: LocalInputs, img, txt, start=0, stop=None):
@@ -119,23 +115,32 @@ class QwenImagePipeline:
                  compile_options: CompileOptions | None = None, vae_group=None):
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
         self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
-        self.compiler = StepCompiler(compile_options or CompileOptions())
+        # The step's pieces (dtgen/compiled_steps.py): a request without a step cache runs
+        # `dit_step` whole; one with a cache runs the pieces `denoiser_call` cuts it into.
+        self.steps = CompiledSteps(compile_options, self.device)
+        self.compiler = self.steps.compiler
+        if self.steps.regions:
+            model.transformer.run_block = self.steps.region(run_block)
         pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
-        if self.compiler.options.regions:
-            model.transformer.run_block = self.compiler.region(run_block)
-            pieces = tuple(map(self.compiler.timed, pieces))
-        else:
-            pieces = tuple(map(self.compiler.wrap, pieces))
-        self._step, self._inputs, self._blocks, self._head, self._time = pieces
+        self._step, self._inputs, self._blocks, self._head, self._time = map(self.steps.step, pieces)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.model.transformer.img_in.weight.dtype
 
+    def grid(self, req: T2IRequest) -> tuple[int, int]:
+        """The (h, w) patch grid of the packed latents."""
+        f = self.model.vae.cfg.spatial_factor * 2
+        return req.height // f, req.width // f
+
     def latent_shape(self, req: T2IRequest) -> tuple[int, ...]:
         """The packed latents [1, h*w, C*4] (what QwenImagePipeline takes as `latents`)."""
-        f = self.model.vae.cfg.spatial_factor * 2
-        return (1, (req.height // f) * (req.width // f), self.model.transformer.cfg.in_channels)
+        return (1, math.prod(self.grid(req)), self.model.transformer.cfg.in_channels)
+
+    def draw_noise(self, generator: torch.Generator, grid) -> torch.Tensor:
+        """diffusers' draw: [1, 1, C, H/8, W/8] normals, then packed (the same memory, as diffusers views it)."""
+        C, h, w = self.model.transformer.cfg.in_channels // 4, grid[0] * 2, grid[1] * 2
+        return pack(torch.randn((1, 1, C, h, w), generator=generator).reshape(1, C, 1, h, w))
 
     def encode(self, req: T2IRequest, cfg: bool) -> list[torch.Tensor]:
         prompts = [req.prompt, req.negative_prompt] if cfg else [req.prompt]
@@ -175,59 +180,32 @@ class QwenImagePipeline:
 
     @torch.no_grad()
     def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,
-                 record: bool = False, progress=None) -> T2IResult:
+                 record: bool = False, progress=None, profiler=None) -> T2IResult:
         """`latents`: the packed initial noise (default: drawn from `req.seed` on the CPU);
-        `record`: keep every step's guided prediction in `result.record["noise"]`."""
+        `record`: keep every step's guided prediction in `result.record["noise"]`;
+        `profiler`: a `PhaseProfiler`."""
         req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
-        cache_config = parse_step_cache(req.step_cache)
-        cfg = req.true_cfg_scale > 1
-        f = self.model.vae.cfg.spatial_factor * 2
-        grid = (req.height // f, req.width // f)
-        timings, kept, t0 = {}, {"noise": []}, time.perf_counter()
-        with self.controller.phase("encode"):
+        run = DiffusionRun(self.controller, self.device, req.steps, req.step_cache, record, progress, profiler)
+        cfg, grid = req.true_cfg_scale > 1, self.grid(req)
+        with run.phase("encode"):
             texts = self.encode(req, cfg)
-        timings["encode"] = (time.perf_counter() - t0) * 1e3
-        if latents is None:   # diffusers' draw: [1, 1, C, H/8, W/8] normals, then packed
-            C, h8 = self.model.transformer.cfg.in_channels // 4, grid[0] * 2
-            noise = torch.randn((1, 1, C, h8, grid[1] * 2), generator=torch.Generator().manual_seed(req.seed))
-            latents = pack(noise.reshape(1, C, 1, h8, grid[1] * 2))   # the same memory, as diffusers views it
-        if tuple(latents.shape) != self.latent_shape(req):
-            raise ValueError(f"latents of shape {tuple(latents.shape)} do not fit the request; expected "
-                             f"{self.latent_shape(req)}")
-        latents = latents.float().to(self.device)
+        latents = run.initial_latents(latents, self.latent_shape(req), req.seed, lambda g: self.draw_noise(g, grid))
         sampler = DynamicShiftSampler(req.steps, math.prod(grid), self.model.cfgs.scheduler)
-        caches = [make_step_cache(cache_config, req.steps) for _ in range(1 + cfg)]
-        t1 = time.perf_counter()
-        with self.controller.phase("denoise") as rt:
-            branches = [rt.cfg_rank] if cfg and rt.cfg_size == 2 else list(range(1 + cfg))
-            for i, t in enumerate(sampler.timesteps):
+        caches = [make_step_cache(run.cache_config, req.steps) for _ in texts]   # one a branch
+        with run.phase("denoise", "denoise_step", req.steps) as rt:
+            split = cfg and rt.cfg_size == 2   # one branch a rank, the other's prediction by all-gather
+            branches = [rt.cfg_rank] if split else list(range(1 + cfg))
+
+            def predict(i: int, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
                 x = latents.to(self.dtype)
                 timestep = (t.to(self.dtype) / 1000).expand(1).to(self.device)   # as diffusers: t / 1000
                 preds = [run_step(caches[b], i, self.denoiser_call(rt, x, timestep, texts[b], grid))
                          if caches[b] is not None else self._step(rt, self.model.transformer, x, timestep, texts[b], grid)
                          for b in branches]
-                noise = rt.gather_cfg(preds[0]) if cfg and rt.cfg_size == 2 else torch.cat(preds)
-                if cfg:
-                    cond, uncond = noise[0:1], noise[1:2]
-                    comb = classifier_free_guidance(cond, uncond, req.true_cfg_scale)
-                    noise = comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-                if record:
-                    kept["noise"].append(noise)
-                latents = sampler.step(noise, latents)
-                if progress is not None:
-                    progress("denoise", i + 1, req.steps)
-            if cache_config is not None:
-                mine = [caches[b] for b in branches]
-                if rt.cfg_size > 1 and cfg:
-                    mine[0].gather_rows(rt.gather_cfg, self.device)
-                kept["step_cache"] = merged_report(mine)
-        timings["denoise"] = (time.perf_counter() - t1) * 1e3
-        t2 = time.perf_counter()
-        image = None
-        if decode:
-            with self.controller.phase("decode"):
-                if self.is_main or self.vae_group is not None:
-                    image = self.decode(latents, grid)
-        timings["decode"] = (time.perf_counter() - t2) * 1e3
-        timings["total"] = (time.perf_counter() - t0) * 1e3
-        return T2IResult(image, latents, timings, kept)
+                noise = rt.gather_cfg(preds[0]) if split else torch.cat(preds)
+                return true_cfg(noise, req.true_cfg_scale) if cfg else noise
+
+            latents = run.denoise(sampler, latents, predict)
+            run.report_caches([(0, [caches[b] for b in branches], None)], rt.gather_cfg if split else None)
+        image = run.decode(lambda: self.decode(latents, grid), self.is_main, self.vae_group, decode)
+        return T2IResult(image, latents, run.finish(), run.kept)

@@ -11,33 +11,19 @@ the CLI's own, before the job is queued.
 """
 from __future__ import annotations
 
-import base64
-import io
 from dataclasses import replace
 
-import torch
-
-from dtgen.requests import check_image_fields, parse_size, renamed
-from dtgen.serve.adapters import DiffusionAdapter
-from dtgen.serve.errors import RequestError
-from dtgen.step_cache import StepCacheError, parse_step_cache
+from dtgen.requests import check_image_fields, parse_size
+from dtgen.serve.adapters import DiffusionAdapter, png_b64
+from dtgen.serve.fields import Field, FieldTable
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 
-# JSON name -> (T2IRequest attribute or None: OpenAI's, handled here; what form text becomes)
-FIELDS = {"prompt": ("prompt", str), "negative_prompt": ("negative_prompt", str), "size": (None, str),
-          "seed": ("seed", int), "num_inference_steps": ("steps", int), "true_cfg_scale": ("true_cfg_scale", float),
-          "step_cache": ("step_cache", str), "n": (None, int), "response_format": (None, str), "model": (None, str),
-          "user": (None, str)}
-_JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr} | {"width": "size", "height": "size"}
-FORM_TYPES = {name: kind for name, (_, kind) in FIELDS.items()}
-
-
-def png_b64(image: torch.Tensor) -> str:
-    """[H, W, 3] uint8 -> a base64 PNG."""
-    from PIL import Image
-    buffer = io.BytesIO()
-    Image.fromarray(image.numpy()).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+FIELDS = FieldTable({
+    "prompt": Field("prompt"), "negative_prompt": Field("negative_prompt"), "size": Field(None),
+    "seed": Field("seed", int), "num_inference_steps": Field("steps", int),
+    "true_cfg_scale": Field("true_cfg_scale", float), "step_cache": Field("step_cache"), "n": Field(None, int),
+    "response_format": Field(None), "model": Field(None), "user": Field(None)},
+    shared={"width": "size", "height": "size"})
 
 
 class QwenServeAdapter(DiffusionAdapter):
@@ -61,34 +47,20 @@ class QwenServeAdapter(DiffusionAdapter):
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def parse(self, fields: dict, form: bool = False) -> T2IRequest:
-        if form:
-            from dtgen.serve.forms import coerce
-            fields = coerce(fields, FORM_TYPES)
-        check_image_fields(fields, FIELDS)
-        values = {FIELDS[k][0]: v for k, v in fields.items() if FIELDS[k][0] is not None}
+        fields = FIELDS.read(fields, form)
+        check_image_fields(fields, FIELDS.names())
+        values = FIELDS.values(fields)
         if fields.get("size", "auto") != "auto":
             values["width"], values["height"] = parse_size(fields["size"], "size", "1024x1024")
-        if "step_cache" in values:
-            try:
-                values["step_cache"] = parse_step_cache(values["step_cache"])
-            except StepCacheError as e:
-                raise RequestError(f"step_cache.{e.knob}", e.message) from None
-        req = replace(self.defaults, **values)
-        try:
-            req.check(self.multiple)
-        except RequestError as e:
-            raise renamed(e, _JSON_NAME) from None
-        return req
+        return FIELDS.checked(replace(self.defaults, **values), self.multiple)
 
     # ---- every rank -------------------------------------------------------------------
     def generate(self, req: T2IRequest, progress) -> dict | None:
         result = self.run(req, progress)
         if self.rank != 0:
             return None
-        return {"image": {"b64_json": png_b64(result.image)}, "size": f"{req.width}x{req.height}", "seed": req.seed,
-                # which denoise steps ran in full and which the step cache reused (None: no cache)
-                "step_cache": result.record.get("step_cache"),
-                "timings_ms": {k: round(v, 3) for k, v in result.timings_ms.items()}}
+        return self.answer(result, image={"b64_json": png_b64(result.image)}, size=f"{req.width}x{req.height}",
+                           seed=req.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

@@ -24,28 +24,26 @@ the request and dropped with it. A request without one runs `dit_step` whole, as
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtgen.compile import CompileOptions, StepCompiler
+from dtgen.compile import CompileOptions
+from dtgen.compiled_steps import CompiledSteps
+from dtgen.diffusion_run import DiffusionRun
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.profiling import NullProfiler
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache
+from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, nearest_valid
 from dtgen.serve.errors import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
-from dtgen.step_cache import (DenoiserCall, RowLayout, StepCache, StepCacheConfig, concat_reports, make_step_cache,
-                              merged_report, parse_step_cache, run_step)
+from dtgen.step_cache import DenoiserCall, RowLayout, StepCache, StepCacheConfig, make_step_cache, run_step
 
 from .model import WanT2V
 from .transformer import WanTransformer, run_block
 
 MAX_FRAMES = 1001
-MAX_SIDE = 4096
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
 # The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
@@ -107,12 +105,7 @@ class T2VRequest:
             raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
                                              f"{temporal}k + 1); nearest valid: {lo} or {hi}")
         for name in ("height", "width"):
-            v = getattr(self, name)
-            check_int(name, v, 1, MAX_SIDE, note=" px")
-            if v < spatial or v % spatial:
-                lo, hi = nearest_valid(v, spatial)
-                raise RequestError(name, f"{v} must be a multiple of {spatial} (VAE x patch size); nearest valid: "
-                                         f"{lo} or {hi}")
+            check_side(name, getattr(self, name), spatial)
         check_int("seed", self.seed, 0, MAX_SEED)
         for name in ("guidance_scale", "guidance_scale_2", "shift"):
             if getattr(self, name) is not None:
@@ -131,12 +124,6 @@ class T2VResult:
     latents: torch.Tensor               # [1, z, T, h, w] float32, the denoised latents
     timings_ms: dict = field(default_factory=dict)
     record: dict = field(default_factory=dict)
-
-
-def nearest_valid(n: int, step: int, offset: int = 0) -> tuple[int, int]:
-    """The valid values (offset + k * step, k >= 1) just below and just above n."""
-    below = max(offset + step, offset + (n - offset) // step * step)
-    return below, below + step
 
 
 def step_time(rt, dit: WanTransformer, timestep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -186,21 +173,17 @@ class WanT2VPipeline:
         self.device = torch.device(device)
         self.is_main = is_main
         self.vae_group = vae_group
-        self.compile_options = compile_options or CompileOptions()
-        self.compiler = StepCompiler(self.compile_options)
         # The step's pieces for a step cache: each compiled as one graph (--compile), or eager
         # around the compiled block region (--compile-regions); a request without a cache
-        # runs `dit_step` whole, as one graph.
-        pieces = (embed_split, step_time, step_blocks, step_head)
-        if self.compile_options.regions:
-            region = self.compiler.region(run_block)
+        # runs `dit_step` whole (dtgen/compiled_steps.py).
+        self.steps = CompiledSteps(compile_options, self.device)
+        self.compiler = self.steps.compiler
+        if self.steps.regions:
+            region = self.steps.region(run_block)
             for dit in self._dits():
                 dit.run_block = region
-            self._step = self.compiler.timed(dit_step)
-            self._inputs, self._time, self._blocks, self._head = map(self.compiler.timed, pieces)
-        else:
-            self._step = self.compiler.wrap(dit_step)
-            self._inputs, self._time, self._blocks, self._head = map(self.compiler.wrap, pieces)
+        pieces = (dit_step, embed_split, step_time, step_blocks, step_head)
+        self._step, self._inputs, self._time, self._blocks, self._head = map(self.steps.step, pieces)
 
     def _dits(self) -> list[WanTransformer]:
         return [d for d in (self.model.transformer, self.model.transformer_2) if d is not None]
@@ -278,94 +261,42 @@ class WanT2VPipeline:
         video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
         return None if video is None else video[0]
 
-    def _cache_report(self, rt, segments, step_caches: list[StepCache], steps: int) -> dict:
-        """Which steps ran in full and which were reused, for the whole request: with CFG
-        branches on separate ranks, every branch's decisions (a collective over the CFG group)."""
-        if rt.cfg_size > 1:
-            for cache in step_caches:
-                cache.gather_rows(rt.gather_cfg, self.device)
-        names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
-        parts = []
-        for (dit, first, _), cache in zip(segments, step_caches):
-            report = merged_report([cache])
-            if len(segments) > 1:
-                report["denoiser"] = names[id(dit)]
-            parts.append((first, report))
-        return concat_reports(parts, steps)
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     @torch.no_grad()
     def generate(self, req: T2VRequest, progress=None, decode: bool = True, latents: torch.Tensor | None = None,
                  record: bool = False, profiler=None) -> T2VResult:
         """`decode=False` stops at the denoised latents (diffusers' output_type="latent");
         `latents`: the initial noise (default: drawn from `req.seed`); `record`: keep every
         step's guided prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
-        profiler = profiler or NullProfiler()
         vae = self.model.vae.cfg
         req.check(vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
-        cache_config = parse_step_cache(req.step_cache)   # a bad setting: one line, before any work
-        timings, kept = {}, {"noise": []}
-        t0 = time.perf_counter()
-        with self.controller.phase("encode"), profiler.phase("encode"), profiler.region("encode"):
+        run = DiffusionRun(self.controller, self.device, req.steps, req.step_cache, record, progress, profiler)
+        with run.phase("encode"):
             text = self.encode(req)
-            self._sync()
-        timings["encode"] = (time.perf_counter() - t0) * 1e3
-        # The initial noise is drawn on the CPU in float32 from the seed, so every rank and
-        # every device starts from the same latents.
-        if latents is None:
-            latents = torch.randn(self.latent_shape(req), generator=torch.Generator().manual_seed(req.seed))
-        elif tuple(latents.shape) != self.latent_shape(req):
-            raise ValueError(f"latents of shape {tuple(latents.shape)} do not fit the request; expected "
-                             f"{self.latent_shape(req)}")
-        latents = latents.float().to(self.device)
+        latents = run.initial_latents(latents, self.latent_shape(req), req.seed)
         sampler = make_sampler(req.sampler, req.steps, req.shift)
         # Wan2.2-A14B: the high-noise expert's steps, then the low-noise one's. Each expert gets
         # its own step caches, new for this request, counting its own steps from 0 (as
         # diffusers' hooks on each transformer do): a residual or a derivative of one expert's
         # blocks says nothing about the other's, so the first step after the switch runs in full.
         segments = expert_segments([self.model.transformer_for(float(t)) for t in sampler.timesteps])
-        step_caches = [make_step_cache(cache_config, n) for _, _, n in segments]
+        step_caches = [make_step_cache(run.cache_config, n) for _, _, n in segments]
         segment_of = [k for k, (_, _, n) in enumerate(segments) for _ in range(n)]
-        t1 = time.perf_counter()
-        step_ms = []
-        with self.controller.phase("denoise") as rt, profiler.phase("denoise"), \
-                profiler.region("denoise_step", units=req.steps):
-            for i, t in enumerate(sampler.timesteps):
-                s0 = time.perf_counter()
+        with run.phase("denoise", "denoise_step", req.steps) as rt:
+            def predict(i: int, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
                 k = segment_of[i]
                 dit, first, _ = segments[k]
                 guidance = req.guidance_scale if dit is self.model.transformer or req.guidance_scale_2 is None \
                     else req.guidance_scale_2
-                noise = self.predict(rt, dit, latents, t, text, guidance, step_caches[k], i - first)
-                if record:
-                    kept["noise"].append(noise)
-                latents = sampler.step(noise, latents)
-                self._sync()
-                step_ms.append((time.perf_counter() - s0) * 1e3)
-                if progress is not None:
-                    progress("denoise", i + 1, req.steps)
-            if cache_config is not None:
-                kept["step_cache"] = self._cache_report(rt, segments, step_caches, req.steps)
-        timings["denoise"] = (time.perf_counter() - t1) * 1e3
-        timings["denoise_step"] = step_ms
-        if cache_config is not None:
-            full = set(kept["step_cache"]["full_steps"])
-            for name, pick in (("denoise_full_step", lambda i: i in full and i > 0),
-                               ("denoise_cached_step", lambda i: i not in full)):
-                picked = [ms for i, ms in enumerate(step_ms) if pick(i)]
-                timings[name] = sum(picked) / len(picked) if picked else None
-        t2 = time.perf_counter()
-        video = None
-        if decode:
-            with self.controller.phase("decode"), profiler.phase("decode", together=self.vae_group is not None), \
-                    profiler.region("decode"):
-                video = self.decode(latents) if (self.is_main or self.vae_group is not None) else None
-                self._sync()
-        timings["decode"] = (time.perf_counter() - t2) * 1e3
-        timings["total"] = (time.perf_counter() - t0) * 1e3
-        kept["tokens_per_step"] = math.prod(self.latent_shape(req)[2:]) // math.prod(
+                return self.predict(rt, dit, latents, t, text, guidance, step_caches[k], i - first)
+
+            latents = run.denoise(sampler, latents, predict)
+            # One report for the request: with CFG branches on separate ranks, every branch's
+            # decisions (a collective over the CFG group); each expert's steps apart.
+            names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
+            run.report_caches([(first, [cache], names[id(dit)] if len(segments) > 1 else None)
+                               for (dit, first, _), cache in zip(segments, step_caches)],
+                              rt.gather_cfg if rt.cfg_size > 1 else None)
+        video = run.decode(lambda: self.decode(latents), self.is_main, self.vae_group, decode)
+        run.kept["tokens_per_step"] = math.prod(self.latent_shape(req)[2:]) // math.prod(
             self.model.transformer.patch_size)
-        return T2VResult(video, latents, timings, kept)
+        return T2VResult(video, latents, run.finish(), run.kept)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from dtgen.harness import Injections
-from dtgen.requests import parse_size, renamed
+from dtgen.requests import parse_size
 from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.errors import RequestError
-from dtgen.step_cache import StepCacheError, parse_step_cache
+from dtgen.serve.fields import Field, FieldTable
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
 
 
@@ -36,15 +36,14 @@ class VideoJob:
     fps: int
 
 
-# JSON name -> (T2VRequest attribute or None, type)
-FIELDS = {"prompt": ("prompt", str), "negative_prompt": ("negative_prompt", str), "size": (None, str),
-          "num_frames": ("num_frames", int), "seconds": (None, float), "fps": (None, int),
-          "num_inference_steps": ("steps", int), "guidance_scale": ("guidance_scale", float),
-          "guidance_scale_2": ("guidance_scale_2", float), "flow_shift": ("shift", float),
-          "sampler": ("sampler", str), "seed": ("seed", int), "model": (None, str),
-          "step_cache": ("step_cache", None)}   # text, an object or null: parse_step_cache checks it
-_JSON_NAME = {attr: name for name, (attr, _) in FIELDS.items() if attr} | {"width": "size", "height": "size"}
-FORM_TYPES = {name: kind or str for name, (_, kind) in FIELDS.items()}
+FIELDS = FieldTable({
+    "prompt": Field("prompt"), "negative_prompt": Field("negative_prompt"), "size": Field(None),
+    "num_frames": Field("num_frames", int), "seconds": Field(None, float), "fps": Field(None, int),
+    "num_inference_steps": Field("steps", int), "guidance_scale": Field("guidance_scale", float),
+    "guidance_scale_2": Field("guidance_scale_2", float), "flow_shift": Field("shift", float),
+    "sampler": Field("sampler"), "seed": Field("seed", int), "model": Field(None),
+    "step_cache": Field("step_cache", None)},   # text, an object or null: parse_step_cache checks it
+    shared={"width": "size", "height": "size"})
 
 
 def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
@@ -85,18 +84,16 @@ class WanServeAdapter(DiffusionAdapter):
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def parse(self, fields: dict, form: bool = False) -> VideoJob:
-        if form:
-            from dtgen.serve.forms import coerce
-            fields = coerce(fields, FORM_TYPES)
+        fields = FIELDS.read(fields, form)
         if "input_reference" in fields:
             raise RequestError("input_reference", "not supported: this server makes videos from text only")
-        unknown = sorted(set(fields) - set(FIELDS))
+        unknown = sorted(set(fields) - set(FIELDS.names()))
         if unknown:
-            raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(FIELDS)}")
+            raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(FIELDS.names())}")
         if not isinstance(fields.get("prompt"), str) or not fields["prompt"].strip():
             raise RequestError("prompt", "is required" if "prompt" not in fields else "must be a non-empty string")
         for name, value in fields.items():
-            kind = FIELDS[name][1]
+            kind = FIELDS.fields[name].type
             if kind is None:
                 continue
             ok = isinstance(value, str) if kind is str else (
@@ -105,12 +102,7 @@ class WanServeAdapter(DiffusionAdapter):
             if not ok:
                 raise RequestError(name, f"must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
                                          f", got {value!r}")
-        values = {FIELDS[k][0]: v for k, v in fields.items() if FIELDS[k][0] is not None}
-        if "step_cache" in values:
-            try:
-                values["step_cache"] = parse_step_cache(values["step_cache"])
-            except StepCacheError as e:
-                raise RequestError(f"step_cache.{e.knob}", e.message) from None
+        values = FIELDS.values(fields)
         if "size" in fields:
             values["width"], values["height"] = parse_size(fields["size"], "size", "832x480")
         fps = fields.get("fps", self.default_fps)
@@ -124,11 +116,7 @@ class WanServeAdapter(DiffusionAdapter):
                 raise RequestError("seconds", f"{fields['seconds']:g} s at {fps} fps is {frames:g} frames; it must "
                                               f"make {self.temporal}k + 1 frames")
             values["num_frames"] = int(frames)
-        req = replace(self.defaults, **values)
-        try:
-            req.check(self.temporal, self.spatial, self.two_experts)
-        except RequestError as e:
-            raise renamed(e, _JSON_NAME) from None
+        req = FIELDS.checked(replace(self.defaults, **values), self.temporal, self.spatial, self.two_experts)
         return VideoJob(req, fps)
 
     # ---- every rank -------------------------------------------------------------------
@@ -138,14 +126,9 @@ class WanServeAdapter(DiffusionAdapter):
             return None
         buffer = io.BytesIO()
         encode_mp4(result.video, buffer, job.fps)
-        t = result.timings_ms
         r = job.request
-        return {"video": buffer.getvalue(), "size": f"{r.width}x{r.height}", "num_frames": r.num_frames,
-                "fps": job.fps, "seed": r.seed,
-                # which DiT evaluations ran in full and which the step cache reused (None: no cache)
-                "step_cache": result.record.get("step_cache"),
-                "timings_ms": {"encode": round(t["encode"], 3), "denoise": round(t["denoise"], 3),
-                               "decode": round(t["decode"], 3), "total": round(t["total"], 3)}}
+        return self.answer(result, video=buffer.getvalue(), size=f"{r.width}x{r.height}", num_frames=r.num_frames,
+                           fps=job.fps, seed=r.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         self.injections.at(phase, done)
