@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-SWEEP = [(8, 128, 4, 2), (16, 64, 4, 2), (16, 256, 4, 2), (32, 128, 4, 2), (64, 64, 4, 2),
-         (16, 128, 2, 1), (16, 128, 8, 4), (32, 256, 8, 2)]   # block_e, block_h, logits_warps, topk_warps
+SWEEP = [(16, 128, 4, 2), (8, 128, 4, 1), (16, 64, 2, 1), (16, 256, 4, 1), (32, 128, 4, 1), (64, 64, 4, 1),
+         (16, 128, 2, 1), (16, 128, 8, 1), (32, 256, 8, 1)]   # block_e, block_h, logits_warps, topk_warps
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,7 @@ Two launches, deterministic (no atomics), no host sync (CUDA-graph safe):
   program loads one [BLOCK_E, BLOCK_H] tile of the weight once (the 1 MB weight is spread
   over ~128 programs at the released shapes: E=64, H=4096, 16 x 128 tiles) and, for each
   token of its chunk, the dot of the tile's rows with the token's BLOCK_H values in float32.
-  It writes ``partials[t, h_block, e]`` (float32 [T, S, E], S = H-blocks: 32 KB at T=1).
+  It writes ``partials[t, h_block, e]`` (float32 [T, S, E], S = H-blocks: 8 KB at T=1).
 - `_router_topk_kernel`, grid (T,): one program per token sums its S partials in a fixed
   order (one [BLOCK_S, E] tile at a time), softmax over the E logits (masked to E, which
   need not be a power of two), then K rounds of one int64 max over keys that pack the
@@ -70,12 +70,14 @@ _TINY = torch.finfo(torch.float32).tiny
 @dataclass(frozen=True)
 class RouterConfig:
     """Tile sizes and warps (block sizes are capped at the next power of two of E and H).
-    Defaults: E=64, H=4096 -> a 4 x 32 grid of 8 KB weight tiles per token chunk."""
+    Defaults (untimed: chosen from the sm_90 code, not a sweep): E=64, H=4096 -> a 4 x 32
+    grid of 8 KB weight tiles per token chunk, each row of a tile summed within one warp
+    (16-byte loads); the top-k kernel in one warp, whose reductions then need no barrier."""
 
     block_e: int = 16
     block_h: int = 128
     logits_warps: int = 4
-    topk_warps: int = 2
+    topk_warps: int = 1
 
 
 # ------------------------------------------------------------------------------ checks
@@ -142,8 +144,8 @@ def _router_logits_kernel(
     h_ok = h < hidden
     w = tl.load(w_ptr + e[:, None].to(tl.int64) * s_we + h[None, :],
                 mask=e_ok[:, None] & h_ok[None, :], other=0.0).to(tl.float32)
-    rows = tl.arange(0, BLOCK_T)
-    acc = tl.zeros((BLOCK_T, BLOCK_E), tl.float32)
+    cols = tl.arange(0, BLOCK_T)
+    acc = tl.zeros((BLOCK_E, BLOCK_T), tl.float32)   # [expert, token]: w's row layout, no transpose
     # Unrolled over the chunk's tokens with no store in between, so that the (independent)
     # loads of x's rows can all be in flight at once.
     for i in tl.static_range(BLOCK_T):
@@ -152,10 +154,10 @@ def _router_logits_kernel(
         row_end = tl.where(t < tokens, hidden, 0)
         xt = tl.load(x_ptr + t.to(tl.int64) * s_xt + h, mask=h < row_end, other=0.0).to(tl.float32)
         part = tl.sum(w * xt[None, :], axis=1)
-        acc = tl.where(rows[:, None] == i, part[None, :], acc)
-    toks = t0 + rows
-    dst = part_ptr + (toks[:, None].to(tl.int64) * num_splits + h_block) * experts + e[None, :]
-    tl.store(dst, acc, mask=(toks[:, None] < tokens) & e_ok[None, :])
+        acc = tl.where(cols[None, :] == i, part[:, None], acc)
+    toks = t0 + cols
+    dst = part_ptr + (toks[None, :].to(tl.int64) * num_splits + h_block) * experts + e[:, None]
+    tl.store(dst, acc, mask=e_ok[:, None] & (toks[None, :] < tokens))
 
 
 @triton.jit

@@ -1,20 +1,22 @@
 """The fused MoE router: kernels.moe_router (logits, softmax, top-k, normalisation).
 
 CPU: the Triton kernels under TRITON_INTERPRET=1 (conftest sets it) at odd shapes (T 1, 3,
-16, 20; E 64, 7, 100; K 1, 2, 8; hidden 4096 and 72; normalised and scaled; x bf16, fp16 and
-fp32, a bf16 weight) against the reference torch ops; ties, NaN, batch invariance; opcheck
-and one node under fullgraph torch.compile; the one-line errors; MoE.route's CPU path is
-the torch ops of before. GPU (marker `gpu`): the released shapes (T 1 and 8, E 64, K 8,
-H 4096, x bf16, fp32 weight) against the reference, through MoE.route, and in a CUDA-graph
-replay.
+16, 20; E 64, 7, 100; K 1, 2, 8 and K = E; hidden 4096, 72, 200; normalised and scaled; x
+bf16, fp16 and fp32, a bf16 weight, a strided x) against the reference torch ops; other
+tilings; ties, NaN, batch invariance; the kernels compiled for sm_90 (no GPU: the
+interpreter never lowers them); opcheck and one node under fullgraph torch.compile; the
+one-line errors; MoE.route's CPU path is the torch ops of before. GPU (marker `gpu`): the
+released shapes (T 1 and 8, E 64, K 8, H 4096, x bf16, fp32 weight) against the reference,
+through MoE.route, under torch.compile, and in a CUDA-graph replay on new inputs.
 
 Tolerances. ids: equal. The kernels sum the float32 logits in another order than the CPU's
 GEMM (or cuBLAS): the logits agree to ~1e-6, so ids can only differ where two probabilities
 are that close; every case checks first that its reference top-(K+1) probabilities are
 apart by > 1e-4 relative, so its ids (and their order) are well defined. weights: rtol 1e-5,
 atol 1e-8: the logits' ~1e-6 (O(1) logits here), exp and the sums of the softmax and the
-normalisation in other orders (measured under the interpreter: at most 1.5e-6 relative); a wrong expert, a
-missing renormalisation or a softmax over the masked lanes is off by > 1e-2.
+normalisation in other orders (measured under the interpreter: at most 1.5e-6 relative).
+A softmax over the masked lanes (as logit 0) would move the scaled cases' weights by >= 12%,
+a missing renormalisation by the factor 1 / (sum of the top K).
 """
 import operator
 
@@ -206,6 +208,53 @@ def test_moe_route_cpu_path_is_the_torch_ops():
     assert torch.equal(weights, top / top.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny))
 
 
+_SM90_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels import moe_router as mr
+
+def build(fn, sig, constexprs, aligned, warps):
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps})
+
+cfg = mr.RouterConfig()
+logits = {"x_ptr": "*bf16", "w_ptr": "*fp32", "part_ptr": "*fp32", "tokens": "i32", "experts": "i32",
+          "hidden": "i32", "num_splits": "i32", "s_xt": "i32", "s_we": "i32",
+          "BLOCK_T": "constexpr", "BLOCK_E": "constexpr", "BLOCK_H": "constexpr"}
+for block_t in (1, 8):
+    build(mr._router_logits_kernel, logits, {"BLOCK_T": block_t, "BLOCK_E": cfg.block_e, "BLOCK_H": cfg.block_h},
+          ["x_ptr", "w_ptr", "part_ptr", "experts", "hidden", "num_splits", "s_xt", "s_we"], cfg.logits_warps)
+topk = {"part_ptr": "*fp32", "ids_ptr": "*i64", "wts_ptr": "*fp32", "experts": "i32", "num_splits": "i32",
+        "scaling_factor": "fp32", "TOP_K": "constexpr", "NORMALIZE": "constexpr", "BLOCK_S": "constexpr",
+        "BLOCK_E": "constexpr", "BLOCK_K": "constexpr"}
+k = build(mr._router_topk_kernel, topk, {"TOP_K": 8, "NORMALIZE": True, "BLOCK_S": 32, "BLOCK_E": 64, "BLOCK_K": 8},
+          ["part_ptr", "ids_ptr", "wts_ptr", "experts", "num_splits"], cfg.topk_warps)
+print("barriers", k.asm["ptx"].count("bar.sync"))
+"""
+
+
+def test_kernels_compile_for_sm90_without_a_gpu():
+    """The kernels lower to sm_90 machine code (Triton's own ptxas, no device), which the
+    interpreter never checks; the top-k kernel's reductions need no barrier (one warp)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("this triton has no bundled ptxas")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "barriers 0" in done.stdout
+
+
 # --------------------------------------------------------------------------------- errors
 
 
@@ -238,7 +287,7 @@ def test_bad_impl():
 @pytest.mark.parametrize("T", [1, 8])
 def test_gpu_released_shapes_and_cuda_graph(T):
     """E 64, K 8, H 4096, x bf16, fp32 weight: the Triton path ("auto" on CUDA), MoE.route,
-    and a CUDA graph replayed on new inputs."""
+    torch.compile (bit-equal to eager), and a CUDA graph replayed on new inputs."""
     from models.hunyuan_image3.transformer import MoE
 
     dev = torch.device("cuda")
@@ -262,6 +311,9 @@ def test_gpu_released_shapes_and_cuda_graph(T):
     moe = MoE(Cfg(), 0).to(dev)
     moe.gate.wg.weight.data.copy_(w)
     _assert_route(moe.route(x), want)
+    eager = moe_route_topk(x, w, K)
+    compiled = torch.compile(lambda a: moe_route_topk(a, w, K), fullgraph=True)(x)   # inductor: one extern node
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
 
     static_x = x.clone()
     moe_route_topk(static_x, w, K)   # compile the kernels outside the capture
