@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fp8_linear import fp8_linear
+from kernels.moe_router import TRITON_MAX_TOKENS as ROUTE_KERNEL_MAX_TOKENS
+from kernels.moe_router import moe_route_topk, route_from_logits
 from kernels.qk_norm_rope_kv import qk_norm_rope_kv
 from kernels.split_kv_decode import split_kv_decode
 
@@ -196,13 +198,14 @@ class MoE(nn.Module):
         self.token_chunk: int | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = torch.softmax(self.gate(x), dim=-1)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.top_k > 1 and self.norm_topk_prob:
-            weights = weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
-        else:
-            weights = weights * self.routed_scaling_factor
-        return ids, weights
+        """x [T, H] -> (ids int64 [T, K], weights float32 [T, K]): softmax of the float32
+        logits, top-k (descending), then the K weights renormalised (K > 1 and norm_topk_prob)
+        or scaled. On a GPU up to ROUTE_KERNEL_MAX_TOKENS tokens (decode) the fused router op
+        (the same math, two launches instead of ~6); elsewhere the torch ops."""
+        if x.is_cuda and x.shape[0] <= ROUTE_KERNEL_MAX_TOKENS:
+            return moe_route_topk(x, self.gate.wg.weight, self.top_k, self.norm_topk_prob,
+                                  self.routed_scaling_factor)
+        return route_from_logits(self.gate(x), self.top_k, self.norm_topk_prob, self.routed_scaling_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
