@@ -3,8 +3,8 @@
 # summary.txt, and the logs as logs.tgz).
 #   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh tests,micro,decode     # call 2
 #   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh peers,t2i              # call 3
-# tests:  every one-GPU test (`-m "gpu and not multigpu"`), with the golden cases and diffusers
-#         where they were carried (.golden/golden, .golden/golden-taylor; .whl/ wheels).
+# tests:  every one-GPU test (`-m "gpu and not multigpu"`; TESTS="files" for some), with the golden
+#         cases and diffusers where they were carried (.golden/golden, .golden/golden-taylor; .whl/).
 # micro:  the decode step's new ops alone: the fused MoE router, the decode GEMV (bf16, FP8).
 # decode: bench_decode, 32 layers, FP8 experts, regions: the dense linears in bf16, then FP8.
 # peers:  Qwen-Image's MMDiT, dtgen vs diffusers, 1024x1024, bf16 (bench_qwen_peers).
@@ -29,10 +29,11 @@ T2I="python3 -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --com
   --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10"
 for stage in ${1//,/ }; do case "$stage" in
 tests)
-  TAIL=14 step gpu_tests 330 python3 -m pytest -q -m "gpu and not multigpu" -p no:cacheprovider --durations=10 tests
+  TAIL=14 step gpu_tests "${TESTS_LIMIT:-330}" python3 -m pytest -q -m "gpu and not multigpu" -p no:cacheprovider \
+      --durations=10 -rfs ${TESTS:-tests}
   ;;
 micro)
-  TAIL=12 step bench_moe_router 60 python3 -m bench.bench_moe_router --out "$OUT/bench_moe_router.json"
+  [ -z "${NO_ROUTER:-}" ] && TAIL=12 step bench_moe_router 60 python3 -m bench.bench_moe_router --out "$OUT/bench_moe_router.json"
   TAIL=24 step bench_decode_gemv 90 python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
   ;;
 decode)
