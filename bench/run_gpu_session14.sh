@@ -37,9 +37,9 @@ micro)
   TAIL=24 step bench_decode_gemv 90 python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
   ;;
 decode)
-  TAIL=14 step decode_bf16 120 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
+  TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
       --tokens 64 --kernels 12 --out "$OUT/decode_bf16.json"
-  TAIL=14 step decode_dense_fp8 120 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
+  TAIL=14 step decode_dense_fp8 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
       --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
