@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from dtgen.attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
+from dtgen.seq_split import gather_output, split_input
 from dtgen.sequence import SlotHole
 
 # What the pipeline does with its KV caches between phases and requests (`kv_caches`).
@@ -76,8 +77,10 @@ class DecoderStack:
             if slots.shape[0] != n:
                 raise ValueError(f"slot runs {runs} hold {slots.shape[0]} rows, but {n} rows are fed")
         meta = AttentionMeta(rt.seq.pad_slots(slots, first_spare), tuple(image_blocks), slot_runs=runs, hole=hole)
-        h = self.model.model(rt.seq.shard(embeds, 1), rt.seq.shard(rope_pos, -2), meta, cache)
-        return rt.seq.gather(h, 1, n)
+        layers = self.model.model
+        h = layers(split_input(rt.seq, layers.seq_splits, "embeds", embeds),
+                   split_input(rt.seq, layers.seq_splits, "rope_pos", rope_pos), meta, cache)
+        return gather_output(rt.seq, layers.seq_splits, h, n)
 
     def _cache_rows(self, cache: KVCache, rows: torch.Tensor) -> KVCache:
         """The batch rows `rows` of a KV cache, as a new one (members left a batch)."""

@@ -28,6 +28,7 @@ from dtgen.attention import AttentionMeta, DecodeBatch, KVCache, LayerKVCache, L
 from dtgen.layers.linear import empty_param
 from dtgen.layers.norms import RMSNorm   # rounding "input": variance in float32, cast back before the weight
 from dtgen.layers.rope import apply_rope
+from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
 
 from .rope import rope_cos_sin
 from .config import HunyuanImage3Config
@@ -238,6 +239,13 @@ class DecoderLayer(nn.Module):
 
 class HunyuanImage3Transformer(nn.Module):
     """`model.*` of the checkpoint: token embedding, decoder layers and ln_f."""
+
+    # Under sequence parallelism (dtgen/seq_split.py) each rank runs the layers on its chunk of
+    # the fed rows: the embeddings and their RoPE positions are split along the rows, the last
+    # hidden state gathered back. The attention meta comes from the KV-cache slots of the rows
+    # (the caller's), not from the split: AR and denoise rows sit at their sequence positions.
+    seq_splits = SeqSplits(inputs={"embeds": SplitRows(1), "rope_pos": SplitRows(-2)}, attention=("embeds",),
+                           output=GatherRows(1))
 
     def __init__(self, cfg: HunyuanImage3Config):
         super().__init__()
