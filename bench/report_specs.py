@@ -21,7 +21,7 @@ X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-session2", "h200x2-202
 S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-session6", "h200-2026-12-01-session7",
                           "h200x2-2026-12-01-session7", "h200-2026-12-01-session8", "h200-2026-12-01-session9")
 SERVE = "cpu-2026-12-01-serve/bench_serve.json"
-SERVE_LOAD = "cpu-2026-12-02-serve-load/bench_serve.json"
+SERVE_LOAD = "cpu-2026-12-02-serve-load-trim/bench_serve.json"
 S10 = "h200-2026-12-01-session10"
 STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/step_cache_distil.json"
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
@@ -875,19 +875,20 @@ TABLES += [
         Row(["weights / peak", "", Join([rank0_gb("storage_bytes_per_rank", TC),
                                          rank0_gb("peak_memory_bytes_per_rank", TC)])]),
     ]),
-    Table("s12-serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
-                             "p99", "server RSS at the end / max"], [
+    Table("s14-serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
+                             "p99", "server RSS: last sample / max / idle after the level"], [
         Row([str(c), Value(f"{L}.requests"), Value(f"{L}.every_request_answered", lambda v: "yes" if v else "**no**"),
              Join([Value(f"{L}.server_accepted"), Value(f"{L}.server_finished")], " accepted, ", suffix=" ended"),
              Value(f"{L}.images"), Value(f"{L}.images_per_min", "{:.1f}"), Value(f"{L}.latency_ms.p50", "{:.0f} ms"),
              Value(f"{L}.latency_ms.p99", "{:.0f} ms"),
-             Join([Value(f"{L}.rss_bytes.end", "{:.0f}", scale=1e-6), Value(f"{L}.rss_bytes.max", "{:.0f} MB", scale=1e-6)],
-                  " / ")], file=SERVE_LOAD)
+             Join([Value(f"{L}.rss_bytes.end", "{:.0f}", scale=1e-6), Value(f"{L}.rss_bytes.max", "{:.0f}", scale=1e-6),
+                   Value(f"{L}.rss_bytes.idle", "{:.0f} MB", scale=1e-6)], " / ")], file=SERVE_LOAD)
         for c, L in ((c, f"load[concurrency={c}]") for c in (1, 4, 16))
     ], note="Tiny model, one CPU process, 2 steps and 2 AR tokens a request, random sizes from the model's table "
             "(those its positions cannot hold: 422 up front), 10% cancelled after a random wait, 5% malformed bodies, "
-            "5% clients that leave mid-request; a queue of 16. Run on a shared 2-core machine (helpers' tests ran "
-            "beside it during the first level), so the latencies are this machine's, not the server's alone."),
+            "5% clients that leave mid-request; a queue of 16. Run on a shared 2-core machine (four helpers' tests "
+            "ran beside it at every level), so the throughput and latencies are this machine's, not the server's "
+            "alone. Idle: the server's RSS 1 s after the level's last answer, once the engine has trimmed its heap."),
     Table("serve", ["tiny model, one CPU process, 5 requests of 8 steps at 256x256", "ms"], [
         Row(["the pipeline's total inside the server (median)", Value("medians.server_inside_ms", "{:.1f}")], file=SERVE),
         Row(["what the HTTP client waited (median)", Value("medians.server_end_to_end_ms", "{:.1f}")], file=SERVE),
