@@ -12,7 +12,7 @@ The doc's prose is hand-written; each table sits between two markers,
 and is rendered from the spec `ID` in `bench/report_specs.py`. Every cell is read from a
 JSON file under bench/results/, every row names its file(s), and under each table a footnote
 gives, per file, the command that made it, the date, the GPU and the software. A number can
-therefore not drift from its file: the CPU suite (`tests/test_report.py`) fails when the
+therefore not drift from its file: the CPU suite (`tests/framework/test_report.py`) fails when the
 committed doc is not what this script renders.
 
 Adding a benchmark's figures (no change here):

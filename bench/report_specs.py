@@ -87,9 +87,9 @@ RUNS: dict[str, RunInfo] = {
     f"{X2}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32"),
     f"{X2}/tp2_16.json": RunInfo("bash bench/run_gpu2.sh cmp16"),
     f"{X2}/hybrid2_16.json": RunInfo("bash bench/run_gpu2.sh cmp16"),
-    **{f"{folder}/multigpu-{plan}-{dtype}.json": RunInfo("make test-gpu2 (tests/multigpu_job.py)")
+    **{f"{folder}/multigpu-{plan}-{dtype}.json": RunInfo("make test-gpu2 (tests/hunyuan_image3/multigpu_job.py)")
        for folder in (X1, X2) for plan in ("tp2", "hybrid2", "hybrid2-cfg") for dtype in ("float32", "bfloat16")},
-    **{f"{X4}/tp2+regions-{dtype}.json": RunInfo("make test-gpu2 (tests/multigpu_job.py --regions)")
+    **{f"{X4}/tp2+regions-{dtype}.json": RunInfo("make test-gpu2 (tests/hunyuan_image3/multigpu_job.py --regions)")
        for dtype in ("float32", "bfloat16")},
     f"{X3}/tp2_32_regions.json": RunInfo("bash bench/run_gpu2.sh regions-32 (cold process)"),
     f"{X3}/tp2_32_regions_warm.json": RunInfo("bash bench/run_gpu2.sh regions-32 (second process, warm cache)"),
@@ -472,7 +472,7 @@ TABLES = [
         Row(["float32: compiled vs eager vs one process, logits and velocities, `tp2` / `hybrid2` / `hybrid2-cfg` "
              "(and `tp2` with regions)", deviations("float32", max), deviations("float32", min), "1e-4"]),
         Row(["bfloat16, the same plans, relative to the largest value", deviations("bfloat16", max),
-             deviations("bfloat16", min), "0.15 (tests/test_multigpu.py)"]),
+             deviations("bfloat16", min), "0.15 (tests/hunyuan_image3/test_multigpu.py)"]),
     ], note="Each job also checks: replays identical, 0 recompiles after warm-up, CUDA-graph decode with 0 cudagraph "
             "skips, compiled sampling drew eager's tokens (float32)."),
     Table("cpu-compile-depth", ["mode", "layers", "compile", "graphs", "ops traced", "denoise ms/step", "AR ms/token"], [

@@ -13,8 +13,9 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"; tail -n 12 "$OUT/$name.log"; }
 
 # 1. GPU-marked tests: kernels at HunyuanImage-3 shapes (bf16), opcheck on CUDA, CUDA-graph decode.
-step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_moe_kernels.py \
-    tests/test_attention_kernels.py tests/test_attention_segments.py tests/test_compile.py
+step gpu_tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/hunyuan_image3/test_moe_kernels.py \
+    tests/framework/test_attention_kernels.py tests/framework/test_attention_segments.py \
+    tests/hunyuan_image3/test_compile.py
 # 2. Layer benchmarks (eager / compiled / CUDA graph / GEMM-autotuned against the floors),
 #    the AR decode step end to end, and the grouped GEMMs alone.
 step bench_layers 300 python3 -m bench.bench_layers --profile --out "$OUT/bench_layers.json"

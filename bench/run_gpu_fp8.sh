@@ -26,7 +26,8 @@ case "$MODE" in
     # copy it to outputs/golden here and name outputs/golden in the device call's carry
     [ -d outputs/golden ] && export DTGEN_GOLDEN_DIRS=$PWD/outputs/golden
     step gpu_tests 540 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not traceable_fast_path_compiled" \
-        tests/test_moe_kernels.py tests/test_moe_grouped_gemm.py tests/test_fp8_experts.py tests/test_compile.py ;;
+        tests/hunyuan_image3/test_moe_kernels.py tests/framework/test_moe_grouped_gemm.py \
+        tests/hunyuan_image3/test_fp8_experts.py tests/hunyuan_image3/test_compile.py ;;
   bench)
     step bench_layers 240 python3 -m bench.bench_layers --out "$OUT/bench_layers.json"
     step bench_moe 200 python3 -m bench.bench_moe --out "$OUT/bench_moe.json"

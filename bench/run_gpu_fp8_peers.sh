@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # FP8 linears and FP8 attention on one GPU, then Wan against diffusers: one device call (~8 min).
 #   bash bench/run_gpu_fp8_peers.sh
-# 1. the GPU tests of tests/test_fp8_attention.py and tests/test_fp8_dense.py (kernel at a Wan
-#    shape vs SDPA, rowwise _scaled_mm vs its reference, the tiny Wan compiled with both options,
-#    the golden case with dense FP8 when outputs/golden is carried: see bench/run_gpu_fp8.sh);
+# 1. the GPU tests of tests/wan/test_fp8_attention.py and tests/hunyuan_image3/test_fp8_dense.py
+#    (kernel at a Wan shape vs SDPA, rowwise _scaled_mm vs its reference, the tiny Wan compiled
+#    with both options, the golden case with dense FP8 when outputs/golden is carried: see
+#    bench/run_gpu_fp8.sh);
 # 2. bench/bench_fp8_attention.py: FP8 attention vs SDPA bf16 (flash, cuDNN, efficient) at 32760 tokens;
 # 3. bench/bench_peers.py: dtgen vs diffusers' WanTransformer3DModel, 1.3B at 30 blocks and the 14B
 #    width at 8, 480p x 81 frames, eager and one region per block, bf16 and the FP8 options.
@@ -26,7 +27,7 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name"; local t0=$SECONDS
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"; tail -n "${TAIL:-8}" "$OUT/$name.log"; }
 
 TAIL=14 step gpu_tests 130 python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
-    tests/test_fp8_attention.py tests/test_fp8_dense.py
+    tests/wan/test_fp8_attention.py tests/hunyuan_image3/test_fp8_dense.py
 TAIL=20 step bench_fp8_attention 70 python3 -m bench.bench_fp8_attention --out "$OUT/bench_fp8_attention.json"
 TAIL=24 step bench_peers 280 python3 -m bench.bench_peers --models 1.3B,14B-8 --modes eager,regions \
     --variants bf16,dense-fp8,attn-fp8,fp8 --out "$OUT/bench_peers.json"

@@ -138,7 +138,7 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
                    help="every layer's QKV, O and shared MLP: the model dtype, or fp8 (e4m3 weights with one scale "
                         "per output channel, quantized at load; activations per token; GPU: compute capability "
-                        "8.9+; error table: tests/test_fp8_dense.py)")
+                        "8.9+; error table: tests/hunyuan_image3/test_fp8_dense.py)")
     p.add_argument("--fp8-scales", default=None, choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "

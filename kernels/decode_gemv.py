@@ -124,7 +124,7 @@ def decode_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: t
                           bias: torch.Tensor | None = None) -> torch.Tensor:
     """The op in torch (any number of rows). 16-bit: F.linear in float32, cast once. e4m3:
     `kernels.fp8_linear.fp8_linear_reference`'s arithmetic, line for line (x quantized per
-    row, both operands dequantized, float32 matmul; tests/test_decode_gemv.py checks the two
+    row, both operands dequantized, float32 matmul; tests/framework/test_decode_gemv.py checks the two
     agree bit for bit; importing it here would close an import circle)."""
     check_gemv_inputs(x, weight, weight_scale, bias)
     if weight.dtype != FP8_DTYPE:

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.multigpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLANS = ["ulysses2", "ulysses2-te-tp2", "ulysses2-pipelined", "ring2", "attn2d-1x2", "cfg2"]
 
 

@@ -13,7 +13,7 @@ What this covers, on the GPU stack (torch 2.11 + NCCL on the H200 machines):
   on both ranks and the load-time all-reduce of the down projections' row scales, against
   the single-process FP8 model; the phase switch copies nothing.
 
-`make test-gpu2` runs these; `tests/multigpu_job.py` is the job torchrun starts.
+`make test-gpu2` runs these; `tests/hunyuan_image3/multigpu_job.py` is the job torchrun starts.
 """
 import json
 import os
@@ -28,7 +28,8 @@ import pytest
 
 pytestmark = pytest.mark.multigpu
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).resolve().with_name("multigpu_job.py")   # the job torchrun starts, beside this file
 # "+regions": the plan with regional compilation (--compile-regions)
 PLANS = ["tp2", "hybrid2", "hybrid2-cfg", "tp2+regions"]
 # Bounds from every measured run (2 x H200: bench/results/h200x2-2026-11-30*/multigpu-*.json
@@ -54,7 +55,7 @@ def _torchrun(*args) -> list[str]:
 
 
 DTYPES = ["float32", "bfloat16"]
-# The same request as tests/multigpu_job.py, so the failure test's graphs come from the
+# The same request as tests/hunyuan_image3/multigpu_job.py, so the failure test's graphs come from the
 # inductor cache the parity jobs filled.
 PROMPT = "a lighthouse at dusk"
 
@@ -80,7 +81,7 @@ def parity(tiny_checkpoint, tmp_path_factory):
         for plan in PLANS:
             out, log = folder / f"{plan}-{dtype}.json", folder / f"{plan}-{dtype}.log"
             name, _, regions = plan.partition("+")
-            cmd = _torchrun(str(ROOT / "tests" / "multigpu_job.py"), "--dtype", dtype, "--plans", name,
+            cmd = _torchrun(str(JOB), "--dtype", dtype, "--plans", name,
                             "--out", str(out), *(["--regions"] if regions else []))
             jobs[(plan, dtype)] = (out, log, subprocess.Popen(cmd, env=env, stdout=log.open("w"),
                                                               stderr=subprocess.STDOUT))
@@ -148,7 +149,7 @@ def test_forced_failure_ends_the_job_with_its_message(parity, tiny_checkpoint, t
 
 def test_fp8_experts_on_two_gpus(parity, tiny_checkpoint, tmp_path_factory):
     """bf16 model, FP8 experts with channel scales (block scales cannot split the tiny model's
-    intermediate size on the 128 grid: plan validation refuses it, tests/test_fp8_experts.py).
+    intermediate size on the 128 grid: plan validation refuses it, tests/hunyuan_image3/test_fp8_experts.py).
     --check runs the single-process FP8 model on rank 0. The two differ by the activations'
     quantization (each rank quantizes its slice) and bf16 sums: on the CPU (float32, 2 ranks)
     0.75% (logits) and 2.6% (velocity). Bound 0.1 until a GPU run measures it (a wrong shard

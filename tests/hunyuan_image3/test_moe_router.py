@@ -247,7 +247,7 @@ def test_kernels_compile_for_sm90_without_a_gpu():
     if not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
         pytest.skip("this triton has no bundled ptxas")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-c", _SM90_COMPILE], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("fastapi")
 av = pytest.importorskip("av")
 
-from tests.test_serve_http import CHROMIUM, call, chromium_dom, progress_log, running_server  # noqa: E402
+from tests.hunyuan_image3.test_serve_http import (CHROMIUM, call, chromium_dom, progress_log,  # noqa: E402
+                                                  running_server)
 
 
 @pytest.fixture(scope="module")

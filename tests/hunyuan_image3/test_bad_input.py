@@ -261,7 +261,7 @@ def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypa
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
-DISTIL_CASE = Path(__file__).resolve().parents[2] / "shared" / "golden-taylor" / "hunyuan3_tiny_distil_a"
+DISTIL_CASE = Path(__file__).resolve().parents[3] / "shared" / "golden-taylor" / "hunyuan3_tiny_distil_a"
 
 
 @pytest.mark.skipif(not DISTIL_CASE.is_dir(), reason="needs ../shared/golden-taylor/hunyuan3_tiny_distil_a")

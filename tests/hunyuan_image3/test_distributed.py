@@ -100,7 +100,7 @@ def _case_without_vae(folder) -> GoldenCase:
     """The case without its VAE tensors (so `compare_case` skips the VAE). The VAE is
     replicated in every plan and decoded by the plain module, so its golden check says
     nothing about a plan; it is the slow part on CPU, and it is checked against the golden
-    outputs in one process (tests/test_golden.py) and, through the images, every plan
+    outputs in one process (tests/hunyuan_image3/test_golden.py) and, through the images, every plan
     against one process (test_plan_equals_single_process)."""
     case = GoldenCase(folder)
     case.t = {k: v for k, v in case.t.items() if not k.startswith("vae_")}

@@ -1,6 +1,6 @@
 """Whole sampling runs against the official implementation: the Taylor cache (every official
 knob the cases exercise, the P1 default), the CFG-distilled meanflow sampler, with and without
-the cache. One process; tests/test_step_cache_distributed.py replays them on 4 ranks.
+the cache. One process; tests/hunyuan_image3/test_step_cache_distributed.py replays them on 4 ranks.
 
 Cases: every folder of ../shared/golden-taylor plus $DTGEN_GOLDEN_TAYLOR_DIRS; the run names
 and their knobs come from each case's golden.json.

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.golden import GoldenDataMissing, discover_cases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _case(folder: Path) -> Path:
@@ -50,7 +50,8 @@ def test_a_missing_folder_stops_collection_with_one_line(tmp_path):
     would see it in a clone without ../shared: here a listed extra folder that is missing."""
     env = dict(os.environ, DTGEN_REQUIRE_GOLDEN="1", DTGEN_GOLDEN_DIRS=str(tmp_path / "missing"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "--co", "-p", "no:cacheprovider",
-                          "tests/test_golden.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          "tests/hunyuan_image3/test_golden.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
     lines = [line for line in run.stdout.splitlines() if "DTGEN_REQUIRE_GOLDEN" in line]
     assert len(lines) == 1 and f"{tmp_path / 'missing'} (listed in $DTGEN_GOLDEN_DIRS) does not exist" in lines[0]

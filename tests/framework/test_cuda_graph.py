@@ -1,8 +1,8 @@
 """dtgen.cuda_graph.GraphedStep: a step recorded as a CUDA graph by hand (the regions decode step).
 
 The keying runs everywhere; recording and replay need a GPU (the pipeline-level check is
-tests/test_compile.py::test_cuda_graph_decode_matches_eager[regions], and on two GPUs the
-`tp2+regions` job of tests/test_multigpu.py, NCCL collectives inside the recording).
+tests/hunyuan_image3/test_compile.py::test_cuda_graph_decode_matches_eager[regions], and on two GPUs the
+`tp2+regions` job of tests/hunyuan_image3/test_multigpu.py, NCCL collectives inside the recording).
 """
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """Failures end the whole job, with the failing rank's message, under both launchers (CPU, gloo).
 
 The NCCL side of the same behaviour (a peer blocked inside a CUDA-graphed collective) is
-covered by tests/test_multigpu.py on two GPUs.
+covered by tests/hunyuan_image3/test_multigpu.py on two GPUs.
 """
 import os
 import subprocess
@@ -18,7 +18,7 @@ from dtgen.launch import RankFailure, RankPool
 from models.hunyuan_image3.loading import load
 from placements.hunyuan_image3 import get_plan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--steps", "2", "--max-new-tokens", "2", "--image-size", "256x256", "--no-vae-parallel"]
 
 

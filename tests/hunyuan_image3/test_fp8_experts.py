@@ -1,7 +1,7 @@
 """FP8 routed experts in the model: `load(..., moe_dtype="fp8")` / `--moe-dtype fp8`.
 
 CPU: the experts are quantized at load and run through the torch emulation of the FP8
-path (the kernels themselves are tested in tests/test_moe_grouped_gemm.py). Accuracy is
+path (the kernels themselves are tested in tests/framework/test_moe_grouped_gemm.py). Accuracy is
 stated against the official outputs on the tiny golden case. Bounds come from measurement
 (float32 model, the tiny checkpoint, 2026-12-01):
 
@@ -94,7 +94,7 @@ def test_fp8_on_two_ranks_switches_phases_for_free_and_matches_one_rank(tiny_che
     one process does. The activations are quantized per rank (over its slice of the
     intermediate dim), which is the measured difference: 0.7% (logits), 2.1% (velocity)
     on 4 ranks (hybrid); on tp2, experts alone: 0.47% / 2.2%.
-    One spawned job serves the FP8 dense linears too (`--dense-dtype fp8`, tests/test_fp8_dense.py):
+    One spawned job serves the FP8 dense linears too (`--dense-dtype fp8`, tests/hunyuan_image3/test_fp8_dense.py):
     QKV and the shared gate/up split by rows with their scales, O and the shared down by
     columns with replicated scales (the max over both ranks); their activations are also
     quantized per rank, and the tiny model amplifies it (see test_fp8_dense.py): both options,

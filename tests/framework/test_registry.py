@@ -15,7 +15,7 @@ from dtgen.requests import flag_line, parse_size, renamed
 from dtgen.serve.errors import RequestError
 from models import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _folder(tmp_path: Path, name: str, files: dict) -> Path:

@@ -34,7 +34,7 @@ def test_single_process_run_writes_png_and_report(cache_env, tmp_path):
 
 def test_the_demo_edits_an_image(cache_env, tmp_path):
     """--image on the tiny default: the condition is encoded once and the image keeps the
-    reference's bucket. (Its parallel plans against one process: tests/test_distributed.py's
+    reference's bucket. (Its parallel plans against one process: tests/hunyuan_image3/test_distributed.py's
     TI2I golden jobs, the encoders included.)"""
     ref = tmp_path / "ref.png"
     Image.effect_mandelbrot((64, 64), (-2.0, -1.2, 1.0, 1.2), 60).convert("RGB").save(ref)
@@ -68,7 +68,7 @@ def test_random_weights_fixed_length_run(cache_env, tmp_path):
 
 def test_several_prompts_in_one_run(cache_env, tmp_path):
     """--prompt repeated and --prompts-file: one process, one image and one timing row per
-    request. (Which request compiled graphs, with --compile: tests/test_compile.py's
+    request. (Which request compiled graphs, with --compile: tests/hunyuan_image3/test_compile.py's
     warm-up test.)"""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a lighthouse at dusk\n\n  a red fox in fresh snow, golden hour  \n")

@@ -3,7 +3,7 @@ taylorseer_cache, mag_cache) on the tiny Wan case: diffusers' WanPipeline with t
 transformer(s) and dtgen's pipeline with the same config, same folder, same noise, must take
 the same decision at every step for every CFG branch and give the same latents within the
 Wan pipeline's bounds (atol 2e-5, rtol 1e-5: float32, the two only order sums differently).
-CPU, float32. The plans are covered in tests/test_wan_pipeline.py (every plan, cached runs).
+CPU, float32. The plans are covered in tests/wan/test_wan_pipeline.py (every plan, cached runs).
 
 What diffusers' hooks decide is read off its transformer, not its hooks: a forward hook on the
 last block's FFN fires exactly when the last block's own forward runs (a full step for that

@@ -3,7 +3,7 @@
 Every plan runs a whole request (AR, phase switch, denoise, the parallel VAE decode over all
 ranks) on spawned gloo ranks, one pool per world size, against one single-process run of the
 same request. 8 ranks on 2 cores is slow but fine for the tiny model. (The example's own
---check path runs in tests/test_compile.py, on 4 ranks.)
+--check path runs in tests/hunyuan_image3/test_compile.py, on 4 ranks.)
 """
 import dataclasses
 

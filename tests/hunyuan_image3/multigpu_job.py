@@ -1,9 +1,9 @@
 """Every 2-rank plan on the GPUs: compiled against eager against one process (run by torchrun).
 
-    torchrun --standalone --nproc-per-node 2 tests/multigpu_job.py --dtype float32 \
+    torchrun --standalone --nproc-per-node 2 tests/hunyuan_image3/multigpu_job.py --dtype float32 \
         --plans tp2,hybrid2,hybrid2-cfg --out result.json
 
-`tests/test_multigpu.py` starts it and checks what rank 0 writes to --out, per plan:
+`tests/hunyuan_image3/test_multigpu.py` starts it and checks what rank 0 writes to --out, per plan:
 the largest deviation of the AR logits and the velocities, relative to the largest
 reference value, for compiled vs eager (same plan) and eager vs the single-process model
 on rank 0; the tokens sampled by each; graph counts; recompiles after warm-up (the timed
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402

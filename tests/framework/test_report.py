@@ -10,7 +10,7 @@ import pytest
 from bench.report import (Calc, ReportError, Row, RunInfo, Runs, Sources, Table, Text, Value, Verdict, check,
                           lookup, render_doc, render_table)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 

@@ -1,6 +1,6 @@
 """Parity with the official implementation: every golden case, single process.
 
-(The 4-rank plans replay the same cases in tests/test_distributed.py.)
+(The 4-rank plans replay the same cases in tests/hunyuan_image3/test_distributed.py.)
 """
 import pytest
 import torch

@@ -3,7 +3,7 @@
 CPU: the op's torch reference (x quantized per token as on the GPU, then dequantize +
 matmul), the storage's per-channel scales under a TP split, the bytes kept, and the models:
 HunyuanImage-3 against the official outputs of the tiny golden case, Wan against its own
-model-dtype run. Two ranks (tp2, against one process): tests/test_fp8_experts.py's
+model-dtype run. Two ranks (tp2, against one process): tests/hunyuan_image3/test_fp8_experts.py's
 two-rank run has both options on (one spawned job for both). GPU (marker `gpu`): the rowwise `torch._scaled_mm` path against the
 reference at Wan's shapes, and the Wan pipeline compiled.
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from dtgen.plan import ATTENTION_KINDS
 from dtgen.sp import SP_KINDS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The installed packages: pyproject's `[tool.setuptools.packages.find] include` ("dtgen*", ...).
 _FIND = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include\s*=\s*\[([^]]*)\]",
                   (ROOT / "pyproject.toml").read_text())

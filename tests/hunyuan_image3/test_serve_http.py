@@ -34,7 +34,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOX = {"prompt": "a red fox in fresh snow", "size": "256x256", "num_inference_steps": 2, "seed": 7}
 
 

@@ -1,6 +1,6 @@
 """Image editing (TI2I) against the official implementation: every tensor of every TI2I golden
-case, in one process. (tests/test_distributed.py replays them on 4 CPU ranks through the
-hybrid plans; tests/test_ti2i_vae.py and tests/test_ti2i_vision.py check the encoders'
+case, in one process. (tests/hunyuan_image3/test_distributed.py replays them on 4 CPU ranks through the
+hybrid plans; tests/hunyuan_image3/test_ti2i_vae.py and tests/hunyuan_image3/test_ti2i_vision.py check the encoders'
 pieces and their bad inputs.)"""
 import pytest
 import torch

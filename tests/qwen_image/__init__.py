@@ -1,0 +1,1 @@
+"""Qwen-Image: the model against diffusers, its plans, its example and server."""
