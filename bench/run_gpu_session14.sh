@@ -34,7 +34,7 @@ tests)
   ;;
 micro)
   [ -z "${NO_ROUTER:-}" ] && TAIL=12 step bench_moe_router 60 python3 -m bench.bench_moe_router --out "$OUT/bench_moe_router.json"
-  TAIL=24 step bench_decode_gemv 90 python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
+  TAIL=24 step bench_decode_gemv "${GEMV_LIMIT:-90}" python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
   ;;
 decode)
   TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
@@ -43,7 +43,8 @@ decode)
       --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
-  TAIL=16 step qwen_peers 240 python3 -m bench.bench_qwen_peers --out "$OUT/qwen_peers.json"
+  TAIL=16 step qwen_peers "${PEERS_LIMIT:-240}" python3 -m bench.bench_qwen_peers --modes "${PEERS_MODES:-eager,compiled,regions}" \
+      --out "$OUT/qwen_peers.json"
   ;;
 t2i)
   step t2i_bf16 150 $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
