@@ -11,7 +11,10 @@ rows. Per shape and M:
   with inductor (one fused kernel; in the compiled model it may fuse into x's producer) and
   rowwise torch._scaled_mm;
 - scaled_mm_fp8_gemm_only: the _scaled_mm alone on an already quantized x (that path's floor);
-- gemv_fp8: decode_gemv, e4m3 weight (x quantized inside).
+- gemv_fp8: decode_gemv, e4m3 weight (x quantized inside);
+- fp8_linear_gemv: what `kernels.fp8_linear` runs at <= 16 rows: x quantized by inductor-compiled
+  torch ops, then decode_gemv on the e4m3 x (in the model the quantization fuses upstream);
+- gemv_fp8_x_quantized: decode_gemv alone on an already quantized x (that path's floor).
 Each figure: microseconds per call, a CUDA graph of `--graph-iters` calls replayed
 `--repeats` times (median, min, max), and the achieved GB/s of weight bytes. The calls of a
 graph cycle through copies of the weight totalling >= 4x the L2 (as the 32 layers' weights
@@ -143,6 +146,13 @@ def bench_shapes(args, dev, cuda) -> dict:
                 variants["scaled_mm_fp8_gemm_only"] = (
                     lambda w: torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=s.view(1, -1), out_dtype=dtype),
                     ws.fp8, 1)
+
+                def fp8_linear_path(w):   # what kernels.fp8_linear now runs at <= 16 rows
+                    q, sx = quant(x)
+                    return decode_gemv_triton(q, w, s, x_scale=sx.view(-1), out_dtype=dtype)
+                variants["fp8_linear_gemv"] = (fp8_linear_path, ws.fp8, 1)
+                variants["gemv_fp8_x_quantized"] = (   # the GEMV alone (the model fuses the quantization upstream)
+                    lambda w: decode_gemv_triton(xq, w, s, x_scale=xs.view(-1), out_dtype=dtype), ws.fp8, 1)
             res = {}
             for vname, (fn, weights, elem) in variants.items():
                 t = _time_us(_calls(fn, weights, args.graph_iters), args.repeats, cuda)
@@ -165,7 +175,8 @@ def bench_shapes(args, dev, cuda) -> dict:
 
 # The lm_head each variant's token uses: the FP8 dense option leaves it bf16.
 HEAD_OF = {"cublas_bf16": "cublas_bf16", "gemv_bf16": "gemv_bf16", "gemv_fp8": "gemv_bf16",
-           "scaled_mm_fp8": "cublas_bf16", "scaled_mm_fp8_gemm_only": "cublas_bf16"}
+           "scaled_mm_fp8": "cublas_bf16", "scaled_mm_fp8_gemm_only": "cublas_bf16",
+           "fp8_linear_gemv": "cublas_bf16", "gemv_fp8_x_quantized": "cublas_bf16"}
 
 
 def step_estimate(shapes: dict, m: str = "1") -> dict:
@@ -198,6 +209,7 @@ def sweep_candidates(kind: str, rows: int) -> list:
 
 def bench_sweep(args, dev, cuda) -> dict:
     from kernels.decode_gemv import config_for, decode_gemv_triton
+    from kernels.fp8_linear import quantize_activation_rows
 
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     distinct = {}
@@ -212,6 +224,9 @@ def bench_sweep(args, dev, cuda) -> dict:
             weights, s = (ws.bf16, None) if kind == "16bit" else (ws.fp8, ws.scale)
             for m in rows_list:
                 x = torch.randn(m, k, device=dev, generator=torch.Generator(device=dev).manual_seed(m)).to(torch.bfloat16)
+                # e4m3 weights: x comes quantized, as kernels.fp8_linear passes it
+                q, sx = quantize_activation_rows(x) if kind == "fp8" else (x, None)
+                extra = {"x_scale": sx.view(-1), "out_dtype": x.dtype} if kind == "fp8" else {}
                 default = config_for(n, k, kind, m)
                 cands = [default] + [c for c in sweep_candidates(kind, m) if c != default]
                 if args.smoke:
@@ -222,8 +237,8 @@ def bench_sweep(args, dev, cuda) -> dict:
                         skipped.append({"shape": name, "kind": kind, "rows": m, "config": asdict(cfg)})
                         continue
                     try:
-                        t = _time_us(_calls(lambda w, cfg=cfg: decode_gemv_triton(x, w, s, config=cfg), weights,
-                                            args.graph_iters), max(3, args.repeats // 2), cuda)
+                        t = _time_us(_calls(lambda w, cfg=cfg: decode_gemv_triton(q, w, s, config=cfg, **extra),
+                                            weights, args.graph_iters), max(3, args.repeats // 2), cuda)
                     except Exception as err:   # a config this GPU cannot run (shared memory, registers)
                         timed.append({"config": asdict(cfg), "error": f"{type(err).__name__}: {str(err)[:200]}"})
                         continue

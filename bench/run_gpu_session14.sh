@@ -34,7 +34,7 @@ tests)
   ;;
 micro)
   [ -z "${NO_ROUTER:-}" ] && TAIL=12 step bench_moe_router 60 python3 -m bench.bench_moe_router --out "$OUT/bench_moe_router.json"
-  TAIL=24 step bench_decode_gemv "${GEMV_LIMIT:-90}" python3 -m bench.bench_decode_gemv --out "$OUT/bench_decode_gemv.json"
+  TAIL=24 step bench_decode_gemv "${GEMV_LIMIT:-90}" python3 -m bench.bench_decode_gemv ${GEMV_ARGS:-} --out "$OUT/bench_decode_gemv.json"
   ;;
 decode)
   TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \

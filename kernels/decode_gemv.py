@@ -88,14 +88,17 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"decode_gemv: x has {x.shape[-1] if x.dim() else 0} features (shape {tuple(x.shape)}), "
                          f"the weight {tuple(weight.shape)} takes {k}")
+    if x.dtype == FP8_DTYPE and weight.dtype != FP8_DTYPE:
+        raise ValueError(f"decode_gemv: an e4m3 x (already quantized) needs an e4m3 weight, got {weight.dtype}")
     if weight.dtype == FP8_DTYPE:
         if weight_scale is None:
             raise ValueError(f"decode_gemv: an e4m3 weight needs weight_scale float32 [{n}] (one per output channel)")
         if weight_scale.dtype != torch.float32 or weight_scale.dim() != 1 or weight_scale.shape[0] != n:
             raise ValueError(f"decode_gemv: weight_scale must be float32 [{n}] (one per output channel), "
                              f"got {tuple(weight_scale.shape)} {weight_scale.dtype}")
-        if x.dtype not in _X_DTYPES_FP8:
-            raise ValueError(f"decode_gemv: with an e4m3 weight x must be one of {_X_DTYPES_FP8}, got {x.dtype}")
+        if x.dtype not in _X_DTYPES_FP8 + (FP8_DTYPE,):
+            raise ValueError(f"decode_gemv: with an e4m3 weight x must be one of {_X_DTYPES_FP8} or e4m3 (with "
+                             f"x_scale), got {x.dtype}")
     elif weight.dtype in _HALF_DTYPES:
         if weight_scale is not None:
             raise ValueError(f"decode_gemv: a {weight.dtype} weight takes no weight_scale (only e4m3 weights do)")
@@ -110,6 +113,22 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch
             raise ValueError(f"decode_gemv: x is on {x.device} but {name} on {t.device}")
 
 
+def check_quantized_x(x: torch.Tensor, x_scale: torch.Tensor | None, out_dtype: torch.dtype | None) -> None:
+    """x already in e4m3 comes with its per-row scales and the output dtype; other x with neither."""
+    if x.dtype != FP8_DTYPE:
+        if x_scale is not None or out_dtype is not None:
+            raise ValueError(f"decode_gemv: x_scale and out_dtype go with an e4m3 x only, x is {x.dtype}")
+        return
+    rows = _rows(x)
+    if x_scale is None or x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (rows,):
+        got = None if x_scale is None else (tuple(x_scale.shape), x_scale.dtype)
+        raise ValueError(f"decode_gemv: an e4m3 x needs x_scale float32 [{rows}] (one per row), got {got}")
+    if out_dtype not in _X_DTYPES_FP8:
+        raise ValueError(f"decode_gemv: an e4m3 x needs out_dtype, one of {_X_DTYPES_FP8}; got {out_dtype}")
+    if x_scale.device != x.device:
+        raise ValueError(f"decode_gemv: x is on {x.device} but x_scale on {x_scale.device}")
+
+
 def check_gemv_rows(x: torch.Tensor) -> None:
     rows = _rows(x)
     if rows > DECODE_GEMV_MAX_ROWS:
@@ -121,21 +140,26 @@ def check_gemv_rows(x: torch.Tensor) -> None:
 
 
 def decode_gemv_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
-                          bias: torch.Tensor | None = None) -> torch.Tensor:
+                          bias: torch.Tensor | None = None, x_scale: torch.Tensor | None = None,
+                          out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The op in torch (any number of rows). 16-bit: F.linear in float32, cast once. e4m3:
     `kernels.fp8_linear.fp8_linear_reference`'s arithmetic, line for line (x quantized per
     row, both operands dequantized, float32 matmul; tests/framework/test_decode_gemv.py checks the two
     agree bit for bit; importing it here would close an import circle)."""
     check_gemv_inputs(x, weight, weight_scale, bias)
+    check_quantized_x(x, x_scale, out_dtype)
     if weight.dtype != FP8_DTYPE:
         y = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
         return y.to(x.dtype)
     flat = x.reshape(-1, x.shape[-1])
-    q, scale = quantize_activation_rows(flat)
+    if x.dtype == FP8_DTYPE:
+        q, scale = flat, x_scale[:, None]
+    else:
+        q, scale, out_dtype = *quantize_activation_rows(flat), x.dtype
     y = (q.float() * scale) @ (weight.float() * weight_scale[:, None]).t()
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
+    return y.to(out_dtype).view(*x.shape[:-1], weight.shape[0])
 
 
 # ------------------------------------------------------------------------------ configs
@@ -372,28 +396,30 @@ def quantize_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
-                       bias: torch.Tensor | None = None, config: GemvConfig | None = None) -> torch.Tensor:
+                       bias: torch.Tensor | None = None, config: GemvConfig | None = None,
+                       x_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The Triton GEMV; `config` overrides the table (`config_for`), e.g. for a sweep."""
     check_gemv_inputs(x, weight, weight_scale, bias)
+    check_quantized_x(x, x_scale, out_dtype)
     check_gemv_rows(x)
     require_triton_device(x)
     n, k = weight.shape
     flat = x.reshape(-1, k)
     m = flat.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0 or n == 0:
         return y.view(*x.shape[:-1], n)
     if k == 0:
-        y.copy_(torch.zeros_like(y) if bias is None else bias.to(x.dtype).expand(m, n))
+        y.copy_(torch.zeros_like(y) if bias is None else bias.to(y.dtype).expand(m, n))
         return y.view(*x.shape[:-1], n)
     fp8 = weight.dtype == FP8_DTYPE
     cfg = config or config_for(n, k, weight_kind(weight), m)
     if cfg.dot and cfg.block_n < 16:
         raise ValueError(f"decode_gemv: tl.dot needs block_n >= 16, the config has {cfg.block_n}")
     splits, k_per_split = split_count(n, k, cfg, x.device)
-    quantized = fp8 and cfg.prequant
-    xs = None
-    if quantized:
+    quantized = fp8 and (cfg.prequant or x.dtype == FP8_DTYPE)
+    xs = x_scale
+    if quantized and x.dtype != FP8_DTYPE:
         flat, xs = quantize_rows_triton(flat)
     block_m = 16 if cfg.dot else triton.next_power_of_2(m)
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
@@ -424,29 +450,34 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
 
 @torch.library.custom_op("dtgen::decode_gemv", mutates_args=())
 def _decode_gemv_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
-                    bias: torch.Tensor | None, impl: str) -> torch.Tensor:
+                    bias: torch.Tensor | None, impl: str, x_scale: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
     if impl == "reference" or (impl == "auto" and not x.is_cuda):
-        return decode_gemv_reference(x, weight, weight_scale, bias).contiguous()
-    return decode_gemv_triton(x, weight, weight_scale, bias)
+        return decode_gemv_reference(x, weight, weight_scale, bias, x_scale, out_dtype).contiguous()
+    return decode_gemv_triton(x, weight, weight_scale, bias, x_scale=x_scale, out_dtype=out_dtype)
 
 
 @_decode_gemv_op.register_fake
-def _(x, weight, weight_scale, bias, impl):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+def _(x, weight, weight_scale, bias, impl, x_scale=None, out_dtype=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype or x.dtype)
 
 
 def decode_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None, impl: str = "auto") -> torch.Tensor:
+                bias: torch.Tensor | None = None, impl: str = "auto", x_scale: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y = x W^T (+ b) for <= 16 rows of x (module docstring). impl: "auto" (CPU: reference,
-    CUDA: Triton), "reference" (any rows), "triton"."""
+    CUDA: Triton), "reference" (any rows), "triton". `x_scale`, `out_dtype`: x is already e4m3
+    (`quantize_activation_rows`' q, its scale [M] flattened), e.g. quantized by torch ops that
+    inductor fuses into x's producer; the GEMV then only streams the weight."""
     if impl not in IMPLS:
         raise ValueError(f"decode_gemv: impl must be one of {IMPLS}, got {impl!r}")
     check_gemv_inputs(x, weight, weight_scale, bias)
+    check_quantized_x(x, x_scale, out_dtype)
     if impl == "triton" or (impl == "auto" and x.is_cuda):
         check_gemv_rows(x)
     if impl == "triton":
         require_triton_device(x)
-    return torch.ops.dtgen.decode_gemv(x, weight, weight_scale, bias, impl)
+    return torch.ops.dtgen.decode_gemv(x, weight, weight_scale, bias, impl, x_scale, out_dtype)
 
 
 def gemv_suits(x: torch.Tensor, weight: torch.Tensor) -> bool:

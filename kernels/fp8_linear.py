@@ -81,7 +81,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         raise ValueError(f"fp8_linear impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto" and fp8_gemv_suits(x, weight):
         _check(x, weight, weight_scale)
-        return decode_gemv(x, weight, weight_scale, bias)
+        # x quantized by torch ops, which inductor fuses into x's producer (a norm, an
+        # activation); the GEMV only streams the e4m3 weight. Quantizing in the GEMV instead
+        # (every program its own amax pass) left it at ~1.3 TB/s on an H200.
+        q, scale = quantize_activation_rows(x.reshape(-1, x.shape[-1]))
+        return decode_gemv(q.view(x.shape), weight, weight_scale, bias, x_scale=scale.view(-1),
+                           out_dtype=x.dtype)
     if impl == "reference" or not scaled_mm_usable(x, weight):
         return fp8_linear_reference(x, weight, weight_scale, bias)
     _check(x, weight, weight_scale)

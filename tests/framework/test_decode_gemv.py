@@ -162,6 +162,21 @@ def test_config_table_overrides_the_defaults(monkeypatch):
     assert config_for(4096, 4096, "fp8", 2) == dg.DEFAULT_CONFIGS[("fp8", "m16")]
 
 
+@needs_triton
+@pytest.mark.parametrize("path", sorted(PATHS))
+@pytest.mark.parametrize("rows,xkind", [(1, "fp8-bf16"), (5, "fp8-f32")])
+def test_quantized_x_matches_the_fp8_linear_reference(path, rows, xkind):
+    """x already in e4m3 with its row scales (what fp8_linear passes: torch's quantization,
+    fused into x's producer under torch.compile): the GEMV gives fp8_linear_reference's result
+    in `out_dtype`, on every path; the reference takes it bit for bit."""
+    x, w, s, b = operands((rows,), 50, 328, xkind, bias=True, seed=rows + 7)
+    q, sx = quantize_activation_rows(x)
+    expected = fp8_linear_reference(x, w, s, b)
+    assert torch.equal(decode_gemv(q, w, s, b, x_scale=sx.view(-1), out_dtype=x.dtype), expected)
+    y = decode_gemv_triton(q, w, s, b, config=PATHS[path], x_scale=sx.view(-1), out_dtype=x.dtype)
+    assert_matches(y, expected)
+
+
 # ------------------------------------------------------------------------ op and compile
 
 
@@ -219,6 +234,13 @@ def _fp8():
     (lambda x, w, s, b: decode_gemv(x, w, s, b[:4]), r"bias must be a float \[8\]"),
     (lambda x, w, s, b: decode_gemv(x, w, s, impl="cublas"), "impl must be one of"),
     (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(block_n=8, dot=True)), "block_n >= 16"),
+    (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, out_dtype=torch.float32), r"needs x_scale float32 \[2\]"),
+    (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, x_scale=torch.ones(3), out_dtype=torch.float32),
+     r"needs x_scale float32 \[2\]"),
+    (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, x_scale=torch.ones(2)), "needs out_dtype"),
+    (lambda x, w, s, b: decode_gemv(x, w, s, x_scale=torch.ones(2)), "go with an e4m3 x only"),
+    (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w.float().bfloat16(), None, x_scale=torch.ones(2),
+                                    out_dtype=torch.float32), "an e4m3 x .* needs an e4m3 weight"),
 ])
 def test_bad_input_is_one_line_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match) as err:
@@ -290,4 +312,6 @@ def test_gpu_fp8_linear_dispatches_decode_rows_to_the_gemv():
     torch.testing.assert_close(fp8_linear(x, w, s, b), fp8_linear(x, w, s, b, impl="scaled_mm"), rtol=0, atol=0)
     torch._dynamo.reset()
     compiled = torch.compile(lambda a: fp8_linear(a, w, s, b), fullgraph=True)
-    torch.testing.assert_close(compiled(x[:1]), fp8_linear(x[:1], w, s, b), rtol=0, atol=0)
+    # inductor fuses the quantization of x into one kernel of its own arithmetic: an element
+    # may round to the other e4m3 neighbour (~1e-3 of an output), within the GEMV's bound
+    assert_matches(compiled(x[:1]), fp8_linear(x[:1], w, s, b))
