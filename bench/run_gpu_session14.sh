@@ -47,8 +47,8 @@ peers)
       --out "$OUT/qwen_peers.json"
   ;;
 t2i)
-  step t2i_bf16 150 $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
-  step t2i_dense_fp8 150 $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
+  step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
+  step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
   ;;
 *) echo "unknown stage $stage (tests, micro, decode, peers, t2i)"; exit 2 ;;
 esac; done
