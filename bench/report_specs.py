@@ -33,6 +33,10 @@ S11_FP8_ATTENTION, S11_MEMORY = f"{S11}/bench_fp8_attention.json", f"{S11}/memor
 S11_LEVERS, S11_DENSE_FP8 = f"{S11}/call_b_bench_memory.json", f"{S11}/call_b_t2i_dense_fp8.json"
 S11_BATCH, S11_PARITY = f"{S11}/call_b_bench_batch.json", f"{S11}/batch_parity.json"
 S11_STEP = f"{S11}/call_b_decode_step.json"
+S14 = "h200-2026-12-02-session14"
+S14_DECODE_BEFORE = f"{S14}/decode_fp8.json"
+S14_DECODE_BF16, S14_DECODE_FP8 = f"{S14}/call2_decode_bf16.json", f"{S14}/call2_decode_dense_fp8.json"
+S14_GEMV, S14_QWEN_PEERS = f"{S14}/call2_bench_decode_gemv.json", f"{S14}/call2_qwen_peers.json"
 
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
@@ -57,6 +61,16 @@ RUNS: dict[str, RunInfo] = {
                         software=GPU_IMAGE),
     S11_STEP: RunInfo("python -m bench.bench_decode_batch --parts step --repeats 5 --step-iters 10 "
                       "--out /root/out/decode_step.json", software=GPU_IMAGE),
+    # one H200, 2026-12-02, session 14 (issue 29: the decode step's small kernels; issue 31: Qwen vs diffusers)
+    S14_DECODE_BEFORE: RunInfo("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton,sdpa "
+                               "--tokens 64 --kernels 40 --out $OUT/decode_fp8.json"),
+    S14_DECODE_BF16: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh decode: python -m bench.bench_decode "
+                             "--layers 32 --moe-dtype fp8 --decode-impls triton --tokens 64 --kernels 12"),
+    S14_DECODE_FP8: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh decode: python -m bench.bench_decode "
+                            "--layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12"),
+    S14_GEMV: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh micro: python -m bench.bench_decode_gemv"),
+    S14_QWEN_PEERS: RunInfo("PEERS_MODES=eager,regions OUT=$OUT bash bench/run_gpu_session14.sh peers: "
+                            "python -m bench.bench_qwen_peers --modes eager,regions (diffusers 0.42.1 carried)"),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -1392,4 +1406,65 @@ TABLES += [
             "verdicts use the JSON's `ratio_vs_one_mean` / `ratio_vs_one_longest`, the same division). The floor: "
             "the expected distinct experts of 64 at top-8 routing for that many tokens, times one expert's FP8 "
             "bytes, over 32 layers."),
+]
+
+
+def _decode_runs(file: str, impl: str = "triton") -> Runs:
+    return Runs([(file, f"impls.{impl}.step_ms.runs[{i}]") for i in range(4)], "{:.2f}", " ms")
+
+
+def _decode_kinds(file: str, impl: str = "triton") -> Join:
+    return Join([Value(f"impls.{impl}.by_kind.{k}.ms", "{:.2f}", file) for k in
+                 ("routed_experts", "dense_gemv", "attention", "other")], " / ", suffix=" ms")
+
+
+def _decode_row(label: str, file: str, late_read: bool, impl: str = "triton") -> Row:
+    step = _decode_runs(file, impl)
+    synced = Value(f"impls.{impl}.synced_ms", "{:.2f} ms") if late_read else step
+    return Row([label, step if late_read else Text("-"), synced, Value(f"impls.{impl}.feed_ms", "{:.2f} ms"),
+                Value(f"impls.{impl}.device_ms", "{:.2f} ms"), Value(f"impls.{impl}.kernel_launches_per_step", "{:.0f}"),
+                _decode_kinds(file, impl), Value(f"impls.{impl}.floor_ms", "{:.2f} ms")], file=file)
+
+
+GEMV_SHAPES = ("qkv", "o", "gate_up", "down", "lm_head")
+GEMV_VARIANTS = (("cublas_bf16", "cuBLAS bf16 (F.linear)"), ("gemv_bf16", "decode GEMV, bf16"),
+                 ("scaled_mm_fp8", "FP8: x quantized (inductor) + _scaled_mm (the old path)"),
+                 ("gemv_fp8", "FP8: decode GEMV, x quantized inside"))
+
+TABLES += [
+    Table("s14-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, regions + CUDA graph, after 1251 "
+                         "prompt tokens", "step (token read one step late, as run_ar)", "each token waited for",
+                         "launches alone", "device", "launches", "experts / dense / attention / other",
+                         "floor (bytes at 4.3 TB/s)"], [
+        _decode_row("before (call 1): merge walks its partials, routing by torch ops; dense bf16", S14_DECODE_BEFORE,
+                    late_read=False),
+        _decode_row("the merge vectorized, the fused router; dense bf16 (call 2)", S14_DECODE_BF16, late_read=True),
+        _decode_row("the same, dense linears in FP8 through the decode GEMV (x quantized inside it)", S14_DECODE_FP8,
+                    late_read=True),
+    ], note="bench_decode on one H200, random weights, the triton decode impl. Before call 1 the bench's step waited "
+            "for each token before the next launch; that is the \"each token waited for\" column there (run_ar reads "
+            "each token one step late, now the bench's step). Four runs of 8 tokens each: the median and the range. "
+            "The floor counts the bytes of the dtype that runs (FP8 experts; bf16 or FP8 dense)."),
+    Table("s14-gemv", ["one dense linear of the decode step, M = 1, one H200, us per call (CUDA-graph replays, "
+                       "weights cycled past L2)"] + list(GEMV_SHAPES), [
+        Row([label] + [Join([Value(f"shapes.{shape}.rows.1.{v}.us.median", "{:.1f}"),
+                             Value(f"shapes.{shape}.rows.1.{v}.weight_GBps", "{:.0f} GB/s")], " (", suffix=")")
+                       for shape in GEMV_SHAPES], file=S14_GEMV)
+        for v, label in GEMV_VARIANTS
+    ], note="QKV 6144x4096, O 4096x4096, the shared expert's gate_up 6144x4096 and down 4096x3072, the lm_head "
+            "133120x4096. GB/s: the weight's bytes in the dtype that runs over the call's time. The FP8 GEMV with x "
+            "quantized inside it runs at ~1.3 TB/s; in it every program computes the row's amax and quantizes x "
+            "before and while it streams the weight (the suspected cause, not profiled): fp8_linear now quantizes x "
+            "with torch ops (fused upstream by inductor) and passes it in e4m3."),
+    Table("s14-qwen-peers", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
+                             "dtgen", "diffusers", "dtgen / diffusers (target <= 1.0)", "rel L2"], [
+        Row([mode, Value(f"modes.{mode}.dtgen.ms", "{:.1f} ms"), Value(f"modes.{mode}.diffusers.ms", "{:.1f} ms"),
+             Join([Value(f"modes.{mode}.ratio_dtgen_over_diffusers", "{:.3f}"),
+                   Verdict(Value(f"modes.{mode}.ratio_dtgen_over_diffusers"), 1.0)], ": "),
+             Value(f"modes.{mode}.rel_l2_outputs", "{:.2e}")], file=S14_QWEN_PEERS)
+        for mode in ("eager", "regions")
+    ], note="Both modules on the same weight tensors and inputs in one process (bench/bench_qwen_peers.py); regions: "
+            "diffusers' compile_repeated_blocks(fullgraph=True) against dtgen's block region. The medians of 10 "
+            "calls after 3 warm-up calls (the JSON holds each call's time). The floor: 73.1 TFLOP at 694 TFLOP/s, "
+            "105.3 ms."),
 ]
