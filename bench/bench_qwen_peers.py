@@ -1,6 +1,6 @@
 """Qwen-Image's MMDiT on one GPU, dtgen against diffusers' QwenImageTransformer2DModel, side by side.
 
-    python -m bench.bench_qwen_peers [--image-size 1024x1024] [--text-rows 256] [--layers 60] [--out F]
+    python -m bench.bench_qwen_peers [--image-size 1024x1024] [--text-rows 256] [--layers 60] [--kernels N] [--out F]
     python -m bench.bench_qwen_peers --tiny            # CPU smoke run at tiny shapes (eager only)
 
 One forward of the transformer for one CFG branch (QwenImagePipeline calls it once per branch
@@ -83,6 +83,21 @@ def timed(fn, warmup: int, iters: int, device: str) -> tuple[float, list[float],
     return statistics.median(times), times, first_s
 
 
+def top_kernels(fn, n: int, calls: int = 2) -> dict:
+    """GPU time per call by kernel over `calls` calls (torch.profiler): the total, the launches,
+    and the top n kernels (name cut to 90 characters, us per call, launches per call)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(((e.key[:90], e.self_device_time_total / calls, e.count / calls) for e in prof.key_averages()
+                   if e.self_device_time_total > 0), key=lambda r: -r[1])
+    return {"device_us": sum(us for _, us, _ in rows), "launches": sum(k for _, _, k in rows),
+            "top": [(name, round(us, 1), k) for name, us, k in rows[:n]]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_qwen_peers", description=__doc__.split("\n")[0])
     p.add_argument("--image-size", default="1024x1024", help="WIDTHxHEIGHT in pixels")
@@ -92,6 +107,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU, float32, eager (a smoke run)")
+    p.add_argument("--kernels", type=int, default=0, metavar="N",
+                   help="also profile 2 calls of each side per mode: GPU time by kernel, the top N (where the "
+                        "two differ)")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
     cfg = dict(TINY if args.tiny else PUBLISHED)
@@ -140,6 +158,9 @@ def main(argv=None) -> int:
                 ms, times, first_s = timed(fn, args.warmup, args.iters, device)
                 outs[name] = fn().float()
                 row[name] = {"ms": ms, "times_ms": times, "first_call_s": first_s}
+            if args.kernels and device == "cuda":
+                for name, fn in fns.items():
+                    row[name]["kernels"] = top_kernels(fn, args.kernels)
             row["ratio_dtgen_over_diffusers"] = row["dtgen"]["ms"] / row["diffusers"]["ms"]
             row["rel_l2_outputs"] = float((outs["dtgen"] - outs["diffusers"]).norm() / outs["diffusers"].norm())
             results[mode] = row
@@ -147,6 +168,11 @@ def main(argv=None) -> int:
                 ours.run_block = run_block
             print(f"{mode:9s} dtgen {row['dtgen']['ms']:9.2f} ms  diffusers {row['diffusers']['ms']:9.2f} ms  "
                   f"ratio {row['ratio_dtgen_over_diffusers']:.3f}  rel L2 {row['rel_l2_outputs']:.2e}")
+            for name in fns if args.kernels and device == "cuda" else ():
+                k = row[name]["kernels"]
+                print(f"  {name}: {k['device_us'] / 1e3:.2f} ms of kernels in {k['launches']:.0f} launches")
+                for kname, us, count in k["top"]:
+                    print(f"    {us:9.1f} us x{count:4.0f}  {kname}")
     flops = forward_flops(cfg, h * w, args.text_rows)
     report = {"what": "Qwen-Image MMDiT forward, one CFG branch, dtgen vs diffusers 0.42.1, same weights and inputs",
               "command": "python -m bench.bench_qwen_peers " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -43,7 +43,7 @@ decode)
       --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
-  TAIL=16 step qwen_peers "${PEERS_LIMIT:-240}" python3 -m bench.bench_qwen_peers --modes "${PEERS_MODES:-eager,compiled,regions}" \
+  TAIL=16 step qwen_peers "${PEERS_LIMIT:-240}" python3 -m bench.bench_qwen_peers --modes "${PEERS_MODES:-eager,compiled,regions}" ${PEERS_ARGS:-} \
       --out "$OUT/qwen_peers.json"
   ;;
 t2i)
