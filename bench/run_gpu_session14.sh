@@ -37,9 +37,9 @@ micro)
   TAIL=24 step bench_decode_gemv "${GEMV_LIMIT:-90}" python3 -m bench.bench_decode_gemv ${GEMV_ARGS:-} --out "$OUT/bench_decode_gemv.json"
   ;;
 decode)
-  TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
+  [[ ",${DECODE_KINDS:-bf16,fp8}," == *,bf16,* ]] && TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
       --tokens 64 --kernels 12 --out "$OUT/decode_bf16.json"
-  TAIL=14 step decode_dense_fp8 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
+  [[ ",${DECODE_KINDS:-bf16,fp8}," == *,fp8,* ]] && TAIL=14 step decode_dense_fp8 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
       --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
@@ -47,8 +47,8 @@ peers)
       --out "$OUT/qwen_peers.json"
   ;;
 t2i)
-  step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
-  step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
+  [[ ",${T2I_KINDS:-bf16,fp8}," == *,bf16,* ]] && step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
+  [[ ",${T2I_KINDS:-bf16,fp8}," == *,fp8,* ]] && step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
   ;;
 *) echo "unknown stage $stage (tests, micro, decode, peers, t2i)"; exit 2 ;;
 esac; done
