@@ -27,50 +27,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from bench.timing import graph_time_us, summary
+
 HBM_BYTES_PER_S = 4.3e12
 
 
-def _summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+_summary = summary
 
 
 def _time_us(fn, repeats: int, iters: int, cuda: bool) -> dict:
     """Per-call microseconds of fn: on CUDA a graph of `iters` calls replayed `repeats` times."""
-    if not cuda:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return _summary(times)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(iters):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return _summary(times)
+    return graph_time_us([fn] * iters, repeats, cuda, warm=3)
 
 
 def bench_kernel(args, dev, cuda) -> dict:

@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from dataclasses import asdict, replace
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from bench.timing import graph_time_us
 
 HBM_BYTES_PER_S = 4.3e12
 L2_BYTES = 50 * 2 ** 20
@@ -51,43 +52,8 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (6144, 4096), "down
 SMOKE_SHAPES = {"qkv": (96, 64), "o": (64, 64), "down": (64, 48)}
 
 
-def _summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
 def _time_us(calls, repeats: int, cuda: bool) -> dict:
-    """Per-call microseconds of the list of no-argument calls: on CUDA one graph of all of
-    them replayed `repeats` times; on the CPU (smoke) wall time."""
-    if not cuda:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for c in calls:
-                c()
-            times.append((time.perf_counter() - t0) * 1e6 / len(calls))
-        return _summary(times)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls[:2]:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return _summary(times)
+    return graph_time_us(calls, repeats, cuda, warm=2)
 
 
 class Weights:
