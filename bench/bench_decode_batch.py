@@ -42,8 +42,9 @@ _summary = summary
 
 
 def _time_us(fn, repeats: int, iters: int, cuda: bool) -> dict:
-    """Per-call microseconds of fn: on CUDA a graph of `iters` calls replayed `repeats` times."""
-    return graph_time_us([fn] * iters, repeats, cuda, warm=3)
+    """Per-call microseconds of fn: on CUDA a graph of `iters` calls replayed `repeats` times;
+    on the CPU (smoke, the interpreter) one call a repeat."""
+    return graph_time_us([fn] * (iters if cuda else 1), repeats, cuda, warm=3)
 
 
 def bench_kernel(args, dev, cuda) -> dict:
