@@ -30,7 +30,7 @@ from kernels.fp8_quant import FP8_DTYPE
 from .checkpoint import CheckpointReader
 from .controller import PhaseController
 from .fp8 import fp8_linear_names
-from .plan import Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
+from .plan import Output, Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
 from .sp import check_heads
 from .storage import (ParamSpec, ResidentStorage, StorageShard, check_divisible, check_fits, check_fp8_split,
                       fit_problem, fp8_alternative, planned_nbytes, scale_spec, validate_checkpoint)
@@ -144,6 +144,20 @@ def check_heads_fit(heads: dict[str, tuple[int, int]], resolved: ResolvedPlan) -
                                 f"SP{layout.sp_size}): {e}") from None
 
 
+def check_partial_sum_biases(model: nn.Module, outputs: dict[str, Output]) -> None:
+    """A module whose output is a partial sum under TP must not add its bias inside (each rank
+    would add it, TP times in the sum): only a linear that leaves it to the controller's reduce
+    hook (`defer_bias`, dtgen.layers.linear.Linear) may carry one."""
+    modules = dict(model.named_modules())
+    for name, layout in outputs.items():
+        module = modules[name]
+        if (layout == Output.PARTIAL_SUM and isinstance(getattr(module, "bias", None), torch.Tensor)
+                and not hasattr(module, "defer_bias")):
+            raise PlanError(f"plan output '{name}' is a partial sum under TP, but its {type(module).__name__} "
+                            f"adds a bias inside: build it as dtgen.layers.linear.Linear (its bias is then added "
+                            f"once, after the sum)")
+
+
 def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None):
     """Steps 1-3 up to the fit: the plan resolved and checked against the model on meta."""
     resolved = resolve(plan, world_size)
@@ -153,6 +167,7 @@ def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dt
     rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], adapter.unbuilt_modules(model))
     rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
     outputs = match_outputs(plan, [n for n, _ in model.named_modules()])
+    check_partial_sum_biases(model, outputs)
     heads = adapter.attention_heads(model)
     check_heads_fit(heads, resolved)
     specs = param_specs(adapter, model, rules, dtype, fp8)

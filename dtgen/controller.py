@@ -137,6 +137,7 @@ class PhaseController:
         self.params: dict[str, dict[str, nn.Parameter]] = {}
         self.dtensors: dict[str, dict[str, DTensor]] = {}
         self._hooks: dict[str, list] = {}
+        self._deferred_bias: dict[str, list[nn.Module]] = {}   # row-split linears whose hook adds the bias
         self._cores: dict[str, list[nn.Module]] = {}
         self.runtimes: dict[str, PhaseRuntime] = {}
         for phase, groups in topology.phases.items():
@@ -152,6 +153,7 @@ class PhaseController:
                                              layout.tp_size)
                     self.dtensors[phase][name] = DTensor.from_local(view, groups.mesh, placements, run_check=False)
             self._hooks[phase] = self._output_hooks(groups, outputs, modules)
+            self._deferred_bias[phase] = [m for m, fn in self._hooks[phase] if fn.func is _reduce_then_bias_hook]
             self._cores[phase] = [make_core(layout.attention, c, groups) for c in self._default_cores]
             self.runtimes[phase] = PhaseRuntime(phase, groups,
                                                 SequenceLayout(groups.sp_group, groups.sp_size, groups.sp_rank))
@@ -165,7 +167,13 @@ class PhaseController:
             return []
         hooks = []
         for name, layout in outputs.items():
-            if layout == Output.PARTIAL_SUM:
+            module = modules[name]
+            if (layout == Output.PARTIAL_SUM and hasattr(module, "defer_bias")
+                    and isinstance(getattr(module, "bias", None), torch.Tensor)):
+                # Every rank adding the bias to its partial sum would add it TP times (build
+                # refuses a partial-sum module that adds its bias itself).
+                fn = partial(_reduce_then_bias_hook, group=groups.tp_group)
+            elif layout == Output.PARTIAL_SUM:
                 fn = partial(_reduce_hook, group=groups.tp_group)
             else:
                 fn = partial(_vocab_hook, group=groups.tp_group, order=groups.tp_gather_order)
@@ -219,6 +227,9 @@ class PhaseController:
             for h in self._handles:
                 h.remove()
             self._handles = [m.register_forward_hook(fn) for m, fn in self._hooks[phase]]
+            deferring = {id(m) for m in self._deferred_bias[phase]}
+            for module in (m for ms in self._deferred_bias.values() for m in ms):
+                module.defer_bias = id(module) in deferring
             for module, core in zip(self._attention_modules, self._cores[phase]):
                 module.core = core
         ms = (time.perf_counter() - t0) * 1e3
@@ -260,6 +271,11 @@ class PhaseController:
 
 def _reduce_hook(module, args, output, *, group):
     return all_reduce_sum(output, group)
+
+
+def _reduce_then_bias_hook(module, args, output, *, group):
+    """A row-split linear's partial sum, summed, then its bias (left out of each rank's matmul)."""
+    return all_reduce_sum(output, group) + module.bias
 
 
 def _vocab_hook(module, args, output, *, group, order):

@@ -16,7 +16,14 @@ def empty_param(*shape, dtype: torch.dtype | None = None) -> nn.Parameter:
 
 
 class Linear(nn.Module):
-    """nn.Linear's parameters (weight [out, in], bias [out] or None) without its initialisation."""
+    """nn.Linear's parameters (weight [out, in], bias [out] or None) without its initialisation.
+
+    `defer_bias` is the phase controller's, never the model's: while a plan splits this
+    linear by rows (its output a partial sum, all-reduced after it), each rank must leave the
+    bias out and the controller's reduce hook adds it once, after the sum. Otherwise the bias
+    rides in the matmul (cuBLAS adds it in the GEMM's epilogue: no separate pass)."""
+
+    defer_bias = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
@@ -24,7 +31,7 @@ class Linear(nn.Module):
         self.bias = empty_param(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, None if self.defer_bias else self.bias)
 
 
 class GeluProj(nn.Module):

@@ -43,7 +43,7 @@ from torch import nn
 from dtgen.attention import AttentionMeta, LocalAttention
 from dtgen.layers.config import JsonConfig, config_values
 from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
-from dtgen.layers.linear import GeluProj, Linear, empty_param
+from dtgen.layers.linear import GeluProj, Linear
 from dtgen.layers.norms import RMSNorm
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
@@ -103,33 +103,15 @@ def rope_cos_sin(height: int, width: int, text_rows: int, axes: tuple[int, int, 
     return (img.cos(), img.sin()), (txt.cos(), txt.sin())
 
 
-class BiasAfter(nn.Module):
-    """A Linear whose bias the CALLER adds (`with_bias`), after the module's output: under a
-    row-parallel split the output is a partial sum that the plan all-reduces after the module,
-    and the bias must be added once, after that sum."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__()
-        self.weight = empty_param(out_features, in_features)
-        self.bias = empty_param(out_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
-
-
-def with_bias(linear: BiasAfter, x: torch.Tensor) -> torch.Tensor:
-    return linear(x) + linear.bias
-
-
 class FeedForward(nn.Module):
     """diffusers' FeedForward(gelu-approximate): keys net.0.proj and net.2."""
 
     def __init__(self, dim: int, inner: int):
         super().__init__()
-        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), BiasAfter(inner, dim)])
+        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), Linear(inner, dim)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return with_bias(self.net[2], self.net[0](x))
+        return self.net[2](self.net[0](x))
 
 
 class Attention(nn.Module):
@@ -140,8 +122,8 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
             setattr(self, name, Linear(dim, dim))
-        self.to_out = nn.ModuleList([BiasAfter(dim, dim)])  # diffusers' [Linear, Dropout]: key to_out.0
-        self.to_add_out = BiasAfter(dim, dim)
+        self.to_out = nn.ModuleList([Linear(dim, dim)])  # diffusers' [Linear, Dropout]: key to_out.0
+        self.to_add_out = Linear(dim, dim)
         for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
             # diffusers' RMSNorm: rounded to the weight's dtype only when that is half precision.
             setattr(self, name, RMSNorm(head_dim, eps, rounding="half_weight"))
@@ -159,7 +141,7 @@ class Attention(nn.Module):
         v = torch.cat([heads(self.add_v_proj, None, txt, None), heads(self.to_v, None, img, None)], dim=1)
         out = self.core(q, k, v, meta, None).flatten(2).to(q.dtype)
         L = txt.shape[1]
-        return with_bias(self.to_out[0], out[:, L:].contiguous()), with_bias(self.to_add_out, out[:, :L].contiguous())
+        return self.to_out[0](out[:, L:].contiguous()), self.to_add_out(out[:, :L].contiguous())
 
 
 def _modulate(x: torch.Tensor, mod: torch.Tensor, eps: float = 1e-6):
