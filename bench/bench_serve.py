@@ -236,16 +236,22 @@ def load_level(server: Server, concurrency: int, requests: int, rng: random.Rand
 
 
 # ---- the overhead --------------------------------------------------------------------------------
-def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, timeout_s: float) -> dict:
+def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, timeout_s: float, logs: Path) -> dict:
+    """`logs`: where the CLI's and the server's output go (kept: a failed GPU run is read there)."""
     prompts = [f"a red fox in fresh snow, take {i}" for i in range(requests)]
     report = tmp / "t2i.json"
     cli = [*launch, "-m", "examples.hunyuan_t2i", *common, "--warmup", "--report", str(report),
            "--output", str(tmp / "img.png")]
     for prompt in prompts:
         cli += ["--prompt", prompt]
-    subprocess.run(cli, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    cli_log = logs.with_name(logs.name + ".cli.log")
+    with cli_log.open("w") as out:
+        done = subprocess.run(cli, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if done.returncode:
+        sys.exit(f"the CLI run for the overhead failed with exit code {done.returncode} (its output: {cli_log})")
     in_process = [r["timings_ms"]["total"] for r in json.loads(report.read_text())["requests"]]
-    server = Server(launch, common, tmp / "overhead-server.log", timeout_s)
+    server = Server(launch, common, logs.with_name(logs.name + ".server.log"), timeout_s)
     size = common[common.index("--image-size") + 1]
     try:
         inside, end_to_end = [], []
@@ -303,7 +309,7 @@ def main() -> None:
         tmp = Path(tmp)
         if args.overhead_requests:
             result["overhead"] = overhead(launch, [*common, "--image-size", args.size], args.overhead_requests,
-                                          tmp, args.timeout)
+                                          tmp, args.timeout, out.with_suffix(".overhead"))
             o = result["overhead"]
             print(f"overhead: median of per-request differences {o['median_difference_ms']:.1f} ms = "
                   f"{o['overhead'] * 100:+.2f}% (target <= {TARGET_OVERHEAD * 100:.0f}%)", flush=True)

@@ -10,6 +10,12 @@
 # peers:  Qwen-Image's MMDiT, dtgen vs diffusers, 1024x1024, bf16 (bench_qwen_peers).
 # t2i:    the CLI's T2I on the released shapes (random weights, FP8 experts, 256 AR tokens,
 #         10 steps) with the dense linears in bf16 and in FP8: the user's decode figure.
+# Added in session 15:
+# prologue: the fused attention prologue against the separate ops (bench_decode_batch --parts
+#         prologue), PROLOGUE_ROWS="1,4,8,16,32" sweeps the rows a program takes at prefill.
+# serve:  the server's overhead over the CLI, one request at a time, the released shapes
+#         (bench_serve --overhead-requests ${SERVE_REQUESTS:-5}).
+# PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
 set -u
 OUT=${OUT:-outputs/gpu14}
 mkdir -p "$OUT"
@@ -43,14 +49,25 @@ decode)
       --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
-  TAIL=16 step qwen_peers "${PEERS_LIMIT:-240}" python3 -m bench.bench_qwen_peers --modes "${PEERS_MODES:-eager,compiled,regions}" ${PEERS_ARGS:-} \
-      --out "$OUT/qwen_peers.json"
+  for run in $(seq 1 "${PEERS_RUNS:-1}"); do
+    TAIL=16 step "qwen_peers_$run" "${PEERS_LIMIT:-240}" python3 -m bench.bench_qwen_peers --modes "${PEERS_MODES:-eager,compiled,regions}" \
+        ${PEERS_ARGS:-} --out "$OUT/qwen_peers_$run.json"
+  done
+  ;;
+prologue)
+  TAIL=8 step prologue 120 python3 -m bench.bench_decode_batch --parts prologue \
+      ${PROLOGUE_ROWS:+--prologue-rows "$PROLOGUE_ROWS"} --out "$OUT/prologue.json"
+  ;;
+serve)
+  TAIL=12 step bench_serve "${SERVE_LIMIT:-420}" python3 -m bench.bench_serve --overhead-requests "${SERVE_REQUESTS:-5}" \
+      --requests 0 --steps 10 --max-new-tokens 256 --size 1024x1024 --timeout 300 --out "$OUT/bench_serve.json" \
+      -- --random-weights full --moe-dtype fp8 --compile
   ;;
 t2i)
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,bf16,* ]] && step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,fp8,* ]] && step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
   ;;
-*) echo "unknown stage $stage (tests, micro, decode, peers, t2i)"; exit 2 ;;
+*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve)"; exit 2 ;;
 esac; done
 # At most 8 files come back from a device call: the logs travel as one archive.
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)

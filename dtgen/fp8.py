@@ -26,7 +26,10 @@ DENSE_DTYPES = ("model", "fp8")
 class FP8Linear(nn.Module):
     """y = x W^T + b, W [out, in] in e4m3 with weight_scale [out] float32 (kernels/fp8_linear.py).
     `impl` (kernels.fp8_linear.IMPLS): "auto" (on CUDA the decode GEMV at <= 16 rows, rowwise
-    torch._scaled_mm above; the torch reference elsewhere), "scaled_mm" or "reference"."""
+    torch._scaled_mm above; the torch reference elsewhere), "scaled_mm" or "reference".
+    `defer_bias`: as `dtgen.layers.linear.Linear`'s (the controller's, for a row split)."""
+
+    defer_bias = False
 
     def __init__(self, in_features: int, out_features: int, bias: bool, impl: str = "auto"):
         super().__init__()
@@ -38,7 +41,7 @@ class FP8Linear(nn.Module):
         self.bias = empty_param(out_features) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.bias, self.impl)
+        return fp8_linear(x, self.weight, self.weight_scale, None if self.defer_bias else self.bias, self.impl)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, e4m3"
