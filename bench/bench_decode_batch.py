@@ -11,6 +11,10 @@
 - prologue: split + RoPE + QK RMSNorm + KV write, fused against the separate torch ops
   (eager, and compiled by inductor as the compiled regions would), at decode (8 requests, one
   row each) and prefill (one request, 4096 rows) shapes, each replayed from a CUDA graph.
+  `--prologue-rows 1,4,8,16,32` also times the fused kernel at each rows-per-program at the
+  prefill shape (`fused_by_rows_us`; `--prologue-warps 4,8` crosses them with warp counts,
+  `fused_by_rows_warps_us`), and checks each gives the default launch's output bit for bit;
+  `fused_us` stays the default choice (`fused_launch`: its rows per program and warps).
 - step: the AR decode step of the 32-layer model (random weights, FP8 experts, compiled
   regions, the step replayed as a CUDA graph) for 8 requests of 1-6k tokens against one
   request (at the batch's mean and at its longest length), with the batched kernels, and one
@@ -96,7 +100,8 @@ def bench_kernel(args, dev, cuda) -> dict:
 
 
 def bench_prologue(args, dev, cuda) -> dict:
-    from kernels.qk_norm_rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_reference
+    from kernels.qk_norm_rope_kv import (prologue_launch_config, qk_norm_rope_kv, qk_norm_rope_kv_reference,
+                                         qk_norm_rope_kv_triton)
     from models.hunyuan_image3.rope import rope_cos_sin
 
     Hkv, G, D, L = (2, 4, 64, 64) if args.smoke else (8, 4, 128, 8192)
@@ -118,7 +123,11 @@ def bench_prologue(args, dev, cuda) -> dict:
         vc = torch.zeros_like(kc)
         args_ = (qkv, cos, sin, qw, kw, 1e-5, kc, vc, slots, G)
         row = {"batch": B, "rows": S}
+        block_s, warps = prologue_launch_config(B * S, Hkv, G, D)
+        row["fused_launch"] = {"rows_per_program": block_s, "num_warps": warps}
         row["fused_us"] = _time_us(lambda: qk_norm_rope_kv(*args_, impl="triton"), args.repeats, args.graph_iters, cuda)
+        if name == "prefill" and args.prologue_rows:
+            row.update(_prologue_sweep(args, cuda, args_, qk_norm_rope_kv_triton, prologue_launch_config))
         row["separate_eager_us"] = _time_us(lambda: qk_norm_rope_kv_reference(*args_), args.repeats,
                                             args.graph_iters, cuda)
         if compiled is not None:
@@ -127,10 +136,52 @@ def bench_prologue(args, dev, cuda) -> dict:
         if compiled is not None:
             row["speedup_vs_compiled"] = row["separate_compiled_us"]["median"] / row["fused_us"]["median"]
         out[name] = row
-        print(f"prologue {name} (B={B}, S={S}): fused {row['fused_us']['median']:.2f} us, separate eager "
+        print(f"prologue {name} (B={B}, S={S}): fused {row['fused_us']['median']:.2f} us "
+              f"({block_s} rows/program, {warps} warps), separate eager "
               f"{row['separate_eager_us']['median']:.2f} us ({row['speedup_vs_eager']:.2f}x)"
               + (f", separate compiled {row['separate_compiled_us']['median']:.2f} us "
                  f"({row['speedup_vs_compiled']:.2f}x)" if compiled is not None else ""))
+    return out
+
+
+def _int_list(text: str | None) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def _prologue_sweep(args, cuda, args_, kernel, launch_config) -> dict:
+    """The fused kernel at each --prologue-rows at its default warps (and at each --prologue-warps);
+    every launch's q and caches checked against the default launch's, bit for bit."""
+    qkv, _, _, _, _, _, kc, vc, _, G = args_
+    B, S, _ = qkv.shape
+    Hkv, D = kc.shape[1], kc.shape[3]
+
+    def outputs(**launch):
+        kc.zero_()
+        vc.zero_()
+        q = kernel(*args_, **launch)
+        return q.clone(), kc.clone(), vc.clone()
+
+    default = outputs()
+    warps_list = [None] + _int_list(args.prologue_warps)      # None: the rows' own default warps
+    by_rows, by_rows_warps, equal = {}, {}, {}
+    for rows in _int_list(args.prologue_rows):
+        for w in warps_list:
+            _, warps = launch_config(B * S, Hkv, G, D, rows, w)
+            key = f"{rows}x{warps}"
+            if key in by_rows_warps:
+                continue
+            got = outputs(rows_per_program=rows, num_warps=warps)
+            equal[key] = all(torch.equal(a, b) for a, b in zip(got, default))
+            t = _time_us(lambda rows=rows, warps=warps: kernel(*args_, rows_per_program=rows, num_warps=warps),
+                         args.repeats, args.graph_iters, cuda)
+            by_rows_warps[key] = {"rows_per_program": rows, "num_warps": warps, **t}
+            if w is None:
+                by_rows[str(rows)] = {"num_warps": warps, **t}
+            print(f"  prologue prefill at {rows} rows/program, {warps} warps: {t['median']:.2f} us"
+                  + ("" if equal[key] else " (output differs from the default launch's)"))
+    out = {"fused_by_rows_us": by_rows, "fused_equal_to_default": equal}
+    if args.prologue_warps:
+        out["fused_by_rows_warps_us"] = by_rows_warps
     return out
 
 
@@ -222,6 +273,10 @@ def main(argv=None) -> int:
     p.add_argument("--graph-iters", type=int, default=50)
     p.add_argument("--step-iters", type=int, default=20)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--prologue-rows", default=None,
+                   help="comma list of rows per program (powers of two) to time the fused prologue at, at prefill")
+    p.add_argument("--prologue-warps", default=None,
+                   help="comma list of num_warps crossed with --prologue-rows (default: each rows' own choice)")
     p.add_argument("--out", default="outputs/bench_decode_batch.json")
     args = p.parse_args(argv)
     parts = args.parts.split(",")

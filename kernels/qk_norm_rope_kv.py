@@ -21,10 +21,13 @@ Returns q ``[B, S, Hkv * G, D]`` (query head h * G + j: the model's order), in t
 ``weight * x`` (qkv's dtype for same-dtype weights). What attention needs besides q is in
 the cache.
 
-CPU runs the torch reference; CUDA runs one Triton kernel, a program per (row, KV group);
-``impl="triton"`` forces it (on CPU only under TRITON_INTERPRET=1). Slots are a tensor, so a
-CUDA graph replays it at moving positions. Registered as ``dtgen::qk_norm_rope_kv`` (mutates
-the caches): one node under ``torch.compile(fullgraph=True)``.
+CPU runs the torch reference; CUDA runs one Triton kernel, a program per (block of rows, KV
+group): one row a program at decode-sized launches, several consecutive rows at prefill (16
+at group 4, head dim 128; `prologue_launch_config` picks the count from the shape). Each row
+keeps its own b, s, cos/sin row and slot, and its numerics do not depend on the count.
+``impl="triton"`` forces the kernel (on CPU only under TRITON_INTERPRET=1). Slots are a
+tensor, so a CUDA graph replays it at moving positions. Registered as
+``dtgen::qk_norm_rope_kv`` (mutates the caches): one node under ``torch.compile(fullgraph=True)``.
 """
 from __future__ import annotations
 
@@ -146,64 +149,77 @@ def _rope_norm(x1, x2, c1, c2, s1, s2, w1, w2, inv_d, eps, half_ok, HAS_NORM: tl
 @triton.jit
 def _prologue_kernel(
     qkv_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, kc_ptr, vc_ptr, slot_ptr, q_out_ptr,
-    seq, eps, inv_d,
+    n_rows, seq, eps, inv_d,
     s_xb, s_xs, s_cb, s_cs, s_slb, s_sls, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_qb, s_qs,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
-    """Program (row b * S + s, KV group h): G query heads, one K head and one V head."""
-    row = tl.program_id(0)
+    """Program (rows r0 .. r0 + BLOCK_S - 1 of the B * S rows, KV group h): for each row its
+    G query heads, one K head and one V head. Tiles: q [BLOCK_S, BLOCK_G, BLOCK_HALF] x 2
+    halves, k [BLOCK_S, BLOCK_HALF] x 2, v [BLOCK_S, BLOCK_D]; rows past B * S masked. Each
+    row has its own b, s, cos/sin row and slot; the RMSNorm sums run over one (row, head)."""
     kv_head = tl.program_id(1)
+    row = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)             # [BLOCK_S] int32
+    row_ok = row < n_rows
+    # Per-row bases in int64 (a cache or a long batch passes 2^31 elements); in-row offsets int32.
     b = (row // seq).to(tl.int64)
     s = (row % seq).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
     half_ok = j < HALF
     g = tl.arange(0, BLOCK_G)
     g_ok = g < GROUP
-    c1 = tl.load(cos_ptr + b * s_cb + s * s_cs + j, mask=half_ok, other=0.0)
-    c2 = tl.load(cos_ptr + b * s_cb + s * s_cs + HALF + j, mask=half_ok, other=0.0)
-    s1 = tl.load(sin_ptr + b * s_cb + s * s_cs + j, mask=half_ok, other=0.0)
-    s2 = tl.load(sin_ptr + b * s_cb + s * s_cs + HALF + j, mask=half_ok, other=0.0)
+    # cos/sin [BLOCK_S, HALF] x 2: loaded once per row for every head of the group.
+    cs_row = (b * s_cb + s * s_cs)[:, None]
+    cs_mask = row_ok[:, None] & half_ok[None, :]
+    c1 = tl.load(cos_ptr + cs_row + j[None, :], mask=cs_mask, other=0.0)
+    c2 = tl.load(cos_ptr + cs_row + HALF + j[None, :], mask=cs_mask, other=0.0)
+    s1 = tl.load(sin_ptr + cs_row + j[None, :], mask=cs_mask, other=0.0)
+    s2 = tl.load(sin_ptr + cs_row + HALF + j[None, :], mask=cs_mask, other=0.0)
     if HAS_NORM:
         qw1 = tl.load(qw_ptr + j, mask=half_ok, other=0.0).to(tl.float32)
         qw2 = tl.load(qw_ptr + HALF + j, mask=half_ok, other=0.0).to(tl.float32)
         kw1 = tl.load(kw_ptr + j, mask=half_ok, other=0.0).to(tl.float32)
         kw2 = tl.load(kw_ptr + HALF + j, mask=half_ok, other=0.0).to(tl.float32)
+        qw1 = qw1[None, None, :]
+        qw2 = qw2[None, None, :]
+        kw1 = kw1[None, :]
+        kw2 = kw2[None, :]
     else:
         qw1 = 1.0
         qw2 = 1.0
         kw1 = 1.0
         kw2 = 1.0
-    group_ptr = qkv_ptr + b * s_xb + s * s_xs + kv_head * ((GROUP + 2) * HEAD_DIM)
-    # Query heads [G, HALF] x 2.
-    q_rows = group_ptr + g[:, None] * HEAD_DIM
-    q_mask = g_ok[:, None] & half_ok[None, :]
-    q1 = tl.load(q_rows + j[None, :], mask=q_mask, other=0.0)
-    q2 = tl.load(q_rows + HALF + j[None, :], mask=q_mask, other=0.0)
-    q1, q2 = _rope_norm(q1, q2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], qw1, qw2, inv_d, eps,
-                        half_ok[None, :], HAS_NORM)
-    q_dst = q_out_ptr + b * s_qb + s * s_qs + (kv_head * GROUP + g[:, None]) * HEAD_DIM
+    group_ptr = qkv_ptr + (b * s_xb + s * s_xs + kv_head * ((GROUP + 2) * HEAD_DIM))   # [BLOCK_S] pointers
+    # Query heads [BLOCK_S, G, HALF] x 2.
+    q_off = g[None, :, None] * HEAD_DIM + j[None, None, :]                            # [1, G, HALF]
+    q_mask = row_ok[:, None, None] & g_ok[None, :, None] & half_ok[None, None, :]
+    q_src = group_ptr[:, None, None] + q_off
+    q1 = tl.load(q_src, mask=q_mask, other=0.0)
+    q2 = tl.load(q_src + HALF, mask=q_mask, other=0.0)
+    q1, q2 = _rope_norm(q1, q2, c1[:, None, :], c2[:, None, :], s1[:, None, :], s2[:, None, :], qw1, qw2,
+                        inv_d, eps, half_ok[None, None, :], HAS_NORM)
+    q_dst = (q_out_ptr + (b * s_qb + s * s_qs + kv_head * (GROUP * HEAD_DIM)))[:, None, None] + q_off
     q_ty = q_out_ptr.dtype.element_ty
-    tl.store(q_dst + j[None, :], q1.to(q_ty), mask=q_mask)
-    tl.store(q_dst + HALF + j[None, :], q2.to(q_ty), mask=q_mask)
-    # K [HALF] x 2 (as [1, HALF] rows, the same code path as q), into the cache.
-    k_ptr = group_ptr + GROUP * HEAD_DIM
-    k1 = tl.load(k_ptr + j[None, :], mask=half_ok[None, :], other=0.0)
-    k2 = tl.load(k_ptr + HALF + j[None, :], mask=half_ok[None, :], other=0.0)
-    k1, k2 = _rope_norm(k1, k2, c1[None, :], c2[None, :], s1[None, :], s2[None, :], kw1, kw2, inv_d, eps,
-                        half_ok[None, :], HAS_NORM)
-    slot = tl.load(slot_ptr + b * s_slb + s * s_sls)
-    k_dst = kc_ptr + b * s_kb + kv_head.to(tl.int64) * s_kh + slot * s_ks
+    tl.store(q_dst, q1.to(q_ty), mask=q_mask)
+    tl.store(q_dst + HALF, q2.to(q_ty), mask=q_mask)
+    # K [BLOCK_S, HALF] x 2, into the cache at each row's slot.
+    k_src = (group_ptr + GROUP * HEAD_DIM)[:, None] + j[None, :]
+    k1 = tl.load(k_src, mask=cs_mask, other=0.0)
+    k2 = tl.load(k_src + HALF, mask=cs_mask, other=0.0)
+    k1, k2 = _rope_norm(k1, k2, c1, c2, s1, s2, kw1, kw2, inv_d, eps, half_ok[None, :], HAS_NORM)
+    slot = tl.load(slot_ptr + b * s_slb + s * s_sls, mask=row_ok, other=0)             # [BLOCK_S] int64
+    kv_h = kv_head.to(tl.int64)
+    k_dst = (kc_ptr + (b * s_kb + kv_h * s_kh + slot * s_ks))[:, None] + j[None, :]
     c_ty = kc_ptr.dtype.element_ty
     # Rounded to the returned q's dtype first (the model writes k after its norm), then to the cache's.
-    tl.store(k_dst + j[None, :], k1.to(q_ty).to(c_ty), mask=half_ok[None, :])
-    tl.store(k_dst + HALF + j[None, :], k2.to(q_ty).to(c_ty), mask=half_ok[None, :])
-    # V: a copy.
+    tl.store(k_dst, k1.to(q_ty).to(c_ty), mask=cs_mask)
+    tl.store(k_dst + HALF, k2.to(q_ty).to(c_ty), mask=cs_mask)
+    # V [BLOCK_S, D]: a copy.
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    v = tl.load(group_ptr + (GROUP + 1) * HEAD_DIM + d, mask=d_ok, other=0.0)
-    tl.store(vc_ptr + b * s_vb + kv_head.to(tl.int64) * s_vh + slot * s_vs + d, v.to(vc_ptr.dtype.element_ty),
-             mask=d_ok)
+    v_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+    v = tl.load((group_ptr + (GROUP + 1) * HEAD_DIM)[:, None] + d[None, :], mask=v_mask, other=0.0)
+    v_dst = (vc_ptr + (b * s_vb + kv_h * s_vh + slot * s_vs))[:, None] + d[None, :]
+    tl.store(v_dst, v.to(vc_ptr.dtype.element_ty), mask=v_mask)
 
 
 TRITON_INTERPRETED = not isinstance(_prologue_kernel, JITFunction)
@@ -219,13 +235,60 @@ def _out_dtype(qkv: torch.Tensor, q_weight: torch.Tensor | None) -> torch.dtype:
     return qkv.dtype if q_weight is None else torch.promote_types(q_weight.dtype, qkv.dtype)
 
 
+# Rows per program. One program per (row, KV group) is right at decode, where B * S is a few
+# rows and the launch is latency-bound: the most programs, each as short as possible. At
+# prefill those programs are tiny (group 4, head dim 128, bf16: 1.5 KB of qkv in, 1.5 KB of
+# q/k/v out, 1 KB of cos/sin; 32768 of them at S = 4096) and the kernel runs at a fraction of
+# copy bandwidth (47 us on an H200 against a 24 us floor). So a program takes BLOCK_S rows:
+# BLOCK_S is the largest power of two that keeps (a) the q tile BLOCK_S * BLOCK_G * BLOCK_D
+# within _MAX_TILE elements (8192: 16 rows at group 4, head dim 128, about 64 KB moved per
+# program, 32 float32 q values a thread at 8 warps: a register budget that should not spill)
+# and (b) at least _MIN_PROGRAMS programs in the grid (1024: about 8 per SM on a 132-SM H200,
+# enough waves that the last one's tail stays small). (b) is what keeps decode at BLOCK_S = 1:
+# 8 requests x 8 KV heads is 64 programs. num_warps: BLOCK_S = 1 keeps the one-row rule; a
+# multi-row tile gets a warp per 1024 q elements (32 a thread: 16 in each half), 4 to 16.
+# These are chosen from the sizes, not yet measured: `rows_per_program=` / `num_warps=`
+# override both, and `bench.bench_decode_batch --prologue-rows` sweeps the rows on a GPU.
+_MAX_TILE = 8192
+_MIN_PROGRAMS = 1024
+_MAX_WARPS = 16
+
+
+def prologue_launch_config(n_rows: int, kv_heads: int, group: int, head_dim: int,
+                           rows_per_program: int | None = None, num_warps: int | None = None) -> tuple[int, int]:
+    """(BLOCK_S, num_warps) for B * S = n_rows rows (the comment above says why); shapes only,
+    so it is graph-safe. An explicit rows_per_program must be a power of two."""
+    tile_row = triton.next_power_of_2(group) * triton.next_power_of_2(head_dim)
+    if rows_per_program is None:
+        block_s = 1
+        while (block_s * 2 * tile_row <= _MAX_TILE
+               and triton.cdiv(n_rows, block_s * 2) * kv_heads >= _MIN_PROGRAMS):
+            block_s *= 2
+    else:
+        block_s = int(rows_per_program)
+        if block_s < 1 or block_s & (block_s - 1):
+            raise ValueError(f"qk_norm_rope_kv: rows_per_program must be a power of two >= 1, got {rows_per_program}")
+    if num_warps is None:
+        if block_s == 1:
+            num_warps = 4 if head_dim * group >= 512 else 1
+        else:
+            num_warps = min(_MAX_WARPS, max(4, triton.next_power_of_2(block_s * tile_row // 1024)))
+    return block_s, int(num_warps)
+
+
 def qk_norm_rope_kv_triton(qkv, cos, sin, q_weight, k_weight, eps: float, k_cache, v_cache, slots,
-                           group: int) -> torch.Tensor:
-    """The kernel (inputs assumed checked). Graph-capturable: no host sync."""
+                           group: int, *, rows_per_program: int | None = None,
+                           num_warps: int | None = None) -> torch.Tensor:
+    """The kernel (inputs assumed checked). Graph-capturable: no host sync.
+
+    rows_per_program, num_warps: None picks them from the shape (`prologue_launch_config`);
+    give them to sweep. The result does not depend on them (each row's math is its own).
+    """
     require_triton_device(qkv)
     B, S, _ = qkv.shape
     Hkv, D = k_cache.shape[1], k_cache.shape[3]
     q = torch.empty((B, S, Hkv * group, D), dtype=_out_dtype(qkv, q_weight), device=qkv.device)
+    block_s, warps = prologue_launch_config(B * S, Hkv, group, D, rows_per_program, num_warps)
     if B * S == 0:
         return q
     if qkv.stride(-1) != 1:
@@ -237,15 +300,15 @@ def qk_norm_rope_kv_triton(qkv, cos, sin, q_weight, k_weight, eps: float, k_cach
     slot_b, slot_s = (slots.stride(0), slots.stride(1)) if slots.dim() == 2 else (0, slots.stride(0))
     has_norm = q_weight is not None
     half = D // 2
-    _prologue_kernel[(B * S, Hkv)](
+    _prologue_kernel[(triton.cdiv(B * S, block_s), Hkv)](
         qkv, cos, sin, q_weight if has_norm else qkv, k_weight if has_norm else qkv, k_cache, v_cache, slots, q,
-        S, eps, 1.0 / D,
+        B * S, S, eps, 1.0 / D,
         qkv.stride(0), qkv.stride(1), cos_b, cos.stride(-2), slot_b, slot_s,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), q.stride(0), q.stride(1),
-        GROUP=group, HEAD_DIM=D, HALF=half, BLOCK_G=triton.next_power_of_2(group),
+        GROUP=group, HEAD_DIM=D, HALF=half, BLOCK_S=block_s, BLOCK_G=triton.next_power_of_2(group),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(D), HAS_NORM=has_norm,
-        num_warps=4 if D * group >= 512 else 1)
+        num_warps=warps)
     return q
 
 

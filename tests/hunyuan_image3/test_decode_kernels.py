@@ -196,12 +196,14 @@ def test_opcheck_and_one_compiled_node():
 # ------------------------------------------------------------------------ fused prologue
 
 
-def _prologue_case(B, S, Hkv, G, D, L, dtype, per_row, norm=True, seed=0):
+def _prologue_case(B, S, Hkv, G, D, L, dtype, per_row, norm=True, seed=0, per_row_rope=None):
+    """per_row: slots [B, S] (else [S]); per_row_rope: cos/sin [B, S, D] (else [S, D]), as per_row unless given."""
     from models.hunyuan_image3.rope import rope_cos_sin
 
+    per_row_rope = per_row if per_row_rope is None else per_row_rope
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(B, S, Hkv * (G + 2) * D, generator=gen).to(dtype)
-    pos = torch.randint(0, 4000, (B, S, 2) if per_row else (S, 2), generator=gen)   # 2-D (y, x) positions
+    pos = torch.randint(0, 4000, (B, S, 2) if per_row_rope else (S, 2), generator=gen)   # 2-D (y, x) positions
     cos, sin = rope_cos_sin(pos, D, 10000.0)
     qw = (torch.rand(D, generator=gen) + 0.5).to(dtype) if norm else None
     kw = (torch.rand(D, generator=gen) + 0.5).to(dtype) if norm else None
@@ -265,6 +267,64 @@ def test_prologue_triton_matches_reference(case, dtype):
     untouched = torch.ones(B, L, dtype=torch.bool, device=dev)
     untouched[torch.arange(B, device=dev)[:, None].expand(B, S), slots.expand(B, S)] = False
     assert kc2.transpose(1, 2)[untouched].abs().max() == 0       # nothing written outside the slots
+
+
+ROWS_CASES = [  # B, S, Hkv, G, D, L, per-row slots, per-row cos/sin, QK norm, rows_per_program
+    (3, 5, 2, 3, 48, 9, True, True, True, 4),       # 15 rows in blocks of 4 (tail of 3); D/2 = 24 masked to 32
+    (2, 7, 2, 4, 64, 12, False, False, True, 8),    # shared slots [S], cos/sin [S, D]; 14 rows: 8 + 6
+    (2, 7, 1, 2, 32, 12, False, True, True, 2),     # shared slots [S], cos/sin [B, S, D]; 7 blocks of 2
+    (3, 3, 3, 1, 32, 8, True, False, False, 4),     # no QK norm, G = 1, per-row slots with cos/sin [S, D]; 4 + 4 + 1
+    (2, 3, 2, 2, 16, 8, True, True, True, 1),       # rows_per_program = 1 given explicitly
+    (2, 3, 2, 2, 16, 8, False, True, True, 32),     # one program for all 6 rows (26 masked)
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("case", ROWS_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_prologue_rows_per_program(case, dtype):
+    """Several rows a program: each row's own b, s, slot and cos/sin row, the ragged tail masked.
+    float16 bit-equal to the reference; float32 bit-equal to one row a program (a row's math does
+    not depend on the tiling) and within the reference's tolerance above (bit-equal without norm)."""
+    B, S, Hkv, G, D, L, per_row, per_row_rope, norm, rows = case
+    qkv, cos, sin, qw, kw, cache, slots = _prologue_case(B, S, Hkv, G, D, L, dtype, per_row, norm, seed=3,
+                                                         per_row_rope=per_row_rope)
+    assert slots.dim() == (2 if per_row else 1) and cos.dim() == (3 if per_row_rope else 2)
+    dev = _device()
+    qkv, cos, sin, slots = qkv.to(dev), cos.to(dev), sin.to(dev), slots.to(dev)
+    qw, kw = (None if w is None else w.to(dev) for w in (qw, kw))
+    kc1, vc1, kc2, vc2 = (cache().to(dev) for _ in range(4))
+    expected = qk_norm_rope_kv_reference(qkv, cos, sin, qw, kw, 1e-5, kc1, vc1, slots, G)
+    out = pro.qk_norm_rope_kv_triton(qkv, cos, sin, qw, kw, 1e-5, kc2, vc2, slots, G, rows_per_program=rows)
+    assert out.dtype == dtype and out.shape == (B, S, Hkv * G, D)
+    assert torch.equal(vc1, vc2)
+    if dtype == torch.float16 or not norm:
+        assert torch.equal(out, expected) and torch.equal(kc1, kc2)
+    else:
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(kc2, kc1, rtol=1e-6, atol=1e-6)
+    if dtype == torch.float32 and rows != 1:
+        kc3, vc3 = cache().to(dev), cache().to(dev)
+        one = pro.qk_norm_rope_kv_triton(qkv, cos, sin, qw, kw, 1e-5, kc3, vc3, slots, G, rows_per_program=1)
+        assert torch.equal(out, one) and torch.equal(kc2, kc3) and torch.equal(vc2, vc3)
+    untouched = torch.ones(B, L, dtype=torch.bool, device=dev)
+    untouched[torch.arange(B, device=dev)[:, None].expand(B, S), slots.expand(B, S)] = False
+    assert kc2.transpose(1, 2)[untouched].abs().max() == 0 and vc2.transpose(1, 2)[untouched].abs().max() == 0
+
+
+def test_prologue_launch_config():
+    """Decode-sized launches keep one row a program (and the one-row warps); the prefill shape
+    (4096 rows, 8 KV heads, group 4, head dim 128) takes 16 rows at 8 warps; few rows shrink
+    the block to keep 1024 programs; an override is taken as given, a non-power of two refused."""
+    cfg = pro.prologue_launch_config
+    assert cfg(8, 8, 4, 128) == (1, 4) and cfg(1, 8, 4, 128) == (1, 4) and cfg(8, 2, 1, 64) == (1, 1)
+    assert cfg(4096, 8, 4, 128) == (16, 8)
+    assert cfg(512, 8, 4, 128) == (4, 4)                     # 512 / 4 * 8 = 1024 programs
+    assert cfg(65536, 8, 8, 128) == (8, 8)                   # the tile cap: 8 rows x 8 heads x 128
+    assert cfg(8, 8, 4, 128, rows_per_program=32) == (32, 16)
+    assert cfg(4096, 8, 4, 128, rows_per_program=1, num_warps=2) == (1, 2)
+    with pytest.raises(ValueError, match="power of two"):
+        cfg(4096, 8, 4, 128, rows_per_program=12)
 
 
 def test_prologue_bad_inputs_name_the_problem():
