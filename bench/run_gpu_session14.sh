@@ -12,7 +12,8 @@
 #         10 steps) with the dense linears in bf16 and in FP8: the user's decode figure.
 # Added in session 15:
 # prologue: the fused attention prologue against the separate ops (bench_decode_batch --parts
-#         prologue), PROLOGUE_ROWS="1,4,8,16,32" sweeps the rows a program takes at prefill.
+#         prologue), PROLOGUE_ROWS="1,4,8,16,32" (and PROLOGUE_WARPS="4,8,16") sweep the rows a
+#         program takes at prefill (and its warps).
 # serve:  the server's overhead over the CLI, one request at a time, the released shapes
 #         (bench_serve --overhead-requests ${SERVE_REQUESTS:-5}).
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
@@ -56,7 +57,8 @@ peers)
   ;;
 prologue)
   TAIL=8 step prologue 120 python3 -m bench.bench_decode_batch --parts prologue \
-      ${PROLOGUE_ROWS:+--prologue-rows "$PROLOGUE_ROWS"} --out "$OUT/prologue.json"
+      ${PROLOGUE_ROWS:+--prologue-rows "$PROLOGUE_ROWS"} ${PROLOGUE_WARPS:+--prologue-warps "$PROLOGUE_WARPS"} \
+      --out "$OUT/prologue.json"
   ;;
 serve)
   TAIL=12 step bench_serve "${SERVE_LIMIT:-420}" python3 -m bench.bench_serve --overhead-requests "${SERVE_REQUESTS:-5}" \
