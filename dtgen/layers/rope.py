@@ -10,7 +10,9 @@ Pair layouts (`apply_rope`'s `pairs`), each a reference's:
               angles twice (HunyuanImage-3, transformers' Qwen2 / Llama)
   "adjacent"  channels 2i and 2i+1, tables [S, D/2], real arithmetic (diffusers' Wan)
   "complex"   the same pairs as complex numbers, one complex multiply (diffusers' Qwen-Image;
-              fewer kernels than the real form, and its rounding)
+              fewer kernels than the real form, and its rounding); under torch.compile the
+              real form, which inductor fuses (it has no code for complex ops: each would
+              run as a kernel of its own, 5 more launches a Qwen-Image block on a GPU)
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairs: str
     xf = x.float() if upcast else x
     if pairs == "halves":
         out = xf * c + rotate_half(xf) * s
-    elif pairs == "adjacent":
+    elif pairs == "adjacent" or (pairs == "complex" and torch.compiler.is_compiling()):
         xp = xf.unflatten(-1, (-1, 2))
         x1, x2 = xp[..., 0], xp[..., 1]
         out = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)

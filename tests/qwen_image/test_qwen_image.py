@@ -67,6 +67,37 @@ def test_transformer_matches_diffusers(pipe, reference, grid, text_rows):
 
 
 @torch.no_grad()
+def test_compiled_block_region_has_no_complex_op_and_matches_eager(pipe):
+    """The block region as a runtime compiles it: no complex tensor in its ATen graph (inductor
+    has no code for complex ops and would run each as a kernel of its own; the eager RoPE's
+    complex multiply becomes the real form under compile), the same result as eager."""
+    import models.qwen_image.transformer as qt
+    from torch._functorch.aot_autograd import aot_module_simplified
+    graphs = []
+
+    def record(gm, inputs):
+        graphs.append(gm)
+        return gm
+
+    transformer = pipe.model.transformer
+    g = torch.Generator().manual_seed(3)
+    x, text, t = torch.randn(1, 12, 64, generator=g), torch.randn(1, 9, 32, generator=g), torch.tensor([0.6])
+    eager = transformer(x, t, text, 4, 3)
+    torch._dynamo.reset()
+    transformer.run_block = torch.compile(
+        qt.run_block, fullgraph=True, backend=lambda gm, inputs: aot_module_simplified(gm, inputs, fw_compiler=record))
+    try:
+        compiled = transformer(x, t, text, 4, 3)
+    finally:
+        transformer.run_block = qt.run_block
+        torch._dynamo.reset()
+    complex_nodes = [n for gm in graphs for n in gm.graph.nodes
+                     if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_complex()]
+    assert graphs and not complex_nodes, complex_nodes
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)
+
+
+@torch.no_grad()
 def test_text_embeddings_match_diffusers(pipe, reference):
     """Tokens (the released tokenizer layout through `tokenizers`) equal transformers' Qwen2Tokenizer;
     prompt_embeds (the template's first 34 rows dropped) equal diffusers', whose mask is all ones."""
