@@ -22,7 +22,6 @@ import torch
 
 from dtgen.attention import structured_mask
 from dtgen.sp import ulysses_kv_heads
-from kernels import lse_merge as lm
 from kernels import ulysses_pack as up
 from kernels.attention_lse import (
     attention_lse,
@@ -38,10 +37,7 @@ from kernels.ulysses_pack import (
     ulysses_unpack,
     ulysses_unpack_out,
 )
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or (up.TRITON_INTERPRETED and lm.TRITON_INTERPRETED)),
-    reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (conftest does it on CPU)")
+from tests.support.triton import needs_triton
 
 NEG_INF = float("-inf")
 

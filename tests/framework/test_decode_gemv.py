@@ -29,10 +29,7 @@ from kernels.decode_gemv import (
 )
 from kernels.fp8_linear import fp8_gemv_suits, fp8_linear, fp8_linear_reference, quantize_activation_rows
 from kernels.fp8_quant import FP8_DTYPE, quantize_weight_channels
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or dg.TRITON_INTERPRETED),
-    reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (conftest does it on CPU)")
+from tests.support.triton import needs_triton
 
 KINDS = ("bf16", "fp16", "fp8-f32", "fp8-bf16")   # weight dtype - x dtype
 

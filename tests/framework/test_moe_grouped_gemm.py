@@ -15,13 +15,9 @@ import pytest
 import torch
 
 from kernels import moe_grouped_gemm as gg
-from kernels import moe_multi_micro as mm
 from kernels.moe_multi_micro import moe_multi_micro, moe_multi_micro_reference
 from kernels.moe_routing import moe_route
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or mm.TRITON_INTERPRETED),
-    reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (conftest does it on CPU)")
+from tests.support.triton import needs_triton
 
 FP32_TOL = dict(rtol=1e-5, atol=1e-5)
 SMALL = gg.GemmTiles(block_r=16, block_n=16, block_k=16, num_warps=4, num_stages=2)

@@ -23,7 +23,6 @@ import math
 import pytest
 import torch
 
-from kernels import qk_norm_rope_kv as pro
 from kernels import split_kv_decode as skv
 from kernels.qk_norm_rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_reference
 from kernels.split_kv_decode import (
@@ -32,10 +31,7 @@ from kernels.split_kv_decode import (
     split_kv_decode_reference,
     static_schedule,
 )
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or (skv.TRITON_INTERPRETED and pro.TRITON_INTERPRETED)),
-    reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (conftest does it on CPU)")
+from tests.support.triton import needs_triton
 
 
 def _device():

@@ -29,10 +29,7 @@ from kernels.moe_multi_micro import (
     moe_two_dispatch,
 )
 from kernels.moe_routing import moe_route
-
-needs_triton = pytest.mark.skipif(
-    not (torch.cuda.is_available() or mm.TRITON_INTERPRETED),
-    reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (conftest does it on CPU)")
+from tests.support.triton import needs_triton
 
 FP32_TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.hunyuan_image3.test_serve_http import call, running_server, wait_done
+from tests.support.serve import call, running_server, wait_done
 
 pytest.importorskip("fastapi")
 

@@ -14,81 +14,17 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import contextlib
 import io
 import json
 import re
-import shutil
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
+from tests.support.serve import call, chromium_dom, needs_chromium, progress_log, running_server, wait_done
 
-ROOT = Path(__file__).resolve().parents[2]
 FOX = {"prompt": "a red fox in fresh snow", "size": "256x256", "num_inference_steps": 2, "seed": 7}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def call(base: str, method: str, path: str, body=None, timeout: float = 120.0,
-         content_type: str = "application/json") -> tuple[int, dict | str, dict]:
-    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method, headers={"Content-Type": content_type})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            status, raw, headers = answer.status, answer.read(), dict(answer.headers)
-    except urllib.error.HTTPError as e:
-        status, raw, headers = e.code, e.read(), dict(e.headers)
-    text = raw.decode(errors="replace")
-    try:
-        return status, json.loads(text), headers
-    except json.JSONDecodeError:
-        return status, text, headers
-
-
-@contextlib.contextmanager
-def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: str = "examples.hunyuan_serve"):
-    """`module` (a server) with `flags` on a free port, until /ready; yields (base, proc)."""
-    port = _free_port()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *flags],
-                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_within_s
-        while True:
-            assert proc.poll() is None, f"the server exited early:\n{log.read_text()[-3000:]}"
-            try:
-                if call(base, "GET", "/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"not ready after {ready_within_s} s:\n{log.read_text()[-3000:]}"
-            time.sleep(0.5)
-        yield base, proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # gone already (a test may end it)
-            os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in the same session
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +42,6 @@ def server(tmp_path_factory):
 def metric(text: str, name: str) -> float:
     found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
-
-
-def wait_done(base: str, job_id: str, timeout_s: float = 120.0) -> dict:
-    end = time.monotonic() + timeout_s
-    while True:
-        _, job, _ = call(base, "GET", f"/v1/jobs/{job_id}")
-        if job["status"] not in ("queued", "running"):
-            return job
-        assert time.monotonic() < end, job
-        time.sleep(0.1)
 
 
 def _png_size(b64: str) -> tuple[int, int]:
@@ -338,24 +264,7 @@ def test_a_burst_of_jobs_meets_the_queue_limit(server):
     assert metric(metrics, "dtgen_queue_depth") == 0
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-def chromium_dom(url: str, profile: Path) -> str:
-    """The page at `url` once headless Chromium has nothing left to do. Virtual time runs
-    ahead while the page only waits on its poll timer, and stops once nothing is pending:
-    the budget is a bound, not a wait."""
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                           "--virtual-time-budget=3600000", "--dump-dom", url],
-                          capture_output=True, text=True, timeout=180).stdout
-
-
-def progress_log(dom: str) -> list[str]:
-    log = dom[dom.find('<ol id="log">'):]
-    return re.findall(r"<li>([^<]*)</li>", log[:log.find("</ol>")])
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")
+@needs_chromium
 def test_ui_in_headless_chromium(server, tmp_path):
     """The page submits a prompt (a link fills the form and starts it), follows the job
     through every phase to 100% and shows the image; a second job is cancelled from its

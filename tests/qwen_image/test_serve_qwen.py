@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from tests.hunyuan_image3.test_serve_http import call, running_server, wait_done  # noqa: E402
+from tests.support.serve import call, running_server, wait_done  # noqa: E402
 
 
 @pytest.fixture(scope="module")

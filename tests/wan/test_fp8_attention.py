@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.fp8_attention import INTERPRETED, fp8_attention, fp8_attention_reference
+from kernels.fp8_attention import fp8_attention, fp8_attention_reference
+from tests.support.triton import needs_triton
 
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRETED),
-                                reason="Triton needs CUDA, or TRITON_INTERPRET=1 set before triton is imported")
+pytestmark = needs_triton
 
 
 def rel(a, b):

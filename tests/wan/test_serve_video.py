@@ -12,8 +12,7 @@ import pytest
 pytest.importorskip("fastapi")
 av = pytest.importorskip("av")
 
-from tests.hunyuan_image3.test_serve_http import (CHROMIUM, call, chromium_dom, progress_log,  # noqa: E402
-                                                  running_server)
+from tests.support.serve import call, chromium_dom, needs_chromium, progress_log, running_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +108,7 @@ def test_an_image_request_to_a_video_model_is_refused_in_one_line(wan):
             "/v1/jobs"), answer
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")
+@needs_chromium
 def test_video_ui_in_headless_chromium(wan, tmp_path):
     """The page, told by /info it serves video, follows a video job through its phases to
     100% and shows the MP4; a second one is cancelled from its button at denoise step 2."""
