@@ -238,20 +238,20 @@ def _out_dtype(qkv: torch.Tensor, q_weight: torch.Tensor | None) -> torch.dtype:
 # Rows per program. One program per (row, KV group) is right at decode, where B * S is a few
 # rows and the launch is latency-bound: the most programs, each as short as possible. At
 # prefill those programs are tiny (group 4, head dim 128, bf16: 1.5 KB of qkv in, 1.5 KB of
-# q/k/v out, 1 KB of cos/sin; 32768 of them at S = 4096) and the kernel runs at a fraction of
-# copy bandwidth (47 us on an H200 against a 24 us floor). So a program takes BLOCK_S rows:
-# BLOCK_S is the largest power of two that keeps (a) the q tile BLOCK_S * BLOCK_G * BLOCK_D
-# within _MAX_TILE elements (8192: 16 rows at group 4, head dim 128, about 64 KB moved per
-# program, 32 float32 q values a thread at 8 warps: a register budget that should not spill)
-# and (b) at least _MIN_PROGRAMS programs in the grid (1024: about 8 per SM on a 132-SM H200,
-# enough waves that the last one's tail stays small). (b) is what keeps decode at BLOCK_S = 1:
-# 8 requests x 8 KV heads is 64 programs. num_warps: BLOCK_S = 1 keeps the one-row rule; a
-# multi-row tile gets a warp per 1024 q elements (32 a thread: 16 in each half), 4 to 16.
-# These are chosen from the sizes, not yet measured: `rows_per_program=` / `num_warps=`
-# override both, and `bench.bench_decode_batch --prologue-rows` sweeps the rows on a GPU.
-_MAX_TILE = 8192
+# q/k/v out, 1 KB of cos/sin; 32768 of them at S = 4096) and the kernel ran at a fraction of
+# copy bandwidth (49.4 us on an H200 against a 24 us floor). So a program takes BLOCK_S rows:
+# the largest power of two that keeps (a) the q tile BLOCK_S * BLOCK_G * BLOCK_D within
+# _MAX_TILE elements and (b) at least _MIN_PROGRAMS programs in the grid (1024: about 8 per SM
+# on a 132-SM H200, so the last wave's tail stays small; (b) keeps decode at BLOCK_S = 1:
+# 8 requests x 8 KV heads is 64 programs). Measured on an H200 at that prefill shape
+# (bench_decode_batch --prologue-rows 1,2,4,8,16,32 --prologue-warps 4,8,16, session 15):
+# 8 rows at 4 warps is the fastest, 32.3 us (1 row 49.4, 4 rows 35.0, 16 rows 34.0, 32 rows
+# 34.6 at 8 warps), and more warps than 4 only slowed the tiles up to 16 rows; hence a 4096-
+# element cap (8 rows at group 4, head dim 128: ~32 KB moved a program) and 4 warps for every
+# multi-row tile. BLOCK_S = 1 keeps the one-row warp rule. `rows_per_program=` /
+# `num_warps=` override both.
+_MAX_TILE = 4096
 _MIN_PROGRAMS = 1024
-_MAX_WARPS = 16
 
 
 def prologue_launch_config(n_rows: int, kv_heads: int, group: int, head_dim: int,
@@ -272,7 +272,7 @@ def prologue_launch_config(n_rows: int, kv_heads: int, group: int, head_dim: int
         if block_s == 1:
             num_warps = 4 if head_dim * group >= 512 else 1
         else:
-            num_warps = min(_MAX_WARPS, max(4, triton.next_power_of_2(block_s * tile_row // 1024)))
+            num_warps = 4
     return block_s, int(num_warps)
 
 
@@ -282,7 +282,8 @@ def qk_norm_rope_kv_triton(qkv, cos, sin, q_weight, k_weight, eps: float, k_cach
     """The kernel (inputs assumed checked). Graph-capturable: no host sync.
 
     rows_per_program, num_warps: None picks them from the shape (`prologue_launch_config`);
-    give them to sweep. The result does not depend on them (each row's math is its own).
+    give them to sweep. Each row's math is its own, but the order of the norm's sum follows
+    the tile: 16-bit outputs may differ in the last bit between launch shapes (float32 too).
     """
     require_triton_device(qkv)
     B, S, _ = qkv.shape

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from kernels import split_kv_decode as skv
+from kernels import qk_norm_rope_kv as pro
 from kernels.qk_norm_rope_kv import qk_norm_rope_kv, qk_norm_rope_kv_reference
 from kernels.split_kv_decode import (
     balanced_schedule,
@@ -310,14 +311,15 @@ def test_prologue_rows_per_program(case, dtype):
 
 def test_prologue_launch_config():
     """Decode-sized launches keep one row a program (and the one-row warps); the prefill shape
-    (4096 rows, 8 KV heads, group 4, head dim 128) takes 16 rows at 8 warps; few rows shrink
-    the block to keep 1024 programs; an override is taken as given, a non-power of two refused."""
+    (4096 rows, 8 KV heads, group 4, head dim 128) takes 8 rows at 4 warps (the H200 sweep's
+    fastest); few rows shrink the block to keep 1024 programs; an override is taken as given,
+    a non-power of two refused."""
     cfg = pro.prologue_launch_config
     assert cfg(8, 8, 4, 128) == (1, 4) and cfg(1, 8, 4, 128) == (1, 4) and cfg(8, 2, 1, 64) == (1, 1)
-    assert cfg(4096, 8, 4, 128) == (16, 8)
+    assert cfg(4096, 8, 4, 128) == (8, 4)
     assert cfg(512, 8, 4, 128) == (4, 4)                     # 512 / 4 * 8 = 1024 programs
-    assert cfg(65536, 8, 8, 128) == (8, 8)                   # the tile cap: 8 rows x 8 heads x 128
-    assert cfg(8, 8, 4, 128, rows_per_program=32) == (32, 16)
+    assert cfg(65536, 8, 8, 128) == (4, 4)                   # the tile cap: 4 rows x 8 heads x 128
+    assert cfg(8, 8, 4, 128, rows_per_program=32) == (32, 4)
     assert cfg(4096, 8, 4, 128, rows_per_program=1, num_warps=2) == (1, 2)
     with pytest.raises(ValueError, match="power of two"):
         cfg(4096, 8, 4, 128, rows_per_program=12)
