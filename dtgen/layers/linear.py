@@ -43,3 +43,15 @@ class GeluProj(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.proj(x), approximate="tanh")
+
+
+class FeedForward(nn.Module):
+    """diffusers' `FeedForward(activation_fn="gelu-approximate")`: [GELU-tanh proj, Dropout,
+    Linear], so the keys are net.0.proj and net.2 (Wan's and Qwen-Image's blocks)."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), Linear(inner, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net[2](self.net[0](x))

@@ -43,7 +43,7 @@ from torch import nn
 from dtgen.attention import AttentionMeta, LocalAttention
 from dtgen.layers.config import JsonConfig, config_values
 from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
-from dtgen.layers.linear import GeluProj, Linear
+from dtgen.layers.linear import FeedForward, Linear
 from dtgen.layers.norms import RMSNorm
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
@@ -101,17 +101,6 @@ def rope_cos_sin(height: int, width: int, text_rows: int, axes: tuple[int, int, 
     pos = torch.arange(text_rows, device=device) + max(height // 2, width // 2)
     txt = rope_angles(pos[:, None].expand(-1, len(axes)), axes, theta)
     return (img.cos(), img.sin()), (txt.cos(), txt.sin())
-
-
-class FeedForward(nn.Module):
-    """diffusers' FeedForward(gelu-approximate): keys net.0.proj and net.2."""
-
-    def __init__(self, dim: int, inner: int):
-        super().__init__()
-        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), Linear(inner, dim)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.net[0](x))
 
 
 class Attention(nn.Module):

@@ -53,7 +53,7 @@ from torch import nn
 
 from dtgen.attention import AttentionMeta, LocalAttention
 from dtgen.layers.embeddings import TwoLayerMLP, timestep_sinusoid
-from dtgen.layers.linear import GeluProj, Linear, empty_param
+from dtgen.layers.linear import FeedForward, Linear, empty_param
 from dtgen.layers.norms import RMSNorm, layer_norm_f32
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
@@ -170,16 +170,6 @@ class Attention(nn.Module):
         v = self._heads(self.to_v(text)).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v)
         return self.to_out[0](out.transpose(1, 2).flatten(2).to(q.dtype))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, inner: int):
-        super().__init__()
-        # diffusers' [GELU, Dropout, Linear]: the keys are net.0.proj and net.2.
-        self.net = nn.ModuleList([GeluProj(dim, inner), nn.Identity(), Linear(inner, dim)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](self.net[0](x))
 
 
 class WanBlock(nn.Module):
