@@ -151,7 +151,8 @@ def test_split_count_fills_the_gpu_only_when_n_does_not():
 
 
 def test_config_table_overrides_the_defaults(monkeypatch):
-    assert config_for(4096, 4096, "fp8", 1) == dg.DEFAULT_CONFIGS[("fp8", "m1")]
+    assert config_for(4096, 4096, "fp8", 1) == dg.GEMV_CONFIGS[(4096, 4096, "fp8", "m1")]   # swept
+    assert config_for(1000, 4096, "fp8", 1) == dg.DEFAULT_CONFIGS[("fp8", "m1")]            # not in the table
     assert config_for(4096, 4096, "16bit", 8) == dg.DEFAULT_CONFIGS[("16bit", "m16")]
     mine = GemvConfig(block_n=8, block_k=256, num_warps=2)
     monkeypatch.setitem(dg.GEMV_CONFIGS, (4096, 4096, "fp8", "m1"), mine)
