@@ -254,7 +254,7 @@ def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, tim
     server = Server(launch, common, logs.with_name(logs.name + ".server.log"), timeout_s)
     size = common[common.index("--image-size") + 1]
     try:
-        inside, end_to_end = [], []
+        inside, end_to_end, encode = [], [], []
         for prompt in prompts:
             t0 = time.perf_counter()
             status, answer = call(server.base, "POST", "/v1/images/generations",
@@ -263,14 +263,21 @@ def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, tim
             if status != 200:
                 sys.exit(f"overhead request failed: {status} {answer}")
             inside.append(answer["dtgen"]["timings_ms"]["total"])
+            encode.append(answer["dtgen"].get("image_encode_ms"))
     finally:
         server.stop()
     diffs = [s - c for s, c in zip(end_to_end, in_process)]
     fractions = [d / c for d, c in zip(diffs, in_process)]
     return {"requests": requests, "per_request": {"in_process_ms": in_process, "server_inside_ms": inside,
-                                                   "server_end_to_end_ms": end_to_end, "difference_ms": diffs},
+                                                   "server_end_to_end_ms": end_to_end, "difference_ms": diffs,
+                                                   "server_image_encode_ms": encode},
             "median_difference_ms": statistics.median(diffs), "overhead": statistics.median(fractions),
             "outside_generate_ms": statistics.median([e - i for e, i in zip(end_to_end, inside)]),
+            # where the time outside the pipeline goes: the answer's PNG (the CLI writes one
+            # too, after its total), and the rest (HTTP, JSON, queueing, the engine's hand-offs)
+            "image_encode_ms": statistics.median(encode) if None not in encode else None,
+            "outside_generate_and_encode_ms": (statistics.median([e - i - c for e, i, c in zip(end_to_end, inside, encode)])
+                                               if None not in encode else None),
             "target_overhead": TARGET_OVERHEAD}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from dataclasses import replace
 
 import torch
@@ -21,6 +22,14 @@ def png_b64(image: torch.Tensor) -> str:
     buffer = io.BytesIO()
     Image.fromarray(image.numpy()).save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_answer(image: torch.Tensor) -> tuple[dict, float]:
+    """({"b64_json": the PNG}, the ms its encoding took): the answer's image, and the time the
+    server spends on it after the pipeline's total (bench_serve reads it as `image_encode_ms`)."""
+    start = time.perf_counter()
+    b64 = png_b64(image)
+    return {"b64_json": b64}, round((time.perf_counter() - start) * 1e3, 3)
 
 
 class DiffusionAdapter:

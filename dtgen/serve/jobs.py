@@ -13,7 +13,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
@@ -45,6 +45,15 @@ class Job:
     batch_key: Any = None                  # jobs with equal keys (not None) may run as one batch
     batch_size: int = 1                    # how many jobs ran together with this one (itself included)
     finished: threading.Event = field(default_factory=threading.Event)
+    _on_finished: list = field(default_factory=list, repr=False)
+
+    def when_finished(self, fn: Callable[[], None]) -> None:
+        """Call fn() (from the thread that ends the job) once it has finished; at once if it
+        already has. The caller checks `finished` after registering: the board sets it before
+        calling these, so no end is missed between the two."""
+        self._on_finished.append(fn)
+        if self.finished.is_set():
+            fn()
 
     def cancel(self, reason: str, http_status: int = 499) -> None:
         """Ask a running job to stop at its next step on every rank (queued jobs: use
@@ -190,6 +199,11 @@ class JobBoard:
         if self.on_finish is not None:
             self.on_finish(job)
         job.finished.set()
+        for fn in job._on_finished:
+            try:
+                fn()
+            except RuntimeError:   # its event loop has closed (a server shutting down): nobody waits
+                pass
         self._finished.append(job.id)
         while len(self._finished) > self._keep:
             self._jobs.pop(self._finished.popleft(), None)

@@ -23,7 +23,7 @@ from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.requests import check_image_fields
-from dtgen.serve.adapters import png_b64
+from dtgen.serve.adapters import image_answer
 from dtgen.serve.errors import RequestError
 from dtgen.serve.fields import Field, FieldTable
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
@@ -182,7 +182,8 @@ class HunyuanServeAdapter:
         if self.rank != 0:
             return None
         h, w = result.image_size
-        return {"image": {"b64_json": png_b64(to_uint8(result.image))}, "size": f"{w}x{h}", "seed": req.seed,
+        image, encode_ms = image_answer(to_uint8(result.image))
+        return {"image": image, "image_encode_ms": encode_ms, "size": f"{w}x{h}", "seed": req.seed,
                 "ar_tokens": len(result.tokens),
                 # graphs this request (its batch) compiled: 0 for every request of a warmed-up bucket
                 "new_graphs": new_graphs,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dtgen.requests import check_image_fields, parse_size
-from dtgen.serve.adapters import DiffusionAdapter, png_b64
+from dtgen.serve.adapters import DiffusionAdapter, image_answer
 from dtgen.serve.fields import Field, FieldTable
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 
@@ -59,7 +59,8 @@ class QwenServeAdapter(DiffusionAdapter):
         result = self.run(req, progress)
         if self.rank != 0:
             return None
-        return self.answer(result, image={"b64_json": png_b64(result.image)}, size=f"{req.width}x{req.height}",
+        image, encode_ms = image_answer(result.image)
+        return self.answer(result, image=image, image_encode_ms=encode_ms, size=f"{req.width}x{req.height}",
                            seed=req.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:

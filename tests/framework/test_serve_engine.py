@@ -96,6 +96,22 @@ def test_board_is_a_bounded_fifo_and_a_cancelled_queued_job_frees_its_slot_at_on
     assert [j.id for j in finished] == [b.id, c.id, a.id, c2.id, d.id]
 
 
+def test_a_job_calls_its_waiters_when_it_ends_and_at_once_when_it_had():
+    board = JobBoard(4)
+    job = board.submit("a")
+    calls = []
+    job.when_finished(lambda: calls.append("first"))
+
+    def closed_loop():
+        raise RuntimeError("Event loop is closed")   # a server shutting down: ignored
+    job.when_finished(closed_loop)
+    assert calls == []
+    board.next(timeout_s=0.1)
+    assert board.finish(job, SUCCEEDED) and calls == ["first"]
+    job.when_finished(lambda: calls.append("late"))        # registered after the end: called at once
+    assert calls == ["first", "late"]
+
+
 def _run_jobs(engine: Engine, board: JobBoard, jobs: list[dict], cancel_at: dict[int, int] | None = None,
               deadline_s: float | None = None):
     """Submit the jobs one after another (cancelling job i once it reaches step cancel_at[i]);
