@@ -37,6 +37,22 @@ S14 = "h200-2026-12-02-session14"
 S14_DECODE_BEFORE = f"{S14}/decode_fp8.json"
 S14_DECODE_BF16, S14_DECODE_FP8 = f"{S14}/call2_decode_bf16.json", f"{S14}/call2_decode_dense_fp8.json"
 S14_GEMV, S14_QWEN_PEERS = f"{S14}/call2_bench_decode_gemv.json", f"{S14}/call2_qwen_peers.json"
+S15 = "h200-2026-12-02-session15"
+S15_DECODE_DEFAULT, S15_DECODE_SWEPT = f"{S15}/call1_decode_dense_fp8.json", f"{S15}/call4_decode_dense_fp8.json"
+S15_T2I_BF16, S15_T2I_FP8 = f"{S15}/call1_t2i_bf16.json", f"{S15}/call1_t2i_dense_fp8.json"
+S15_PEERS_BEFORE = f"{S15}/call1_qwen_peers.json"
+S15_PEERS_BIAS = [f"{S15}/call2_qwen_peers_{i}.json" for i in (1, 2)]
+S15_PEERS_ROPE = [f"{S15}/call3_qwen_peers_{i}.json" for i in (1, 2, 3)]
+S15_PROLOGUE_SWEEP, S15_PROLOGUE = f"{S15}/call2_prologue.json", f"{S15}/call3_prologue.json"
+S15_GEMV, S15_SERVE = f"{S15}/call3_bench_decode_gemv.json", f"{S15}/call4_bench_serve.json"
+_S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
+S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
+             f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
+S15_CALL2 = (f'PROLOGUE_ROWS=1,2,4,8,16,32 PROLOGUE_WARPS=4,8,16 PEERS_RUNS=2 PEERS_MODES=eager,regions '
+             f'PEERS_ARGS="--kernels 12" T2I_KINDS=bf16 {_S15_SCRIPT} tests,prologue,peers,t2i,serve')
+S15_CALL3 = (f'PEERS_RUNS=3 PEERS_MODES=regions PEERS_ARGS="--kernels 12" NO_ROUTER=1 '
+             f'GEMV_ARGS="--sweep --rows 1 --sweep-budget-s 50" {_S15_SCRIPT} tests,peers,prologue,micro,serve')
+S15_CALL4 = f'DECODE_KINDS=fp8 SERVE_REQUESTS=3 {_S15_SCRIPT} tests,decode,serve'
 
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
@@ -71,6 +87,29 @@ RUNS: dict[str, RunInfo] = {
     S14_GEMV: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh micro: python -m bench.bench_decode_gemv"),
     S14_QWEN_PEERS: RunInfo("PEERS_MODES=eager,regions OUT=$OUT bash bench/run_gpu_session14.sh peers: "
                             "python -m bench.bench_qwen_peers --modes eager,regions (diffusers 0.42.1 carried)"),
+    # one H200, 2026-12-02, session 15 (issues 29, 30, 31): bench/run_gpu_session14.sh's stages
+    S15_DECODE_DEFAULT: RunInfo(f"{S15_CALL1}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
+                                "--dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S15_DECODE_SWEPT: RunInfo(f"{S15_CALL4}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
+                              "--dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    **{f: RunInfo(f"{S15_CALL1}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                  f"--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10{extra}",
+                  software=GPU_IMAGE)
+       for f, extra in ((S15_T2I_BF16, ""), (S15_T2I_FP8, " --dense-dtype fp8"))},
+    S15_PEERS_BEFORE: RunInfo(f"{S15_CALL1}: python -m bench.bench_qwen_peers --modes regions --kernels 15",
+                              software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    **{f: RunInfo(f"{S15_CALL2}: python -m bench.bench_qwen_peers --modes eager,regions --kernels 12",
+                  software=f"{GPU_IMAGE}, diffusers 0.42.1") for f in S15_PEERS_BIAS},
+    **{f: RunInfo(f"{S15_CALL3}: python -m bench.bench_qwen_peers --modes regions --kernels 12",
+                  software=f"{GPU_IMAGE}, diffusers 0.42.1") for f in S15_PEERS_ROPE},
+    S15_PROLOGUE_SWEEP: RunInfo(f"{S15_CALL2}: python -m bench.bench_decode_batch --parts prologue --prologue-rows "
+                                "1,2,4,8,16,32 --prologue-warps 4,8,16", software=GPU_IMAGE),
+    S15_PROLOGUE: RunInfo(f"{S15_CALL3}: python -m bench.bench_decode_batch --parts prologue", software=GPU_IMAGE),
+    S15_GEMV: RunInfo(f"{S15_CALL3}: python -m bench.bench_decode_gemv --sweep --rows 1 --sweep-budget-s 50",
+                      software=GPU_IMAGE),
+    S15_SERVE: RunInfo(f"{S15_CALL4}: python -m bench.bench_serve --overhead-requests 3 --requests 0 --steps 10 "
+                       "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
+                       "--compile", software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -1467,4 +1506,100 @@ TABLES += [
             "diffusers' compile_repeated_blocks(fullgraph=True) against dtgen's block region. The medians of 10 "
             "calls after 3 warm-up calls (the JSON holds each call's time). The floor: 73.1 TFLOP at 694 TFLOP/s, "
             "105.3 ms."),
+]
+
+
+# ---- one H200, 2026-12-02, session 15 ----------------------------------------------------------------
+def _peers_runs(files: list[str], path: str, fmt: str, unit: str = "") -> Runs:
+    return Runs([(f, path) for f in files], fmt, unit)
+
+
+_PEERS_ROWS = (("before (this session's first run): the row-split linears' bias added outside the GEMM, RoPE as "
+                "complex ops", [S15_PEERS_BEFORE], "regions"),
+               ("the bias in the GEMM again (Linear.defer_bias)", S15_PEERS_BIAS, "regions"),
+               ("**and RoPE in real arithmetic under compile** (what runs now)", S15_PEERS_ROPE, "regions"),
+               ("eager, the bias in the GEMM (RoPE: complex ops, as diffusers')", S15_PEERS_BIAS, "eager"))
+GEMV_SWEEP_KEYS = (("QKV / gate_up 6144x4096", "qkv N=6144 K=4096"), ("O 4096x4096", "o N=4096 K=4096"),
+                   ("down 4096x3072", "down N=4096 K=3072"), ("lm_head 133120x4096", "lm_head N=133120 K=4096"))
+SERVE_PER_REQUEST = "overhead.per_request"
+
+TABLES += [
+    Table("s15-qwen-peers", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
+                             "dtgen", "diffusers", "dtgen / diffusers", "target (issue 31)", "rel L2"], [
+        Row([label, _peers_runs(files, f"modes.{mode}.dtgen.ms", "{:.1f}", " ms"),
+             _peers_runs(files, f"modes.{mode}.diffusers.ms", "{:.1f}", " ms"),
+             _peers_runs(files, f"modes.{mode}.ratio_dtgen_over_diffusers", "{:.3f}"),
+             goal("<= 1.0", _peers_runs(files, f"modes.{mode}.ratio_dtgen_over_diffusers", "{:.3f}"), 1.0)
+             if mode == "regions" else "",
+             _peers_runs(files, f"modes.{mode}.rel_l2_outputs", "{:.2e}")], file=files[0])
+        for label, files, mode in _PEERS_ROWS
+    ] + [
+        Row(["launches a forward, regions: dtgen (before / now) against diffusers",
+             Join([Value("modes.regions.dtgen.kernels.launches", "{:.0f}", S15_PEERS_BEFORE),
+                   Value("modes.regions.dtgen.kernels.launches", "{:.0f}", S15_PEERS_ROPE[0]),
+                   Value("modes.regions.diffusers.kernels.launches", "{:.0f}", S15_PEERS_ROPE[0])],
+                  [" / ", " against "]), "", "", "", ""], file=S15_PEERS_ROPE[0]),
+    ], note="Both modules on the same weight tensors and inputs in one process (bench/bench_qwen_peers.py); regions: "
+            "diffusers' compile_repeated_blocks(fullgraph=True) against dtgen's block region. Each run: the median of "
+            "10 calls after 3 warm-ups; a row gives the median and range over its runs (separate processes, one "
+            "GPU call for each group of rows). The verdict is on the median ratio. The target is on the compiled "
+            "(regions) forward; eager is shown for reference (its second run's dtgen time, 206 ms, is an outlier "
+            "of that run)."),
+    Table("s15-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
+                         "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
+                         "each token waited for", "launches alone", "device", "launches",
+                         "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)"], [
+        _decode_row("the decode GEMV at its default configs (call 1)", S15_DECODE_DEFAULT, late_read=True),
+        _decode_row("**the GEMV at the sweep's configs** (call 4, GEMV_CONFIGS)", S15_DECODE_SWEPT, late_read=True),
+    ], note="bench_decode on one H200, random weights, the triton decode impl, x quantized by torch ops (fused "
+            "upstream by inductor) and the GEMV streaming the e4m3 weight. Four runs of 8 tokens each: the median "
+            "and the range. The lm_head stays bf16 (cuBLAS, ~265 us a token). Target (issue 29): 5.0 ms."),
+    Table("s15-gemv-sweep", ["decode GEMV at M = 1, x already e4m3 (fp8) or bf16, one H200",
+                             "fp8: default config", "fp8: the sweep's best", "bf16: default", "bf16: the sweep's best"], [
+        Row([label, Value(f'sweep.results["{key} fp8 M=1"].default_us', "{:.1f} us"),
+             Value(f'sweep.results["{key} fp8 M=1"].best.us', "{:.1f} us"),
+             Value(f'sweep.results["{key} 16bit M=1"].default_us', "{:.1f} us"),
+             Value(f'sweep.results["{key} 16bit M=1"].best.us', "{:.1f} us")], file=S15_GEMV)
+        for label, key in GEMV_SWEEP_KEYS
+    ], note="bench_decode_gemv --sweep: each candidate config (kernels/decode_gemv.py's GemvConfig) timed by "
+            "CUDA-graph replays with the weights cycled past L2; the best of each shape is now in GEMV_CONFIGS."),
+    Table("s15-prologue", ["fused attention prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, "
+                           "bf16, CUDA graph", "fused", "separate ops, compiled", "fused vs compiled",
+                           "target (issue 30)"], [
+        Row([f"{name} (B={b}, S={s_})", timed(f"prologue.{name}.fused_us", "{:.2f}"),
+             timed(f"prologue.{name}.separate_compiled_us", "{:.2f}"),
+             Value(f"prologue.{name}.speedup_vs_compiled", "**{:.2f}x**"),
+             goal(">= 1.5x", Value(f"prologue.{name}.speedup_vs_compiled"), 1.5, ">=")], file=S15_PROLOGUE)
+        for name, b, s_ in (("decode", 8, 1), ("prefill", 1, 4096))
+    ] + [
+        Row(["prefill, rows a program x warps (the sweep, call 2): us",
+             Join([Value(f'prologue.prefill.fused_by_rows_warps_us["{k}"].median', f"{k}: {{:.1f}}")
+                   for k in ("1x4", "2x4", "4x4", "8x4", "8x8", "16x4", "16x8", "32x8")], ", "), "", "", ""],
+            file=S15_PROLOGUE_SWEEP),
+    ], note="Each op replayed from a CUDA graph; the medians of 11 timings with their range. The fused kernel now "
+            "takes 8 rows a program at 4 warps at prefill (the sweep's fastest; one row a program before: 49.4 us "
+            "in the sweep) and one row at decode. The compiled separate ops are inductor's fusion of the same torch "
+            "ops, as the compiled regions run them; they measured 41.0 us at prefill in session 11, 48.1 and 38.2 "
+            "us in this session's two runs."),
+    Table("s15-serve-overhead", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
+                                 "tokens, one request at a time, one H200", "ms"], [
+        Row(["the CLI in one process, each request's total", Join([Value(f"{SERVE_PER_REQUEST}.in_process_ms",
+                                                                          lambda v: ", ".join(f"{x:.0f}" for x in v))])],
+            file=S15_SERVE),
+        Row(["the server: the pipeline's total inside it", Join([Value(f"{SERVE_PER_REQUEST}.server_inside_ms",
+                                                                        lambda v: ", ".join(f"{x:.0f}" for x in v))])],
+            file=S15_SERVE),
+        Row(["the server: what the HTTP client waited", Join([Value(f"{SERVE_PER_REQUEST}.server_end_to_end_ms",
+                                                                     lambda v: ", ".join(f"{x:.0f}" for x in v))])],
+            file=S15_SERVE),
+        Row(["overhead: the median of the per-request differences (client wait - CLI total)",
+             Join([Value("overhead.median_difference_ms", "{:.1f} ms"), Value("overhead.overhead", "{:.2%}"),
+                   goal("<= 2%", Value("overhead.overhead"), 0.02)], [" = ", "; "])], file=S15_SERVE),
+        Row(["of it outside the server's pipeline (client wait - the pipeline's total inside the server, median)",
+             Value("overhead.outside_generate_ms", "{:.1f} ms")], file=S15_SERVE),
+    ], note="bench_serve's overhead part: the CLI runs the 3 prompts in one process (after its warm-up), then a "
+            "server with the same flags answers the same 3 requests one after another. Random weights, so the "
+            "image is noise: its PNG (in the server's answer; the CLI writes one too, after its total) does not "
+            "compress. This run predates two changes: the answer woken by the job's end instead of 50 ms polling, "
+            "and the answer's own `image_encode_ms` (the PNG's time), which splits the outside time next run."),
 ]
