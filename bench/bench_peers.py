@@ -113,14 +113,14 @@ def _timed(fn, iters: int, cuda: bool) -> tuple[float, torch.Tensor]:
 def set_attention(dit, variant: str) -> None:
     """The blocks' self-attention cores for `variant` (SDPA, or FP8 attention)."""
     from dtgen.attention import LocalAttention
-    from models.wan.transformer import use_fp8_attention
+    from dtgen.fp8 import use_fp8_attention
     if variant in ("attn-fp8", "fp8"):
-        use_fp8_attention(dit, pv="fp8")
+        use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim, pv="fp8")
     elif variant == "attn-fp8-pv16":
-        use_fp8_attention(dit, pv="fp16")
+        use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim, pv="fp16")
     else:
-        for block in dit.blocks:
-            block.attn1.core = LocalAttention()
+        for attention in dit.self_attentions():
+            attention.core = LocalAttention()
 
 
 def main(argv=None) -> int:

@@ -1,4 +1,5 @@
-"""FP8 dense linears as a load option: which modules, and the module that runs them.
+"""FP8 as load options: dense linears (which modules, and the module that runs them) and
+attention (the cores that run kernels/fp8_attention.py), for every model.
 
 A model built on meta swaps the linears it wants in FP8 for `FP8Linear` (`swap_fp8_linears`)
 before the build; the build then stores each one's weight in e4m3 with a float32 scale per
@@ -10,17 +11,25 @@ model dtype is ever resident. Parameter names stay the checkpoint's (`x.weight`,
 from __future__ import annotations
 
 import fnmatch
+from functools import partial
 from typing import Iterable
 
 import torch
 from torch import nn
 
+from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
 from kernels.fp8_linear import IMPLS, fp8_linear
 from kernels.fp8_quant import FP8_DTYPE, fp8_support_problem
 
+from .attention import LocalAttention
 from .layers.linear import empty_param
 
 DENSE_DTYPES = ("model", "fp8")
+ATTENTION_DTYPES = ("model", "fp8")
+# The SP kinds whose inner core attends the whole (gathered) sequence through the model's
+# local core, so that FP8 attention is what runs; the others (ring, attn2d) merge partial
+# attentions with their own kernels.
+FP8_ATTENTION_KINDS = ("local", "ulysses", "ulysses-pipelined")
 
 
 class FP8Linear(nn.Module):
@@ -105,3 +114,30 @@ def quantize_linears_(model: nn.Module, patterns: Iterable[str], impl: str = "au
         if was.bias is not None:
             new.bias = nn.Parameter(was.bias.detach(), requires_grad=False)
     return names
+
+
+def check_attention_dtype(attention_dtype: str, device: torch.device, attention_kinds: tuple[str, ...] = ()) -> None:
+    """A bad value, FP8 on a GPU without it, or FP8 under an SP kind that would not run it:
+    one line, before any weight is read. (The head size is checked by `use_fp8_attention`.)"""
+    if attention_dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"attention_dtype must be one of {ATTENTION_DTYPES}, got {attention_dtype!r}")
+    if attention_dtype == "fp8":
+        problem = fp8_support_problem(device)
+        if problem:
+            raise RuntimeError(f"--attention-dtype fp8: {problem}")
+        other = sorted(set(attention_kinds) - set(FP8_ATTENTION_KINDS))
+        if other:
+            raise ValueError(f"--attention-dtype fp8 runs under the attention kinds {FP8_ATTENTION_KINDS}; this plan "
+                             f"uses {other}")
+
+
+def use_fp8_attention(attentions: Iterable[nn.Module], head_dim: int, pv: str = "fp8") -> None:
+    """Each attention module's core (the dtgen contract: `core(q, k, v, meta, cache)`) attends
+    its dense pieces with kernels/fp8_attention.py (INT8 QK, FP8 or FP16 PV); masked pieces
+    (padding rows) stay on SDPA. Set on the model built on meta, before the build: the SP
+    kinds then wrap this core. Refuses a head size the kernel does not take."""
+    if head_dim not in FP8_HEAD_DIMS:
+        raise ValueError(f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this "
+                         f"model has {head_dim}")
+    for attention in attentions:
+        attention.core = LocalAttention(dense=partial(fp8_attention, pv=pv))

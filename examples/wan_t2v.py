@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
-from dtgen.fp8 import DENSE_DTYPES
+from dtgen.fp8 import ATTENTION_DTYPES, DENSE_DTYPES
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, parse_injections,
@@ -37,7 +37,6 @@ from models.registry import checkpoint_problem
 from models.wan.model import WanConfigs, load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline
 from models.wan.serving import encode_mp4
-from models.wan.transformer import ATTENTION_DTYPES
 from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
 

@@ -17,7 +17,7 @@ from torch import nn
 from dtgen.build import ModelAdapter, ParamSource, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
 from dtgen.controller import PhaseController
-from dtgen.fp8 import check_dense_dtype, swap_fp8_linears
+from dtgen.fp8 import check_attention_dtype, check_dense_dtype, swap_fp8_linears, use_fp8_attention
 from dtgen.layers.config import read_json
 from dtgen.layers.t5 import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer
 from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
@@ -25,7 +25,7 @@ from dtgen.plan import Plan
 from dtgen.storage import ResidentStorage
 
 from .config import WanTransformerConfig
-from .transformer import Attention, WanTransformer, check_attention_dtype, keeps_fp32, use_fp8_attention
+from .transformer import Attention, WanTransformer, keeps_fp32
 
 TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
 # The DiT linears `dense_dtype="fp8"` stores in e4m3 (globs under a DiT): every block's
@@ -103,7 +103,8 @@ class WanAdapter(ModelAdapter):
             if self.dense_fp8:
                 swap_fp8_linears(model, [f"{component}.{p}" for p in FP8_LINEARS])
             if self.attention_fp8:
-                use_fp8_attention(getattr(model, component))
+                dit = getattr(model, component)
+                use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim)
         return model
 
     def attention_heads(self, model: WanT2V) -> dict[str, tuple[int, int]]:

@@ -57,8 +57,6 @@ from dtgen.layers.linear import FeedForward, Linear, empty_param
 from dtgen.layers.norms import RMSNorm, layer_norm_f32
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
-from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
-from kernels.fp8_quant import fp8_support_problem
 
 from .config import WanTransformerConfig
 
@@ -203,39 +201,6 @@ class WanBlock(nn.Module):
         return (x.float() + self.ffn(h).float() * c_gate).to(dtype)
 
 
-ATTENTION_DTYPES = ("model", "fp8")
-# The SP kinds whose inner core attends the whole (gathered) sequence through the model's
-# local core, so that FP8 attention is what runs; the others (ring, attn2d) merge partial
-# attentions with their own kernels.
-FP8_ATTENTION_KINDS = ("local", "ulysses", "ulysses-pipelined")
-
-
-def check_attention_dtype(attention_dtype: str, device: torch.device, attention_kinds: tuple[str, ...] = ()) -> None:
-    """A bad value, FP8 on a GPU without it, or FP8 under an SP kind that would not run it:
-    one line, before any weight is read. (The head size is checked by `use_fp8_attention`.)"""
-    if attention_dtype not in ATTENTION_DTYPES:
-        raise ValueError(f"attention_dtype must be one of {ATTENTION_DTYPES}, got {attention_dtype!r}")
-    if attention_dtype == "fp8":
-        problem = fp8_support_problem(device)
-        if problem:
-            raise RuntimeError(f"--attention-dtype fp8: {problem}")
-        other = sorted(set(attention_kinds) - set(FP8_ATTENTION_KINDS))
-        if other:
-            raise ValueError(f"--attention-dtype fp8 runs under the attention kinds {FP8_ATTENTION_KINDS}; this plan "
-                             f"uses {other}")
-
-
-def use_fp8_attention(dit: "WanTransformer", pv: str = "fp8") -> None:
-    """Every block's self-attention core attends its video rows with kernels/fp8_attention.py
-    (padding rows, if any, stay on SDPA). Refuses a head size the kernel does not take."""
-    hd = dit.cfg.attention_head_dim
-    if hd not in FP8_HEAD_DIMS:
-        raise ValueError(f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this "
-                         f"DiT has {hd}")
-    for block in dit.blocks:
-        block.attn1.core = LocalAttention(dense=partial(fp8_attention, pv=pv))
-
-
 def run_block(block: WanBlock, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
               rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
     """One block, as a free function: the unit a runtime may compile once and reuse for every
@@ -291,6 +256,10 @@ class WanTransformer(nn.Module):
         # How a block is called: `run_block`, or what a runtime puts here instead (regional
         # compilation: the same function compiled once for all blocks).
         self.run_block = run_block
+
+    def self_attentions(self) -> list[nn.Module]:
+        """The blocks' self-attention modules (what `dtgen.fp8.use_fp8_attention` may run in FP8)."""
+        return [block.attn1 for block in self.blocks]
 
     @property
     def patch_size(self) -> tuple[int, int, int]:

@@ -98,7 +98,7 @@ def test_wan_fp8_attention_refusals_in_one_line(tmp_path):
     from placements.wan import get_plan
     tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16
     with pytest.raises(ValueError, match=r"--attention-dtype fp8: the FP8 attention kernel handles head_dim "
-                                         r"\(64, 128\); this DiT has 16"):
+                                         r"\(64, 128\); this model has 16"):
         load(tiny, get_plan("single"), attention_dtype="fp8")
     with pytest.raises(ValueError, match=r"--attention-dtype fp8 runs under the attention kinds .* uses \['ring'\]"):
         load(tiny, get_plan("ring2"), rank=0, world_size=2, attention_dtype="fp8")
