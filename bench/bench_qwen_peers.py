@@ -14,6 +14,10 @@ compilation (diffusers' `compile_repeated_blocks(fullgraph=True)`, dtgen's block
 `--warmup` calls. The ratio dtgen / diffusers per mode is the figure (target <= 1.0); the
 outputs' relative L2 difference says both computed the same thing (bf16 rounding: ~1e-2).
 Floor: the forward's FLOPs at 694 TFLOP/s (the measured dense bf16 rate on an H200).
+`--variants` adds dtgen's FP8 options, each timed against the same diffusers bf16 figure:
+"dense-fp8" (the blocks' linears in e4m3, per-channel scales: `--dense-dtype fp8`), "attn-fp8"
+(the joint attention in kernels/fp8_attention.py: `--attention-dtype fp8`), "fp8" (both); each
+with its relative L2 against dtgen's bf16 output.
 
 Needs diffusers 0.42.1 (a test extra; pure Python): on the GPU image add, with --no-deps,
 diffusers==0.42.1 requests==2.34.2 urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1
@@ -34,6 +38,7 @@ from dtgen.requests import parse_size
 from dtgen.serve.errors import RequestError
 
 BF16_FLOPS = 694e12
+VARIANTS = ("bf16", "dense-fp8", "attn-fp8", "fp8")
 PUBLISHED = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
                  num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=[16, 56, 56])
 TINY = dict(PUBLISHED, num_layers=2, attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32,
@@ -58,6 +63,31 @@ def build_pair(cfg: dict, device: str, dtype: torch.dtype):
         ours = QwenImageTransformer(QwenImageTransformerConfig.from_dict(cfg))
     ours.load_state_dict(theirs.state_dict(), strict=True, assign=True)
     return theirs, ours.eval()
+
+
+def dense_fp8_copy(ours):
+    """dtgen's module with the blocks' linears in e4m3 (the `--dense-dtype fp8` set,
+    models/qwen_image/model.py FP8_LINEARS), its other weights shared with `ours`."""
+    import copy
+
+    from dtgen.fp8 import quantize_linears_
+    from models.qwen_image.model import FP8_LINEARS
+    shell = copy.copy(ours)                       # the blocks copied, every other module shared
+    shell._modules = dict(ours._modules)
+    shell._modules["transformer_blocks"] = copy.deepcopy(ours.transformer_blocks)
+    quantize_linears_(shell, [p.removeprefix("transformer.") for p in FP8_LINEARS])
+    return shell
+
+
+def set_joint_attention(module, fp8: bool) -> None:
+    """The blocks' joint attention on SDPA, or on kernels/fp8_attention.py (`--attention-dtype fp8`)."""
+    from dtgen.attention import LocalAttention
+    from dtgen.fp8 import use_fp8_attention
+    if fp8:
+        use_fp8_attention(module.joint_attentions(), module.cfg.attention_head_dim)
+    else:
+        for attention in module.joint_attentions():
+            attention.core = LocalAttention()
 
 
 def timed(fn, warmup: int, iters: int, device: str) -> tuple[float, list[float], float]:
@@ -110,8 +140,14 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", type=int, default=0, metavar="N",
                    help="also profile 2 calls of each side per mode: GPU time by kernel, the top N (where the "
                         "two differ)")
+    p.add_argument("--variants", default="bf16", help=f"dtgen's, comma-separated, of {VARIANTS} (bf16 always runs)")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v != "bf16"]
+    if [v for v in variants if v not in VARIANTS]:
+        print(f"error: --variants {[v for v in variants if v not in VARIANTS]}: each must be one of {VARIANTS}",
+              file=sys.stderr)
+        return 2
     cfg = dict(TINY if args.tiny else PUBLISHED)
     if args.layers:
         cfg["num_layers"] = args.layers
@@ -142,6 +178,7 @@ def main(argv=None) -> int:
     results = {}
     from dtgen.compile import CompileOptions, StepCompiler
     from models.qwen_image.transformer import run_block
+    ours_fp8 = dense_fp8_copy(ours) if any(v in ("dense-fp8", "fp8") for v in variants) else None
     with torch.no_grad():
         for mode in modes:
             torch._dynamo.reset()
@@ -163,11 +200,29 @@ def main(argv=None) -> int:
                     row[name]["kernels"] = top_kernels(fn, args.kernels)
             row["ratio_dtgen_over_diffusers"] = row["dtgen"]["ms"] / row["diffusers"]["ms"]
             row["rel_l2_outputs"] = float((outs["dtgen"] - outs["diffusers"]).norm() / outs["diffusers"].norm())
+            for variant in variants:
+                module = ours_fp8 if variant in ("dense-fp8", "fp8") else ours
+                set_joint_attention(module, fp8=variant in ("attn-fp8", "fp8"))
+                if mode == "regions":
+                    module.run_block = StepCompiler(CompileOptions(enabled=True, regions=True)).region(run_block)
+                call = (lambda m=module: m(x, t, text, h, w))
+                fn = torch.compile(call) if mode == "compiled" else call
+                ms, times, first_s = timed(fn, args.warmup, args.iters, device)
+                out = fn().float()
+                row.setdefault("variants", {})[variant] = {
+                    "ms": ms, "times_ms": times, "first_call_s": first_s,
+                    "ratio_over_diffusers": ms / row["diffusers"]["ms"],
+                    "rel_l2_vs_dtgen_bf16": float((out - outs["dtgen"]).norm() / outs["dtgen"].norm())}
+                set_joint_attention(module, fp8=False)
+                module.run_block = run_block
             results[mode] = row
             if mode == "regions":
                 ours.run_block = run_block
             print(f"{mode:9s} dtgen {row['dtgen']['ms']:9.2f} ms  diffusers {row['diffusers']['ms']:9.2f} ms  "
                   f"ratio {row['ratio_dtgen_over_diffusers']:.3f}  rel L2 {row['rel_l2_outputs']:.2e}")
+            for variant, v in row.get("variants", {}).items():
+                print(f"{mode:9s} dtgen {variant:9s} {v['ms']:9.2f} ms  ratio over diffusers bf16 "
+                      f"{v['ratio_over_diffusers']:.3f}  rel L2 vs dtgen bf16 {v['rel_l2_vs_dtgen_bf16']:.2e}")
             for name in fns if args.kernels and device == "cuda" else ():
                 k = row[name]["kernels"]
                 print(f"  {name}: {k['device_us'] / 1e3:.2f} ms of kernels in {k['launches']:.0f} launches")

@@ -116,6 +116,17 @@ def quantize_linears_(model: nn.Module, patterns: Iterable[str], impl: str = "au
     return names
 
 
+def add_fp8_flags(parser, linears: str, attention: str) -> None:
+    """`--dense-dtype` and `--attention-dtype` on a model's command line; `linears` and
+    `attention` name what each one moves to FP8 (e.g. "the DiT blocks' linears")."""
+    parser.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
+                        help=f"{linears}: the model dtype, or fp8 (e4m3 weights, one scale per output channel, "
+                             "quantized at load; activations per token; GPU: compute capability 8.9+)")
+    parser.add_argument("--attention-dtype", default="model", choices=ATTENTION_DTYPES,
+                        help=f"{attention}: the model dtype (SDPA), or fp8 (INT8 QK, FP8 PV: "
+                             "kernels/fp8_attention.py; head_dim 64 or 128)")
+
+
 def check_attention_dtype(attention_dtype: str, device: torch.device, attention_kinds: tuple[str, ...] = ()) -> None:
     """A bad value, FP8 on a GPU without it, or FP8 under an SP kind that would not run it:
     one line, before any weight is read. (The head size is checked by `use_fp8_attention`.)"""
@@ -131,13 +142,22 @@ def check_attention_dtype(attention_dtype: str, device: torch.device, attention_
                              f"uses {other}")
 
 
+def attention_head_problem(attention_dtype: str, head_dim: int) -> str | None:
+    """The one line refusing FP8 attention for a head size the kernel does not take (a CLI
+    asks it from the checkpoint's config, before any rank starts), or None."""
+    if attention_dtype == "fp8" and head_dim not in FP8_HEAD_DIMS:
+        return (f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this model has "
+                f"{head_dim}")
+    return None
+
+
 def use_fp8_attention(attentions: Iterable[nn.Module], head_dim: int, pv: str = "fp8") -> None:
     """Each attention module's core (the dtgen contract: `core(q, k, v, meta, cache)`) attends
     its dense pieces with kernels/fp8_attention.py (INT8 QK, FP8 or FP16 PV); masked pieces
     (padding rows) stay on SDPA. Set on the model built on meta, before the build: the SP
     kinds then wrap this core. Refuses a head size the kernel does not take."""
-    if head_dim not in FP8_HEAD_DIMS:
-        raise ValueError(f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this "
-                         f"model has {head_dim}")
+    problem = attention_head_problem("fp8", head_dim)
+    if problem:
+        raise ValueError(problem)
     for attention in attentions:
         attention.core = LocalAttention(dense=partial(fp8_attention, pv=pv))

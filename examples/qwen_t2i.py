@@ -18,9 +18,11 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions
+from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import (add_run_flags, compile_problem, example_main,
                            finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
 from dtgen.launch import RankContext, exit_process
+from dtgen.layers.config import read_json
 from dtgen.requests import flag_line, parse_size
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
@@ -53,6 +55,7 @@ def build_parser(prog: str = "python -m examples.qwen_t2i", description: str = _
     p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
                    help="with several ranks, split the VAE decode over all of them")
+    add_fp8_flags(p, "the MMDiT blocks' linears", "the MMDiT's joint attention")
     server = add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
     if server is not None:
         server.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
@@ -96,7 +99,14 @@ def prepare(args) -> tuple[str | None, bool]:
                                      "no model_index.json there (expected a diffusers-format folder)")
     if problem is None and tiny:
         args.checkpoint = str(ensure_tiny_checkpoint())
+    if problem is None:
+        head_dim = read_json(Path(args.checkpoint) / "transformer" / "config.json").get("attention_head_dim", 128)
+        problem = attention_head_problem(args.attention_dtype, head_dim)
     return problem, tiny
+
+
+def _fp8(args) -> dict:
+    return {"dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype}
 
 
 def build_pipeline(ctx: RankContext, args: argparse.Namespace):
@@ -104,7 +114,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     (pipeline, loaded, device, dtype), as examples.hunyuan_t2i.build_pipeline."""
     device, dtype = rank_device(ctx, args)
     ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device)
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, **_fp8(args))
     group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
     pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, group)
@@ -119,7 +129,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
            "weights_copied": loaded.controller.last_switch.weights_copied}
     if ctx.rank == 0 and args.check:
         with reference_threads(ctx, device):
-            ref_loaded = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device)
+            ref_loaded = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, **_fp8(args))
             ref = QwenImagePipeline(ref_loaded.model, ref_loaded.tokenizer, ref_loaded.controller, device).generate(
                 request_from_args(args), record=True)
         out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
@@ -138,6 +148,7 @@ def write_report(args, main: dict, tiny: bool) -> dict:
               "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
               "request": {"width": args.width, "height": args.height, "steps": args.steps,
                           "true_cfg_scale": args.true_cfg_scale, "seed": args.seed},
+              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
               "timings_ms": t, "weights_copied": main["weights_copied"]}
     for key in ("check", "step_cache"):
         if main.get(key) is not None:

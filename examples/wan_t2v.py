@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions, unique_graphs
-from dtgen.fp8 import ATTENTION_DTYPES, DENSE_DTYPES
+from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, parse_injections,
@@ -68,12 +68,7 @@ def build_parser(prog: str = "python -m examples.wan_t2v", description: str = __
                         "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
                         "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
                         "default: every step in full")
-    p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
-                   help="the DiT blocks' linears: the model dtype, or fp8 (e4m3 weights, one scale per output "
-                        "channel, quantized at load; activations per token; GPU: compute capability 8.9+)")
-    p.add_argument("--attention-dtype", default="model", choices=ATTENTION_DTYPES,
-                   help="the DiT self-attention: the model dtype (SDPA), or fp8 (INT8 QK, FP8 PV: "
-                        "kernels/fp8_attention.py; head_dim 64 or 128)")
+    add_fp8_flags(p, "the DiT blocks' linears", "the DiT self-attention")
     p.add_argument("--fps", type=int, default=16)
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
@@ -139,6 +134,7 @@ def prepare(args) -> tuple[str | None, bool]:
                 scheduler = Path(args.checkpoint) / "scheduler" / "scheduler_config.json"
                 args.flow_shift = json.loads(scheduler.read_text()).get("flow_shift", 3.0) if scheduler.exists() else 3.0
             cfgs = WanConfigs.from_folder(args.checkpoint)
+            problem = attention_head_problem(args.attention_dtype, cfgs.transformer.attention_head_dim)
             request_from_args(args).check(cfgs.vae.temporal_factor,
                                           cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
                                           cfgs.transformer_2 is not None)

@@ -15,6 +15,7 @@ from torch import nn
 
 from dtgen.build import ModelAdapter, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
+from dtgen.fp8 import check_attention_dtype, check_dense_dtype, swap_fp8_linears, use_fp8_attention
 from dtgen.layers.config import read_json
 from dtgen.plan import Plan, Rule
 
@@ -23,6 +24,10 @@ from .transformer import Attention, QwenImageTransformer, QwenImageTransformerCo
 from .vae import IGNORED_CHECKPOINT_PREFIXES, QwenImageVAE, vae_config
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
+# `--dense-dtype fp8`: every linear of the MMDiT's blocks (both streams' projections, MLPs and
+# modulations); the text encoder, the embedders and the output projection keep the model dtype.
+FP8_LINEARS = ("transformer.transformer_blocks.*.attn.*", "transformer.transformer_blocks.*_mlp.net.*",
+               "transformer.transformer_blocks.*_mod.1")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -63,9 +68,16 @@ class QwenImageAdapter(ModelAdapter):
     vae_dtype: torch.dtype = torch.float32
     ignored_prefixes: tuple[str, ...] = (*(f"text_encoder.{p}" for p in te.IGNORED_CHECKPOINT_PREFIXES),
                                          *(f"vae.{p}" for p in IGNORED_CHECKPOINT_PREFIXES))
+    dense_fp8: bool = False         # the MMDiT blocks' linears in e4m3 (FP8_LINEARS)
+    attention_fp8: bool = False     # the joint attention in FP8 (kernels/fp8_attention.py)
 
     def build_on_meta(self) -> QwenImageT2I:
-        return QwenImageT2I(self.cfgs)
+        model = QwenImageT2I(self.cfgs)
+        if self.dense_fp8:
+            swap_fp8_linears(model, FP8_LINEARS)
+        if self.attention_fp8:
+            use_fp8_attention(model.transformer.joint_attentions(), self.cfgs.transformer.attention_head_dim)
+        return model
 
     def attention_heads(self, model: QwenImageT2I) -> dict[str, tuple[int, int]]:
         n = self.cfgs.transformer.num_attention_heads
@@ -95,15 +107,23 @@ class LoadedQwenImage:
 
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
-         vae_dtype: str = "float32") -> LoadedQwenImage:
-    """A diffusers-format Qwen-Image folder -> this rank's resident weights + controller."""
+         vae_dtype: str = "float32", dense_dtype: str = "model", attention_dtype: str = "model") -> LoadedQwenImage:
+    """A diffusers-format Qwen-Image folder -> this rank's resident weights + controller.
+
+    `dense_dtype` "fp8": the MMDiT blocks' linears (FP8_LINEARS) in e4m3, one scale per output
+    channel, quantized as they are read; `attention_dtype` "fp8": the joint attention in FP8
+    (dtgen/fp8.py, as Wan's). Either one on a GPU without FP8 is refused before any weight is read."""
     if vae_dtype not in _DTYPES:
         raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
+    check_dense_dtype(dense_dtype, torch.device(device))
+    check_attention_dtype(attention_dtype, torch.device(device), tuple(ph.attention for ph in plan.phases.values()))
     cfgs = QwenImageConfigs.from_folder(checkpoint)
     tokenizer = te.load_tokenizer(Path(checkpoint) / "tokenizer")   # before any weight: a bad folder fails fast
     reader = ComponentsReader(checkpoint, COMPONENTS)
+    adapter = QwenImageAdapter(cfgs, _DTYPES[vae_dtype], dense_fp8=dense_dtype == "fp8",
+                               attention_fp8=attention_dtype == "fp8")
     try:
-        built = build(QwenImageAdapter(cfgs, _DTYPES[vae_dtype]), plan, reader, rank, world_size, dtype, device)
+        built = build(adapter, plan, reader, rank, world_size, dtype, device)
     finally:
         reader.close()
     return LoadedQwenImage(built.model, built.controller, built.storage, tokenizer, plan)

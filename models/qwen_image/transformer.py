@@ -208,6 +208,10 @@ class QwenImageTransformer(nn.Module):
         self.proj_out = Linear(D, cfg.patch_size ** 2 * cfg.out_channels)
         self.run_block = run_block   # or a compiled region (the same function for every block)
 
+    def joint_attentions(self) -> list[nn.Module]:
+        """The blocks' joint attention modules (what `dtgen.fp8.use_fp8_attention` may run in FP8)."""
+        return [block.attn for block in self.transformer_blocks]
+
     def time_embedding(self, timestep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """timestep [B] (sigma, i.e. the scheduler's t / 1000) -> temb [B, D] in `dtype`."""
         t = timestep.to(dtype)

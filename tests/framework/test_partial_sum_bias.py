@@ -73,3 +73,15 @@ def job_tp2(ctx):
 def test_tp2_adds_the_bias_once_after_the_sum():
     with RankPool(2, timeout_s=120) as pool:
         assert pool.run(job_tp2) == [True, True]
+
+
+def test_an_fp8_linear_defers_its_bias_as_a_linear_does():
+    from dtgen.fp8 import quantize_linears_
+    model = MLP(nn.Linear)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    quantize_linears_(model, ["down"], impl="reference")
+    x = torch.randn(3, 4 * DIM, generator=torch.Generator().manual_seed(1))
+    with_bias = model.down(x)
+    model.down.defer_bias = True
+    torch.testing.assert_close(model.down(x) + model.down.bias, with_bias)

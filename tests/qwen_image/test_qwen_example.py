@@ -31,6 +31,9 @@ def test_bad_flags_are_refused_in_one_line(cache_env, capsys):
         "error: --image-size width 70 must be a multiple of 16 (VAE x patch size); nearest valid: 64 or 80"
     assert main(["--image-size", "big"]) == 2
     assert "--image-size 'big' is not 'WIDTHxHEIGHT'" in capsys.readouterr().err
+    assert main(["--attention-dtype", "fp8"]) == 2   # the tiny default's head_dim is 16
+    assert capsys.readouterr().err.strip() == \
+        "error: --attention-dtype fp8: the FP8 attention kernel handles head_dim (64, 128); this model has 16"
 
 
 def test_bench_peers_smoke_run_writes_its_json(tmp_path):
@@ -40,7 +43,9 @@ def test_bench_peers_smoke_run_writes_its_json(tmp_path):
     from bench.bench_qwen_peers import main as bench_main
     out = tmp_path / "b.json"
     assert bench_main(["--tiny", "--image-size", "128x128", "--text-rows", "8", "--warmup", "0", "--iters", "1",
-                       "--out", str(out)]) == 0
+                       "--variants", "bf16,dense-fp8", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["image_rows"] == 64 and list(r["modes"]) == ["eager"]
     assert r["modes"]["eager"]["rel_l2_outputs"] < 1e-5
+    fp8 = r["modes"]["eager"]["variants"]["dense-fp8"]     # measured: 2.3e-3
+    assert 0 < fp8["rel_l2_vs_dtgen_bf16"] < 2e-2 and fp8["ms"] > 0
