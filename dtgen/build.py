@@ -29,7 +29,8 @@ from kernels.fp8_quant import FP8_DTYPE
 
 from .checkpoint import CheckpointReader
 from .controller import PhaseController
-from .fp8 import fp8_linear_names
+from .fp8 import (check_attention_dtype, check_dense_dtype, fp8_linear_names, swap_fp8_linears,
+                  use_fp8_attention)
 from .plan import Output, Plan, PlanError, ResolvedPlan, Rule, match_outputs, match_rules, resolve
 from .sp import check_heads
 from .storage import (ParamSpec, ResidentStorage, StorageShard, check_divisible, check_fits, check_fp8_split,
@@ -72,6 +73,15 @@ class ModelAdapter:
 
     def param_sources(self, model: nn.Module) -> dict[str, ParamSource]:
         return {name: ParamSource((name,)) for name, _ in model.named_parameters()}
+
+    def fp8_linears(self, model: nn.Module) -> list[str]:
+        """Globs of the linears `build(dense_dtype="fp8")` stores in e4m3 (none: no such option)."""
+        return []
+
+    def fp8_attentions(self, model: nn.Module) -> tuple[list[nn.Module], int]:
+        """(the attention modules `build(attention_dtype="fp8")` runs on FP8 attention, their
+        head size); none: no such option."""
+        return [], 0
 
     def param_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
         return dtype
@@ -158,11 +168,29 @@ def check_partial_sum_biases(model: nn.Module, outputs: dict[str, Output]) -> No
                             f"once, after the sum)")
 
 
-def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None):
+def _apply_fp8_options(adapter: ModelAdapter, model: nn.Module, dense_dtype: str, attention_dtype: str) -> None:
+    """The FP8 load options on the model built on meta (dtgen/fp8.py): the adapter names the
+    linears and the attention modules; a model that names none refuses the option."""
+    name = type(adapter).__name__
+    if dense_dtype == "fp8":
+        linears = adapter.fp8_linears(model)
+        if not linears:
+            raise ValueError(f"--dense-dtype fp8: {name} names no linears to store in FP8")
+        swap_fp8_linears(model, linears)
+    if attention_dtype == "fp8":
+        attentions, head_dim = adapter.fp8_attentions(model)
+        if not attentions:
+            raise ValueError(f"--attention-dtype fp8: {name} names no attention to run in FP8")
+        use_fp8_attention(attentions, head_dim)
+
+
+def _checked(adapter: ModelAdapter, plan: Plan, world_size: int, dtype: torch.dtype, fp8: str | None,
+             dense_dtype: str = "model", attention_dtype: str = "model"):
     """Steps 1-3 up to the fit: the plan resolved and checked against the model on meta."""
     resolved = resolve(plan, world_size)
     with torch.device("meta"):
         model = adapter.build_on_meta()
+        _apply_fp8_options(adapter, model, dense_dtype, attention_dtype)
     sources = param_sources(adapter, model)
     rules = match_rules(plan, [n for n in sources if sources[n].scale_of is None], adapter.unbuilt_modules(model))
     rules.update({n: rules[src.scale_of] for n, src in sources.items() if src.scale_of is not None})
@@ -230,12 +258,13 @@ class Built:
     storage: ResidentStorage
     plan: Plan
     specs: dict[str, ParamSpec]
+    tokenizer: object = None   # a model's `load` puts its tokenizer here
 
 
 def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, rank: int = 0,
           world_size: int = 1, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
           fp8: str | None = None, startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0,
-          memory_budget_bytes: int | None = None) -> Built:
+          memory_budget_bytes: int | None = None, dense_dtype: str = "model", attention_dtype: str = "model") -> Built:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     reader: the checkpoint, or None for random weights (each rank makes its shard directly
@@ -243,9 +272,15 @@ def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, ra
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
     `memory_budget_bytes`: the weights (plus a working reserve) must fit this too, on any device.
+    `dense_dtype`, `attention_dtype` "fp8": the adapter's `fp8_linears` in e4m3 (per-channel
+    scales, quantized as read), its `fp8_attentions` on FP8 attention (dtgen/fp8.py); refused
+    in one line, before any weight is read, on a device without FP8 or an SP kind that would not run it.
     """
     device = torch.device(device)
-    resolved, model, outputs, heads, specs = _checked(adapter, plan, world_size, dtype, fp8)
+    check_dense_dtype(dense_dtype, device)
+    check_attention_dtype(attention_dtype, device, tuple(ph.attention for ph in plan.phases.values()))
+    resolved, model, outputs, heads, specs = _checked(adapter, plan, world_size, dtype, fp8, dense_dtype,
+                                                      attention_dtype)
     # Every storage shard has the same size: check the fit before any group or byte exists.
     shard_shape = StorageShard(resolved.storage_tp, 0, resolved.num_micros)
     check_fits(planned_nbytes(specs, shard_shape, dtype), device, plan.name, reserve_bytes=WORKING_RESERVE_BYTES,

@@ -5,6 +5,14 @@ import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
+FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def named_dtype(name: str, what: str) -> torch.dtype:
+    """A load option's dtype by its torch name (e.g. a VAE's), or one line naming `what`."""
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"{what} must be one of {sorted(FLOAT_DTYPES)}, got {name!r}")
+    return FLOAT_DTYPES[name]
 
 
 def parse_device(text: str | None) -> torch.device:

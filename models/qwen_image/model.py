@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dtgen.build import ModelAdapter, build
+from dtgen.build import Built, ModelAdapter, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
-from dtgen.fp8 import check_attention_dtype, check_dense_dtype, swap_fp8_linears, use_fp8_attention
+from dtgen.devices import named_dtype
 from dtgen.layers.config import read_json
 from dtgen.plan import Plan, Rule
 
@@ -28,7 +28,6 @@ COMPONENTS = ("text_encoder", "transformer", "vae")
 # modulations); the text encoder, the embedders and the output projection keep the model dtype.
 FP8_LINEARS = ("transformer.transformer_blocks.*.attn.*", "transformer.transformer_blocks.*_mlp.net.*",
                "transformer.transformer_blocks.*_mod.1")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -68,16 +67,14 @@ class QwenImageAdapter(ModelAdapter):
     vae_dtype: torch.dtype = torch.float32
     ignored_prefixes: tuple[str, ...] = (*(f"text_encoder.{p}" for p in te.IGNORED_CHECKPOINT_PREFIXES),
                                          *(f"vae.{p}" for p in IGNORED_CHECKPOINT_PREFIXES))
-    dense_fp8: bool = False         # the MMDiT blocks' linears in e4m3 (FP8_LINEARS)
-    attention_fp8: bool = False     # the joint attention in FP8 (kernels/fp8_attention.py)
-
     def build_on_meta(self) -> QwenImageT2I:
-        model = QwenImageT2I(self.cfgs)
-        if self.dense_fp8:
-            swap_fp8_linears(model, FP8_LINEARS)
-        if self.attention_fp8:
-            use_fp8_attention(model.transformer.joint_attentions(), self.cfgs.transformer.attention_head_dim)
-        return model
+        return QwenImageT2I(self.cfgs)
+
+    def fp8_linears(self, model: QwenImageT2I) -> list[str]:
+        return list(FP8_LINEARS)
+
+    def fp8_attentions(self, model: QwenImageT2I) -> tuple[list[nn.Module], int]:
+        return model.transformer.joint_attentions(), self.cfgs.transformer.attention_head_dim
 
     def attention_heads(self, model: QwenImageT2I) -> dict[str, tuple[int, int]]:
         n = self.cfgs.transformer.num_attention_heads
@@ -96,34 +93,22 @@ class QwenImageAdapter(ModelAdapter):
         return self.vae_dtype if name.startswith("vae.") else dtype
 
 
-@dataclass
-class LoadedQwenImage:
-    model: QwenImageT2I
-    controller: object
-    storage: object
-    tokenizer: object
-    plan: object
-
-
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *,
-         vae_dtype: str = "float32", dense_dtype: str = "model", attention_dtype: str = "model") -> LoadedQwenImage:
+         vae_dtype: str = "float32", dense_dtype: str = "model", attention_dtype: str = "model") -> Built:
     """A diffusers-format Qwen-Image folder -> this rank's resident weights + controller.
 
     `dense_dtype` "fp8": the MMDiT blocks' linears (FP8_LINEARS) in e4m3, one scale per output
     channel, quantized as they are read; `attention_dtype` "fp8": the joint attention in FP8
     (dtgen/fp8.py, as Wan's). Either one on a GPU without FP8 is refused before any weight is read."""
-    if vae_dtype not in _DTYPES:
-        raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
-    check_dense_dtype(dense_dtype, torch.device(device))
-    check_attention_dtype(attention_dtype, torch.device(device), tuple(ph.attention for ph in plan.phases.values()))
+    vae = named_dtype(vae_dtype, "vae_dtype")
     cfgs = QwenImageConfigs.from_folder(checkpoint)
     tokenizer = te.load_tokenizer(Path(checkpoint) / "tokenizer")   # before any weight: a bad folder fails fast
     reader = ComponentsReader(checkpoint, COMPONENTS)
-    adapter = QwenImageAdapter(cfgs, _DTYPES[vae_dtype], dense_fp8=dense_dtype == "fp8",
-                               attention_fp8=attention_dtype == "fp8")
     try:
-        built = build(adapter, plan, reader, rank, world_size, dtype, device)
+        built = build(QwenImageAdapter(cfgs, vae), plan, reader, rank, world_size, dtype, device,
+                      dense_dtype=dense_dtype, attention_dtype=attention_dtype)
     finally:
         reader.close()
-    return LoadedQwenImage(built.model, built.controller, built.storage, tokenizer, plan)
+    built.tokenizer = tokenizer
+    return built

@@ -14,15 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dtgen.build import ModelAdapter, ParamSource, build
+from dtgen.build import Built, ModelAdapter, ParamSource, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
-from dtgen.controller import PhaseController
-from dtgen.fp8 import check_attention_dtype, check_dense_dtype, swap_fp8_linears, use_fp8_attention
+from dtgen.devices import named_dtype
 from dtgen.layers.config import read_json
 from dtgen.layers.t5 import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokenizer
 from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
 from dtgen.plan import Plan
-from dtgen.storage import ResidentStorage
 
 from .config import WanTransformerConfig
 from .transformer import Attention, WanTransformer, keeps_fp32
@@ -32,7 +30,6 @@ TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
 # attention projections and FFN, where nearly all of its GEMM FLOPs are. The embedders,
 # the time projection and proj_out stay in the model dtype (small; the time path is float32).
 FP8_LINEARS = ("blocks.*.attn?.to_?", "blocks.*.attn?.to_out.0", "blocks.*.ffn.net.0.proj", "blocks.*.ffn.net.2")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -88,24 +85,22 @@ class WanAdapter(ModelAdapter):
     vae_dtype: torch.dtype = torch.float32       # diffusers' examples decode in float32
     embedding_key: str = EMBEDDING_KEYS[0]       # which of the tied embedding's keys the checkpoint holds
     ignored_prefixes: tuple[str, ...] = ()
-    dense_fp8: bool = False                      # the DiT blocks' linears in e4m3 (FP8_LINEARS)
-    attention_fp8: bool = False                  # the DiT self-attention in FP8 (kernels/fp8_attention.py)
 
     def __post_init__(self):
         unread = next(k for k in EMBEDDING_KEYS if k != self.embedding_key)
         self.ignored_prefixes = tuple(f"vae.{p}" for p in IGNORED_CHECKPOINT_PREFIXES) + (f"text_encoder.{unread}",)
 
     def build_on_meta(self) -> WanT2V:
-        model = WanT2V(self.cfgs)
-        for component in ("transformer", "transformer_2"):
-            if getattr(model, component) is None:
-                continue
-            if self.dense_fp8:
-                swap_fp8_linears(model, [f"{component}.{p}" for p in FP8_LINEARS])
-            if self.attention_fp8:
-                dit = getattr(model, component)
-                use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim)
-        return model
+        return WanT2V(self.cfgs)
+
+    def _dits(self, model: WanT2V) -> list[tuple[str, WanTransformer]]:
+        return [(c, getattr(model, c)) for c in ("transformer", "transformer_2") if getattr(model, c) is not None]
+
+    def fp8_linears(self, model: WanT2V) -> list[str]:
+        return [f"{component}.{p}" for component, _ in self._dits(model) for p in FP8_LINEARS]
+
+    def fp8_attentions(self, model: WanT2V) -> tuple[list[nn.Module], int]:
+        return [a for _, dit in self._dits(model) for a in dit.self_attentions()], self.cfgs.transformer.attention_head_dim
 
     def attention_heads(self, model: WanT2V) -> dict[str, tuple[int, int]]:
         heads = {}
@@ -134,29 +129,17 @@ class WanAdapter(ModelAdapter):
         return dtype
 
 
-@dataclass
-class LoadedWan:
-    model: WanT2V
-    controller: PhaseController
-    storage: ResidentStorage
-    tokenizer: object
-    plan: Plan
-
-
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
          dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", *, vae_dtype: str = "float32",
          startup_timeout_s: float = 600.0, control_timeout_s: float = 60.0, dense_dtype: str = "model",
-         attention_dtype: str = "model") -> LoadedWan:
+         attention_dtype: str = "model") -> Built:
     """A diffusers-format Wan checkpoint folder -> this rank's resident weights + controller.
 
     `dense_dtype` "fp8": the DiT blocks' linears (FP8_LINEARS) stored in e4m3, one scale per
     output channel, quantized as they are read (`dtgen.fp8`); "model" keeps them in `dtype`.
     `attention_dtype` "fp8": the DiT self-attention's dense part in FP8 (kernels/fp8_attention.py).
     Either one on a GPU without FP8 is refused before any weight is read."""
-    if vae_dtype not in _DTYPES:
-        raise ValueError(f"vae_dtype must be one of {sorted(_DTYPES)}, got {vae_dtype!r}")
-    check_dense_dtype(dense_dtype, torch.device(device))
-    check_attention_dtype(attention_dtype, torch.device(device), tuple(ph.attention for ph in plan.phases.values()))
+    vae = named_dtype(vae_dtype, "vae_dtype")
     cfgs = WanConfigs.from_folder(checkpoint)
     reader = ComponentsReader(checkpoint, cfgs.components)
     present = reader.parts["text_encoder"].keys()
@@ -165,11 +148,11 @@ def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,
         raise CheckpointError(f"{Path(checkpoint) / 'text_encoder'} holds neither of the token embedding keys "
                               f"{list(EMBEDDING_KEYS)}")
     tokenizer = load_tokenizer(Path(checkpoint) / "tokenizer")   # before any weight: a bad folder fails fast
-    adapter = WanAdapter(cfgs, _DTYPES[vae_dtype], key, dense_fp8=dense_dtype == "fp8",
-                         attention_fp8=attention_dtype == "fp8")
+    adapter = WanAdapter(cfgs, vae, key)
     try:
-        built = build(adapter, plan, reader, rank, world_size, dtype, device,
-                      startup_timeout_s=startup_timeout_s, control_timeout_s=control_timeout_s)
+        built = build(adapter, plan, reader, rank, world_size, dtype, device, startup_timeout_s=startup_timeout_s,
+                      control_timeout_s=control_timeout_s, dense_dtype=dense_dtype, attention_dtype=attention_dtype)
     finally:
         reader.close()
-    return LoadedWan(built.model, built.controller, built.storage, tokenizer, plan)
+    built.tokenizer = tokenizer
+    return built
