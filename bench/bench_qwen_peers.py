@@ -72,10 +72,16 @@ def dense_fp8_copy(ours):
 
     from dtgen.fp8 import quantize_linears_
     from models.qwen_image.model import FP8_LINEARS
-    shell = copy.copy(ours)                       # the blocks copied, every other module shared
+    shell = copy.copy(ours)                       # new blocks, every other module shared
     shell._modules = dict(ours._modules)
-    shell._modules["transformer_blocks"] = copy.deepcopy(ours.transformer_blocks)
-    quantize_linears_(shell, [p.removeprefix("transformer.") for p in FP8_LINEARS])
+    blocks = []
+    for block in ours.transformer_blocks:         # one bf16 block copied at a time: the peak stays low
+        holder = torch.nn.Module()                # under the names FP8_LINEARS matches
+        holder.transformer = torch.nn.Module()
+        holder.transformer.transformer_blocks = torch.nn.ModuleList([copy.deepcopy(block)])
+        quantize_linears_(holder, FP8_LINEARS)
+        blocks.append(holder.transformer.transformer_blocks[0])
+    shell._modules["transformer_blocks"] = torch.nn.ModuleList(blocks)
     return shell
 
 
