@@ -3,6 +3,8 @@
 # summary.txt, and the logs as logs.tgz).
 #   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh tests,micro,decode     # call 2
 #   OUT=outputs/gpu14 bash bench/run_gpu_session14.sh peers,t2i              # call 3
+# Carry [".golden", ".whl"]: .golden/ holds copies of ../shared/golden and ../shared/golden-taylor,
+# .whl/ the wheels bench/gpu_wheels.sh fetches (diffusers, the server stack).
 # tests:  every one-GPU test (`-m "gpu and not multigpu"`; TESTS="files" for some), with the golden
 #         cases and diffusers where they were carried (.golden/golden, .golden/golden-taylor; .whl/).
 # micro:  the decode step's new ops alone: the fused MoE router, the decode GEMV (bf16, FP8).
