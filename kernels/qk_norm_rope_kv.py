@@ -22,9 +22,10 @@ Returns q ``[B, S, Hkv * G, D]`` (query head h * G + j: the model's order), in t
 the cache.
 
 CPU runs the torch reference; CUDA runs one Triton kernel, a program per (block of rows, KV
-group): one row a program at decode-sized launches, several consecutive rows at prefill (16
+group): one row a program at decode-sized launches, several consecutive rows at prefill (8
 at group 4, head dim 128; `prologue_launch_config` picks the count from the shape). Each row
-keeps its own b, s, cos/sin row and slot, and its numerics do not depend on the count.
+keeps its own b, s, cos/sin row and slot; only the order of the norm's sum follows the tile
+(a last-bit difference between launch shapes).
 ``impl="triton"`` forces the kernel (on CPU only under TRITON_INTERPRET=1). Slots are a
 tensor, so a CUDA graph replays it at moving positions. Registered as
 ``dtgen::qk_norm_rope_kv`` (mutates the caches): one node under ``torch.compile(fullgraph=True)``.
@@ -268,11 +269,8 @@ def prologue_launch_config(n_rows: int, kv_heads: int, group: int, head_dim: int
         block_s = int(rows_per_program)
         if block_s < 1 or block_s & (block_s - 1):
             raise ValueError(f"qk_norm_rope_kv: rows_per_program must be a power of two >= 1, got {rows_per_program}")
-    if num_warps is None:
-        if block_s == 1:
-            num_warps = 4 if head_dim * group >= 512 else 1
-        else:
-            num_warps = 4
+    if num_warps is None:   # one small row (head dim x group < 512) fits a warp
+        num_warps = 1 if block_s == 1 and head_dim * group < 512 else 4
     return block_s, int(num_warps)
 
 
