@@ -2,6 +2,7 @@
 `dtgen.layers.linear.Linear` leaves it to the controller, which adds it once after the sum
 (on 2 gloo ranks: the TP2 output equals one process's, and the bias is in the matmul again
 after a switch back to a phase without TP)."""
+import pytest
 import torch
 from torch import nn
 
@@ -85,3 +86,11 @@ def test_an_fp8_linear_defers_its_bias_as_a_linear_does():
     with_bias = model.down(x)
     model.down.defer_bias = True
     torch.testing.assert_close(model.down(x) + model.down.bias, with_bias)
+
+
+def test_an_fp8_option_on_a_model_that_names_nothing_is_refused_in_one_line():
+    plan = tp_plan(1)
+    with pytest.raises(ValueError, match="--dense-dtype fp8: MLPAdapter names no linears to store in FP8"):
+        build(MLPAdapter(), plan, reader=None, dense_dtype="fp8")
+    with pytest.raises(ValueError, match="--attention-dtype fp8: MLPAdapter names no attention to run in FP8"):
+        build(MLPAdapter(), plan, reader=None, attention_dtype="fp8")

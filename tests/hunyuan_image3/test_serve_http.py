@@ -66,6 +66,7 @@ def test_generation_failure_jobs_cancel_and_metrics(server):
     assert status == 200, body
     first = body["data"][0]["b64_json"]
     assert _png_size(first) == (256, 256) and body["dtgen"]["size"] == "256x256"
+    assert body["dtgen"]["image_encode_ms"] > 0   # the PNG's time, outside the pipeline's total
 
     # A long job: progress shows, DELETE stops it on both ranks.
     status, job, headers = call(server, "POST", "/v1/jobs", dict(FOX, num_inference_steps=400))

@@ -35,6 +35,7 @@ def test_an_image_through_generations_and_a_job(qwen):
     assert status == 200, answer
     assert _png(answer["data"][0]["b64_json"]).size == (64, 48) and answer["dtgen"]["size"] == "64x48"
     assert set(answer["dtgen"]["timings_ms"]) >= {"encode", "denoise", "decode", "total"}
+    assert answer["dtgen"]["image_encode_ms"] > 0
     # the pipeline's own image for the same request (the server's defaults: the CLI's flags)
     import numpy as np
     from models.qwen_image.model import load
