@@ -109,4 +109,14 @@ def progress_log(dom: str) -> list[str]:
     return re.findall(r"<li>([^<]*)</li>", log[:log.find("</ol>")])
 
 
+def assert_page_saw_phases_in_order(dom: str, order: list[str]) -> None:
+    """The page's progress log names only the job's phases, in the job's order. A short tiny
+    job may pass a whole phase between two of the page's 200 ms polls, so which phases it
+    saw is timing; their order is not (a long job elsewhere in the test shows denoise)."""
+    log = progress_log(dom)
+    seen = [line.split(", ")[1].split()[0] for line in log if ", " in line]
+    assert seen and all(p in order for p in seen), log
+    assert [order.index(p) for p in seen] == sorted(order.index(p) for p in seen), log
+
+
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it: .ci/run)")
