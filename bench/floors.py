@@ -5,11 +5,16 @@ the stored runs with it).
 HBM: 4.3 TB/s, the copy bandwidth measured on this workplace's H200 (what a kernel can
 reach; the datasheet's 4.8 TB/s is not reachable), so a memory floor is an achievable time.
 Compute: 694 TFLOP/s, a dense bf16 GEMM (32768 x 4096 x 3072) measured on the same GPU.
+TF32 and plain fp32 are not measured here: the H100/H200 SXM datasheet's dense figures (TF32
+989 TFLOP/s with 2:4 sparsity, so 494.7 dense; fp32 without tensor cores 67), upper bounds,
+so floors computed with them are times nothing runs under.
 """
 from __future__ import annotations
 
 HBM_TBPS = 4.3
 DENSE_BF16_TFLOPS = 694.0
+TF32_DATASHEET_TFLOPS = 494.7
+FP32_DATASHEET_TFLOPS = 67.0
 FP8_BLOCK = 128  # the "blocks" recipe's weight block (kernels/fp8_quant.py)
 
 # The decode MoE's weight kinds (bench_moe's row suffixes): what one expert's matrices

@@ -17,7 +17,12 @@
 #         prologue), PROLOGUE_ROWS="1,4,8,16,32" (and PROLOGUE_WARPS="4,8,16") sweep the rows a
 #         program takes at prefill (and its warps).
 # serve:  the server's overhead over the CLI, one request at a time, the released shapes
-#         (bench_serve --overhead-requests ${SERVE_REQUESTS:-5}).
+#         (bench_serve --overhead-requests ${SERVE_REQUESTS:-5}); first (session 16) the PNG
+#         writer against Pillow's on this host's cores (bench_image_files).
+# Added in session 16:
+# vae:    the VAE's 4-frame convolutions run five ways in fp32 (TF32) and bf16
+#         (bench/probes/vae_conv_probe.py), then bench_vae --suite (the whole 1024x1024 decode:
+#         fast / plain ops, TF32 on / off, channels_last_3d, compiled; VAE_SUITE_ARGS=--no-compile).
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
 set -u
 OUT=${OUT:-outputs/gpu14}
@@ -63,15 +68,20 @@ prologue)
       --out "$OUT/prologue.json"
   ;;
 serve)
+  step bench_image_files 60 python3 -m bench.bench_image_files --out "$OUT/bench_image_files.json"
   TAIL=12 step bench_serve "${SERVE_LIMIT:-420}" python3 -m bench.bench_serve --overhead-requests "${SERVE_REQUESTS:-5}" \
       --requests 0 --steps 10 --max-new-tokens 256 --size 1024x1024 --timeout 300 --out "$OUT/bench_serve.json" \
       -- --random-weights full --moe-dtype fp8 --compile
+  ;;
+vae)
+  step vae_conv_probe "${VAE_LIMIT:-150}" python3 -m bench.probes.vae_conv_probe --out "$OUT/vae_conv_probe.json"
+  step bench_vae_suite "${VAE_LIMIT:-300}" python3 -m bench.bench_vae --suite ${VAE_SUITE_ARGS:-} --out "$OUT/bench_vae_suite.json"
   ;;
 t2i)
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,bf16,* ]] && step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,fp8,* ]] && step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
   ;;
-*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve)"; exit 2 ;;
+*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae)"; exit 2 ;;
 esac; done
 # At most 8 files come back from a device call: the logs travel as one archive.
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)

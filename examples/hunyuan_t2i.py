@@ -32,6 +32,7 @@ from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
                            Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
 from dtgen.devices import parse_dtype
+from dtgen.image_files import image_path_problem, save_image
 from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.requests import flag_line
@@ -586,7 +587,7 @@ def prepare(args) -> tuple[str | None, bool]:
     --max-new-tokens): (the first problem as one line or None, whether the tiny default runs)."""
     tiny = args.checkpoint is None and not args.random_weights
     try:
-        problem = _check_args(args, get_plan(args.plan))
+        problem = _check_args(args, get_plan(args.plan)) or image_path_problem(args.output)
         if args.max_new_tokens is None:
             args.max_new_tokens = 16 if tiny else 0
         if problem is None:
@@ -646,11 +647,12 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
     """The PNG, the printed table and (with --report) the JSON, from rank 0's result."""
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from PIL import Image
     images = main_result["images"]
     paths = [out] + [out.with_name(f"{out.stem}-{i}{out.suffix}") for i in range(1, len(images))]
-    for image, path in zip(images, paths):
-        Image.fromarray(to_uint8(image).numpy()).save(path)
+    # each request's image written as the server answers it (bench_serve compares the two)
+    write_ms = [round(save_image(path, to_uint8(image)), 3) for image, path in zip(images, paths)]
+    for request, ms in zip(main_result["requests"], write_ms):
+        request["image_write_ms"] = ms
 
     ranks = main_result["ranks"]
     t = main_result["timings_ms"]

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from dtgen.compile import CompileOptions
+from dtgen.image_files import image_path_problem, save_image
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import (add_run_flags, compile_problem, example_main,
                            finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
@@ -87,7 +88,7 @@ def prepare(args) -> tuple[str | None, bool]:
         args.width, args.height = parse_size(args.image_size, "--image-size", "1024x1024")
         args.step_cache = parse_step_cache(args.step_cache)
         request_from_args(args).check()
-        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or image_path_problem(args.output)
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
     except RequestError as e:
@@ -139,10 +140,9 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
 
 
 def write_report(args, main: dict, tiny: bool) -> dict:
-    from PIL import Image
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(main["image"].numpy()).save(out)
+    save_image(out, main["image"])
     t = main["timings_ms"]
     report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
               "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,

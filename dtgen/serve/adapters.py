@@ -9,19 +9,17 @@ every phase. A subclass gives `pipe` (with `generate(request, progress=...)`), `
 from __future__ import annotations
 
 import base64
-import io
 import time
 from dataclasses import replace
 
 import torch
-from PIL import Image
+
+from dtgen.image_files import encode_png
 
 
 def png_b64(image: torch.Tensor) -> str:
-    """[H, W, 3] uint8 -> a base64 PNG (an image answer's `b64_json`)."""
-    buffer = io.BytesIO()
-    Image.fromarray(image.numpy()).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    """[H, W, 3] uint8 -> a base64 PNG (an image answer's `b64_json`; the CLI's writer)."""
+    return base64.b64encode(encode_png(image)).decode("ascii")
 
 
 def image_answer(image: torch.Tensor) -> tuple[dict, float]:

@@ -30,6 +30,7 @@ def test_single_process_run_writes_png_and_report(cache_env, tmp_path):
     assert report["image_size"] == [256, 256] and image.size == (256, 256)
     assert report["tokens_generated"] <= 4
     assert all(v >= 0 for v in report["timings_ms"].values())
+    assert report["requests"][0]["image_write_ms"] > 0   # what bench_serve sets beside the server's PNG
 
 
 def test_the_demo_edits_an_image(cache_env, tmp_path):
@@ -52,6 +53,8 @@ def test_bad_arguments_exit_with_a_message(cache_env, capsys):
     assert "runs on 4 ranks" in capsys.readouterr().err
     assert main(["--dtype", "int3"]) == 2
     assert "unknown dtype 'int3'" in capsys.readouterr().err
+    assert main(["--output", "out.imgx"]) == 2   # before the run, not after it
+    assert "--output out.imgx: no image format has the suffix '.imgx'" in capsys.readouterr().err
 
 
 def test_random_weights_fixed_length_run(cache_env, tmp_path):

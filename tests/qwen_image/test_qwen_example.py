@@ -34,6 +34,8 @@ def test_bad_flags_are_refused_in_one_line(cache_env, capsys):
     assert main(["--attention-dtype", "fp8"]) == 2   # the tiny default's head_dim is 16
     assert capsys.readouterr().err.strip() == \
         "error: --attention-dtype fp8: the FP8 attention kernel handles head_dim (64, 128); this model has 16"
+    assert main(["--output", "q.imgx"]) == 2
+    assert "--output q.imgx: no image format has the suffix '.imgx'" in capsys.readouterr().err
 
 
 def test_bench_peers_smoke_run_writes_its_json(tmp_path):
