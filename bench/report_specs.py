@@ -47,6 +47,8 @@ S15_PROLOGUE_SWEEP, S15_PROLOGUE = f"{S15}/call2_prologue.json", f"{S15}/call3_p
 S15_GEMV, S15_SERVE = f"{S15}/call3_bench_decode_gemv.json", f"{S15}/call4_bench_serve.json"
 S15_SERVE_CPU = ["cpu-2026-12-02-session15-serve-overhead/before_wakeup.json",
                  "cpu-2026-12-02-session15-serve-overhead/after_wakeup.json"]
+S16 = "cpu-2026-12-02-session16"
+S16_PNG, S16_VAE_FLOPS = f"{S16}/bench_image_files.json", f"{S16}/vae_flops.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -112,6 +114,10 @@ RUNS: dict[str, RunInfo] = {
     S15_SERVE: RunInfo(f"{S15_CALL4}: python -m bench.bench_serve --overhead-requests 3 --requests 0 --steps 10 "
                        "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
                        "--compile", software=GPU_IMAGE),
+    S16_PNG: RunInfo("python -m bench.bench_image_files --out bench/results/cpu-2026-12-02-session16/bench_image_files.json",
+                     software=CPU_STACK),
+    S16_VAE_FLOPS: RunInfo("python -m bench.probes.vae_flops --sizes 1024 --out "
+                           "bench/results/cpu-2026-12-02-session16/vae_flops.json", software=CPU_STACK),
     **{f: RunInfo(f"python -m bench.bench_serve --overhead-requests {n} --requests 0 --out bench_serve.json",
                   software=CPU_STACK) for f, n in zip(S15_SERVE_CPU, (2, 3))},
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
@@ -1623,4 +1629,42 @@ TABLES += [
                               ("**after: woken by the job's end** (3 requests)", S15_SERVE_CPU[1], True))
     ], note="bench_serve's overhead part on this shared 2-core machine. The CLI comparison (the `overhead` figure) "
             "is not shown: on 2 cores the server's pipeline itself runs slower than the CLI's."),
+]
+
+
+# ---- session 16 (no GPU): the PNG writer, and what the VAE decode must compute ----------------------
+VAE_RATES = (("plain fp32 (no tensor cores; datasheet 67 TFLOP/s)", "fp32 (datasheet, no tensor cores)"),
+             ("TF32 tensor cores (datasheet, dense: 494.7 TFLOP/s)", "tf32 (datasheet, dense)"),
+             ("bf16 tensor cores (measured GEMM rate: 694 TFLOP/s)", "bf16 (measured GEMM rate, bench/floors.py)"))
+TABLES += [
+    Table("s16-png", ["1024x1024 RGB, one PNG, this 2-core machine", "Pillow's writer (default): each call (ms)",
+                      "median (range)", "dtgen/image_files.py: each call (ms)", "median (range)", "Pillow / dtgen",
+                      "bytes: Pillow / dtgen"], [
+        Row([label, Value(f"images.{name}.pillow.ms", "{:.1f}"),
+             Join([Value(f"images.{name}.pillow.median_ms", "{:.1f}"), Value(f"images.{name}.pillow.min_ms", "{:.1f}"),
+                   Value(f"images.{name}.pillow.max_ms", "{:.1f}")], [" ms (", "-"], suffix=")"),
+             Value(f"images.{name}.dtgen.ms", "{:.1f}"),
+             Join([Value(f"images.{name}.dtgen.median_ms", "{:.1f}"), Value(f"images.{name}.dtgen.min_ms", "{:.1f}"),
+                   Value(f"images.{name}.dtgen.max_ms", "{:.1f}")], [" ms (", "-"], suffix=")"),
+             Value(f"images.{name}.pillow_over_dtgen", "{:.2f}x"),
+             Join([Value(f"images.{name}.pillow.bytes", "{:,}"), Value(f"images.{name}.dtgen.bytes", "{:,}")], " / ")],
+            file=S16_PNG)
+        for name, label in (("noise", "uniform noise (what random weights decode to)"),
+                            ("smooth", "a smooth image with a little noise"))
+    ], note="5 timed calls per encoder and image after one warm-up, in one process. Both files hold the same "
+            "pixels (the JSON's `reads_back_exact`). Not run on the GPU host (16 cores; the writer uses up to 8 "
+            "threads): staged in `bench/run_gpu_session14.sh serve`."),
+    Table("s16-vae-floor", ["HunyuanImage-3 VAE decode, 1024x1024 (4 frames decoded, the last kept)",
+                            "TFLOP", "floor at that rate", "can the 150 ms target (issue 29) be met at this rate?"], [
+        Row(["what `vae.decode` asks of its convolutions now (3T frame-taps at T = 4)",
+             Value("runs[0].flops_now", "{:.1f}", scale=1e-12), "", ""], file=S16_VAE_FLOPS),
+        Row(["the frame-taps that meet a frame (3T - 2): no exact method computes fewer",
+             Value("runs[0].flops_needed", "{:.1f}", scale=1e-12), "", ""], file=S16_VAE_FLOPS),
+        *[Row([f"... at {label}", "", Value(f"runs[0].floor_ms_of_needed[\"{key}\"]", "{:.0f} ms"),
+               goal("floor <= 150 ms", Value(f"runs[0].floor_ms_of_needed[\"{key}\"]"), 150.0)], file=S16_VAE_FLOPS)
+          for label, key in VAE_RATES],
+    ], note="Counted on the meta device (no GPU) with the released VAE config; per convolution, checked against "
+            "torch's FLOP counter (the JSON's `flops_counter_matches_now`). A floor is the needed FLOPs at the "
+            "rate; the datasheet rates are upper bounds, so nothing runs under those floors. The verdicts say "
+            "whether the target is reachable at all in that arithmetic."),
 ]

@@ -3,7 +3,7 @@
     python -m bench.probes.vae_conv_probe --out $OUT/vae_conv_probe.json            (a GPU)
     python -m bench.probes.vae_conv_probe --shapes tiny --iters 1 --out /tmp/p.json  (CPU: checks only)
 
-The decoder's last three levels (bench/probes/vae_flops.py) are 82% of its FLOPs and run
+The decoder's last three levels (bench/probes/vae_flops.py) are 83% of its FLOPs and run
 3x3x3 convolutions over T = 4 frames, which VAEConv3d hands to `F.conv3d` on [B, C, T, H, W]
 (3T = 12 frame-taps, two of them on the zero time padding). Each variant below computes the
 same convolution from the same NCDHW input to an NCDHW output (the decoder's layout), so a
