@@ -12,6 +12,7 @@ does). The file is an ordinary 8-bit RGB (or grey / RGBA) PNG any reader opens.
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import os
 import struct
 import time
@@ -87,6 +88,31 @@ def encode_png(image, threads: int | None = None) -> bytes:
     header = struct.pack(">IIBBBBB", w, h, 8, _COLOUR_TYPES[c], 0, 0, 0)
     data = _deflate(_up_filtered(pixels), threads or _threads())
     return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", data) + _chunk(b"IEND", b"")
+
+
+# What a server's answer may be encoded as (OpenAI's `output_format`); PNG is lossless, the
+# others take a quality 0-100 (OpenAI's `output_compression`, default 100).
+IMAGE_FORMATS = ("png", "jpeg", "webp")
+MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+def encode_image(image, fmt: str = "png", quality: int | None = None) -> bytes:
+    """uint8 pixels [H, W, C] -> the bytes of a PNG (this module's writer), JPEG or WebP
+    (Pillow's, at `quality`, 100 when None)."""
+    if fmt == "png":
+        if quality is not None:
+            raise ValueError("a PNG takes no quality (it is lossless)")
+        return encode_png(image)
+    if fmt not in IMAGE_FORMATS:
+        raise ValueError(f"unknown image format {fmt!r}; known: {', '.join(IMAGE_FORMATS)}")
+    from PIL import Image
+    pixels = _pixels(image)
+    if fmt == "jpeg" and pixels.shape[2] == 4:
+        raise ValueError("a JPEG holds no alpha channel: [H, W, 4] pixels go to png or webp")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(
+        buffer, format=fmt.upper(), quality=100 if quality is None else quality)
+    return buffer.getvalue()
 
 
 def image_path_problem(path: str | Path | None, flag: str = "--output") -> str | None:

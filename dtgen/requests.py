@@ -110,13 +110,18 @@ def flag_line(error: RequestError, flags: dict[str, str]) -> str:
     return f"{e.field} {e.message}"
 
 
+# OpenAI's fields for the answer's encoding, which the server reads before a model's adapter
+# sees the rest (dtgen.serve.adapters.take_image_output): named among the accepted ones.
+IMAGE_OUTPUT_FIELDS = ("output_format", "output_compression")
+
+
 def check_image_fields(fields: dict, accepted) -> None:
     """OpenAI's image-generation fields every image adapter takes alike: no field outside
     `accepted`, a `prompt`, `n` 1 (one image a request) and `response_format` "b64_json"."""
     accepted = list(accepted)
     unknown = sorted(k for k in fields if k not in accepted)
     if unknown:
-        raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(accepted)}")
+        raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(accepted + list(IMAGE_OUTPUT_FIELDS))}")
     if "prompt" not in fields:
         raise RequestError("prompt", "is required")
     if fields.get("n", 1) != 1:

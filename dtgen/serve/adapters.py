@@ -1,5 +1,5 @@
 """What the serve adapters of encode -> denoise -> decode pipelines share (Wan, Qwen-Image),
-and the image answer's PNG (HunyuanImage-3's too).
+and how an image answer is encoded (HunyuanImage-3's too).
 
 Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
 encode before the first step and the VAE decode after the last, so a job's progress covers
@@ -10,24 +10,58 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from dtgen.image_files import encode_png
+from dtgen.image_files import IMAGE_FORMATS, encode_image
+from dtgen.requests import IMAGE_OUTPUT_FIELDS
+
+from .errors import RequestError
+from .forms import coerce
 
 
-def png_b64(image: torch.Tensor) -> str:
-    """[H, W, 3] uint8 -> a base64 PNG (an image answer's `b64_json`; the CLI's writer)."""
-    return base64.b64encode(encode_png(image)).decode("ascii")
+# OpenAI's fields for how the answer's image is encoded are read by the HTTP side, never by a
+# model's adapter, whose answer holds the image's uint8 pixels under "pixels".
 
 
-def image_answer(image: torch.Tensor) -> tuple[dict, float]:
-    """({"b64_json": the PNG}, the ms its encoding took): the answer's image, and the time the
-    server spends on it after the pipeline's total (bench_serve reads it as `image_encode_ms`)."""
+@dataclass(frozen=True)
+class ImageOutput:
+    format: str = "png"
+    quality: int | None = None      # JPEG / WebP only (OpenAI's `output_compression`)
+
+
+def take_image_output(fields: dict, form: bool) -> tuple[ImageOutput, dict]:
+    """(how to encode the answer's image, the other fields): `output_format` one of
+    png/jpeg/webp (png by default), `output_compression` 0-100 for jpeg/webp; one
+    RequestError naming the field otherwise."""
+    rest = {k: v for k, v in fields.items() if k not in IMAGE_OUTPUT_FIELDS}
+    given = coerce({k: fields[k] for k in IMAGE_OUTPUT_FIELDS if k in fields},
+                   {"output_format": str, "output_compression": int}) if form else fields
+    fmt = given.get("output_format", "png")
+    if not isinstance(fmt, str) or fmt.lower() not in IMAGE_FORMATS:
+        raise RequestError("output_format", f"must be one of {', '.join(IMAGE_FORMATS)}, got {fmt!r}")
+    fmt, quality = fmt.lower(), given.get("output_compression")
+    if quality is not None:
+        if isinstance(quality, bool) or not isinstance(quality, int) or not 0 <= quality <= 100:
+            raise RequestError("output_compression", f"must be an integer from 0 to 100, got {quality!r}")
+        if fmt == "png":
+            raise RequestError("output_compression", "applies to jpeg and webp; a png is lossless")
+    return ImageOutput(fmt, quality), rest
+
+
+def encode_answer(result: dict, output: ImageOutput | None) -> dict:
+    """A finished image job's answer with its pixels encoded: "image" ({"b64_json"}), the
+    format, and the ms the encoding took (`image_encode_ms`: what bench_serve subtracts).
+    Runs once a job, off the engine's thread and the event loop."""
+    output = output or ImageOutput()
     start = time.perf_counter()
-    b64 = png_b64(image)
-    return {"b64_json": b64}, round((time.perf_counter() - start) * 1e3, 3)
+    data = encode_image(result["pixels"], output.format, output.quality)
+    b64 = base64.b64encode(data).decode("ascii")
+    encoded = {k: v for k, v in result.items() if k != "pixels"}
+    encoded.update(image={"b64_json": b64}, output_format=output.format,
+                   image_encode_ms=round((time.perf_counter() - start) * 1e3, 3))
+    return encoded
 
 
 class DiffusionAdapter:

@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from .adapters import encode_answer, take_image_output
 from .engine import Engine, can_batch
 from .errors import RequestError
 from .forms import TooLarge, parse_body, read_body
@@ -144,6 +145,9 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
             return refuse(413, f"{'image' if route == 'edits' else 'body'}: {e}", "image" if route == "edits" else "body")
         try:
             fields, files, form = parse_body(request.headers.get("content-type", ""), body)
+            output = None
+            if kind == "image":   # how the answer's image is encoded: this side's, not the model's
+                output, fields = take_image_output(fields, form)
             if route == "jobs":  # an image model's job with an image file is an edit
                 route = "videos" if kind == "video" else "edits" if files and getattr(adapter, "can_edit", False) \
                     else "generations"
@@ -165,7 +169,8 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
             metrics.requests.labels("not_ready").inc()
             return _error(503, engine.broken or "warming up: see /ready", headers={"Retry-After": str(retry_after_s)})
         try:
-            job = board.submit(parsed, deadline_s, kind=kind, phases=adapter.phases(parsed), batch_key=key)
+            job = board.submit(parsed, deadline_s, kind=kind, phases=adapter.phases(parsed), batch_key=key,
+                               output=output)
         except QueueFull as e:
             metrics.requests.labels("queue_full").inc()
             return _error(429, f"queue full: {e}", headers={"Retry-After": str(retry_after_s)})
@@ -184,8 +189,27 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
         return refuse(404, f"{path}: this server makes {kind}s ({adapter.name}); {need}. Here: POST {here}, /v1/jobs",
                       outcome="wrong_route")
 
-    def finished_image(job: Job) -> JSONResponse:
+    encoding: dict[str, asyncio.Task] = {}
+
+    async def encoded(job: Job) -> None:
+        """A succeeded image job's pixels encoded into its answer, once (on a worker thread:
+        neither the engine nor the event loop waits for the PNG); concurrent readers share it."""
+        if job.kind != "image" or job.state != SUCCEEDED or "pixels" not in (job.result or {}):
+            return
+        task = encoding.get(job.id)
+        if task is None:
+            task = encoding[job.id] = asyncio.ensure_future(asyncio.to_thread(encode_answer, job.result, job.output))
+
+            def store(t: asyncio.Task) -> None:   # even when every reader has left meanwhile
+                encoding.pop(job.id, None)
+                if not t.cancelled() and t.exception() is None:
+                    job.result = t.result()
+            task.add_done_callback(store)
+        await asyncio.shield(task)   # a reader that leaves does not cancel the others' encoding
+
+    async def finished_image(job: Job) -> JSONResponse:
         if job.state == SUCCEEDED:
+            await encoded(job)
             return JSONResponse({"created": int(time.time()), "data": [job.result["image"]],
                                  "dtgen": {k: v for k, v in job.result.items() if k != "image"}})
         return _error(job.http_status if job.state in (FAILED, CANCELLED) else 500, job.error or job.state)
@@ -202,7 +226,7 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
                 await asyncio.wait_for(woken.wait(), 0.25)
             except asyncio.TimeoutError:
                 pass
-        return finished_image(job)
+        return await finished_image(job)
 
     @app.post("/v1/images/generations")
     async def generations(request: Request):
@@ -222,9 +246,10 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
         return job if isinstance(job, JSONResponse) else await answer_when_done(request, job)
 
     # ---- jobs (any model) ---------------------------------------------------------------
-    def job_body(job: Job) -> dict:
+    async def job_body(job: Job) -> dict:
         body = job.as_dict()
-        if job.state == SUCCEEDED:
+        if body["status"] == SUCCEEDED:   # the state read once: the engine may end the job meanwhile
+            await encoded(job)
             body["result"] = ({"data": [job.result["image"]]} if job.kind == "image"
                               else {"content": f"/v1/videos/{job.id}/content"})
         return body
@@ -234,14 +259,14 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
         job = await submit(request, "jobs")
         if isinstance(job, JSONResponse):
             return job
-        return JSONResponse(job_body(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
+        return JSONResponse(await job_body(job), status_code=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
     @app.get("/v1/jobs/{job_id}")
     async def read_job(job_id: str):
         job = board.get(job_id)
         if job is None:
             return _error(404, f"no job {job_id!r}")
-        return job_body(job)
+        return await job_body(job)
 
     @app.delete("/v1/jobs/{job_id}")
     async def cancel_job(job_id: str):
@@ -249,7 +274,7 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
         if job is None:
             return _error(404, f"no job {job_id!r}")
         board.cancel(job, "cancelled by DELETE")
-        return job_body(job)
+        return await job_body(job)
 
     # ---- videos -------------------------------------------------------------------------
     def video_body(job: Job) -> dict:

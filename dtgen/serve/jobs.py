@@ -44,6 +44,7 @@ class Job:
     cancel_status: int = 499               # the HTTP status a cancelled job answers (504: deadline)
     batch_key: Any = None                  # jobs with equal keys (not None) may run as one batch
     batch_size: int = 1                    # how many jobs ran together with this one (itself included)
+    output: Any = None                     # how the HTTP side encodes the answer's image (the engine never reads it)
     finished: threading.Event = field(default_factory=threading.Event)
     _on_finished: list = field(default_factory=list, repr=False)
 
@@ -111,7 +112,7 @@ class JobBoard:
         self.on_finish = on_finish      # called with each job as it finishes (metrics, the log)
 
     def submit(self, request: Any, deadline_s: float | None = None, kind: str = "image",
-               phases: tuple[str, ...] = (), batch_key: Any = None) -> Job:
+               phases: tuple[str, ...] = (), batch_key: Any = None, output: Any = None) -> Job:
         with self._lock:
             if self.closed:
                 raise QueueFull("the server is shutting down")
@@ -120,7 +121,7 @@ class JobBoard:
                 raise QueueFull(f"{len(self._queue)} jobs are waiting (the limit is {self.max_queued})")
             job = Job(f"job-{next(self._ids)}", request,
                       None if deadline_s is None else time.monotonic() + deadline_s, kind, tuple(phases),
-                      batch_key=batch_key)
+                      batch_key=batch_key, output=output)
             self._queue.append(job)
             self._jobs[job.id] = job
             self._lock.notify()

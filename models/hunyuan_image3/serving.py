@@ -3,7 +3,8 @@
 Request fields (JSON, or form text on the edits route), OpenAI's first:
 - `prompt` (required), `n` (1), `size` ("auto" or "WIDTHxHEIGHT", one of the model's
   sizes: the same convention as the CLI's --image-size and the UI), `response_format`
-  ("b64_json"), `model` and `user` (accepted, ignored);
+  ("b64_json"), `model` and `user` (accepted, ignored); `output_format` and
+  `output_compression` are the server's (dtgen.serve.adapters.take_image_output);
 - the model's own: `seed`, `num_inference_steps`, `guidance_scale`, `max_new_tokens`,
   `step_cache` (fewer full denoise steps: "taylor", "taylor:interval=5,order=2", or
   {"method": "taylor", "interval": 5, ...}; `taylorseer` too; null: every step in full), and
@@ -23,7 +24,6 @@ from dtgen.batching import per_member
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.requests import check_image_fields
-from dtgen.serve.adapters import image_answer
 from dtgen.serve.errors import RequestError
 from dtgen.serve.fields import Field, FieldTable
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
@@ -182,8 +182,8 @@ class HunyuanServeAdapter:
         if self.rank != 0:
             return None
         h, w = result.image_size
-        image, encode_ms = image_answer(to_uint8(result.image))
-        return {"image": image, "image_encode_ms": encode_ms, "size": f"{w}x{h}", "seed": req.seed,
+        # the HTTP side encodes it as the request asked (dtgen.serve.adapters.encode_answer)
+        return {"pixels": to_uint8(result.image), "size": f"{w}x{h}", "seed": req.seed,
                 "ar_tokens": len(result.tokens),
                 # graphs this request (its batch) compiled: 0 for every request of a warmed-up bucket
                 "new_graphs": new_graphs,

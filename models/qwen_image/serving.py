@@ -4,6 +4,7 @@
 Request fields (JSON, or form text), OpenAI's first:
 - `prompt` (required), `n` (1), `size` ("WIDTHxHEIGHT", multiples of 16 px; "auto": the
   server's default size), `response_format` ("b64_json"), `model` and `user` (accepted, ignored);
+  `output_format` and `output_compression` are the server's (dtgen.serve.adapters.take_image_output);
 - the model's own: `negative_prompt`, `seed`, `num_inference_steps`, `true_cfg_scale`
   (QwenImagePipeline's; <= 1: no CFG), `step_cache` (text, an object, or null for none).
 Fields not given take the server's defaults (the CLI's flags). Checked by `T2IRequest.check`,
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dtgen.requests import check_image_fields, parse_size
-from dtgen.serve.adapters import DiffusionAdapter, image_answer
+from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.fields import Field, FieldTable
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 
@@ -59,9 +60,8 @@ class QwenServeAdapter(DiffusionAdapter):
         result = self.run(req, progress)
         if self.rank != 0:
             return None
-        image, encode_ms = image_answer(result.image)
-        return self.answer(result, image=image, image_encode_ms=encode_ms, size=f"{req.width}x{req.height}",
-                           seed=req.seed)
+        # the HTTP side encodes it as the request asked (dtgen.serve.adapters.encode_answer)
+        return self.answer(result, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

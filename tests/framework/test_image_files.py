@@ -85,3 +85,36 @@ def test_an_unknown_suffix_is_refused_before_and_at_writing(tmp_path):
     with pytest.raises(ValueError, match="no image format has the suffix '.imgx'"):
         save_image(tmp_path / "out.imgx", np.zeros((2, 2, 3), dtype=np.uint8))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_encode_image_formats_and_refusals():
+    pixels = np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    assert np.array_equal(_read(image_files.encode_image(pixels)), pixels)
+    for fmt in ("jpeg", "webp"):
+        with Image.open(io.BytesIO(image_files.encode_image(pixels, fmt, 90))) as im:
+            assert im.format == fmt.upper() and im.size == (30, 20)
+    with pytest.raises(ValueError, match="a PNG takes no quality"):
+        image_files.encode_image(pixels, "png", 50)
+    with pytest.raises(ValueError, match="unknown image format 'gif'"):
+        image_files.encode_image(pixels, "gif")
+    with pytest.raises(ValueError, match="a JPEG holds no alpha channel"):
+        image_files.encode_image(np.zeros((2, 2, 4), dtype=np.uint8), "jpeg")
+
+
+def test_the_servers_output_fields_are_read_and_checked_before_the_model_sees_the_rest():
+    from dtgen.serve.adapters import ImageOutput, encode_answer, take_image_output
+    from dtgen.serve.errors import RequestError
+    output, rest = take_image_output({"prompt": "x", "output_format": "JPEG", "output_compression": "70"}, form=True)
+    assert output == ImageOutput("jpeg", 70) and rest == {"prompt": "x"}
+    assert take_image_output({"prompt": "x"}, form=False) == (ImageOutput("png", None), {"prompt": "x"})
+    for fields, field in (({"output_format": 3}, "output_format"), ({"output_compression": 7}, "output_compression"),
+                          ({"output_format": "webp", "output_compression": True}, "output_compression"),
+                          ({"output_format": "webp", "output_compression": -1}, "output_compression")):
+        with pytest.raises(RequestError) as e:
+            take_image_output(fields, form=False)
+        assert e.value.field == field
+    pixels = torch.randint(0, 256, (8, 12, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    answer = encode_answer({"pixels": pixels, "seed": 1}, None)
+    assert set(answer) == {"image", "seed", "output_format", "image_encode_ms"} and answer["output_format"] == "png"
+    import base64
+    assert np.array_equal(_read(base64.b64decode(answer["image"]["b64_json"])), pixels.numpy())

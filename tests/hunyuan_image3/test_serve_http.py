@@ -181,11 +181,14 @@ def _png(width: int, height: int) -> bytes:
 
 def test_an_edit_through_the_openai_multipart_route(server):
     base, _, _ = server
-    body, kind = multipart({"prompt": "make it blue", "num_inference_steps": "1", "max_new_tokens": "0", "seed": "3"},
+    body, kind = multipart({"prompt": "make it blue", "num_inference_steps": "1", "max_new_tokens": "0", "seed": "3",
+                            "output_format": "webp", "output_compression": "80"},   # form text, as curl -F sends
                            {"image": ("fox.png", _png(64, 64))})
     status, answer, _ = call(base, "POST", "/v1/images/edits", body, content_type=kind)
     assert status == 200, answer
     assert _png_size(answer["data"][0]["b64_json"]) == (256, 256)   # the reference's bucket
+    from PIL import Image
+    assert Image.open(io.BytesIO(base64.b64decode(answer["data"][0]["b64_json"]))).format == "WEBP"
 
 
 @pytest.mark.parametrize("fields, files, status, field, message", [
@@ -196,6 +199,8 @@ def test_an_edit_through_the_openai_multipart_route(server):
     ({"prompt": "x", "num_inference_steps": "two"}, {"image": ("a.png", b"png")}, 422, "num_inference_steps",
      "must be an integer, got 'two'"),
     ({"prompt": "x", "num_frames": "9"}, {"image": ("a.png", b"png")}, 422, "num_frames", "unknown field"),
+    ({"prompt": "x", "output_format": "jpeg", "output_compression": "high"}, {"image": ("a.png", b"png")}, 422,
+     "output_compression", "must be an integer, got 'high'"),
 ])
 def test_bad_edits_get_4xx_naming_the_field(server, fields, files, status, field, message):
     base, _, _ = server

@@ -54,7 +54,33 @@ def test_an_image_through_generations_and_a_job(qwen):
     assert _png(done["result"]["data"][0]["b64_json"]).size == (32, 48)
 
 
+def test_the_answer_comes_as_the_output_format_asks(qwen):
+    """OpenAI's `output_format` / `output_compression`: the same image as a PNG (the pixels
+    exact), a JPEG and a WebP at the quality asked; the job route likewise."""
+    import numpy as np
+    _, png, _ = call(qwen, "POST", "/v1/images/generations", {"prompt": "a red fox", "seed": 4})
+    pixels = np.asarray(_png(png["data"][0]["b64_json"]))
+    assert png["dtgen"]["output_format"] == "png" and "pixels" not in png["dtgen"]
+    sizes = {}
+    for fmt, quality in (("jpeg", 95), ("jpeg", 20), ("webp", 90)):
+        status, answer, _ = call(qwen, "POST", "/v1/images/generations",
+                                 {"prompt": "a red fox", "seed": 4, "output_format": fmt, "output_compression": quality})
+        assert status == 200 and answer["dtgen"]["output_format"] == fmt, answer
+        image = _png(answer["data"][0]["b64_json"])
+        assert image.format == fmt.upper() and image.size == (64, 48)
+        assert np.abs(np.asarray(image.convert("RGB")).astype(int) - pixels).mean() < (8 if quality > 50 else 40)
+        sizes[fmt, quality] = len(answer["data"][0]["b64_json"])
+    assert sizes["jpeg", 20] < sizes["jpeg", 95]
+    status, job, _ = call(qwen, "POST", "/v1/jobs", {"prompt": "a red fox", "output_format": "jpeg"})
+    done = wait_done(qwen, job["id"])
+    assert _png(done["result"]["data"][0]["b64_json"]).format == "JPEG"
+
+
 @pytest.mark.parametrize("body, field, message", [
+    ({"prompt": "x", "output_format": "gif"}, "output_format", "must be one of png, jpeg, webp, got 'gif'"),
+    ({"prompt": "x", "output_format": "jpeg", "output_compression": 101}, "output_compression",
+     "must be an integer from 0 to 100, got 101"),
+    ({"prompt": "x", "output_compression": 50}, "output_compression", "applies to jpeg and webp; a png is lossless"),
     ({"prompt": "x", "size": "70x48"}, "size", "width 70 must be a multiple of 16"),
     ({"prompt": "x", "size": "big"}, "size", "'big' is not 'WIDTHxHEIGHT'"),
     ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
@@ -64,6 +90,7 @@ def test_an_image_through_generations_and_a_job(qwen):
     ({"size": "64x48"}, "prompt", "is required"),
     ({"prompt": "x", "n": 2}, "n", "must be 1"),
     ({"prompt": "x", "guidance": 3}, "guidance", "unknown field"),
+    ({"prompt": "x", "quality": "hd"}, "quality", "output_format, output_compression"),   # named as accepted
     ({"prompt": "x", "step_cache": "nocache"}, "step_cache.method", "nocache"),
 ])
 def test_bad_fields_get_422_naming_the_field(qwen, body, field, message):
