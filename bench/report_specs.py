@@ -49,6 +49,7 @@ S15_SERVE_CPU = ["cpu-2026-12-02-session15-serve-overhead/before_wakeup.json",
                  "cpu-2026-12-02-session15-serve-overhead/after_wakeup.json"]
 S16 = "cpu-2026-12-02-session16"
 S16_PNG, S16_VAE_FLOPS = f"{S16}/bench_image_files.json", f"{S16}/vae_flops.json"
+S16_SERVE_CPU = f"{S16}/bench_serve_overhead.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -114,6 +115,8 @@ RUNS: dict[str, RunInfo] = {
     S15_SERVE: RunInfo(f"{S15_CALL4}: python -m bench.bench_serve --overhead-requests 3 --requests 0 --steps 10 "
                        "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
                        "--compile", software=GPU_IMAGE),
+    S16_SERVE_CPU: RunInfo("python -m bench.bench_serve --overhead-requests 5 --requests 0 --out "
+                           "bench/results/cpu-2026-12-02-session16/bench_serve_overhead.json", software=CPU_STACK),
     S16_PNG: RunInfo("python -m bench.bench_image_files --out bench/results/cpu-2026-12-02-session16/bench_image_files.json",
                      software=CPU_STACK),
     S16_VAE_FLOPS: RunInfo("python -m bench.probes.vae_flops --sizes 1024 --out "
@@ -1626,7 +1629,9 @@ TABLES += [
                                      lambda e, i: max(a - b for a, b in zip(e, i)))], [" ms (", "-"], suffix=")"),
              Value("overhead.image_encode_ms", "{:.1f} ms") if png else Text("not reported then")], file=f)
         for label, f, png in (("before: the answer polled every 50 ms (2 requests)", S15_SERVE_CPU[0], False),
-                              ("**after: woken by the job's end** (3 requests)", S15_SERVE_CPU[1], True))
+                              ("**after: woken by the job's end** (3 requests)", S15_SERVE_CPU[1], True),
+                              ("session 16: dtgen's PNG writer, encoded on the HTTP side after the job (5 requests)",
+                               S16_SERVE_CPU, True))
     ], note="bench_serve's overhead part on this shared 2-core machine. The CLI comparison (the `overhead` figure) "
             "is not shown: on 2 cores the server's pipeline itself runs slower than the CLI's."),
 ]
