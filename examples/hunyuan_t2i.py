@@ -137,7 +137,7 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
     p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
-                   help="every layer's QKV, O and shared MLP: the model dtype, or fp8 (e4m3 weights with one scale "
+                   help="every layer's QKV, O and shared MLP, and the lm_head: the model dtype, or fp8 (e4m3 weights with one scale "
                         "per output channel, quantized at load; activations per token; GPU: compute capability "
                         "8.9+; error table: tests/hunyuan_image3/test_fp8_dense.py)")
     p.add_argument("--fp8-scales", default=None, choices=FP8_RECIPES,

@@ -36,7 +36,7 @@ class EditCondition:
         bucket = vae_bucket(reference.shape[0], reference.shape[1], cfg.image_base_size)
         pixels = vae_pixels(resize_and_crop(Image.fromarray(reference.cpu().numpy()), bucket))
         latent = m.vae.encode(pixels.to(dev), torch.Generator().manual_seed(seed)).latent
-        dtype = m.lm_head.weight.dtype
+        dtype = m.compute_dtype
         values, attention, spatial = m.vision_processor(reference.cpu())
         rows = m.vision_aligner(m.vision_model(values.to(dev, m.vision_dtype), attention.to(dev), spatial.to(dev)))
         grid_rows, grid_cols = (int(v) for v in spatial[0])

@@ -42,7 +42,7 @@ class HunyuanAdapter(ModelAdapter):
     fp8_experts: bool = False
     moe_impl: str = "auto"
     vae_dtype: str | None = None    # None: the config's vae_dtype (float32 by default)
-    fp8_dense: bool = False   # QKV, O and the shared MLP in e4m3 (model.use_fp8_dense)
+    fp8_dense: bool = False   # QKV, O, the shared MLP and the lm_head in e4m3 (model.use_fp8_dense)
 
     @property
     def ignored_prefixes(self) -> tuple[str, ...]:

@@ -57,7 +57,7 @@ class DecoderStack:
         kv = rt.cache_kv_heads(kv_local * attn.group, kv_local)
         length = length + rt.seq.spare_slots()
         return self._caches.get(cfg.num_hidden_layers, batch, kv, length, cfg.head_dim,
-                                self.model.lm_head.weight.dtype, self.device, role=reuse)
+                                self.model.compute_dtype, self.device, role=reuse)
 
     def forward_rows(self, rt, embeds: torch.Tensor, rope_pos: torch.Tensor, slots: torch.Tensor | SlotRuns,
                      first_spare: int, image_blocks, cache: KVCache, hole: SlotHole | None = None) -> torch.Tensor:
