@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # What only the CLI reads (a server's parser leaves these out, with these values).
 CLI_ONLY = dict(prompt=None, prompts_file=None, prompt_tokens=None, image=None, system_prompt="",
-                profile_steps=None, check=False, profile=None, output=None, report=None)
+                profile_steps=None, profile_top=None, check=False, profile=None, output=None, report=None)
 
 
 def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str = __doc__.split("\n")[0],
@@ -146,6 +146,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                         "matrix and activation row ('tensor', as fast as 'channels')")
     add("--profile-steps", type=int, default=None,
                    help="denoise steps of the profiled run (default: --steps)")
+    add("--profile-top", type=int, default=None,
+                   help="device kernels listed per phase in the profile (default: 12)")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="with --compile on GPU: replay the AR decode step as a CUDA graph (default: on)")
     p.add_argument("--decode-impl", choices=("sdpa", "reference", "triton"), default=None,
@@ -367,7 +369,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     """One rank's whole run; returns what the report needs (the image on rank 0)."""
     pipe, loaded, device, dtype = build_pipeline(ctx, args)
-    profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control,
+    profiler = PhaseProfiler(args.profile, ctx.rank, top=args.profile_top or 12, group=loaded.controller.topology.control,
                              table_rows=PROFILE_ROWS) if args.profile else None
     requests = _requests(args)
     warmup_ms, ready_s = None, []
@@ -501,6 +503,10 @@ def _check_args(args, plan) -> str | None:
         return problem
     if args.profile_steps is not None and not args.profile:
         return "--profile-steps needs --profile (it sets the profiled run's denoise steps)"
+    if args.profile_top is not None and not args.profile:
+        return "--profile-top needs --profile (it sets how many kernels the profile lists)"
+    if args.profile_top is not None and args.profile_top < 1:
+        return f"--profile-top must be at least 1, got {args.profile_top}"
     if args.fp8_scales is not None and args.moe_dtype != "fp8":
         return f"--fp8-scales {args.fp8_scales} needs --moe-dtype fp8 (the scales of FP8 experts)"
     args.fp8_scales = args.fp8_scales or "channels"

@@ -195,6 +195,8 @@ def test_unknown_device_or_dtype():
     (["--compile", "--compile-backend", "eager", "--compile-autotune"], "--compile-autotune tunes inductor's GEMMs"),
     (["--compile", "--compile-regions", "--compile-mode", "step"], "give one of them, not --compile-mode step too"),
     (["--profile-steps", "2"], "--profile-steps needs --profile"),
+    (["--profile-top", "40"], "--profile-top needs --profile"),
+    (["--profile", "/tmp/dtgen-never-written", "--profile-top", "0"], "--profile-top must be at least 1, got 0"),
     (["--fp8-scales", "blocks"], "--fp8-scales blocks needs --moe-dtype fp8"),
     (["--vae-chunks", "0"], "--vae-chunks must be at least 1, got 0"),
     (["--moe-token-chunk", "0"], "--moe-token-chunk must be at least 1, got 0"),

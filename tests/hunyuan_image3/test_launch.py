@@ -115,7 +115,7 @@ def test_torchrun_success_reports_every_rank_and_exits_cleanly(tiny_checkpoint, 
     from bench.gpu2_table import main as table
     report = tmp_path / "r.json"
     proc, _ = _torchrun(tiny_checkpoint, tmp_path, "--plan", "tp2", *FAST, "--profile", str(tmp_path / "prof"),
-                        "--profile-steps", "2", "--report", str(report))
+                        "--profile-steps", "2", "--profile-top", "3", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(report.read_text())
     assert r["world_size"] == 2 and len(r["storage_bytes_per_rank"]) == 2
@@ -123,4 +123,6 @@ def test_torchrun_success_reports_every_rank_and_exits_cleanly(tiny_checkpoint, 
     regions = {row["region"]: row for row in r["profile"]["regions"]["denoise"]}
     assert regions["denoise_first_step"]["units"] == 1 and regions["denoise_step"]["units"] == 1
     assert (tmp_path / "prof" / "profile_rank1.json").is_file()
+    assert all(len(kernels) <= 3 for kernels in r["profile"]["top_kernels"].values())   # --profile-top
+    assert max(len(kernels) for kernels in r["profile"]["top_kernels"].values()) == 3
     assert table([str(tmp_path)]) == 0
