@@ -182,8 +182,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
                    help="the VAE's weights and compute (default: the checkpoint's vae_dtype, float32 in the "
                         "released ones); bfloat16 halves its memory (bench/bench_vae.py --suite: its error)")
     p.add_argument("--vae-chunks", type=int, default=None, metavar="N",
-                   help="decode on one rank with the VAE's big maps convolved N slabs of rows at a time (exact; "
-                        "two whole maps live at once instead of three; default 1)")
+                   help="decode on one rank (and encode an edit's reference) with the VAE's big maps convolved N "
+                        "slabs of rows at a time (exact; two whole maps live at once instead of three; default 1)")
     p.add_argument("--moe-token-chunk", type=int, default=None, metavar="N",
                    help="run the routed experts over at most N tokens a call (the dispatch buffers grow with "
                         "tokens x top-k: a memory lever for long denoise sequences; default: all at once)")

@@ -3,7 +3,8 @@
 `EditCondition` is one part of `HunyuanT2IPipeline` (pipeline.py): it encodes the reference
 once per request (the VAE half and the ViT half, `ConditionTokens`) and writes the edit's
 Instruct prompt around it; the AR prompt and the denoise sequence then both splice the rows
-in. It reads the pipeline's `model`, `cfg`, `device`, `tok`, `special` and `_prompt_ids` (ar.py).
+in. It reads the pipeline's `model`, `cfg`, `device`, `tok`, `special`, `vae_row_chunks` and
+`_prompt_ids` (ar.py).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class EditCondition:
         from PIL import Image
         bucket = vae_bucket(reference.shape[0], reference.shape[1], cfg.image_base_size)
         pixels = vae_pixels(resize_and_crop(Image.fromarray(reference.cpu().numpy()), bucket))
-        latent = m.vae.encode(pixels.to(dev), torch.Generator().manual_seed(seed)).latent
+        latent = m.vae.encode(pixels.to(dev), torch.Generator().manual_seed(seed), self.vae_row_chunks).latent
         dtype = m.compute_dtype
         values, attention, spatial = m.vision_processor(reference.cpu())
         rows = m.vision_aligner(m.vision_model(values.to(dev, m.vision_dtype), attention.to(dev), spatial.to(dev)))

@@ -73,8 +73,9 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         the same addresses, so a CUDA-graph decode step is recorded once) or "release" (the AR
         cache is freed when AR ends, the denoise caches when denoise ends, before the VAE
         decode: less memory at each phase's peak; the decode step records again every request).
-        `vae_row_chunks` > 1: a decode on one rank runs its big maps' convolutions over that many
-        slabs of rows (exact; fewer whole maps at once: `HunyuanVAE.decode`)."""
+        `vae_row_chunks` > 1: a decode on one rank, and an edit's reference encode, run their
+        big maps' convolutions over that many slabs of rows (exact; fewer whole maps at once:
+        `HunyuanVAE.decode`, `HunyuanVAE.encode`)."""
         if decode_impl is not None and decode_impl not in DECODE_IMPLS:
             raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
         self.decode_impl = decode_impl or ("triton" if torch.device(device).type == "cuda" else "sdpa")

@@ -403,9 +403,9 @@ class DownLevel(nn.Module):
         self.block = nn.ModuleList(blocks)
         self.downsample = downsample
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
         for blk in self.block:
-            x = blk(x)
+            x = blk(x, row_chunks) if row_chunks > 1 else blk(x)
         if self.downsample is not None:
             x = self.downsample(x)
         return x
@@ -540,11 +540,14 @@ class VAEEncoder(nn.Module):
         self.norm_out = _group_norm(block_in)
         self.conv_out = VAEConv3d(block_in, moments, 3)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
+        """`row_chunks` > 1: the ResnetBlocks' norm -> SiLU -> conv run over that many slabs of
+        rows, as the decoder's (exact; ResnetBlock.forward): the first level's 4-frame maps are
+        what an edit's condition encode peaks on."""
         h = self.conv_in(x)
         for level in self.down:
-            h = level(h)
-        h = self.mid(h)
+            h = level(h, row_chunks)
+        h = self.mid(h, row_chunks)
         b, c, t, hh, ww = h.shape
         shortcut = h.view(b, c // self.out_group_size, self.out_group_size, t, hh, ww).mean(dim=2)
         return self.conv_out(F.silu(self.norm_out(h))) + shortcut
@@ -589,7 +592,8 @@ class HunyuanVAE(nn.Module):
         self.encoder = VAEEncoder(cfg) if with_encoder else None
         self.decoder = VAEDecoder(cfg)
 
-    def encode(self, pixels: Tensor, generator: Optional[torch.Generator] = None) -> EncodedImage:
+    def encode(self, pixels: Tensor, generator: Optional[torch.Generator] = None,
+               row_chunks: int = 1) -> EncodedImage:
         """Images [B, in_channels, H, W] in [-1, 1] (H, W multiples of ffactor_spatial) -> a
         SAMPLE of the posterior in diffusion space, as the official ``vae_encode``.
 
@@ -597,7 +601,7 @@ class HunyuanVAE(nn.Module):
         out); the noise is drawn like diffusers ``randn_tensor`` (``generator`` None: the
         default generator of the VAE's device). Then shift_factor is subtracted (when set and
         non-zero) and the result multiplied by scaling_factor (when set and non-zero): the
-        inverse of ``_to_decoder_space``.
+        inverse of ``_to_decoder_space``. `row_chunks`: the encoder's (VAEEncoder.forward).
         """
         if self.encoder is None:
             raise ValueError("this VAE has no encoder (built without it, or vae config only_decoder=true); "
@@ -609,7 +613,7 @@ class HunyuanVAE(nn.Module):
         weight = self.encoder.conv_in.weight
         frames = pixels.to(weight.device, weight.dtype).unsqueeze(2)
         frames = frames.expand(-1, -1, self.cfg.ffactor_temporal, -1, -1)
-        mean, logvar = self.encoder(frames).chunk(2, dim=1)
+        mean, logvar = self.encoder(frames, row_chunks).chunk(2, dim=1)
         logvar = logvar.clamp(*_LOGVAR_RANGE)
         # Drawn with the [B, C, 1, h, w] shape and the moments' dtype, as the official
         # DiagonalGaussianDistribution.sample hands them to randn_tensor.

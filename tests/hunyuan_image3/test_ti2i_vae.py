@@ -161,6 +161,29 @@ def test_posterior_matches_golden(case):
 
 
 @pytest.mark.parametrize("case", _cases())
+def test_row_chunked_encode_matches_golden_and_the_whole_encode(case, monkeypatch):
+    """encode(row_chunks=N) (--vae-chunks on an edit: the encoder's ResnetBlocks a slab of
+    rows at a time, the TI2I condition's memory peak) meets the same golden tolerance and
+    equals the whole encode to float32 summation order, for uneven slabs."""
+    import models.hunyuan_image3.vae as vae_module
+    g = _golden(case)
+    _needs(g, *ENCODE_KEYS)
+    pixels = vae_pixels(_rgb_image(g.t["cond_vae_resized_uint8"]))
+    vae = _vae(case)
+    slabbed = []
+    monkeypatch.setattr(vae_module, "norm_silu_conv_rows", lambda *a, **k: slabbed.append(1) or
+                        vae_module.norm_silu_conv_rows_with(a[0], a[1], a[1].statistics(a[0]), *a[2:], **k))
+    with torch.no_grad():   # as the pipeline runs (the slabs write the residual in place)
+        chunked = vae.encode(pixels, torch.Generator("cpu").manual_seed(_sample_seed(g)), row_chunks=3)
+    assert len(slabbed) == 2 * (sum(len(level.block) for level in vae.encoder.down) + 2)   # every block slabbed
+    whole = _encoded(case)
+    _check(g, "cond_vae_posterior_mean", chunked.mean)
+    _check(g, "cond_vae_latent", chunked.latent)
+    torch.testing.assert_close(chunked.mean, whole.mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked.logvar, whole.logvar, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", _cases())
 def test_sample_noise_and_latent_match_golden(case):
     g = _golden(case)
     _needs(g, *ENCODE_KEYS)
