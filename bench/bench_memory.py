@@ -65,7 +65,10 @@ from placements.hunyuan_image3 import get_plan
 LEVERS = ("plain_vae", "release_kv", "vae_bf16", "vae_chunks", "moe_chunks")
 CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS},
            "all": ("release_kv", "vae_bf16", "vae_chunks", "moe_chunks"),
-           "all_fp32_vae": ("release_kv", "vae_chunks", "moe_chunks")}
+           "all_fp32_vae": ("release_kv", "vae_chunks", "moe_chunks"),
+           # every lever but the MoE token chunks (which cost the denoise step time, and the
+           # denoise phase is not where a request peaks once the VAE is chunked)
+           "lean": ("release_kv", "vae_bf16", "vae_chunks")}
 MOE_TOKEN_CHUNK = 2048   # the moe_chunks lever: --moe-token-chunk 2048
 VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
 REPO = str(Path(__file__).resolve().parents[1])
@@ -191,9 +194,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_memory", description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--configs", default=",".join(c for c in CONFIGS if c != "all_fp32_vae"),
-                   help=f"comma-separated, of {list(CONFIGS)} (default: all but all_fp32_vae)")
+    p.add_argument("--configs", default=",".join(c for c in CONFIGS if c not in ("all_fp32_vae", "lean")),
+                   help=f"comma-separated, of {list(CONFIGS)} (default: all but all_fp32_vae and lean)")
     p.add_argument("--runs", default="t2i,ti2i")
+    p.add_argument("--dense-dtype", default="model", choices=("model", "fp8"),
+                   help="the dense linears (QKV, O, shared MLP, lm_head): as examples.hunyuan_t2i --dense-dtype")
     p.add_argument("--snapshot", action="store_true", help="GPU: also the largest blocks at each phase's peak")
     p.add_argument("--tiny", action="store_true", help="the tiny architecture on the CPU (a check of this script)")
     p.add_argument("--out", default=None)
@@ -209,7 +214,8 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
     loaded = load(None, get_plan("single"), 0, 1, dtype, device, random_config=tiny_config(2) if args.tiny
-                  else full_config(args.layers), moe_dtype="fp8" if cuda else "model", image_editing=True)
+                  else full_config(args.layers), moe_dtype="fp8" if cuda else "model", image_editing=True,
+                  dense_dtype=args.dense_dtype)
     load_s = time.perf_counter() - t0
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
                               compile_options=CompileOptions(enabled=cuda, regions=True))
@@ -234,8 +240,9 @@ def main(argv=None) -> int:
     weights = loaded.storage.nbytes
     # A text-to-image process does not load the vision tower and the VAE encoder: its weights,
     # planned on meta (nothing allocated), for the T2I rows' `t2i_process_peak_bytes`.
-    t2i_weights, _ = planned_storage(HunyuanAdapter(loaded.model.cfg, False, fp8_experts=cuda), get_plan("single"),
-                                     1, dtype, "channels" if cuda else None)
+    t2i_weights, _ = planned_storage(HunyuanAdapter(loaded.model.cfg, False, fp8_experts=cuda,
+                                                    fp8_dense=args.dense_dtype == "fp8"),
+                                     get_plan("single"), 1, dtype, "channels" if cuda else None)
     rows = []
 
     def write(rows, snapshots):
@@ -246,6 +253,7 @@ def main(argv=None) -> int:
                "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(device) if cuda else "cpu",
                "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
                "layers": None if args.tiny else args.layers, "moe_dtype": "fp8-channels" if cuda else "model",
+               "dense_dtype": args.dense_dtype,
                "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
                "vae_fp32_bytes": vae_bytes, "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
                "snapshots": snapshots}

@@ -151,7 +151,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     `fp8_scales` "channels" (one scale per weight row), "blocks" (128 x 128 blocks) or
     "tensor" (one per expert matrix).
 
-    `dense_dtype` "fp8": every layer's QKV, O and shared MLP stored in e4m3 with one scale per
+    `dense_dtype` "fp8": every layer's QKV, O and shared MLP, and the lm_head, stored in e4m3 with one scale per
     output channel (quantized as read; under TP the scales split with the weight's rows, or
     are replicated for a column-split weight), activations quantized per token
     (kernels/fp8_linear.py). Refused before any weight is read on a GPU without FP8.
