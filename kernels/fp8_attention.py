@@ -25,9 +25,10 @@ For full bidirectional attention (the Wan DiT's self-attention, an image block),
 `fp8_attention_reference` quantizes alike in torch and computes in float32 with the exact
 row max, so its P rounding differs from the kernel's only in which max P is scaled by: a
 test bound, not an identity. `attention_fp8_problem` says in one line why an input is not
-taken (head size, shapes, device). Registered as ``dtgen::fp8_attention`` (one node under
-``torch.compile``). The quantization is torch, inside the op (a few passes over Q, K, V:
-small next to the attention itself).
+taken (head size, shapes, device). The kernel is registered as
+``dtgen::fp8_attention_quantized`` (one node under ``torch.compile``) over the operands of
+`quantize_qkv`, which are torch ops outside it: a compiled region fuses them with what comes
+before (eagerly they are ~10 passes over Q, K, V).
 """
 from __future__ import annotations
 
@@ -163,48 +164,35 @@ def _fp8_attention_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, vt_ptr, vs_ptr, o_ptr, h
              out.to(o_ptr.dtype.element_ty), mask=ok)
 
 
-# How the op quantizes Q, K, V on CUDA: "eager" (the torch ops of `quantize_qkv`, ~10 passes
-# over each tensor) or "compiled" (`quantize_qkv` under torch.compile, fused; compiled on
-# first use per shape). A benchmark switch (bench/bench_peers.py --attention-quant), so the
-# GPU run measures both; bench/bench_fp8_attention.py times each alone.
-QUANTIZE = "eager"
-_compiled_quantize = None
-
-
-def _quantize_for_kernel(q, k, v, pv):
-    global _compiled_quantize
-    if QUANTIZE == "compiled" and q.is_cuda:
-        if _compiled_quantize is None:
-            _compiled_quantize = torch.compile(quantize_qkv, fullgraph=True, dynamic=False)
-        return _compiled_quantize(q, k, v, pv)
-    return quantize_qkv(q, k, v, pv)
-
-
-def _fp8_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str) -> torch.Tensor:
-    B, H, Sq, D = q.shape
-    Sk = k.shape[2]
-    q8, q_scale, k8, k_scale, vt8, v_scale = _quantize_for_kernel(q, k, v, pv)
-    out = torch.empty(B, Sq, H, D, dtype=q.dtype, device=q.device)   # [B, S, H, D]: the core's layout
-    grid = (triton.cdiv(Sq, BLOCK_M), B * H)
+def _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """The kernel over `quantize_qkv`'s operands -> out [B, Sq, H, D] (the attention cores' layout)."""
+    B, D = q8.shape[0], q8.shape[3]
+    out = torch.empty(B, sq, heads, D, dtype=dtype, device=q8.device)
+    grid = (triton.cdiv(sq, BLOCK_M), B * heads)
     _fp8_attention_kernel[grid](
-        q8, q_scale, k8, k_scale, vt8, v_scale, out, H, Sq, Sk,
+        q8, q_scale, k8, k_scale, vt8, v_scale, out, heads, sq, sk,
         q8.stride(1), q_scale.stride(1), k8.stride(1), k_scale.stride(1), vt8.stride(1), vt8.stride(2),
         v_scale.stride(1),
         out.stride(0), out.stride(2), out.stride(1),
-        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PV_FP8=pv == "fp8", ROUND_FIRST=INTERPRETED)
-    return out.transpose(1, 2)
+        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PV_FP8=vt8.dtype == FP8_DTYPE, ROUND_FIRST=INTERPRETED)
+    return out
 
 
-@torch.library.custom_op("dtgen::fp8_attention", mutates_args=())
-def _fp8_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str, pv: str) -> torch.Tensor:
-    if impl == "reference":
-        return fp8_attention_reference(q, k, v, pv).contiguous()
-    return _fp8_attention_triton(q, k, v, pv).contiguous()
+# The op takes the quantized operands: the quantization (`quantize_qkv`, ~10 torch passes over
+# Q, K, V) stays outside it, so that a compiled region fuses it with the RoPE and norms before
+# it (eager: 3.5 / 11.0 ms a call at Wan's 1.3B / 14B shapes; compiled alone: 0.5 / 1.0 ms,
+# bench/bench_fp8_attention.py). Inside an opaque op it would always run eagerly.
+@torch.library.custom_op("dtgen::fp8_attention_quantized", mutates_args=())
+def _fp8_attention_op(q8: torch.Tensor, q_scale: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
+                      vt8: torch.Tensor, v_scale: torch.Tensor, sq: int, sk: int, heads: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    return _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype)
 
 
 @_fp8_attention_op.register_fake
-def _(q, k, v, impl, pv):
-    return torch.empty_like(q, memory_format=torch.contiguous_format)
+def _(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype):
+    return q8.new_empty(q8.shape[0], sq, heads, q8.shape[3], dtype=dtype)
 
 
 IMPLS = ("auto", "triton", "reference")
@@ -226,4 +214,8 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str =
         impl = "triton" if q.is_cuda else "reference"
     if impl == "triton" and not (q.is_cuda or INTERPRETED):
         raise RuntimeError("fp8_attention: impl='triton' runs on CUDA, or on the CPU under TRITON_INTERPRET=1")
-    return torch.ops.dtgen.fp8_attention(q, k, v, impl, pv)
+    if impl == "reference":
+        return fp8_attention_reference(q, k, v, pv)
+    out = torch.ops.dtgen.fp8_attention_quantized(*quantize_qkv(q, k, v, pv), q.shape[2], k.shape[2], q.shape[1],
+                                                  q.dtype)
+    return out.transpose(1, 2)   # [B, H, Sq, D], a view of the [B, Sq, H, D] the cores transpose back to

@@ -49,7 +49,11 @@ def test_kernel_matches_reference_and_stays_near_exact(B, H, Sq, Sk, D, pv, vs_r
 
 def test_opcheck_and_refusals():
     q, k, v = _qkv(1, 2, 7, 9, 64)
-    torch.library.opcheck(torch.ops.dtgen.fp8_attention.default, (q, k, v, "reference", "fp8"))
+    from kernels.fp8_attention import quantize_qkv
+    # (not test_schema: its mode compares e4m3 tensors with CPU ops e4m3 does not have)
+    torch.library.opcheck(torch.ops.dtgen.fp8_attention_quantized.default,
+                          (*quantize_qkv(q, k, v, "fp8"), 7, 9, 2, torch.float32),
+                          test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
     with pytest.raises(ValueError, match=r"head_dim \(64, 128\), not 32"):
         fp8_attention(*_qkv(1, 1, 4, 4, 32))
     with pytest.raises(ValueError, match="no GQA"):
