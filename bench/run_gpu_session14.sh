@@ -22,7 +22,13 @@
 # Added in session 16:
 # vae:    the VAE's 4-frame convolutions run five ways in fp32 (TF32) and bf16
 #         (bench/probes/vae_conv_probe.py), then bench_vae --suite (the whole 1024x1024 decode:
-#         fast / plain ops, TF32 on / off, channels_last_3d, compiled; VAE_SUITE_ARGS=--no-compile).
+#         fast / plain ops, TF32 on / off, channels_last_3d, compiled; VAE_SUITE_ARGS=--no-compile;
+#         NO_VAE_SUITE=1: the probe alone).
+# Added in session 17:
+# memory: bench_memory, T2I and TI2I at 32 layers with MEMORY_CONFIGS (default lean: every lever
+#         but the MoE token chunks) and the dense linears in MEMORY_DENSE (default fp8).
+# wanpeers: Wan's DiT against diffusers (bench_peers), WAN_MODES (regions) x WAN_VARIANTS.
+# T2I_ARGS: more flags for the t2i stage's runs (e.g. "--profile /tmp/prof --profile-top 40").
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
 set -u
 OUT=${OUT:-outputs/gpu14}
@@ -40,7 +46,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$OUT/summary.txt"
   grep -v "it/s\]\|Warning\|warn" "$OUT/$name.log" | tail -n "${TAIL:-6}"; }
 T2I="python3 -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile --prompt-tokens 1251
-  --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10"
+  --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 ${T2I_ARGS:-}"
 for stage in ${1//,/ }; do case "$stage" in
 tests)
   TAIL=14 step gpu_tests "${TESTS_LIMIT:-330}" python3 -m pytest -q -m "gpu and not multigpu" -p no:cacheprovider \
@@ -75,13 +81,22 @@ serve)
   ;;
 vae)
   step vae_conv_probe "${VAE_LIMIT:-150}" python3 -m bench.probes.vae_conv_probe --out "$OUT/vae_conv_probe.json"
-  step bench_vae_suite "${VAE_LIMIT:-300}" python3 -m bench.bench_vae --suite ${VAE_SUITE_ARGS:-} --out "$OUT/bench_vae_suite.json"
+  [ -z "${NO_VAE_SUITE:-}" ] && step bench_vae_suite "${VAE_LIMIT:-300}" python3 -m bench.bench_vae --suite ${VAE_SUITE_ARGS:-} \
+      --out "$OUT/bench_vae_suite.json"
   ;;
 t2i)
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,bf16,* ]] && step t2i_bf16 "${T2I_LIMIT:-150}" $T2I --report "$OUT/t2i_bf16.json" --output /tmp/t2i_bf16.png
   [[ ",${T2I_KINDS:-bf16,fp8}," == *,fp8,* ]] && step t2i_dense_fp8 "${T2I_LIMIT:-150}" $T2I --dense-dtype fp8 --report "$OUT/t2i_dense_fp8.json" --output /tmp/t2i_dense_fp8.png
   ;;
-*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae)"; exit 2 ;;
+memory)
+  TAIL=16 step bench_memory "${MEMORY_LIMIT:-300}" python3 -m bench.bench_memory --configs "${MEMORY_CONFIGS:-lean}" \
+      --dense-dtype "${MEMORY_DENSE:-fp8}" --out "$OUT/bench_memory.json"
+  ;;
+wanpeers)
+  TAIL=20 step wan_peers "${WAN_LIMIT:-300}" python3 -m bench.bench_peers --models "${WAN_MODELS:-1.3B,14B-8}" \
+      --modes "${WAN_MODES:-regions}" --variants "${WAN_VARIANTS:-bf16,dense-fp8,attn-fp8,fp8}" --out "$OUT/wan_peers.json"
+  ;;
+*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae, memory, wanpeers)"; exit 2 ;;
 esac; done
 # At most 8 files come back from a device call: the logs travel as one archive.
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
