@@ -28,7 +28,9 @@ alone and all together:
   dispatch buffers bounded; a 1024x1024 denoise branch has ~5.6k rows, an edit's ~10k);
 - `vae_bf16`: `--vae-dtype bfloat16`. Here a bf16 copy of the VAE stands in for the fp32 one
   (the fp32 weights stay resident in this process): `projected_peak_bytes` subtracts the fp32
-  VAE's bytes, what a `--vae-dtype bfloat16` process would not hold.
+  VAE's bytes, what a `--vae-dtype bfloat16` process would not hold. When every config asked
+  for has this lever (e.g. `--configs lean`), the VAE is loaded in bf16 instead, as that
+  process would: nothing is subtracted and the peak is measured.
 
 With `--snapshot` (GPU), one more run per request kind with levers off and on, under
 `torch.cuda.memory._record_memory_history`: the allocation trace of each phase is replayed to
@@ -213,16 +215,20 @@ def main(argv=None) -> int:
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     t0 = time.perf_counter()
+    # When every config runs the bf16 VAE, load it so (as --vae-dtype bfloat16 does): the
+    # process then holds what a real one would, and its peak is measured, not projected.
+    bf16_vae_only = all("vae_bf16" in CONFIGS[c] for c in configs)
     loaded = load(None, get_plan("single"), 0, 1, dtype, device, random_config=tiny_config(2) if args.tiny
                   else full_config(args.layers), moe_dtype="fp8" if cuda else "model", image_editing=True,
-                  dense_dtype=args.dense_dtype)
+                  dense_dtype=args.dense_dtype, vae_dtype="bfloat16" if bf16_vae_only else None)
     load_s = time.perf_counter() - t0
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
                               compile_options=CompileOptions(enabled=cuda, regions=True))
     reqs = {k: v for k, v in requests(args.tiny, args.steps).items() if k in runs}
     vae_bytes = sum(t.nbytes for t in loaded.model.vae.parameters())
-    vae16 = bf16_copy(loaded.model.vae) if any("vae_bf16" in CONFIGS[c] for c in configs) else None
-    vae16_bytes = sum(t.nbytes for t in vae16.parameters()) if vae16 is not None else 0
+    vae16 = (loaded.model.vae if bf16_vae_only else
+             bf16_copy(loaded.model.vae) if any("vae_bf16" in CONFIGS[c] for c in configs) else None)
+    vae16_bytes = sum(t.nbytes for t in vae16.parameters()) if vae16 is not None and not bf16_vae_only else 0
     warm = {}
     # Compile every shape once (untimed, unmeasured); MoE token chunks change the layer's graph.
     chunked = (False, True) if any("moe_chunks" in CONFIGS[c] for c in configs) else (False,)
@@ -241,7 +247,8 @@ def main(argv=None) -> int:
     # A text-to-image process does not load the vision tower and the VAE encoder: its weights,
     # planned on meta (nothing allocated), for the T2I rows' `t2i_process_peak_bytes`.
     t2i_weights, _ = planned_storage(HunyuanAdapter(loaded.model.cfg, False, fp8_experts=cuda,
-                                                    fp8_dense=args.dense_dtype == "fp8"),
+                                                    fp8_dense=args.dense_dtype == "fp8",
+                                                    vae_dtype="bfloat16" if bf16_vae_only else None),
                                      get_plan("single"), 1, dtype, "channels" if cuda else None)
     rows = []
 
@@ -255,7 +262,7 @@ def main(argv=None) -> int:
                "layers": None if args.tiny else args.layers, "moe_dtype": "fp8-channels" if cuda else "model",
                "dense_dtype": args.dense_dtype,
                "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
-               "vae_fp32_bytes": vae_bytes, "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
+               "vae_fp32_bytes": None if bf16_vae_only else vae_bytes, "vae_loaded_in_bf16": bf16_vae_only, "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
                "snapshots": snapshots}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
@@ -268,7 +275,7 @@ def main(argv=None) -> int:
             peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
             # Held only by this bench: the bf16 VAE copy (when its lever is off) or the fp32 VAE
             # (when on: a --vae-dtype bfloat16 process holds the bf16 one alone).
-            extra = vae_bytes if "vae_bf16" in on else vae16_bytes
+            extra = 0 if bf16_vae_only else vae_bytes if "vae_bf16" in on else vae16_bytes
             row = {"run": name, "config": config, "levers": list(on), "phases": mem.phases, "peak_bytes": peak,
                    "projected_peak_bytes": None if peak is None else peak - extra,
                    "bench_only_bytes": extra, "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
