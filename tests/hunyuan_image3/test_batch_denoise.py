@@ -6,7 +6,7 @@ Batched outputs are compared with the same requests run one at a time, in float3
 CPU: latents within 1e-4 (batch rows change the GEMM and SDPA blocking, which moves the
 float32 rounding: 5e-6 to 1e-5 was seen on latents of magnitude ~4.6; a row given another
 request's positions or hole is off by ~0.9), uint8 images within one level. Through `single`
-here and every 4-rank plan the server runs on gloo CPU ranks. A request cancelled at a step,
+here and every 2- and 4-rank plan the server runs on gloo CPU ranks. A request cancelled at a step,
 or failing at a step boundary, leaves and the others stay equal to their unbatched runs.
 The VAE decode (3-10 s an image on this CPU, a function of the latents alone) is replaced by
 a cheap stand-in of the latents (so each result's image still shows whose latents it got),
@@ -159,8 +159,11 @@ def test_batched_ar_decodes_together_and_a_request_cancelled_mid_ar_leaves(pipe)
         assert _max_diff(alone[k].latents, out[k].latents) < LATENT_ATOL
 
 
-# ---- every 4-rank plan, gloo CPU ranks -------------------------------------------------------
+# ---- every 2- and 4-rank plan, gloo CPU ranks ------------------------------------------------
 FOUR_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 4)
+# The plans a 2-rank server runs (README's `--world-size 2 --plan tp2`): TP2 in both phases,
+# AR TP2 -> denoise SP2, AR TP2 -> denoise CFG2.
+TWO_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 2)
 
 
 def job_batched_through_plans(ctx, ckpt, plans):
@@ -187,6 +190,16 @@ def test_batched_requests_equal_their_unbatched_runs_through_every_four_rank_pla
     for rank, per_plan in enumerate(results):
         for plan, diffs in per_plan.items():
             assert max(diffs) < LATENT_ATOL, (plan, rank, diffs)
+
+
+def test_batched_requests_equal_their_unbatched_runs_through_every_two_rank_plan(tiny_checkpoint):
+    assert TWO_RANK_PLANS == ["hybrid2", "hybrid2-cfg", "tp2"], TWO_RANK_PLANS
+    with RankPool(2, timeout_s=600) as pool:
+        results = pool.run(job_batched_through_plans, tiny_checkpoint, TWO_RANK_PLANS)
+    for rank, per_plan in enumerate(results):
+        assert sorted(per_plan) == TWO_RANK_PLANS, (rank, per_plan)
+        for plan, diffs in per_plan.items():
+            assert len(diffs) == 3 and max(diffs) < LATENT_ATOL, (plan, rank, diffs)
 
 
 def test_masks_and_kernels_take_one_hole_per_batch_row():
