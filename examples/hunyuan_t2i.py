@@ -695,7 +695,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         report["profile"] = {"dir": args.profile, "traces": main_result["profile"]["traces"],
                              "regions": main_result["profile"]["regions"],
                              "top_kernels": main_result["profile"]["top_kernels"]}
-    h, w = main_result["image_size"]
+    h, w = main_result["image_size"]   # printed WIDTHxHEIGHT, as --image-size reads it
     peak = [r["peak_memory_bytes"] for r in ranks]
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main_result['device']}, {main_result['dtype']}"),
             ("warm-up run", "off (first-call compilation and JIT are inside the figures)" if main_result["warmup_ms"]
@@ -708,7 +708,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
                              f"weights copied {switch['weights_copied']}, "
                              f"allocated {switch['allocated_bytes_delta']} B, "
                              f"param bytes {switch['param_bytes_before']} -> {switch['param_bytes_after']}"),
-            ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {h}x{w}; "
+            ("denoise", f"{t.get('denoise_step', 0):9.1f} ms/step ({args.steps} steps, {w}x{h}; "
                         f"the first, whole-sequence step {t.get('denoise_first_step', 0):.1f} ms)"),
             *([("step cache", _cache_line(main_result["step_cache"], t))] if main_result["step_cache"] else []),
             ("VAE decode", f"{t.get('vae_decode', 0):9.1f} ms"),

@@ -251,7 +251,7 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
                                                     self.tok.instruct, self.cfg.image_base_size, ratio, h, w,
                                                     bucket=self.prompt_bucket)
         try:
-            self._check_budget(seq.real_length, f"diffusion sequence for a {height}x{width} image")
+            self._check_budget(seq.real_length, f"diffusion sequence for a {width}x{height} (WIDTHxHEIGHT) image")
         except ValueError as e:
             fail(e)
             raise MemberLeft(-1) from None

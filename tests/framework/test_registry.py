@@ -81,6 +81,27 @@ def test_the_server_chooses_the_model_from_the_checkpoint_or_model(tmp_path):
         f"--checkpoint {qwen} holds qwen-image; this launcher serves hunyuan-image3 (use examples.serve)"
 
 
+CLI_ONLY = ("--check", "--output", "--report", "--profile", "--prompt")   # what a server has no use for
+
+
+@pytest.mark.parametrize("launcher, model", [("serve", "hunyuan-image3"), ("serve", "wan"), ("serve", "qwen-image"),
+                                             ("hunyuan_serve", "hunyuan-image3")])
+def test_a_server_help_lists_no_cli_only_flags(launcher, model, capsys):
+    """`--help` of a launcher lists the server's flags and the model's (plan, request
+    defaults), none that only its CLI reads; the model's CLI does list those."""
+    import importlib
+    import re
+    flag = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(f"examples.{launcher}").main(["--model", model, "--help"])
+    assert done.value.code == 0
+    served = set(flag.findall(capsys.readouterr().out))
+    assert {"--port", "--max-queued", "--deadline", "--plan", "--steps", "--seed"} <= served, sorted(served)
+    assert not served & set(CLI_ONLY), sorted(served & set(CLI_ONLY))
+    cli = set(flag.findall(registry.spec(model).load("cli").build_parser(cli=True).format_help()))
+    assert set(CLI_ONLY) <= cli, sorted(set(CLI_ONLY) - cli)
+
+
 def test_reading_the_specs_loads_no_model_code():
     """Every spec read (detect, --model choices) imports neither torch nor a model's modules;
     a Wan server's code imports nothing of the other models."""

@@ -6,7 +6,7 @@ Batched outputs are compared with the same requests run one at a time, in float3
 CPU: latents within 1e-4 (batch rows change the GEMM and SDPA blocking, which moves the
 float32 rounding: 5e-6 to 1e-5 was seen on latents of magnitude ~4.6; a row given another
 request's positions or hole is off by ~0.9), uint8 images within one level. Through `single`
-here and every 4-rank plan the server runs on gloo CPU ranks. A request cancelled at a step,
+here and every 2- and 4-rank plan the server runs on gloo CPU ranks. A request cancelled at a step,
 or failing at a step boundary, leaves and the others stay equal to their unbatched runs.
 The VAE decode (3-10 s an image on this CPU, a function of the latents alone) is replaced by
 a cheap stand-in of the latents (so each result's image still shows whose latents it got),
@@ -119,6 +119,87 @@ def test_a_cancelled_request_leaves_and_the_others_stay_equal(tiny_checkpoint, a
         assert out[k].record["denoise_batch"] == [3] and _max_diff(alone[k].latents, out[k].latents) < LATENT_ATOL
 
 
+def _serve(pipe: HunyuanT2IPipeline, reqs: list[T2IRequest], deadlines_s: list, on_step=None, on_decode=None):
+    """The requests as jobs of the server's engine in this process (one rank): the job board,
+    the per-request flag at every step boundary, the state and HTTP status each job ends
+    with. `on_step(phase, done, total)` runs in the adapter's step hook (on every member's
+    boundary); `on_decode(board, jobs)` inside each VAE decode. Returns the jobs and the
+    latents each decode got, in order."""
+    from dtgen.serve.engine import Engine, RankLink
+    from dtgen.serve.jobs import JobBoard
+    from models.hunyuan_image3.serving import HunyuanServeAdapter
+
+    class Adapter(HunyuanServeAdapter):
+        def on_step(self, phase, done, total):
+            super().on_step(phase, done, total)
+            if on_step is not None:
+                on_step(phase, done, total)
+
+    adapter = Adapter(pipe, 0, reqs[0], warmup=False)
+    board = JobBoard(8)
+    jobs = [board.submit(r, d, batch_key=adapter.batch_key(r)) for r, d in zip(reqs, deadlines_s)]
+    decoded, stand_in = [], pipe.decode_image
+
+    def decode(latents):
+        if on_decode is not None:
+            on_decode(board, jobs)
+        decoded.append(latents)
+        return stand_in(latents)
+
+    pipe.decode_image = decode
+    engine = Engine(RankLink(0, 1, None), adapter, board, ping_s=0.05, max_batch=len(reqs))
+    engine.start()   # the jobs wait already: they run as one batch
+    try:
+        assert all(job.finished.wait(120) for job in jobs), [job.as_dict() for job in jobs]
+    finally:
+        engine.stop()
+    return jobs, decoded
+
+
+def test_a_deadline_passing_mid_denoise_ends_that_request_alone_with_504(tiny_checkpoint, alone, monkeypatch):
+    """Through the server's engine: request 1's deadline (10 s) passes at denoise step 2 (the
+    job board's clock jumps a minute there); it leaves the batch cancelled with 504 on its
+    own, the others (their deadline an hour) finish with their unbatched runs' latents."""
+    import time
+    from types import SimpleNamespace
+
+    import dtgen.serve.jobs as jobs_module
+    skew = [0.0]
+    monkeypatch.setattr(jobs_module, "time", SimpleNamespace(monotonic=lambda: time.monotonic() + skew[0]))
+
+    def clock(phase, done, total):
+        if phase == "denoise" and done == 2:
+            skew[0] = 60.0
+
+    pipe = _no_images(_pipe(tiny_checkpoint))
+    jobs, decoded = _serve(pipe, _requests(), [3600, 10, 3600], on_step=clock)
+    late = jobs[1]
+    assert (late.state, late.http_status, late.error) == ("cancelled", 504, "deadline passed"), late.as_dict()
+    assert (late.phase, late.done, late.batch_size) == ("denoise", 2, 3), late.as_dict()
+    assert [j.state for j in jobs] == ["succeeded", "cancelled", "succeeded"], [j.as_dict() for j in jobs]
+    assert len(decoded) == 2   # request 1 was never decoded
+    for k, latents in zip((0, 2), decoded):
+        assert jobs[k].result["denoise_batch"] == 3
+        assert _max_diff(alone[k].latents, latents) < LATENT_ATOL
+        assert int((to_uint8(alone[k].image).int() - jobs[k].result["pixels"].int()).abs().max()) <= 1
+
+
+def test_a_job_cancelled_during_its_vae_decode_ends_succeeded(tiny_checkpoint, alone):
+    """A cancel (or a deadline) takes effect at the next step boundary; the VAE decode has
+    none (only the decoding ranks run it, so the ranks agree on nothing there): a DELETE
+    that comes during the decode lets it finish, and the job answers its image. README's
+    serving section says so; a change that stops the decode must change both."""
+    def delete(board, jobs):
+        board.cancel(jobs[0], "cancelled by DELETE")
+
+    pipe = _no_images(_pipe(tiny_checkpoint))
+    (job,), (latents,) = _serve(pipe, _requests()[:1], [None], on_decode=delete)
+    assert job.cancel_reason == "cancelled by DELETE"   # the DELETE came, during the decode
+    assert job.state == "succeeded" and job.http_status == 200 and job.error is None, job.as_dict()
+    assert _max_diff(alone[0].latents, latents) < LATENT_ATOL
+    assert torch.equal(job.result["pixels"], to_uint8(alone[0].image))   # the decoded (stand-in) image
+
+
 def test_a_request_failing_at_a_step_fails_alone(tiny_checkpoint, alone):
     pipe = _no_images(_pipe(tiny_checkpoint))
 
@@ -159,8 +240,11 @@ def test_batched_ar_decodes_together_and_a_request_cancelled_mid_ar_leaves(pipe)
         assert _max_diff(alone[k].latents, out[k].latents) < LATENT_ATOL
 
 
-# ---- every 4-rank plan, gloo CPU ranks -------------------------------------------------------
+# ---- every 2- and 4-rank plan, gloo CPU ranks ------------------------------------------------
 FOUR_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 4)
+# The plans a 2-rank server runs (README's `--world-size 2 --plan tp2`): TP2 in both phases,
+# AR TP2 -> denoise SP2, AR TP2 -> denoise CFG2.
+TWO_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 2)
 
 
 def job_batched_through_plans(ctx, ckpt, plans):
@@ -187,6 +271,16 @@ def test_batched_requests_equal_their_unbatched_runs_through_every_four_rank_pla
     for rank, per_plan in enumerate(results):
         for plan, diffs in per_plan.items():
             assert max(diffs) < LATENT_ATOL, (plan, rank, diffs)
+
+
+def test_batched_requests_equal_their_unbatched_runs_through_every_two_rank_plan(tiny_checkpoint):
+    assert TWO_RANK_PLANS == ["hybrid2", "hybrid2-cfg", "tp2"], TWO_RANK_PLANS
+    with RankPool(2, timeout_s=600) as pool:
+        results = pool.run(job_batched_through_plans, tiny_checkpoint, TWO_RANK_PLANS)
+    for rank, per_plan in enumerate(results):
+        assert sorted(per_plan) == TWO_RANK_PLANS, (rank, per_plan)
+        for plan, diffs in per_plan.items():
+            assert len(diffs) == 3 and max(diffs) < LATENT_ATOL, (plan, rank, diffs)
 
 
 def test_masks_and_kernels_take_one_hole_per_batch_row():

@@ -33,6 +33,15 @@ def test_single_process_run_writes_png_and_report(cache_env, tmp_path):
     assert report["requests"][0]["image_write_ms"] > 0   # what bench_serve sets beside the server's PNG
 
 
+def test_a_non_square_image_size_is_width_by_height(cache_env, tmp_path, capsys):
+    """--image-size is WIDTHxHEIGHT (the server's `size`, OpenAI's order): 384x128 from the tiny
+    model's table writes a PNG 384 wide and 128 high; the summary prints it the same way."""
+    report, image = _run(tmp_path, "--image-size", "384x128", "--max-new-tokens", "0")
+    assert image.size == (384, 128)
+    assert report["image_size"] == [128, 384]   # the report's is (height, width), as the pipeline's
+    assert "3 steps, 384x128;" in capsys.readouterr().out
+
+
 def test_the_demo_edits_an_image(cache_env, tmp_path):
     """--image on the tiny default: the condition is encoded once and the image keeps the
     reference's bucket. (Its parallel plans against one process: tests/hunyuan_image3/test_distributed.py's

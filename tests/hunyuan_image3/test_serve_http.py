@@ -3,7 +3,8 @@
 One server for the module (start-up and warm-up take ~20 s on 2 CPU cores), its tests in
 file order: a request failing on rank 1 at a step boundary (injected) fails alone, with
 rank 1's message; an out-of-memory error inside a step on both ranks answers 503 and the
-server goes on; generation; an edit; one-line 4xx naming the field; a job's progress and
+server goes on; generation; a non-square size (WIDTHxHEIGHT); an edit; one-line 4xx naming
+the field (an edit's image past its pixel limits too); a job's progress and
 cancellation (DELETE); the same request after the cancel giving the same image; a burst
 of jobs against the queue limit (429s, queued jobs cancelled free their slots at once,
 nothing lost, the metrics agree); the UI in headless Chromium (progress, an image, a
@@ -161,6 +162,15 @@ def test_a_step_cache_request_reports_its_steps(server):
     assert plain["data"][0]["b64_json"] != body["data"][0]["b64_json"]   # the cache changed the image
 
 
+def test_a_non_square_size_is_width_by_height(server):
+    """`size` is WIDTHxHEIGHT (OpenAI's order): 384x128, from the tiny model's table, answers
+    an image 384 wide and 128 high (a transposed path would give 128x384)."""
+    base, _, _ = server
+    status, body, _ = call(base, "POST", "/v1/images/generations", dict(FOX, size="384x128"))
+    assert status == 200, body
+    assert _png_size(body["data"][0]["b64_json"]) == (384, 128) and body["dtgen"]["size"] == "384x128", body["dtgen"]
+
+
 def multipart(fields: dict, files: dict) -> tuple[bytes, str]:
     """A multipart/form-data body (what `curl -F` sends): text fields and (filename, bytes) files."""
     boundary = "dtgen-test-boundary"
@@ -172,10 +182,10 @@ def multipart(fields: dict, files: dict) -> tuple[bytes, str]:
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-def _png(width: int, height: int) -> bytes:
+def _png(width: int, height: int, mode: str = "RGB") -> bytes:
     from PIL import Image
     buffer = io.BytesIO()
-    Image.new("RGB", (width, height), (200, 40, 30)).save(buffer, format="PNG")
+    Image.new(mode, (width, height), (200, 40, 30) if mode == "RGB" else 0).save(buffer, format="PNG")
     return buffer.getvalue()
 
 
@@ -195,6 +205,10 @@ def test_an_edit_through_the_openai_multipart_route(server):
     ({"prompt": "x"}, {}, 422, "image", "is required"),
     ({"prompt": "x"}, {"image": ("a.png", b"not an image")}, 422, "image", "not a readable image file"),
     ({"prompt": "x"}, {"image": ("a.png", b"\0" * (1 << 20) + b"more")}, 413, "image", "the limit is"),
+    # the pixel limits (16-8192 px a side, 8-bit), read from the header before any pixel is decoded
+    ({"prompt": "x"}, {"image": ("a.png", "8x40")}, 422, "image", "a.png: 8x40 (WxH) is too small, each side must be"),
+    ({"prompt": "x"}, {"image": ("a.png", "8193x16")}, 422, "image", "8193x16 (WxH) is too large, each side must be"),
+    ({"prompt": "x"}, {"image": ("a.png", "64x64:I;16")}, 422, "image", "mode 'I;16' is not supported"),
     ({"prompt": "x"}, {"image": ("a.png", b"png"), "mask": ("m.png", b"png")}, 422, "mask", "not supported"),
     ({"prompt": "x", "num_inference_steps": "two"}, {"image": ("a.png", b"png")}, 422, "num_inference_steps",
      "must be an integer, got 'two'"),
@@ -206,6 +220,9 @@ def test_bad_edits_get_4xx_naming_the_field(server, fields, files, status, field
     base, _, _ = server
     if files.get("image", (0, b""))[1] == b"png":
         files = dict(files, image=("a.png", _png(64, 64)))
+    elif isinstance(files.get("image", (0, b""))[1], str):   # "WxH[:mode]": a PNG made here
+        size, _, mode = files["image"][1].partition(":")
+        files = dict(files, image=("a.png", _png(*map(int, size.split("x")), mode=mode or "RGB")))
     body, kind = multipart(fields, files)
     got, answer, _ = call(base, "POST", "/v1/images/edits", body, content_type=kind)
     assert got == status, answer
@@ -276,14 +293,16 @@ def test_ui_in_headless_chromium(server, tmp_path):
     phases in order to 100% and shows the image; a second job is cancelled from its
     Cancel button once it reaches denoise step 2."""
     base, _, _ = server
-    dom = chromium_dom(f"{base}/?prompt=a+fox+in+the+snow&size=256x256&steps=2&seed=3&go=1", tmp_path / "a")
+    # a non-square size, as the page's field says (WIDTHxHEIGHT): the image is 384 wide, 128 high
+    dom = chromium_dom(f"{base}/?prompt=a+fox+in+the+snow&size=384x128&steps=2&seed=3&go=1", tmp_path / "a")
+    assert '<label for="size">Size (auto or WIDTHxHEIGHT)</label>' in dom
     body = dom[dom.find("<progress"):][:3000]
     assert '<progress id="bar" max="100" value="100">' in body, body
     assert '<div id="status">succeeded' in body and '<div id="error"></div>' in body, body
     assert_page_saw_phases_in_order(dom, ["ar", "denoise", "vae"])
     image = re.search(r'<img id="image" alt="" class="" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', dom)
     assert image, body
-    assert _png_size(image.group(1)) == (256, 256)
+    assert _png_size(image.group(1)) == (384, 128)
 
     dom = chromium_dom(f"{base}/?prompt=a+fox&size=256x256&steps=400&go=1&cancel_at=denoise:2", tmp_path / "b")
     log = progress_log(dom)
