@@ -189,13 +189,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
     from dtgen.compile import CompileOptions
-    from models.wan.model import load
-    from models.wan.pipeline import T2VRequest, WanT2VPipeline
-    from models.wan.tiny import ensure_tiny_checkpoint
-    from placements.wan import get_plan
+    from models import registry
+    from models.wan.pipeline import WanT2VPipeline   # the pipeline this compares with diffusers'
 
+    wan = registry.spec("wan")   # its tiny default, loader, plans and request
+    T2VRequest = wan.load("request")
     if args.tiny:
-        device, dtype, folder = "cpu", torch.float32, ensure_tiny_checkpoint()
+        device, dtype, folder = "cpu", torch.float32, wan.load("tiny")()
         shape = dict(height=48, width=64, num_frames=9)
     else:
         device, dtype = args.device, torch.bfloat16
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
         shape = dict(height=height, width=width, num_frames=frames)
     steps = args.steps or (10 if args.tiny else 50)
     baseline_steps = args.baseline_steps or (steps if args.tiny else 5)
-    loaded = load(folder, get_plan("single"), dtype=dtype, device=device)
+    loaded = wan.load("loader")(folder, wan.load("plans").PLANS["single"], dtype=dtype, device=device)
     ours = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
                           compile_options=CompileOptions(enabled=args.compile, regions=args.compile))
     theirs = diffusers_pipeline(folder, dtype, device)

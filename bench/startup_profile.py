@@ -1,6 +1,9 @@
-"""Where a process's start goes: the T2I example on rank 0, timed from the inside.
+"""Where a process's start goes: a model's example on rank 0, timed from the inside.
 
-    torchrun --nproc-per-node 2 -m bench.startup_profile OUT_PREFIX [--cprofile] -- <hunyuan_t2i arguments>
+    torchrun --nproc-per-node 2 -m bench.startup_profile OUT_PREFIX [--cprofile] [--model M] -- <its arguments>
+
+The model's example (its CLI) comes from the registry (models/registry.py): `--model` one of
+its names, default the first (HunyuanImage-3, examples.hunyuan_t2i); its arguments follow `--`.
 
 Rank 0 writes OUT_PREFIX.txt:
 - the process's age when `main` starts (interpreter, imports) and when it ends;
@@ -14,6 +17,7 @@ The other ranks run unprofiled.
 """
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import os
@@ -39,25 +43,36 @@ def _record_triton_builds(builds: list[str]) -> None:
     build._build = timed_build
 
 
-def main() -> int:
-    args = sys.argv[1:]
-    if "--" not in args or args.index("--") not in (1, 2) or args[1:2] not in ([], ["--"], ["--cprofile"]):
-        print("usage: python -m bench.startup_profile OUT_PREFIX [--cprofile] -- <hunyuan_t2i arguments>",
-              file=sys.stderr)
-        return 2
+def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(this bench's options, the example's arguments): the bench's before `--`."""
+    from models import registry
+    p = argparse.ArgumentParser(prog="python -m bench.startup_profile", description=__doc__.split("\n")[0],
+                                usage="%(prog)s OUT_PREFIX [--cprofile] [--model M] -- <the example's arguments>")
+    p.add_argument("prefix", metavar="OUT_PREFIX")
+    p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--model", choices=registry.names(), default=registry.default().name,
+                   help="whose example to start (the registry's name)")
+    if "--" not in args:
+        p.error("the example's arguments follow `--`")
     split = args.index("--")
-    prefix, use_cprofile, argv = args[0], "--cprofile" in args[:split], args[split + 1:]
-    from examples import hunyuan_t2i
+    return p.parse_args(args[:split]), args[split + 1:]
+
+
+def main() -> int:
+    from models import registry
+    opts, argv = parse_args(sys.argv[1:])
+    from dtgen.host import process_age_s
+    example = registry.spec(opts.model).load("cli")
 
     if int(os.environ.get("RANK", 0)) != 0:
-        return hunyuan_t2i.main(argv)
+        return example.main(argv)
     builds: list[str] = []
     _record_triton_builds(builds)
     text = io.StringIO()
-    text.write(f"process age at main: {hunyuan_t2i._process_age_s():.2f} s\n")
-    profile = cProfile.Profile() if use_cprofile else None
-    code = profile.runcall(hunyuan_t2i.main, argv) if profile else hunyuan_t2i.main(argv)
-    text.write(f"process age at the end: {hunyuan_t2i._process_age_s():.2f} s\n")
+    text.write(f"process age at main: {process_age_s():.2f} s\n")
+    profile = cProfile.Profile() if opts.cprofile else None
+    code = profile.runcall(example.main, argv) if profile else example.main(argv)
+    text.write(f"process age at the end: {process_age_s():.2f} s\n")
     text.write(f"== Triton C builds: {len(builds)}\n" + "".join(f"  {b}\n" for b in builds))
     from torch._dynamo.utils import compile_times
     text.write("== dynamo compile_times (one column per graph, in compile order)\n"
@@ -68,8 +83,8 @@ def main() -> int:
         stats.sort_stats("cumulative").print_stats(70)
         text.write("== by own time\n")
         stats.sort_stats("tottime").print_stats(30)
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    with open(prefix + ".txt", "w") as f:
+    os.makedirs(os.path.dirname(opts.prefix) or ".", exist_ok=True)
+    with open(opts.prefix + ".txt", "w") as f:
         f.write(text.getvalue())
     return code
 

@@ -47,13 +47,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=DEFAULT_OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from models.wan.model import load
-    from models.wan.pipeline import T2VRequest, WanT2VPipeline
-    from models.wan.tiny import ensure_tiny_checkpoint
-    from placements.wan import get_plan
+    from models import registry
+    from models.wan.pipeline import WanT2VPipeline   # the pipeline whose step caches this measures
 
+    wan = registry.spec("wan")   # its tiny default, loader, plans and request
+    T2VRequest = wan.load("request")
     load_before = os.getloadavg()[0]
-    loaded = load(ensure_tiny_checkpoint(), get_plan("single"))
+    loaded = wan.load("loader")(wan.load("tiny")(), wan.load("plans").PLANS["single"])
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu")
     blocks = len(loaded.model.transformer.blocks)
     req = T2VRequest(prompt="A red fox runs through fresh snow at golden hour, cinematic", height=48, width=64,

@@ -1,5 +1,5 @@
-"""The host side of a warm process: Python's garbage collector after compilation, and the
-C heap handed back when a server goes idle.
+"""The host side of a warm process: Python's garbage collector after compilation, the C
+heap handed back when a server goes idle, and the process's age (how long a start took).
 
 Compiling the phase steps leaves about a million long-lived Python objects per process
 (FX graphs, guards, inductor's caches, CUDA-graph trees; more with depth). Python's
@@ -14,10 +14,24 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _LIBC = None
+_LOADED_AT = time.perf_counter()
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere: since this module loaded)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.perf_counter() - _LOADED_AT
 
 
 def settle_heap() -> None:

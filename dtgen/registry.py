@@ -7,16 +7,21 @@ imports nothing of the model, so reading every spec (to detect a checkpoint, to 
 `--model` choices) loads no model code: a server for one model never imports another's.
 
 What a spec's pieces must offer:
-- `cli` (an example module, `examples.X`): `build_parser(prog, description, cli=True)` (with
+- `loader`: `load(checkpoint, plan, rank=0, world_size=1, dtype=float32, device="cpu", ...)`,
+  this rank's share of the model (`dtgen.build.build` over the model's `ModelAdapter`);
+- `cli` (an example module, `examples.X`; None for a model no launcher runs, as the docs'
+  tiny DiT): `build_parser(prog, description, cli=True)` (with
   `cli=False` without the flags only the CLI reads, plus any server-only flags of the model),
   `finish_args(args)` (the launch defaults: world size, plan), `prepare(args) -> (problem or
   None, tiny)`, `build_pipeline(ctx, args)`, `request_from_args(args)` (the request every
-  field not given comes from), and for the server `serve_adapter(ctx, args, max_batch)` (this
-  rank's `dtgen.serve` adapter) with an optional `serve_problem(args)` (server-only checks);
+  field not given comes from), `main(argv)` (the CLI itself: bench.startup_profile runs it),
+  and for the server `serve_adapter(ctx, args, max_batch)` (this rank's `dtgen.serve`
+  adapter) with an optional `serve_problem(args)` (server-only checks);
 - `plans` (a placements module): `PLANS`, name -> `dtgen.plan.Plan`;
 - `request`: the request dataclass; its `check(...)` raises `RequestError(field, message)`
   (dtgen/requests.py), the one check of the CLI and the server alike;
 - `tiny`: a function writing the tiny default checkpoint once and returning its folder.
+`buckets` is data: the request fields that are the shapes a model buckets (dtgen/buckets.py).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .buckets import ShapeBuckets
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -34,19 +41,28 @@ class ModelSpec:
     makes: str                      # "image" or "video": the server's routes
     detect: Callable[[Path], bool]  # is this folder a checkpoint of this model (its layout)?
     layout: str                     # what detect looks for, said when a folder is not one
-    cli: str                        # the example module (see the module docstring)
+    loader: str                     # "module:function", the model's load (see the module docstring)
     plans: str                      # the placements module
     request: str                    # "module:Class", the request dataclass
     tiny: str                       # "module:function", the tiny default's folder
-    batches: bool = False           # the server may run several requests' steps as one batch
+    buckets: ShapeBuckets           # the request fields its compiled shapes (and batches) are keyed on
+    cli: str | None = None          # the example module (see the module docstring)
 
     def __post_init__(self):
         if self.makes not in ("image", "video"):
             raise ValueError(f"model spec {self.name!r}: makes must be 'image' or 'video', got {self.makes!r}")
 
+    @property
+    def batches(self) -> bool:
+        """Whether the server may run several requests' denoise steps as one batch."""
+        return bool(self.buckets.batch)
+
     def load(self, piece: str):
-        """The spec's piece ("cli", "plans", "request", "tiny"), imported now."""
-        return resolve(getattr(self, piece))
+        """The spec's piece ("loader", "cli", "plans", "request", "tiny"), imported now."""
+        target = getattr(self, piece)
+        if target is None:
+            raise ValueError(f"{self.title} has no {piece}")
+        return resolve(target)
 
 
 def resolve(target: str):
@@ -99,7 +115,8 @@ def checkpoint_problem(specs: Iterable[ModelSpec], spec: ModelSpec, folder: str,
         return None
     other = next((s for s in specs if s is not spec and path.is_dir() and s.detect(path)), None)
     if other is not None:
-        return f"--checkpoint {folder} holds {other.title}; this runs {spec.title} (python -m {other.cli} runs it)"
+        runs = f" (python -m {other.cli} runs it)" if other.cli else ""
+        return f"--checkpoint {folder} holds {other.title}; this runs {spec.title}{runs}"
     named = diffusers_class(path)
     if named is not None:
         return f"--checkpoint {folder}: a diffusers folder of {named!r}; {spec.title}'s is {spec.layout}"

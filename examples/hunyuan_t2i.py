@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch.distributed as dist
 
 
 from dtgen.compile import CompileOptions, unique_graphs
-from dtgen.host import GcPauses, settle_heap
+from dtgen.host import GcPauses, process_age_s, settle_heap
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main, run_device_type,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
@@ -305,26 +304,12 @@ class InjectedFailure(RuntimeError):
     """Raised on purpose by --inject-failure (tests of the error path)."""
 
 
-_MODULE_LOADED_AT = time.perf_counter()
-
-
-def _process_age_s() -> float:
-    """Seconds since this process started (Linux: from /proc; elsewhere: since this module loaded)."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime"))
-        return time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.perf_counter() - _MODULE_LOADED_AT
-
-
 def _first_denoise_step_clock(hook, ready_s: list[float]):
     """`hook`, which also notes the process age when a denoise step first completes: how long
     a process takes to be ready (loading, compiling or reading the compile cache, first AR)."""
     def progress(phase: str, done: int, total: int) -> None:
         if phase == "denoise" and done == 1 and not ready_s:
-            ready_s.append(round(_process_age_s(), 2))
+            ready_s.append(round(process_age_s(), 2))
         hook(phase, done, total)
     return progress
 

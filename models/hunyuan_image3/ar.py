@@ -17,6 +17,7 @@ import torch
 from dtgen.ar import BatchDecode, DecodeRule, TokenDecode
 from dtgen.attention import AttentionMeta, KVCache, SlotRuns, decode_batch, decode_programs, slots_of_runs
 from dtgen.batching import BatchMembers
+from dtgen.buckets import pad_rows
 from dtgen.profiling import NullProfiler
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.timing import Timer
@@ -264,9 +265,7 @@ class ARPhase:
     def _bucket(self, n: int) -> int:
         """Rows the prefill runs for an n-row prompt: n rounded up to its bucket, within the
         model's positions."""
-        if not self.prompt_bucket:
-            return n
-        return max(n, min(round_up(n, self.prompt_bucket), self.cfg.max_position_embeddings))
+        return pad_rows(n, self.prompt_bucket, self.cfg.max_position_embeddings)
 
     def run_ar(self, req: T2IRequest, run: RequestRun,
                edit: tuple[InstructPrefix, ConditionTokens] | None = None) -> tuple[list[int], int | None]:

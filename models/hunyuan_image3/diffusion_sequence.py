@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dtgen.buckets import pad_rows
 from dtgen.sequence import SlotHole
 
 from .instruct import ANSWER_SUFFIX, ConditionLayout, InstructPrefix, cot_uncond, special_ids
@@ -92,7 +93,7 @@ def assemble_diffusion_sequence(head: list[int], uncond_head: list[int], image_h
     image keeps its slots for every head length of a bucket. `condition` lies inside the head."""
     if len(uncond_head) != len(head):
         raise ValueError(f"the uncond row's text has {len(uncond_head)} ids, the cond row's {len(head)}")
-    pad = round_up(len(head), bucket) - len(head) if bucket else 0
+    pad = pad_rows(len(head), bucket) - len(head)
     image_start = len(head) + pad + len(image_head)
     image = [special.img] * (h * w) + list(post)
     ids = head + [special.eos] * pad + image_head + image

@@ -24,7 +24,7 @@ from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
 
-from .ar import AR_CACHE_ROUND, DECODE_IMPLS, ARPhase
+from .ar import DECODE_IMPLS, ARPhase
 from .condition import EditCondition
 from .denoise import DenoiseMember, DenoisePhase, denoise_key
 from .diffusion_sequence import DiffusionSequence, build_diffusion_sequence, build_instruct_diffusion_sequence
@@ -33,6 +33,7 @@ from .model import HunyuanImage3ForCausalMM
 from .parallel_vae import parallel_decode
 from .requests import Limits, RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
 from .resolutions import parse_image_size, resolution_table
+from .spec import BUCKETS
 from .stack import KV_CACHE_POLICIES, DecoderStack
 from .tokenizer import SpecialTokens
 from .transformer import run_layer
@@ -63,8 +64,8 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         rows; the main rank gets the image); None decodes on the main rank alone.
         `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
         rows, so that prompts of similar length share every compiled graph (0: exact
-        lengths; default: 256 when compiling, else 0, since padding only pays where shapes
-        key graphs).
+        lengths; default: the spec's `BUCKETS.text_rows`, 256, when compiling, else 0, since
+        padding only pays where shapes key graphs).
         `decode_impl` (DECODE_IMPLS): how the one-request AR decode step attends; default
         "triton" on CUDA, "sdpa" elsewhere. A phase with sequence parallelism keeps "sdpa"
         for it (the batched path attends over local heads); `decode_batch` always takes the
@@ -116,7 +117,7 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         if prompt_bucket is not None and prompt_bucket < 0:
             raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
         self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
-            AR_CACHE_ROUND if self.compiler.options.enabled else 0)
+            BUCKETS.text_rows if self.compiler.options.enabled else 0)
 
     def decode_image(self, latents: torch.Tensor) -> torch.Tensor | None:
         """VAE decode -> [H, W, 3] float32 in [0, 1] on the main rank (None on the others)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dtgen.batching import per_member
+from dtgen.buckets import pad_rows
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.requests import check_image_fields
@@ -31,6 +32,7 @@ from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, to_uint8
 from models.hunyuan_image3.requests import Limits, T2IRequest, filler_ids, hw_to_size, size_to_hw, warmup_request
 from models.hunyuan_image3.resolutions import resolution_table
+from models.hunyuan_image3.spec import BUCKETS
 
 
 FIELDS = FieldTable({
@@ -139,17 +141,16 @@ class HunyuanServeAdapter:
     # ---- batches: requests whose denoise steps run as rows of one batch ------------------
     def batch_key(self, req: T2IRequest):
         """Requests whose denoise phases will share one shape (`pipeline.denoise_key`), as far
-        as a request says before its AR phase: its size, steps, schedule, CFG mode, step
-        cache, and the bucket of its denoise text if the AR phase writes all max_new_tokens
-        (an edit: its reference's shape, the prompt's and the system prompt's lengths too).
+        as a request says before its AR phase: its bucket as the spec declares it
+        (`spec.BUCKETS`: its size and the bucket of its denoise text if the AR phase writes
+        all max_new_tokens, then its steps, schedule, CFG mode and step cache), and for an
+        edit its reference's shape and the system prompt's length too.
         After the AR phase the pipeline groups the batch again by the exact shape, so a
         request whose AR ends early or whose `auto` size differs still comes out right: it
         only runs its denoise apart."""
         pipe = self.pipe
         text = 1 + len(pipe.tok.encode(req.prompt) if req.prompt_ids is None else req.prompt_ids) + req.max_new_tokens
-        bucket = pipe.prompt_bucket
-        common = (req.image_size, -(-text // bucket) * bucket if bucket else text, req.steps, req.flow_shift,
-                  req.cfg_mode, req.step_cache)
+        common = BUCKETS.key(req, pad_rows(text, pipe.prompt_bucket))   # (size, rows, steps, shift, CFG, cache)
         if req.reference is None:
             return ("t2i",) + common
         return ("edit", tuple(req.reference.shape), len(pipe.tok.encode(req.system_prompt))) + common

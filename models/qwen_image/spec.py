@@ -1,7 +1,7 @@
 """Qwen-Image text-to-image in the registry (models/registry.py)."""
 from pathlib import Path
 
-from dtgen.registry import ModelSpec, diffusers_class
+from dtgen.registry import ModelSpec, ShapeBuckets, diffusers_class
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -11,5 +11,6 @@ def is_checkpoint(folder: Path) -> bool:
 SPEC = ModelSpec(
     name="qwen-image", title="Qwen-Image", makes="image", detect=is_checkpoint,
     layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="examples.qwen_t2i",
-    plans="placements.qwen_image", request="models.qwen_image.pipeline:T2IRequest",
-    tiny="models.qwen_image.tiny:ensure_tiny_checkpoint")
+    loader="models.qwen_image.model:load", plans="placements.qwen_image",
+    request="models.qwen_image.pipeline:T2IRequest", tiny="models.qwen_image.tiny:ensure_tiny_checkpoint",
+    buckets=ShapeBuckets(sizes=("height", "width")))

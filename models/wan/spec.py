@@ -1,7 +1,7 @@
 """Wan 2.1 / 2.2 text-to-video in the registry (models/registry.py)."""
 from pathlib import Path
 
-from dtgen.registry import ModelSpec, diffusers_class
+from dtgen.registry import ModelSpec, ShapeBuckets, diffusers_class
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -11,4 +11,5 @@ def is_checkpoint(folder: Path) -> bool:
 SPEC = ModelSpec(
     name="wan", title="Wan", makes="video", detect=is_checkpoint,
     layout="a diffusers folder, model_index.json naming WanPipeline", cli="examples.wan_t2v",
-    plans="placements.wan", request="models.wan.pipeline:T2VRequest", tiny="models.wan.tiny:ensure_tiny_checkpoint")
+    loader="models.wan.model:load", plans="placements.wan", request="models.wan.pipeline:T2VRequest",
+    tiny="models.wan.tiny:ensure_tiny_checkpoint", buckets=ShapeBuckets(sizes=("num_frames", "height", "width")))

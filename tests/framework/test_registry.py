@@ -4,6 +4,7 @@ loads no model code, and every request type checks itself in `RequestError`s tha
 and the server rename alike."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dtgen.buckets import ShapeBuckets, pad_rows
 from dtgen.requests import flag_line, parse_size, renamed
 from dtgen.serve.errors import RequestError
 from models import registry
@@ -32,15 +34,31 @@ def test_every_spec_offers_what_its_callers_use():
     assert {s.name: s.makes for s in registry.specs()} == {"hunyuan-image3": "image", "wan": "video",
                                                            "qwen-image": "image"}
     for spec in registry.specs():
+        assert callable(spec.load("loader")), spec.name
+        # the bucket is named by fields of the model's request; only HunyuanImage-3 batches
+        fields = {f.name for f in dataclasses.fields(spec.load("request"))}
+        assert set(spec.buckets.sizes + spec.buckets.batch) <= fields, spec.name
+        assert spec.batches == (spec.name == "hunyuan-image3"), spec.name
         cli = spec.load("cli")
         for name in ("build_parser", "finish_args", "prepare", "build_pipeline", "request_from_args",
-                     "serve_adapter"):
+                     "serve_adapter", "main"):
             assert callable(getattr(cli, name, None)), (spec.name, name)
         assert "single" in spec.load("plans").PLANS, spec.name
         assert callable(spec.load("request").check) and callable(spec.load("tiny")), spec.name
         # the server's parser: the CLI's flags without those only the CLI reads
         args = cli.finish_args(cli.build_parser("x", "y", cli=False).parse_args([]))
         assert args.world_size == 1 and args.plan == "single" and args.check is False
+
+
+def test_a_bucket_is_its_size_fields_and_its_padded_rows():
+    assert [pad_rows(n, 16) for n in (1, 16, 17)] == [16, 16, 32] and pad_rows(17, 0) == 17
+    assert pad_rows(17, 16, limit=20) == 20 and pad_rows(21, 16, limit=20) == 21   # never below n
+    video = ShapeBuckets(sizes=("num_frames", "height", "width"))
+    req = dataclasses.make_dataclass("R", [("num_frames", int), ("height", int), ("width", int), ("steps", int)])
+    assert video.key(req(9, 48, 64, 4)) == video.key(req(9, 48, 64, 50)) == (9, 48, 64)
+    assert video.key(req(13, 48, 64, 4)) != video.key(req(9, 48, 64, 4))
+    batched = ShapeBuckets(sizes=("height",), text_rows=256, batch=("steps",))
+    assert batched.key(req(9, 48, 64, 4), text_rows=pad_rows(300, batched.text_rows)) == (48, 512, 4)
 
 
 def test_a_checkpoint_is_detected_by_its_layout(tmp_path):
@@ -149,3 +167,13 @@ def test_each_request_checks_itself_and_front_ends_rename_the_field():
     assert e.field == "step_cache" and e.message.startswith("threshold:")
     assert parse_size("64x48", "size", "1x1") == (64, 48) and parse_size("auto", "size", "1x1", auto=True) is None
     assert _error(lambda: parse_size("64", "size", "832x480")).message == "'64' is not 'WIDTHxHEIGHT' (e.g. 832x480)"
+
+
+def test_the_startup_bench_finds_the_example_it_starts_in_the_registry(capsys):
+    from bench.startup_profile import parse_args
+    opts, argv = parse_args(["out/p", "--model", "wan", "--", "--steps", "2"])
+    assert (opts.prefix, opts.model, opts.cprofile, argv) == ("out/p", "wan", False, ["--steps", "2"])
+    assert parse_args(["p", "--cprofile", "--"])[0].model == registry.default().name
+    with pytest.raises(SystemExit):
+        parse_args(["p", "--model", "flux", "--"])
+    assert "invalid choice: 'flux'" in capsys.readouterr().err

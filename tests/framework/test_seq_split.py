@@ -1,35 +1,28 @@
-"""dtgen/seq_split.py: a model's declared split points applied for a phase's sequence layout.
-The SP ranks are simulated (each rank's `SequenceLayout` over no group): every rank's share,
-put together, is the whole; the plans' tests (test_wan_pipeline, test_qwen_image_plans) run
-the same declarations on gloo ranks against one process. CPU, well under a second."""
-from typing import NamedTuple
-
+"""dtgen/seq_split.py: a model's declared split points applied for a phase's sequence layout,
+on the docs' tiny DiT (models/tiny_dit: its `embed` and its `seq_splits`). The SP ranks are
+simulated (each rank's `SequenceLayout` over no group): every rank's share, put together, is
+the whole; test_tiny_dit runs the same declaration on gloo ranks under every SP kind, and the
+models' plans' tests (test_wan_pipeline, test_qwen_image_plans) their own. CPU, well under a second."""
 import pytest
 import torch
 
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows, sequence_meta, split_input, split_inputs
 from dtgen.sequence import SequenceLayout
-from models.qwen_image.transformer import QwenImageTransformer, QwenInputs
-from models.wan.transformer import WanInputs, WanTransformer
+from models.tiny_dit.model import TinyDiT, TinyInputs
+
+SPLITS = TinyDiT.seq_splits
 
 
-class Embedded(NamedTuple):
-    tokens: torch.Tensor          # [B, S, D]
-    temb: torch.Tensor            # [B, 1 or S, D]
-    rope: tuple[torch.Tensor, torch.Tensor]   # [S, d] each
-    text: torch.Tensor            # [B, L, D]: whole on every rank
-    grid: tuple[int, int]
-
-
-SPLITS = SeqSplits(inputs={"tokens": SplitRows(1), "temb": SplitRows(1, only_per_row=True), "rope": SplitRows(0)},
-                   attention=("tokens",), output=GatherRows(1))
-
-
-def _embedded(S: int, per_token: bool) -> Embedded:
+def _embedded(S: int, per_token: bool) -> TinyInputs:
+    """The tiny DiT's `embed` of S rows: tokens [2, S, 32], temb [2, 1 or S, 32], RoPE ([S, 8],
+    [S, 8]) and the row count."""
     g = torch.Generator().manual_seed(S)
-    return Embedded(torch.randn(2, S, 3, generator=g), torch.randn(2, S if per_token else 1, 3, generator=g),
-                    (torch.randn(S, 4, generator=g), torch.randn(S, 4, generator=g)), torch.randn(2, 5, 3, generator=g),
-                    (S, 1))
+    with torch.random.fork_rng():
+        torch.manual_seed(S)
+        dit = TinyDiT()
+    t = torch.rand(2, S, generator=g) if per_token else torch.rand(2, generator=g)
+    with torch.no_grad():
+        return dit.embed(torch.randn(2, S, 8, generator=g), t * 1000)
 
 
 @pytest.mark.parametrize("size", [1, 2, 4])
@@ -50,9 +43,9 @@ def test_every_ranks_share_put_together_is_the_whole(size, per_token):
         assert torch.equal(torch.cat(temb, 1)[:, :S], e.temb)
     else:           # one for every row: whole on every rank
         assert all(t is e.temb for t in temb)
-    assert all(s.inputs.text is e.text and s.inputs.grid == e.grid for s in shares)
+    assert all(s.inputs.rows == S for s in shares)   # a field not named in the splits: whole on every rank
     assert all(torch.equal(s.meta.slots, shares[0].meta.slots) for s in shares)   # the whole sequence's
-    assert split_input(SequenceLayout(None, size, 0), SPLITS, "text", e.text) is e.text
+    assert split_input(SequenceLayout(None, size, 0), SPLITS, "rows", e.rows) == S
 
 
 def test_one_stream_meta_is_one_block_with_padding_past_it():
@@ -79,7 +72,6 @@ def test_a_declaration_names_fields_the_model_has():
         SeqSplits(inputs={"tokens": SplitRows(1)}, attention=("img",), output=GatherRows(1))
     typo = SeqSplits(inputs={"token": SplitRows(1), "tokens": SplitRows(1)}, attention=("tokens",),
                      output=GatherRows(1))
-    with pytest.raises(ValueError, match=r"\['token'\], which Embedded does not have"):
+    with pytest.raises(ValueError, match=r"\['token'\], which TinyInputs does not have"):
         split_inputs(SequenceLayout(None, 2, 0), typo, _embedded(4, False))
-    for model, inputs in ((WanTransformer, WanInputs), (QwenImageTransformer, QwenInputs)):
-        assert set(model.seq_splits.inputs) <= set(inputs._fields), model
+    assert set(SPLITS.inputs) <= set(TinyInputs._fields) and set(SPLITS.attention) <= set(SPLITS.inputs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -57,3 +58,23 @@ def test_bad_max_batch_is_one_line_naming_the_flag(argv, line, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(line) and len(err.splitlines()) == 1, err
+
+
+def test_the_batch_key_is_the_specs_bucket():
+    """A request's batch key is its bucket as models/hunyuan_image3/spec.py declares it: the
+    size, the denoise text (<bos>, the prompt, max_new_tokens) padded to --prompt-bucket
+    rows (0: its exact rows), then the steps, the shift, the CFG mode and the step cache."""
+    from types import SimpleNamespace
+
+    from models.hunyuan_image3.requests import T2IRequest
+    from models.hunyuan_image3.serving import HunyuanServeAdapter
+
+    def key(req, bucket):
+        tok = SimpleNamespace(encode=lambda text: text.split())
+        return HunyuanServeAdapter.batch_key(SimpleNamespace(pipe=SimpleNamespace(tok=tok, prompt_bucket=bucket)), req)
+
+    req = T2IRequest(prompt_ids=tuple(range(10)), max_new_tokens=5, image_size="1024x768", steps=8, cfg_mode="batch")
+    assert key(req, 16) == ("t2i", "1024x768", 16, 8, 3.0, "batch", None)   # 1 + 10 + 5 rows: one bucket of 16
+    assert key(replace(req, max_new_tokens=6), 16)[2] == 32 and key(replace(req, max_new_tokens=6), 0)[2] == 17
+    assert key(T2IRequest(prompt="a red fox", max_new_tokens=2), 0)[1:3] == ("auto", 6)
+    assert key(replace(req, step_cache="taylor"), 16) != key(req, 16) != key(replace(req, steps=9), 16)

@@ -39,6 +39,22 @@ def job_plan(ctx, ckpt, plan):
             "cached": [(r.latents, r.record["step_cache"]["full_steps"]) for r in cached]}
 
 
+@torch.no_grad()
+def test_the_split_points_are_embeds_rows(tmp_path_factory):
+    """QwenImageTransformer.seq_splits (dtgen/seq_split.py) names fields `embed` returns, each
+    split along its rows (15 image rows, 9 text rows, RoPE tables alike), in the joint
+    attention's order [text, image]; the time embedding stays whole."""
+    dit = load(ensure_tiny_checkpoint(tmp_path_factory.mktemp("qwen-splits")), get_plan("single")).model.transformer
+    g = torch.Generator().manual_seed(0)
+    e = dit.embed(torch.randn(1, 15, 64, generator=g), torch.tensor([0.5]), torch.randn(1, 9, 32, generator=g), 3, 5)
+    splits = dit.seq_splits
+    rows = {"img": 15, "txt": 9, "rope_img": 15, "rope_txt": 9}
+    assert set(splits.inputs) == set(rows) and splits.attention == ("txt", "img")
+    for name, how in splits.inputs.items():
+        value = getattr(e, name)
+        assert all(v.shape[how.dim] == rows[name] for v in (value if isinstance(value, tuple) else (value,))), name
+
+
 def test_every_plan_matches_one_process(tmp_path_factory):
     ckpt = ensure_tiny_checkpoint(tmp_path_factory.mktemp("qwen-plans"))
     single = _pipe(ckpt)

@@ -37,6 +37,19 @@ def _inputs(cfg: dict, B: int, F: int, H: int, W: int, L: int = 7, per_token_t: 
     return x, t, text
 
 
+@torch.no_grad()
+def test_the_split_points_are_embeds_token_rows():
+    """WanTransformer.seq_splits (dtgen/seq_split.py) names fields `embed` returns, each split
+    along its token rows (45, per-token timesteps); the text stays whole for the cross-attention."""
+    ours = WanTransformer(WanTransformerConfig.from_dict(CFG_A)).eval()   # its weights unset: shapes only
+    e = ours.embed(*_inputs(CFG_A, 1, 3, 6, 10, per_token_t=True))
+    splits = WanTransformer.seq_splits
+    for name, how in splits.inputs.items():
+        value = getattr(e, name)
+        assert all(v.shape[how.dim] == 45 for v in (value if isinstance(value, tuple) else (value,))), name
+    assert "text" not in splits.inputs and splits.attention == ("tokens",)
+
+
 @pytest.mark.parametrize("cfg, shape, per_token_t", [
     (CFG_A, (2, 3, 8, 8), False),    # 48 tokens
     (CFG_A, (1, 3, 6, 10), True),    # 45 tokens (odd), per-token timesteps (Wan 2.2 TI2V-5B)
