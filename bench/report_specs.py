@@ -50,6 +50,9 @@ S15_SERVE_CPU = ["cpu-2026-12-02-session15-serve-overhead/before_wakeup.json",
 S16 = "cpu-2026-12-02-session16"
 S16_PNG, S16_VAE_FLOPS = f"{S16}/bench_image_files.json", f"{S16}/vae_flops.json"
 S16_SERVE_CPU = f"{S16}/bench_serve_overhead.json"
+S17 = "h200-2026-12-03-session17"
+S17_DECODE, S17_T2I = f"{S17}/call1_decode_dense_fp8.json", f"{S17}/call1_t2i_dense_fp8.json"
+S17_MEMORY, S17_VAE_CONV = f"{S17}/call1_bench_memory.json", f"{S17}/call1_vae_conv_probe.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -58,6 +61,10 @@ S15_CALL2 = (f'PROLOGUE_ROWS=1,2,4,8,16,32 PROLOGUE_WARPS=4,8,16 PEERS_RUNS=2 PE
 S15_CALL3 = (f'PEERS_RUNS=3 PEERS_MODES=regions PEERS_ARGS="--kernels 12" NO_ROUTER=1 '
              f'GEMV_ARGS="--sweep --rows 1 --sweep-budget-s 50" {_S15_SCRIPT} tests,peers,prologue,micro,serve')
 S15_CALL4 = f'DECODE_KINDS=fp8 SERVE_REQUESTS=3 {_S15_SCRIPT} tests,decode,serve'
+S17_CALL1 = ('TESTS="tests/qwen_image/test_qwen_fp8.py tests/wan/test_fp8_attention.py tests/wan/test_wan_pipeline.py '
+             'tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_decode_gemv.py" TESTS_LIMIT=200 DECODE_KINDS=fp8 '
+             'T2I_KINDS=fp8 T2I_ARGS="--profile /tmp/prof --profile-steps 2 --profile-top 40" T2I_LIMIT=170 '
+             f'MEMORY_LIMIT=190 VAE_LIMIT=100 NO_VAE_SUITE=1 {_S15_SCRIPT} tests,decode,t2i,memory,vae')
 
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
@@ -123,6 +130,18 @@ RUNS: dict[str, RunInfo] = {
                            "bench/results/cpu-2026-12-02-session16/vae_flops.json", software=CPU_STACK),
     **{f: RunInfo(f"python -m bench.bench_serve --overhead-requests {n} --requests 0 --out bench_serve.json",
                   software=CPU_STACK) for f, n in zip(S15_SERVE_CPU, (2, 3))},
+    # one H200, 2026-12-03, session 17 (issue 29): call 1, bench/run_gpu_session14.sh's stages
+    S17_DECODE: RunInfo(f"{S17_CALL1}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
+                        "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    # an examples.hunyuan_t2i report holds no command: the script's t2i step
+    S17_T2I: RunInfo(f"{S17_CALL1}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                     "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
+                     "--profile /tmp/prof --profile-steps 2 --profile-top 40 --dense-dtype fp8 "
+                     "--report $OUT/t2i_dense_fp8.json --output /tmp/t2i_dense_fp8.png", software=GPU_IMAGE),
+    S17_MEMORY: RunInfo(f"{S17_CALL1}: python -m bench.bench_memory --configs lean --dense-dtype fp8",
+                        software=GPU_IMAGE),
+    S17_VAE_CONV: RunInfo(f"{S17_CALL1}: python -m bench.probes.vae_conv_probe --out $OUT/vae_conv_probe.json",
+                          software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -1672,4 +1691,196 @@ TABLES += [
             "torch's FLOP counter (the JSON's `flops_counter_matches_now`). A floor is the needed FLOPs at the "
             "rate; the datasheet rates are upper bounds, so nothing runs under those floors. The verdicts say "
             "whether the target is reachable at all in that arithmetic."),
+]
+
+
+# ---- one H200, 2026-12-03, session 17 (call 1) ----------------------------------------------------
+def _s17_decode_row(label: str, file: str, cublas_lm_head: bool) -> Row:
+    """s15-decode's row, with the dense linears' bytes, the decode GEMV's and cuBLAS's time a step
+    (from the step's 12 listed kernels) and the issue-29 target."""
+    row = _decode_row(label, file, late_read=True)
+    kernels = "impls.triton.kernels"
+    gemv = Join([Value(f"{kernels}[^_gemv_kernel][1]", "{:.0f} us"), Value(f"{kernels}[^_gemv_kernel][2]", "{:.0f}")],
+                " (", suffix=" launches)")
+    cublas = (Join([Value(f"{kernels}[^nvjet_sm90_tst][1]", "{:.0f} us"), Value(f"{kernels}[^nvjet_sm90_tst][2]", "{:.0f}")],
+                   " (", suffix=" launch)") if cublas_lm_head else Text("none among the 12 listed"))
+    return Row(row.cells + [Value("bytes.dense", "{:.2f} GB", scale=1e-9), gemv, cublas,
+                            goal("<= 5.0 ms", _decode_runs(file), 5.0)], file=file)
+
+
+DENOISE_TOP = "profile.top_kernels.denoise"
+DENOISE_REGION = "profile.regions.denoise[region={}]"
+DENOISE_LISTED = [Value(f"{DENOISE_TOP}[{i}][1]") for i in range(40)]   # --profile-top 40
+DENOISE_GROUPS = (  # label, kernel-name prefixes (each matches one listed kernel)
+    ("routed experts: `_gate_up_act_kernel`, `_down_sum_kernel`, x quantized (`_quantize_rows_by_amax_kernel`, "
+     "`_quantize_rows_kernel`), `_finalize_kernel`, the rows' gather (`vectorized_gather_kernel`)",
+     ("_gate_up_act_kernel", "_down_sum_kernel", "_quantize_rows_by_amax_kernel", "_quantize_rows_kernel",
+      "_finalize_kernel", "void at::native::vectorized_gather_kernel")),
+    ("attention: cuDNN's SDPA (`cudnn_generated_fort_native_sdpa_sm90_flash_...` and `..._sm80_flash_...`)",
+     ("cudnn_generated_fort_native_sdpa_sm90", "cudnn_generated_fort_native_sdpa_sm80")),
+    ("dense linears in FP8: cuBLAS's `nvjet_sm90_qqtst_...` (`torch._scaled_mm`)", ("nvjet_sm90_qqtst",)),
+    ("the image modules' convolutions: cuDNN `sm90_xmma_fprop_...` (2 kernels) and its `nchwToNhwcKernel`",
+     ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x128",
+      "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x256",
+      "void cudnn::engines_precompiled::nchwToNhwcKernel")),
+    ("copies (`direct_copy_kernel_cuda`)",
+     ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy",)),
+)
+
+
+def _denoise_kernels(prefixes, what: int) -> list[Value]:
+    return [Value(f"{DENOISE_TOP}[^{p}][{what}]") for p in prefixes]
+
+
+def _share_of_listed(cells: list) -> Calc:
+    n = len(cells)
+    return Calc(lambda *v: 100 * sum(v[:n]) / sum(v[n:]), cells + DENOISE_LISTED, "{:.1f}%")
+
+
+def _sum(cells: list, fmt: str) -> Calc:
+    return Calc(lambda *v: sum(v), cells, fmt)
+
+
+def _region(name: str) -> Join:
+    r = DENOISE_REGION.format(name)
+    return Join([Value(f"{r}.wall_ms", "{:.1f}"), Value(f"{r}.compute_ms", "{:.1f}"), Value(f"{r}.idle_ms", "{:.1f}")],
+                [" = ", " + "], suffix=" ms")
+
+
+_GROUPED = [p for _, prefixes in DENOISE_GROUPS for p in prefixes]
+_OTHER_MS = Calc(lambda *v: sum(v[len(_GROUPED):]) - sum(v[:len(_GROUPED)]),
+                 _denoise_kernels(_GROUPED, 1) + DENOISE_LISTED, "{:.1f} ms")
+_OTHER_SHARE = Calc(lambda *v: 100 * (1 - sum(v[:len(_GROUPED)]) / sum(v[len(_GROUPED):])),
+                    _denoise_kernels(_GROUPED, 1) + DENOISE_LISTED, "{:.1f}%")
+
+
+def _memory(run, key):
+    return f"rows[run={run},config=lean].{key}"
+
+
+def _memory_timing(run, key, target=None, fmt="{:.1f} ms"):
+    value = Value(_memory(run, f"timings_ms.{key}"), fmt)
+    return value if target is None else _cell_with_verdict(value, target)
+
+
+def _phase_peaks(run, phases):
+    return Join([Value(_memory(run, f"phases.{p}.peak_bytes"), "{:.1f}", scale=1e-9) for p in phases], " / ",
+                suffix=" GB")
+
+
+VAE_LEVELS = (("level4_128ch_1024", "128 ch, 1024^2"), ("level3_256ch_512", "256 ch, 512^2"),
+              ("level2_512ch_256", "512 ch, 256^2"))
+VAE_VARIANTS = (("conv3d", "`conv3d`: F.conv3d on NCDHW (what the decoder runs)"),
+                ("conv3d_cl_resident", "`conv3d_cl_resident`: F.conv3d, channels_last_3d kept (no layout copies timed)"),
+                ("taps2d", "`taps2d`: the frames as 2-D images, one conv2d per time tap (one copy in, one out)"),
+                ("taps2d_cl_resident", "`taps2d_cl_resident`: the same on channels_last frames kept (no copies timed)"),
+                ("fold2d", "`fold2d`: the frames folded into channels, one conv2d (16 frame-taps)"))
+
+
+def _conv(shape, dtype, variant, key):
+    return f"rows[shape={shape},dtype={dtype},variant={variant}].{key}"
+
+
+TABLES += [
+    Table("s17-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
+                         "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
+                         "each token waited for", "launches alone", "device", "launches",
+                         "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)", "dense linears' bytes",
+                         "decode GEMV a step", "cuBLAS GEMM (the bf16 lm_head) a step", "target (issue 29)"], [
+        _s17_decode_row("session 15 (call 4): the lm_head in bf16 (cuBLAS)", S15_DECODE_SWEPT, cublas_lm_head=True),
+        _s17_decode_row("**session 17: the lm_head in FP8 too** (the decode GEMV)", S17_DECODE, cublas_lm_head=False),
+        Row(["session 17, the CLI's T2I in the same call: AR decode per token (its request's timer, 256 tokens)",
+             Value("timings_ms.ar_decode_per_token", "{:.2f} ms"), "-", "-", "-", "-", "-", "-", "-", "-", "-",
+             goal("<= 5.0 ms", Value("timings_ms.ar_decode_per_token"), 5.0)], file=S17_T2I),
+    ], note="bench_decode on one H200, random weights, the triton decode impl, the GEMV at the sweep's configs. Four "
+            "runs of 8 tokens each: the median and the range. The kernels' times are a step's (the profiler's "
+            "mean over its steps; the JSON lists the 12 longest kernels); the dense bytes are the QKV, O, shared-MLP and lm_head weights a step "
+            "reads, in the dtype that runs. The verdicts are on the step's median (the CLI: its one request)."),
+    Table("s17-dit-profile", ["HunyuanImage-3 T2I CLI, 32 layers, FP8 experts, dense linears in FP8, compiled, "
+                              "1024x1024, serial CFG", "ms", "launches", "share of the 40 listed kernels",
+                              "target (issue 29)"], [
+        Row(["DiT step: a full step of the timed request (the mean of its later steps)",
+             Value("timings_ms.denoise_full_step", "**{:.1f} ms**"), "", "",
+             goal("<= 280 ms", Value("timings_ms.denoise_full_step"), 280.0)], file=S17_T2I),
+        Row(["profiled: the later (KV-cached) step, wall = compute + idle", _region("denoise_step"), "", "", ""],
+            file=S17_T2I),
+        Row(["profiled: the first (whole-sequence) step, wall = compute + idle", _region("denoise_first_step"), "", "",
+             ""], file=S17_T2I),
+        Row(["kernels of the **two** profiled steps together: the 40 listed",
+             _sum(DENOISE_LISTED, "{:.1f} ms"),
+             _sum([Value(f"{DENOISE_TOP}[{i}][2]") for i in range(40)], "{:.0f}"), "100%", ""], file=S17_T2I),
+        Row(["... the two steps' compute (the regions', for comparison)",
+             _sum([Value(DENOISE_REGION.format(r) + ".compute_ms") for r in ("denoise_first_step", "denoise_step")],
+                  "{:.1f} ms"), "", "", ""], file=S17_T2I),
+    ] + [
+        Row([label, _sum(_denoise_kernels(prefixes, 1), "{:.1f} ms"), _sum(_denoise_kernels(prefixes, 2), "{:.0f}"),
+             _share_of_listed(_denoise_kernels(prefixes, 1)), ""], file=S17_T2I)
+        for label, prefixes in DENOISE_GROUPS
+    ] + [
+        Row(["... of the routed experts: `_gate_up_act_kernel` / `_down_sum_kernel`",
+             Join([Value(f"{DENOISE_TOP}[^{k}][1]", "{:.1f}") for k in ("_gate_up_act_kernel", "_down_sum_kernel")],
+                  " / ", suffix=" ms"),
+             Join([Value(f"{DENOISE_TOP}[^{k}][2]", "{:.0f}") for k in ("_gate_up_act_kernel", "_down_sum_kernel")],
+                  " / "),
+             Join([_share_of_listed([Value(f"{DENOISE_TOP}[^{k}][1]")]) for k in ("_gate_up_act_kernel",
+                                                                                  "_down_sum_kernel")], " / "), ""],
+            file=S17_T2I),
+        Row(["everything else listed (inductor's fused kernels, fp32 cuBLAS GEMMs, top-k, sorts, memsets, ...)",
+             _OTHER_MS, "", _OTHER_SHARE, ""], file=S17_T2I),
+    ], note="The CLI with `--profile --profile-steps 2 --profile-top 40`: after the timed request, one more under the "
+            "profiler with 2 denoise steps, the first (whole-sequence) step and one KV-cached step. The kernel rows "
+            "are totals over **both** profiled steps (each CFG branch of each, in every layer), not a step's; the "
+            "share is of the 40 listed kernels' total. The groups are sums of the listed kernels named in each "
+            "label, computed here; \"everything else\" is the listed total less the groups. The full step is the "
+            "timed request's (10 steps, unprofiled)."),
+    Table("s17-memory", ["bench_memory `lean`: release KV, bf16 VAE, VAE chunks (no MoE chunks); dense linears "
+                         "(and the lm_head) in FP8", "peak (measured)", "projected peak: <= 92 GB (issue 29)",
+                         "a T2I process's peak: <= 92 GB", "peak over the weights",
+                         "phase peaks, measured: condition / AR / denoise / VAE", "condition encode",
+                         "AR decode / token", "DiT full step", "VAE decode"], [
+        Row(["T2I", gb(_memory("t2i", "peak_bytes")),
+             _cell_with_verdict(gb(_memory("t2i", "projected_peak_bytes")), PEAK_TARGET),
+             _cell_with_verdict(gb(_memory("t2i", "t2i_process_peak_bytes")), PEAK_TARGET),
+             gb(_memory("t2i", "peak_over_weights_bytes")),
+             Join([_phase_peaks("t2i", ("ar", "denoise", "vae"))], prefix="- / "), "-",
+             _memory_timing("t2i", "ar_decode_per_token", 5.0, "{:.2f} ms"),
+             _memory_timing("t2i", "denoise_full_step", 280.0), _memory_timing("t2i", "vae_decode", 150.0)],
+            file=S17_MEMORY),
+        Row(["TI2I (edit)", gb(_memory("ti2i", "peak_bytes")),
+             _cell_with_verdict(gb(_memory("ti2i", "projected_peak_bytes")), PEAK_TARGET), "-",
+             gb(_memory("ti2i", "peak_over_weights_bytes")), _phase_peaks("ti2i", ("condition", "ar", "denoise", "vae")),
+             _memory_timing("ti2i", "condition_encode", 200.0),
+             _memory_timing("ti2i", "ar_decode_per_token", 6.0, "{:.2f} ms"),
+             _memory_timing("ti2i", "denoise_full_step", 350.0), _memory_timing("ti2i", "vae_decode")],
+            file=S17_MEMORY),
+        Row(["targets (issue 29): T2I / TI2I", "", "", "", "", "", "- / <= 200 ms", "<= 5.0 / <= 6.0 ms",
+             "<= 280 / <= 350 ms", "<= 150 ms / -"]),
+        Row(["resident weights: all (editing modules and the fp32 VAE too) / a T2I process's; the bench-only bytes",
+             Join([gb("weights_bytes"), gb("t2i_process_weights_bytes"), gb(_memory("t2i", "bench_only_bytes"))],
+                  [" / ", "; "]), "", "", "", "", "", "", "", ""], file=S17_MEMORY),
+    ], note="32 layers, FP8 experts (channels), compiled regions, 1024x1024, 1251 prompt tokens, 256 AR tokens, 4 "
+            "denoise steps, serial CFG; one request of each (no repeats): a timing is that request's. Measured: "
+            "`torch.cuda.max_memory_allocated`, per phase reset at the phase's start. This run held the fp32 VAE "
+            "besides the bf16 one, so the measured peaks include it: the verdicts are on the **projected** peak "
+            "(the measured one less the JSON's `bench_only_bytes`, the fp32 VAE) and, for T2I, on a T2I process's "
+            "(the projected one less the editing modules' planned bytes). Peak over the weights: the JSON's, the "
+            "projected peak less every resident weight, the fp32 VAE's among them but not the bf16 copy's: for a "
+            "process that loads the bf16 VAE alone it is low by the difference of the two copies."),
+    Table("s17-vae-conv", ["the VAE's 3x3x3 convolution over 4 frames (one of a level's), one H200: ms, the median "
+                           "of 10 calls"] + [f"{d}: {lv}" for d in ("fp32 (TF32)", "bf16") for _, lv in VAE_LEVELS]
+          + ["largest rel. difference vs conv3d of its dtype: fp32 / bf16"], [
+        Row([label] + [Join([Value(_conv(shape, dtype, variant, "median_ms"), "{:.2f}"),
+                             Value(_conv(shape, dtype, variant, "tflops_of_needed"), "{:.0f}")], " (",
+                            suffix=" TFLOP/s)")
+                       for dtype in ("float32", "bfloat16") for shape, _ in VAE_LEVELS]
+            + [Join([Calc(lambda *v: max(v), [Value(_conv(shape, dtype, variant, "max_rel_diff_vs_conv3d"))
+                                              for shape, _ in VAE_LEVELS], "{:.2g}")
+                     for dtype in ("float32", "bfloat16")], " / ")], file=S17_VAE_CONV)
+        for variant, label in VAE_VARIANTS
+    ], note="bench/probes/vae_conv_probe.py: each variant computes the same convolution from the same NCDHW input "
+            "to an NCDHW output, so its time includes the layout changes it needs; the `*_resident` ones leave "
+            "them out (what they would cost if the whole decoder kept that layout). fp32 runs on cuDNN's default "
+            "TF32. TFLOP/s counts the 10 frame-taps every exact method needs. The largest difference is over the "
+            "three levels, against conv3d in the same dtype. The whole decode (`bench_vae --suite`) did not run in "
+            "this call (`NO_VAE_SUITE=1`)."),
 ]
