@@ -6,6 +6,8 @@ the cell kinds and how to add a benchmark's figures.
 """
 from __future__ import annotations
 
+import statistics
+
 from bench.floors import HBM_TBPS, moe_decode_expert_bytes
 from bench.report import Calc, Join, Row, RunInfo, Runs, Table, Text, Value, Verdict
 
@@ -53,6 +55,9 @@ S16_SERVE_CPU = f"{S16}/bench_serve_overhead.json"
 S17 = "h200-2026-12-03-session17"
 S17_DECODE, S17_T2I = f"{S17}/call1_decode_dense_fp8.json", f"{S17}/call1_t2i_dense_fp8.json"
 S17_MEMORY, S17_VAE_CONV = f"{S17}/call1_bench_memory.json", f"{S17}/call1_vae_conv_probe.json"
+S17_SERVE, S17_PNG = f"{S17}/call2_bench_serve.json", f"{S17}/call2_bench_image_files.json"
+S17_MEMORY_MEASURED, S17_QWEN_FP8 = f"{S17}/call2_bench_memory.json", f"{S17}/call2_qwen_peers_1.json"
+S17_WAN_PEERS = f"{S17}/call2_wan_peers.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -65,6 +70,8 @@ S17_CALL1 = ('TESTS="tests/qwen_image/test_qwen_fp8.py tests/wan/test_fp8_attent
              'tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_decode_gemv.py" TESTS_LIMIT=200 DECODE_KINDS=fp8 '
              'T2I_KINDS=fp8 T2I_ARGS="--profile /tmp/prof --profile-steps 2 --profile-top 40" T2I_LIMIT=170 '
              f'MEMORY_LIMIT=190 VAE_LIMIT=100 NO_VAE_SUITE=1 {_S15_SCRIPT} tests,decode,t2i,memory,vae')
+S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
+             f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
 
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
@@ -142,6 +149,18 @@ RUNS: dict[str, RunInfo] = {
                         software=GPU_IMAGE),
     S17_VAE_CONV: RunInfo(f"{S17_CALL1}: python -m bench.probes.vae_conv_probe --out $OUT/vae_conv_probe.json",
                           software=GPU_IMAGE),
+    # one H200, 2026-12-03, session 17 (issues 29, 30, 31): call 2, bench/run_gpu_session14.sh's stages
+    S17_PNG: RunInfo(f"{S17_CALL2}: python -m bench.bench_image_files --out $OUT/bench_image_files.json",
+                     gpu="the 1 x H200 host's CPU", software=GPU_IMAGE),
+    S17_SERVE: RunInfo(f"{S17_CALL2}: python -m bench.bench_serve --overhead-requests 5 --requests 0 --steps 10 "
+                       "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
+                       "--compile", software=GPU_IMAGE),
+    S17_MEMORY_MEASURED: RunInfo(f"{S17_CALL2}: python -m bench.bench_memory --configs lean --dense-dtype fp8",
+                                 software=GPU_IMAGE),
+    S17_QWEN_FP8: RunInfo(f"{S17_CALL2}: python -m bench.bench_qwen_peers --modes regions --variants "
+                          "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    S17_WAN_PEERS: RunInfo(f"{S17_CALL2}: python -m bench.bench_peers --models 1.3B,14B-8 --modes regions --variants "
+                           "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -1883,4 +1902,184 @@ TABLES += [
             "TF32. TFLOP/s counts the 10 frame-taps every exact method needs. The largest difference is over the "
             "three levels, against conv3d in the same dtype. The whole decode (`bench_vae --suite`) did not run in "
             "this call (`NO_VAE_SUITE=1`)."),
+]
+
+
+# ---- one H200, 2026-12-03, session 17 (call 2) ----------------------------------------------------
+_WITH_IMAGE = "overhead.against_cli_with_its_image"
+
+
+def _overhead(prefix: str, pct: str = "{:.3%}", file: str | None = None) -> Join:
+    """"<median difference> ms = <median share>; <= 2%: verdict" of one of bench_serve's comparisons."""
+    return Join([Value(f"{prefix}.median_difference_ms", "{:.1f} ms", file), Value(f"{prefix}.overhead", pct, file),
+                 goal("<= 2%", Value(f"{prefix}.overhead", file=file), 0.02)], [" = ", "; "])
+
+
+def _each_and_median(path: str, fmt: str = "{:.1f}") -> Join:
+    value = Value(path, fmt)
+    return Join([value, Calc(lambda v: statistics.median(v), [value], fmt, lists=True)], "; median ", suffix=" ms")
+
+
+def _png_median(file: str, name: str, who: str) -> Join:
+    return Join([Value(f"images.{name}.{who}.{k}", "{:.1f}", file) for k in ("median_ms", "min_ms", "max_ms")],
+                [" ms (", "-"], suffix=")")
+
+
+def _qwen_variant(variant: str, key: str) -> str:
+    return f"modes.regions.variants.{variant}.{key}"
+
+
+QWEN_FP8_VARIANTS = (("dense-fp8", "dtgen, dense-fp8: the blocks' linears in e4m3 (`--dense-dtype fp8`)"),
+                     ("attn-fp8", "dtgen, attn-fp8: the joint attention in FP8 (`--attention-dtype fp8`)"),
+                     ("fp8", "dtgen, fp8: both"))
+
+
+def _fastest_within(model: str, file: str, fmt: str = "{:.3f}") -> Calc:
+    return Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k), file=file) for v in PEER_VARIANTS
+                                        for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")], fmt)
+
+
+TABLES += [
+    Table("s17-serve-overhead", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
+                                 "tokens, one request at a time, one H200", "ms"], [
+        Row(["the CLI in one process, each request's total (the pipeline)",
+             Value(f"{SERVE_PER_REQUEST}.in_process_ms", "{:.0f}")], file=S17_SERVE),
+        Row(["the server: the pipeline's total inside it", Value(f"{SERVE_PER_REQUEST}.server_inside_ms", "{:.0f}")],
+            file=S17_SERVE),
+        Row(["the server: what the HTTP client waited", Value(f"{SERVE_PER_REQUEST}.server_end_to_end_ms", "{:.0f}")],
+            file=S17_SERVE),
+        Row(["per request: client wait - the CLI's total", Value(f"{SERVE_PER_REQUEST}.difference_ms", "{:.1f}")],
+            file=S17_SERVE),
+        Row(["overhead against the CLI's pipeline total: the median of the per-request differences",
+             _overhead("overhead")], file=S17_SERVE),
+        Row(["per request: client wait - (the CLI's total + its PNG write)",
+             Value(f"{_WITH_IMAGE}.difference_ms", "{:.1f}")], file=S17_SERVE),
+        Row(["**overhead against the CLI with its PNG written** (both sides end holding an encoded PNG): the median",
+             _overhead(_WITH_IMAGE)], file=S17_SERVE),
+        Row(["the PNG, per request: the server's encode (`image_encode_ms`)",
+             _each_and_median(f"{SERVE_PER_REQUEST}.server_image_encode_ms")], file=S17_SERVE),
+        Row(["the PNG, per request: the CLI's write (`image_write_ms`, after its total)",
+             _each_and_median(f"{SERVE_PER_REQUEST}.cli_image_write_ms")], file=S17_SERVE),
+        Row(["outside the server's pipeline (client wait - its total inside), median / less the PNG's encode, median",
+             Join([Value("overhead.outside_generate_ms", "{:.1f}"),
+                   Value("overhead.outside_generate_and_encode_ms", "{:.1f}")], " / ", suffix=" ms")], file=S17_SERVE),
+        Row(["session 15 (3 requests; the answer polled every 50 ms, its PNG by Pillow's writer): against the CLI's "
+             "pipeline total", _overhead("overhead", "{:.2%}", S15_SERVE)]),
+    ], note="bench_serve's overhead part: the CLI runs the 5 prompts in one process (after its warm-up), writing each "
+            "PNG after its total (`image_write_ms`); then a server with the same flags answers the same 5 requests one "
+            "after another, each answer's PNG encoded on the HTTP side after the job (`image_encode_ms`) by the same "
+            "writer (dtgen/image_files.py). Random weights, so the image is noise, which does not compress. An "
+            "overhead is the median of the per-request differences and, as a share, the median of each difference "
+            "over that request's CLI time (with its PNG write in the second comparison); the verdict is on the "
+            "share."),
+    Table("s17-png", ["1024x1024 RGB, one PNG, the GPU host's CPU", "cores / the writer's threads",
+                      "Pillow's writer (default): each call (ms)", "median (range)",
+                      "dtgen/image_files.py: each call (ms)", "median (range)", "Pillow / dtgen",
+                      "dtgen on 2 cores (`s16-png`)"], [
+        Row([label, Join([Value("cpus"), Value("threads")], " / "), Value(f"images.{name}.pillow.ms", "{:.1f}"),
+             _png_median(S17_PNG, name, "pillow"), Value(f"images.{name}.dtgen.ms", "{:.1f}"),
+             _png_median(S17_PNG, name, "dtgen"), Value(f"images.{name}.pillow_over_dtgen", "{:.2f}x"),
+             _png_median(S16_PNG, name, "dtgen")], file=S17_PNG)
+        for name, label in (("noise", "uniform noise (what random weights decode to)"),
+                            ("smooth", "a smooth image with a little noise"))
+    ], note="bench_image_files on the H200 host, in the same call, before bench_serve: 5 timed calls per encoder and "
+            "image after one warm-up, in one process; both files hold the same pixels (the JSON's "
+            "`reads_back_exact`). The last column is session 16's run on a 2-core machine (2 threads)."),
+    Table("s17-memory-measured", ["bench_memory `lean` as in `s17-memory`, the VAE loaded in bf16 alone (what a user's "
+                                  "process holds)", "peak (measured): <= 92 GB (issue 29)",
+                                  "call 1's projection (`s17-memory`)", "peak over the weights",
+                                  "phase peaks, measured: condition / AR / denoise / VAE", "condition encode",
+                                  "AR decode / token", "DiT full step", "VAE decode"], [
+        Row(["T2I", _cell_with_verdict(Value(_memory("t2i", "peak_bytes"), "{:.2f} GB", scale=1e-9), PEAK_TARGET),
+             Value(_memory("t2i", "projected_peak_bytes"), "{:.2f} GB", S17_MEMORY, scale=1e-9),
+             Value(_memory("t2i", "peak_over_weights_bytes"), "{:.2f} GB", scale=1e-9),
+             Join([Join([Value(_memory("t2i", f"phases.{p}.peak_bytes"), "{:.2f}", scale=1e-9)
+                         for p in ("ar", "denoise", "vae")], " / ")], prefix="- / ", suffix=" GB"), "-",
+             _memory_timing("t2i", "ar_decode_per_token", 5.0, "{:.2f} ms"),
+             _memory_timing("t2i", "denoise_full_step", 280.0), _memory_timing("t2i", "vae_decode", 150.0)],
+            file=S17_MEMORY_MEASURED),
+        Row(["T2I in a process without the editing modules (the measured peak less their weights)",
+             _cell_with_verdict(Value(_memory("t2i", "t2i_process_peak_bytes"), "{:.2f} GB", scale=1e-9),
+                                PEAK_TARGET), "", "", "", "", "", "", ""], file=S17_MEMORY_MEASURED),
+        Row(["TI2I (edit)", _cell_with_verdict(Value(_memory("ti2i", "peak_bytes"), "{:.2f} GB", scale=1e-9),
+                                               PEAK_TARGET),
+             Value(_memory("ti2i", "projected_peak_bytes"), "{:.2f} GB", S17_MEMORY, scale=1e-9),
+             Value(_memory("ti2i", "peak_over_weights_bytes"), "{:.2f} GB", scale=1e-9),
+             Join([Value(_memory("ti2i", f"phases.{p}.peak_bytes"), "{:.2f}", scale=1e-9)
+                   for p in ("condition", "ar", "denoise", "vae")], " / ", suffix=" GB"),
+             _memory_timing("ti2i", "condition_encode", 200.0),
+             _memory_timing("ti2i", "ar_decode_per_token", 6.0, "{:.2f} ms"),
+             _memory_timing("ti2i", "denoise_full_step", 350.0), _memory_timing("ti2i", "vae_decode")],
+            file=S17_MEMORY_MEASURED),
+        Row(["targets (issue 29): T2I / TI2I", "", "", "", "", "- / <= 200 ms", "<= 5.0 / <= 6.0 ms",
+             "<= 280 / <= 350 ms", "<= 150 ms / -"]),
+        Row(["resident weights: all / a T2I process's (no editing modules); held for the bench only; the VAE "
+             "loaded in bf16",
+             Join([Value("weights_bytes", "{:.2f} GB", scale=1e-9),
+                   Value("t2i_process_weights_bytes", "{:.2f} GB", scale=1e-9),
+                   Value(_memory("t2i", "bench_only_bytes"), "{:.0f} bytes"),
+                   Value("vae_loaded_in_bf16", lambda v: "yes" if v else "no")], [" / ", "; ", "; "]),
+             "", "", "", "", "", "", ""], file=S17_MEMORY_MEASURED),
+    ], note="32 layers, FP8 experts (channels), dense linears and the lm_head in FP8, compiled regions, 1024x1024, "
+            "1251 prompt tokens, 256 AR tokens, 4 denoise steps, serial CFG; one request of each (no repeats): a "
+            "timing is that request's. Measured: `torch.cuda.max_memory_allocated`, per phase reset at the phase's "
+            "start. Every config asked for the bf16 VAE, so bench_memory loaded it in bf16 alone, as "
+            "`--vae-dtype bfloat16` does (the JSON's `vae_loaded_in_bf16`): nothing is held for the bench only and the "
+            "peaks are measured, not projected. The T2I run's process also holds the editing modules (the vision "
+            "tower, the VAE encoder); the second row subtracts their planned bytes (all resident weights less a T2I "
+            "process's). Call 1's projection: its measured peak less the fp32 VAE it also held."),
+    Table("s17-qwen-fp8", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, one region per "
+                           "block compiled, one H200", "ms", "over diffusers (bf16)",
+                           "rel. L2 (dtgen bf16: vs diffusers; an FP8 variant: vs dtgen bf16)", "target (issue 31)"], [
+        Row(["diffusers 0.42.1 `QwenImageTransformer2DModel`, bf16", Value("modes.regions.diffusers.ms", "{:.1f} ms"),
+             "-", "-", ""], file=S17_QWEN_FP8),
+        Row(["**dtgen, bf16**", Value("modes.regions.dtgen.ms", "{:.1f} ms"),
+             Value("modes.regions.ratio_dtgen_over_diffusers", "{:.3f}"),
+             Value("modes.regions.rel_l2_outputs", "{:.2e}"),
+             goal("<= 1.0", Value("modes.regions.ratio_dtgen_over_diffusers"), 1.0)], file=S17_QWEN_FP8),
+    ] + [
+        Row([label, Value(_qwen_variant(variant, "ms"), "{:.1f} ms"),
+             Value(_qwen_variant(variant, "ratio_over_diffusers"), "{:.3f}"),
+             Value(_qwen_variant(variant, "rel_l2_vs_dtgen_bf16"), "{:.2e}"), ""], file=S17_QWEN_FP8)
+        for variant, label in QWEN_FP8_VARIANTS
+    ] + [
+        Row([Join(["the floor: the forward's ", Value("flops", "{:.1f}", scale=1e-12),
+                   " TFLOP at 694 TFLOP/s (the dense bf16 GEMM rate)"], ""),
+             Value("floor_ms", "{:.1f} ms"),
+             Calc(lambda floor, theirs: floor / theirs, [Value("floor_ms"), Value("modes.regions.diffusers.ms")],
+                  "{:.3f}"), "", ""], file=S17_QWEN_FP8),
+    ], note="Both modules on the same weight tensors and inputs in one process (bench/bench_qwen_peers.py); diffusers' "
+            "compile_repeated_blocks(fullgraph=True) against dtgen's block region. One run: each figure the median of "
+            "10 calls after 3 warm-ups. Each FP8 variant is timed against the same diffusers bf16 figure. The floor "
+            "is a bf16 one: FP8 GEMMs have a higher peak rate, so an FP8 variant may run under it."),
+    Table("s17-wan-peers", ["model (compiled: one region per block)", "dtgen variant", "dtgen", "diffusers (bf16)",
+                            "dtgen / diffusers", "session 11 (`s11-wan-peers`): dtgen / diffusers",
+                            "rel. L2 vs dtgen bf16", "target (issue 29)"], [
+        Row([model, f"**{variant}**" if variant == "bf16" else variant,
+             Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
+             Value(peer(model, "regions", "diffusers", "bf16", "ms"), "{:.1f} ms"),
+             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}"),
+             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}", S11_PEERS),
+             Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
+             if variant == "bf16" else Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}"),
+             _peer_target(model, "regions", variant)], file=S17_WAN_PEERS)
+        for model in ("1.3B", "14B-8") for variant in PEER_VARIANTS
+    ] + [
+        Row([model, "the fastest within 3% rel. L2", "", "", _fastest_within(model, S17_WAN_PEERS, "**{:.3f}**"),
+             _fastest_within(model, S11_PEERS), "",
+             goal(f"<= {PEER_TARGETS[model]:.2f}",
+                  Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k)) for v in PEER_VARIANTS
+                                               for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")]),
+                  PEER_TARGETS[model])], file=S17_WAN_PEERS)
+        for model in ("1.3B", "14B-8")
+    ] + [
+        Row(["timed forwards per figure (the median shown), after one warm-up call", "", "", "", Value("iters"), "",
+             "", ""], file=S17_WAN_PEERS),
+    ], note="As `s11-wan-peers` (bench/bench_peers.py), compiled regions only: one process, one run; each figure the "
+            "median of that many forwards (CUDA events). Same weights (random) and inputs in both: 480x832 x 81 "
+            "frames (32760 tokens), 512 text rows, batch 1, bf16; 1.3B is Wan2.1 1.3B at its 30 blocks, 14B-8 the "
+            "14B width at 8 blocks. dense-fp8: the blocks' linears in e4m3 (per-channel scales); attn-fp8: the "
+            "self-attention in FP8 attention (INT8 QK, FP8 PV), its Q/K/V quantization now torch ops inside the "
+            "compiled region (the JSON's `attention_quant`: in-graph; session 11: eager, inside the op); fp8: both. "
+            "The fastest within 3% is picked here from the stored ratios and errors."),
 ]
