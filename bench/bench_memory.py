@@ -22,6 +22,8 @@ alone and all together:
   i.e. the code before this lever, for the before/after;
 - `release_kv`: `--kv-caches release` (the AR cache freed after AR, the denoise caches
   before the VAE decode);
+- `keep_ar_kv`: `--kv-caches keep-ar` (the denoise caches freed before the VAE decode, the
+  AR cache kept: the CUDA-graph decode records once, not every request);
 - `vae_chunks`: `--vae-chunks 4` (the big maps' norm -> SiLU -> conv a slab of rows at a
   time, residuals in place: exact);
 - `moe_chunks`: `--moe-token-chunk 2048` (the routed experts over 2048 tokens a call: their
@@ -64,13 +66,16 @@ from models.hunyuan_image3.tiny import tiny_config
 from models.hunyuan_image3.vae import HunyuanVAE
 from placements.hunyuan_image3 import get_plan
 
-LEVERS = ("plain_vae", "release_kv", "vae_bf16", "vae_chunks", "moe_chunks")
+LEVERS = ("plain_vae", "release_kv", "keep_ar_kv", "vae_bf16", "vae_chunks", "moe_chunks")
 CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS},
            "all": ("release_kv", "vae_bf16", "vae_chunks", "moe_chunks"),
            "all_fp32_vae": ("release_kv", "vae_chunks", "moe_chunks"),
            # every lever but the MoE token chunks (which cost the denoise step time, and the
            # denoise phase is not where a request peaks once the VAE is chunked)
-           "lean": ("release_kv", "vae_bf16", "vae_chunks")}
+           "lean": ("release_kv", "vae_bf16", "vae_chunks"),
+           # lean, but the AR cache kept: a server's later requests decode on the graph the
+           # first one recorded (run it with --repeats 2 to see them)
+           "lean_ar": ("keep_ar_kv", "vae_bf16", "vae_chunks")}
 MOE_TOKEN_CHUNK = 2048   # the moe_chunks lever: --moe-token-chunk 2048
 VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
 REPO = str(Path(__file__).resolve().parents[1])
@@ -134,7 +139,7 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
         set_moe_token_chunk(pipe.model, MOE_TOKEN_CHUNK if "moe_chunks" in on else None)
         if "vae_bf16" in on:
             pipe.model.vae = vae16
-        pipe.kv_caches = "release" if "release_kv" in on else "keep"
+        pipe.kv_caches = "release" if "release_kv" in on else "keep-ar" if "keep_ar_kv" in on else "keep"
         pipe.release_caches()   # every config starts from the same pool: nothing kept
         with plain_ops() if "plain_vae" in on else contextlib.nullcontext():
             yield
@@ -199,6 +204,10 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(c for c in CONFIGS if c not in ("all_fp32_vae", "lean")),
                    help=f"comma-separated, of {list(CONFIGS)} (default: all but all_fp32_vae and lean)")
     p.add_argument("--runs", default="t2i,ti2i")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="requests of each kind in a row per config (a row each, `repeat` 0, 1, ...): the "
+                        "first one records the CUDA-graph decode, the later ones are what a server's next "
+                        "requests see")
     p.add_argument("--dense-dtype", default="model", choices=("model", "fp8"),
                    help="the dense linears (QKV, O, shared MLP, lm_head): as examples.hunyuan_t2i --dense-dtype")
     p.add_argument("--snapshot", action="store_true", help="GPU: also the largest blocks at each phase's peak")
@@ -209,6 +218,11 @@ def main(argv=None) -> int:
     runs = args.runs.split(",")
     if set(configs) - set(CONFIGS) or set(runs) - {"t2i", "ti2i"}:
         raise SystemExit(f"error: --configs from {list(CONFIGS)}, --runs from t2i, ti2i")
+    if args.repeats < 1:
+        raise SystemExit(f"error: --repeats must be at least 1, got {args.repeats}")
+    for c in configs:
+        if {"release_kv", "keep_ar_kv"} <= set(CONFIGS[c]):
+            raise SystemExit(f"error: config {c!r} has two KV-cache policies (release_kv and keep_ar_kv)")
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda", 0)
     if device.type == "cpu":
         device = torch.device("cpu")
@@ -266,34 +280,38 @@ def main(argv=None) -> int:
                "snapshots": snapshots}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1))
+    def record(name: str, config: str, on: tuple[str, ...], repeat: int, mem: PhaseMemory, result) -> None:
+        peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
+        # Held only by this bench: the bf16 VAE copy (when its lever is off) or the fp32 VAE
+        # (when on: a --vae-dtype bfloat16 process holds the bf16 one alone).
+        extra = 0 if bf16_vae_only else vae_bytes if "vae_bf16" in on else vae16_bytes
+        row = {"run": name, "config": config, "levers": list(on), "repeat": repeat, "phases": mem.phases,
+               "peak_bytes": peak, "projected_peak_bytes": None if peak is None else peak - extra,
+               "bench_only_bytes": extra, "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
+        if cuda:
+            row["peak_over_weights_bytes"] = row["projected_peak_bytes"] - weights
+            if name == "t2i":   # without the editing modules a T2I process does not hold
+                row["t2i_process_peak_bytes"] = row["projected_peak_bytes"] - (weights - t2i_weights)
+        rows.append(row)
+        tag = f"{config}#{repeat}" if args.repeats > 1 else config
+        for phase, ph in mem.phases.items():
+            fmt = (lambda b: "-" if b is None else f"{b / 1e9:.2f} GB")
+            print(f"{name:5} {tag:11} {phase:9} start {fmt(ph['start_bytes'])}, peak {fmt(ph['peak_bytes'])}"
+                  f" ({ph['wall_ms']} ms)", flush=True)
+        if cuda:
+            t2i = (f"; a T2I process: {row['t2i_process_peak_bytes'] / 1e9:.2f} GB" if name == "t2i" else "")
+            print(f"{name:5} {tag:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
+                  f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights){t2i}",
+                  flush=True)
+        write(rows, [])
+
     for config in configs:
         on = CONFIGS[config]
         for name, req in reqs.items():
-            with levers(pipe, on, vae16):
-                mem = PhaseMemory(device)
-                result = pipe.generate(req, profiler=mem)
-            peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
-            # Held only by this bench: the bf16 VAE copy (when its lever is off) or the fp32 VAE
-            # (when on: a --vae-dtype bfloat16 process holds the bf16 one alone).
-            extra = 0 if bf16_vae_only else vae_bytes if "vae_bf16" in on else vae16_bytes
-            row = {"run": name, "config": config, "levers": list(on), "phases": mem.phases, "peak_bytes": peak,
-                   "projected_peak_bytes": None if peak is None else peak - extra,
-                   "bench_only_bytes": extra, "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()}}
-            if cuda:
-                row["peak_over_weights_bytes"] = row["projected_peak_bytes"] - weights
-                if name == "t2i":   # without the editing modules a T2I process does not hold
-                    row["t2i_process_peak_bytes"] = row["projected_peak_bytes"] - (weights - t2i_weights)
-            rows.append(row)
-            for phase, ph in mem.phases.items():
-                fmt = (lambda b: "-" if b is None else f"{b / 1e9:.2f} GB")
-                print(f"{name:5} {config:11} {phase:9} start {fmt(ph['start_bytes'])}, peak {fmt(ph['peak_bytes'])}"
-                      f" ({ph['wall_ms']} ms)", flush=True)
-            if cuda:
-                t2i = (f"; a T2I process: {row['t2i_process_peak_bytes'] / 1e9:.2f} GB" if name == "t2i" else "")
-                print(f"{name:5} {config:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
-                      f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights){t2i}",
-                      flush=True)
-            write(rows, [])
+            with levers(pipe, on, vae16):   # the repeats share the config's pool (what a server keeps)
+                for repeat in range(args.repeats):
+                    mem = PhaseMemory(device)
+                    record(name, config, on, repeat, mem, pipe.generate(req, profiler=mem))
     snapshots = []
     if args.snapshot and cuda:
         for config in ("baseline", "all"):

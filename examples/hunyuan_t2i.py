@@ -189,7 +189,8 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--kv-caches", default="keep", choices=KV_CACHE_POLICIES,
                    help="'keep': the KV caches stay allocated between requests (a CUDA-graph decode is recorded "
                         "once); 'release': the AR cache is freed after AR, the denoise caches after denoise "
-                        "(before the VAE decode), for less memory at each peak")
+                        "(before the VAE decode), for less memory at each peak; 'keep-ar': the denoise caches "
+                        "released, the AR cache kept (the decode graph records once)")
     p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                    help="the memory a rank may use (GB, 1e9 bytes): a plan whose weights do not fit it is refused "
                         "before any weight is read, and on GPU the caching allocator is capped to it (as on a card "

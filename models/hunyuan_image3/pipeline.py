@@ -73,7 +73,9 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         `kv_caches`: "keep" (the AR and denoise KV caches stay allocated between requests, at
         the same addresses, so a CUDA-graph decode step is recorded once) or "release" (the AR
         cache is freed when AR ends, the denoise caches when denoise ends, before the VAE
-        decode: less memory at each phase's peak; the decode step records again every request).
+        decode: less memory at each phase's peak; the decode step records again every request)
+        or "keep-ar" (the denoise caches released as by "release", the AR cache kept: its
+        CUDA-graph decode records once, for the AR cache's bytes at the denoise and VAE peaks).
         `vae_row_chunks` > 1: a decode on one rank, and an edit's reference encode, run their
         big maps' convolutions over that many slabs of rows (exact; fewer whole maps at once:
         `HunyuanVAE.decode`, `HunyuanVAE.encode`)."""

@@ -17,15 +17,18 @@ from dtgen.attention import AttentionMeta, KVCache, SlotRuns, slots_of_runs
 from dtgen.seq_split import gather_output, split_input
 from dtgen.sequence import SlotHole
 
-# What the pipeline does with its KV caches between phases and requests (`kv_caches`).
-KV_CACHE_POLICIES = ("keep", "release")
+# What the pipeline does with its KV caches between phases and requests (`kv_caches`):
+# "keep" all of them, "release" each phase's when it ends, or "keep-ar": release the denoise
+# caches (the largest) but keep the AR cache, whose CUDA-graph decode then records once.
+KV_CACHE_POLICIES = ("keep", "release", "keep-ar")
 
 
 class DecoderStack:
     def _release_phase_caches(self, roles: str) -> None:
-        """kv_caches="release": drop the kept caches whose role starts with `roles` ("ar",
-        "denoise") and what was recorded over them, and hand the memory back."""
-        if self.kv_caches != "release":
+        """kv_caches="release" (or "keep-ar" for the denoise caches): drop the kept caches whose
+        role starts with `roles` ("ar", "denoise") and what was recorded over them, and hand
+        the memory back."""
+        if self.kv_caches == "keep" or (self.kv_caches == "keep-ar" and roles == "ar"):
             return
         self._caches.drop(roles)
         if roles == "ar":   # the decode steps' recordings hold the dropped cache's addresses

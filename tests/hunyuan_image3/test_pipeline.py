@@ -247,6 +247,33 @@ def test_released_caches_change_no_output_and_leave_no_cache(tiny_checkpoint, mo
         HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", kv_caches="drop")
 
 
+def test_keep_ar_releases_the_denoise_caches_and_keeps_the_ar_cache_across_requests(tiny_checkpoint, monkeypatch):
+    """kv_caches="keep-ar" (--kv-caches keep-ar): the denoise caches are gone when the VAE
+    decodes, the AR cache stays, and the next request of the same shape decodes into the same
+    buffers (so a CUDA-graph decode step records once); outputs are the kept-cache pipeline's."""
+    from models.hunyuan_image3.loading import load
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+    from models.hunyuan_image3.requests import T2IRequest
+    req = T2IRequest(prompt="a fox", steps=2, max_new_tokens=3, image_size="256x256", seed=5, ignore_stop=True)
+    loaded = load(tiny_checkpoint, get_plan("single"))
+    keep = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(req)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", kv_caches="keep-ar")
+    seen = {}
+    decode_image = pipe.decode_image
+
+    def decode(*a, **k):
+        seen["vae"] = sorted(pipe._caches._kept)
+        return decode_image(*a, **k)
+    monkeypatch.setattr(pipe, "decode_image", decode)
+    first = pipe.generate(req)
+    assert seen == {"vae": ["ar"]}
+    ar_k = pipe._caches.kept("ar").layers[0].k.data_ptr()
+    second = pipe.generate(req)
+    assert pipe._caches.kept("ar").layers[0].k.data_ptr() == ar_k
+    for out in (first, second):
+        assert out.tokens == keep.tokens and torch.equal(out.latents, keep.latents)
+
+
 def test_vae_dtype_overrides_the_checkpoint(tiny_checkpoint):
     """--vae-dtype bfloat16: the VAE's weights (and so its compute) in bf16, the rest as asked."""
     from models.hunyuan_image3.loading import load
