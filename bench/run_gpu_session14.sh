@@ -28,6 +28,11 @@
 # memory: bench_memory, T2I and TI2I at 32 layers with MEMORY_CONFIGS (default lean: every lever
 #         but the MoE token chunks) and the dense linears in MEMORY_DENSE (default fp8).
 # wanpeers: Wan's DiT against diffusers (bench_peers), WAN_MODES (regions) x WAN_VARIANTS.
+# Added in session 18:
+# ti2i:   the CLI's TI2I edit on the released shapes (random weights, FP8 experts and dense
+#         linears, a random 1024x1024 reference, 256 AR tokens, 10 steps) with TI2I_ARGS
+#         (e.g. "--profile /tmp/prof --profile-top 40": each phase's kernels, the condition's too).
+# MEMORY_ARGS: more flags for bench_memory (e.g. "--repeats 2").
 # T2I_ARGS: more flags for the t2i stage's runs (e.g. "--profile /tmp/prof --profile-top 40").
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
 set -u
@@ -90,13 +95,19 @@ t2i)
   ;;
 memory)
   TAIL=16 step bench_memory "${MEMORY_LIMIT:-300}" python3 -m bench.bench_memory --configs "${MEMORY_CONFIGS:-lean}" \
-      --dense-dtype "${MEMORY_DENSE:-fp8}" --out "$OUT/bench_memory.json"
+      --dense-dtype "${MEMORY_DENSE:-fp8}" ${MEMORY_ARGS:-} --out "$OUT/bench_memory.json"
+  ;;
+ti2i)
+  python3 -c "import numpy as np; from PIL import Image; Image.fromarray((np.random.RandomState(5).rand(1024, 1024, 3) * 255).astype('uint8')).save('/tmp/ti2i_ref.png')"
+  step ti2i_dense_fp8 "${TI2I_LIMIT:-200}" python3 -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile \
+      --dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 ${TI2I_ARGS:-} \
+      --report "$OUT/ti2i_dense_fp8.json" --output /tmp/ti2i_dense_fp8.png
   ;;
 wanpeers)
   TAIL=20 step wan_peers "${WAN_LIMIT:-300}" python3 -m bench.bench_peers --models "${WAN_MODELS:-1.3B,14B-8}" \
       --modes "${WAN_MODES:-regions}" --variants "${WAN_VARIANTS:-bf16,dense-fp8,attn-fp8,fp8}" --out "$OUT/wan_peers.json"
   ;;
-*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae, memory, wanpeers)"; exit 2 ;;
+*) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae, memory, wanpeers, ti2i)"; exit 2 ;;
 esac; done
 # At most 8 files come back from a device call: the logs travel as one archive.
 (cd "$OUT" && tar czf logs.tgz *.log && rm -f *.log)
