@@ -32,6 +32,7 @@
 # ti2i:   the CLI's TI2I edit on the released shapes (random weights, FP8 experts and dense
 #         linears, a random 1024x1024 reference, 256 AR tokens, 10 steps) with TI2I_ARGS
 #         (e.g. "--profile /tmp/prof --profile-top 40": each phase's kernels, the condition's too).
+# NO_VAE_PROBE=1: the vae stage without its probe (the suite alone).
 # MEMORY_ARGS: more flags for bench_memory (e.g. "--repeats 2").
 # T2I_ARGS: more flags for the t2i stage's runs (e.g. "--profile /tmp/prof --profile-top 40").
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
@@ -85,7 +86,7 @@ serve)
       -- --random-weights full --moe-dtype fp8 --compile
   ;;
 vae)
-  step vae_conv_probe "${VAE_LIMIT:-150}" python3 -m bench.probes.vae_conv_probe --out "$OUT/vae_conv_probe.json"
+  [ -z "${NO_VAE_PROBE:-}" ] && step vae_conv_probe "${VAE_LIMIT:-150}" python3 -m bench.probes.vae_conv_probe --out "$OUT/vae_conv_probe.json"
   [ -z "${NO_VAE_SUITE:-}" ] && step bench_vae_suite "${VAE_LIMIT:-300}" python3 -m bench.bench_vae --suite ${VAE_SUITE_ARGS:-} \
       --out "$OUT/bench_vae_suite.json"
   ;;
