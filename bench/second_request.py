@@ -34,7 +34,6 @@ How to read it:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess

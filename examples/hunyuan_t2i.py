@@ -127,7 +127,7 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     official.add_argument("--use-taylor-cache", action="store_true", help="the Taylor cache, at the defaults below")
     for flag, kind, default in TAYLOR_FLAGS:
         if kind is bool:
-            official.add_argument(flag, action="store_true", default=None, help=f"(default: off)")
+            official.add_argument(flag, action="store_true", default=None, help="(default: off)")
         else:
             official.add_argument(flag, type=kind, default=None, metavar="N", help=f"(default: {default})")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,

@@ -159,7 +159,7 @@ def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: fl
             else:
                 if files:
                     name = sorted(files)[0]
-                    raise RequestError(name, f"a file is not taken here (image edits: POST /v1/images/edits)")
+                    raise RequestError(name, "a file is not taken here (image edits: POST /v1/images/edits)")
                 parsed = await asyncio.to_thread(adapter.parse, fields, form)
         except RequestError as e:
             return refuse(422, str(e), e.field)

@@ -49,7 +49,7 @@ def taylor_from_official(kwargs: dict) -> TaylorConfig | None:
             continue
         name = key.removeprefix("taylor_cache_")
         if name not in OFFICIAL_TAYLOR_KNOBS:
-            raise StepCacheError(key, f"is not an official Taylor-cache keyword; known: taylor_cache_"
+            raise StepCacheError(key, "is not an official Taylor-cache keyword; known: taylor_cache_"
                                       + ", taylor_cache_".join(OFFICIAL_TAYLOR_KNOBS))
         knobs[OFFICIAL_TAYLOR_KNOBS[name]] = value
     return step_cache_config("taylor", **knobs)

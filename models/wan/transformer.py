@@ -44,7 +44,6 @@ float32; the QK RMSNorms are torch's `rms_norm` in the activation dtype.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import NamedTuple
 
 import torch
