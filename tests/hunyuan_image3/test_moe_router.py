@@ -150,10 +150,10 @@ def test_triton_one_launch_tokens_experts_topk(T, E, K):
     the counters back at 0."""
     from kernels.arrival_counters import all_counters_zero
 
-    x, w = _case(T, E, 4096 if T in (1, 16) else 200, seed=31 * T + E + K)
+    x, w = _case(T, E, 4096 if T in (1, 16) else 200, seed=31 * T + E + K, device=_device())
     _assert_separated(x, w, K)
     got = moe_route_topk(x, w, K, impl="triton")
-    _assert_route(got, moe_route_topk_reference(x, w, K))
+    _assert_route(got, moe_route_topk_reference(x.cpu(), w.cpu(), K))
     again = moe_route_topk(x, w, K, impl="triton")
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]) and all_counters_zero()
 
