@@ -55,6 +55,11 @@ def _cl_empty(shape, like: Tensor) -> Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=_CL)
 
 
+def _is_cl(module: nn.Module) -> bool:
+    """Whether a conv runs the channels-last path (a split decode's HaloConv never does)."""
+    return getattr(module, "channels_last", False)
+
+
 def _positions(x: Tensor) -> Tensor:
     """[B, C, T, H, W] -> [B, T, H, W, C]: for a channels_last_3d map, its memory as a
     contiguous view (channels fastest)."""
@@ -313,7 +318,7 @@ def norm_silu_conv_rows_with(x: Tensor, norm: VAEGroupNorm, stats: tuple[Tensor,
     `stats`: the norm's statistics of the whole map (x may be part of its frames)."""
     h = x.shape[-2]
     p = conv.kernel_size[1] // 2
-    cl = conv.channels_last
+    cl = _is_cl(conv)
     for a, b in _row_slabs(h, chunks):
         lo, hi = max(a - p, 0), min(b + p, h)
         y = F.silu(norm.normalize(x[..., lo:hi, :], stats), inplace=True)
@@ -388,7 +393,7 @@ class AttnBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         b, c, t, h, w = x.shape
         n = self.norm(x)
-        if self.q.channels_last:   # tokens are the positions of the channels_last map: views
+        if _is_cl(self.q):   # tokens are the positions of the channels_last map: views
             def tokens_cl(y: Tensor) -> Tensor:
                 return _positions(y).reshape(b, 1, t * h * w, c)
             a = F.scaled_dot_product_attention(tokens_cl(self.q(n)), tokens_cl(self.k(n)), tokens_cl(self.v(n)))
@@ -432,7 +437,7 @@ class Upsample(nn.Module):
         self.conv = VAEConv3d(in_channels, out_channels * factor, 3)
 
     def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
-        if self.conv.channels_last:
+        if _is_cl(self.conv):
             return self._forward_cl(x, row_chunks)
         # repeat_interleave (each channel `repeats` times in a row), NOT tile: after the
         # (rt, rh, rw, c) split, output channel c at sub-position s reads input channel
@@ -541,7 +546,7 @@ class Downsample(nn.Module):
         self.conv = VAEConv3d(in_channels, out_channels // factor, 3)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.conv.channels_last:
+        if _is_cl(self.conv):
             return self._forward_cl(x)
         h = _space_to_depth(self.conv(x), self.rt)
         shortcut = _space_to_depth(x, self.rt)
@@ -648,7 +653,7 @@ class VAEDecoder(nn.Module):
         conv_out reads the last two frames alone (zero time padding after them).
         `row_chunks` > 1: the big maps' convolutions run over that many slabs of rows, so that
         fewer whole maps live at once (exact; see ResnetBlock.forward)."""
-        if self.conv_in.channels_last:
+        if _is_cl(self.conv_in):
             z = z.contiguous(memory_format=_CL)
             h = self.conv_in(z)
             # the shortcut: channel c reads latent channel c // in_repeats, added in place
@@ -726,7 +731,7 @@ class VAEEncoder(nn.Module):
         """`row_chunks` > 1: the ResnetBlocks' norm -> SiLU -> conv run over that many slabs of
         rows, as the decoder's (exact; ResnetBlock.forward): the first level's 4-frame maps are
         what an edit's condition encode peaks on."""
-        cl = self.conv_in.channels_last
+        cl = _is_cl(self.conv_in)
         h = self.conv_in(x.contiguous(memory_format=_CL) if cl else x)
         for level in self.down:
             h = level(h, row_chunks)
@@ -804,7 +809,7 @@ class HunyuanVAE(nn.Module):
     @property
     def channels_last(self) -> dict[str, bool]:
         """Which parts run the channels-last path."""
-        return {name: bool(part is not None and part.conv_in.channels_last)
+        return {name: bool(part is not None and _is_cl(part.conv_in))
                 for name, part in (("decoder", self.decoder), ("encoder", self.encoder))}
 
     def encode(self, pixels: Tensor, generator: Optional[torch.Generator] = None,
@@ -867,4 +872,4 @@ class HunyuanVAE(nn.Module):
         image = self.decoder(self._to_decoder_space(latents), last_frame=True, row_chunks=row_chunks)[:, :, -1]
         # channels-last: the image [B, 3, H, W] is a strided view of the last frame; callers
         # get the usual layout (3 channels: a small copy)
-        return image.contiguous() if self.decoder.conv_in.channels_last else image
+        return image.contiguous() if _is_cl(self.decoder.conv_in) else image
