@@ -135,3 +135,19 @@ def test_row_chunks_are_slabbed_on_the_channels_last_path(vae32, monkeypatch):
         vae32.set_channels_last(False)
     ups = {id(level.upsample.conv) for level in vae32.decoder.up if level.upsample is not None}
     assert ups <= {id(c) for c in calls} and len(calls) > 2 * len(ups)
+
+
+def test_pipeline_layout_choice(vae32):
+    """The pipeline's vae_layout: "auto" is channels-last only for a bf16 / fp16 VAE on CUDA
+    (float32 keeps the golden-exact NCDHW path); explicit choices are kept."""
+    from models.hunyuan_image3.pipeline import _resolve_vae_layout
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert _resolve_vae_layout("auto", vae32, cpu) == "ncdhw"
+    assert _resolve_vae_layout("auto", vae32, cuda) == "ncdhw"
+    assert _resolve_vae_layout("channels-last", vae32, cpu) == "channels-last"
+    assert _resolve_vae_layout("auto", None, cuda) == "ncdhw"
+    with torch.device("meta"):
+        bf16 = HunyuanVAE(VAEConfig.from_dict(CFG)).to(torch.bfloat16)
+    assert _resolve_vae_layout("auto", bf16, cuda) == "channels-last"
+    assert _resolve_vae_layout("auto", bf16, cpu) == "ncdhw"
+    assert _resolve_vae_layout("ncdhw", bf16, cuda) == "ncdhw"
