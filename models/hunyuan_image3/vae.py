@@ -60,6 +60,15 @@ def _is_cl(module: nn.Module) -> bool:
     return getattr(module, "channels_last", False)
 
 
+def _add_into(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out[...] = a + b in one pass (out a strided view); under torch.compile as a copy_ of the
+    sum, which inductor fuses (it refuses out= views)."""
+    if torch.compiler.is_compiling():
+        out.copy_(a + b)
+    else:
+        torch.add(a, b, out=out)
+
+
 def _positions(x: Tensor) -> Tensor:
     """[B, C, T, H, W] -> [B, T, H, W, C]: for a channels_last_3d map, its memory as a
     contiguous view (channels fastest)."""
@@ -493,7 +502,7 @@ class Upsample(nn.Module):
             lo, hi = max(a - 1, 0), min(bb + 1, h)
             y = self.conv(x) if len(slabs) == 1 else _cl_rows_conv(self.conv, x[..., lo:hi, :], a, bb, lo, hi)
             y = _positions(y).unflatten(-1, (rt, 2, 2, q, r)).permute(0, 1, 4, 2, 5, 3, 6, 7, 8)
-            torch.add(y, shortcut[:, :, :, a:bb], out=out_m[:, :, :, a:bb])
+            _add_into(y, shortcut[:, :, :, a:bb], out_m[:, :, :, a:bb])
             del y
         return out
 
@@ -571,7 +580,7 @@ class Downsample(nn.Module):
         y_m = _positions(y).reshape(b, t, rt, h, 2, w, 2, o).permute(0, 1, 3, 5, 2, 4, 6, 7)
         x_m = _positions(x).reshape(b, t, rt, h, 2, w, 2, c_in).permute(0, 1, 3, 5, 2, 4, 6, 7)
         shortcut = x_m.unflatten(-1, (o, gs)).mean(dim=-1)
-        torch.add(y_m, shortcut, out=out_m)
+        _add_into(y_m, shortcut, out_m)
         return out
 
 
