@@ -3,6 +3,18 @@
     python -m bench.bench_vae [--latent 64x64] [--dtype bf16] [--out outputs/bench_vae.json]
     torchrun --nproc-per-node 4 -m bench.bench_vae [...]
     python -m bench.bench_vae --suite [--out outputs/bench_vae_suite.json]   # one GPU: the variants below
+    python -m bench.bench_vae --suite --variants bf16_fast_eager,bf16_cl_eager,... [--only-bf16]
+
+``--variants`` runs only the named ones (in the suite's order; `suite_variants` lists them),
+``--only-bf16`` leaves out the fp32 ones (fp32_plain_eager alone took 2.6 s a call and 129 s
+of first call on an H200). Decode variants are compared against fp32_plain_eager when it
+runs, else against bf16_fast_eager (the bf16 NCDHW decode, computed untimed if not
+selected); encode variants (enc_*: the posterior mean of the 16h x 16w image, the edit's
+reference encode) against enc_bf16_fast_eager. The JSON's "reference" says which, and each
+row its "vs" and "speedup_vs_ref". The channels-last variants (*_cl_*: the decoder / encoder
+kept channels_last_3d, HunyuanVAE.set_channels_last; "cl_cached" keeps the 2-D kernels)
+measure what cuDNN's layout conversions and the NCDHW convs cost (module docstring of
+models/hunyuan_image3/vae.py).
 
 ``--suite`` (one process): the plain decode of one 1024x1024 image in float32 and bfloat16,
 each with the decoder's fast paths (models/hunyuan_image3/vae.py: folded 2-D convs on 1 and
@@ -63,14 +75,15 @@ from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
 OFFICIAL_VAE = {"block_out_channels": [128, 256, 512, 1024, 1024], "layers_per_block": 2, "latent_channels": 32,
                 "out_channels": 3, "ffactor_spatial": 16, "ffactor_temporal": 4,
                 "scaling_factor": 0.562679178327931, "shift_factor": None, "upsample_match_channel": True}
-TINY_VAE = {**OFFICIAL_VAE, "block_out_channels": [32, 32, 32, 32, 32]}
+TINY_VAE = {**OFFICIAL_VAE, "block_out_channels": [32, 32, 64, 64, 64]}   # encoder: its last width is 2*latent
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def build_vae(cfg: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> HunyuanVAE:
+def build_vae(cfg: dict, dtype: torch.dtype, device: torch.device, seed: int = 0,
+              with_encoder: bool = False) -> HunyuanVAE:
     """Random weights with the tiny checkpoint's recipe (norm scales ~1, small conv weights)."""
     with torch.device("meta"):
-        vae = HunyuanVAE(VAEConfig.from_dict(cfg))
+        vae = HunyuanVAE(VAEConfig.from_dict({**cfg, "only_decoder": not with_encoder}), with_encoder=with_encoder)
     g = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, p in vae.named_parameters():
@@ -164,23 +177,51 @@ def conv_flops(cfg: dict, h: int, w: int) -> dict:
 
 
 def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
-    """The one-GPU variants (module docstring): {name: {ms, peak_gib, max_abs_dev, rel_l2, ...}}."""
+    """The one-GPU variants (module docstring): {name: {ms, peak_gib, max_abs_dev, rel_l2, ...}}.
+
+    Decode variants are compared against `reference` (fp32_plain_eager when it is selected,
+    else bf16_fast_eager: the bf16 NCDHW decode), encode variants (enc_*: the posterior mean
+    of a 16h x 16w image) against enc_bf16_fast_eager; a reference that is not selected is
+    computed once, untimed. `report["reference"]` says which."""
     h, w = (int(v) for v in args.latent.lower().split("x"))
     cfg = TINY_VAE if args.tiny else OFFICIAL_VAE
     latents = torch.randn(1, 32, h, w, generator=torch.Generator().manual_seed(1)).to(device)
-    vaes = {name: build_vae(cfg, dtype, device) for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    out, ref = {}, None
+    pixels = (torch.rand(1, 3, 16 * h, 16 * w, generator=torch.Generator().manual_seed(2)) * 2 - 1).to(device)
     cuda = device.type == "cuda"
+    variants = suite_variants(args, cuda)
+    names = [v["name"] for v in variants]
+    if args.variants:
+        wanted = [n.strip() for n in args.variants.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise SystemExit(f"--variants: unknown {unknown}; known: {names}")
+        variants = [v for v in variants if v["name"] in wanted]
+    if args.only_bf16:
+        variants = [v for v in variants if "fp32" not in v["name"]]
+    dtypes = {v["dtype"] for v in variants}
+    encode = any(v["kind"] == "encode" for v in variants)
+    vaes = {name: build_vae(cfg, dtype, device, with_encoder=encode) for name, dtype in
+            (("fp32", torch.float32), ("bf16", torch.bfloat16)) if name in dtypes or (name == "bf16" and encode)}
+    if "bf16" not in vaes:   # the bf16 reference of a run without fp32_plain_eager
+        vaes["bf16"] = build_vae(cfg, torch.bfloat16, device, with_encoder=encode)
+    out: dict = {}
+    decode_ref = "fp32_plain_eager" if "fp32_plain_eager" in [v["name"] for v in variants] else "bf16_fast_eager"
+    refs: dict = {"decode": None, "encode": None}
+    ref_names = {"decode": decode_ref, "encode": "enc_bf16_fast_eager"}
+    if report is not None:
+        report["reference"] = {**ref_names, "note": "max_abs_dev / rel_l2 of each variant against these (decode: "
+                               "the image; encode: the posterior mean); one not selected is computed once, untimed"}
+        report["variants_run"] = [v["name"] for v in variants]
 
-    def measure(name, fn, note=""):
+    def measure(v):
         try:
-            _measure(name, fn, note)
+            _measure(v)
         except Exception as e:   # one variant failing (a compile, say) leaves the others standing
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:500]}", "note": note}
-            print(name, json.dumps(out[name]), flush=True)
+            out[v["name"]] = {"error": f"{type(e).__name__}: {str(e)[:500]}", "note": v["note"]}
+            print(v["name"], json.dumps(out[v["name"]]), flush=True)
 
-    def _measure(name, fn, note=""):
-        nonlocal ref
+    def _measure(v):
+        name, fn = v["name"], v["make"](vaes, latents, pixels)
         if cuda:   # the peak of the first call (its cuDNN algorithm search included)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
@@ -189,62 +230,102 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
         sync(device)
         first_s = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
-        if ref is None:
-            ref = image
+        if name == ref_names[v["kind"]]:
+            refs[v["kind"]] = image
+        ref = refs[v["kind"]]
         diff = image - ref
         out[name] = {"ms": round(median_ms(fn, device, args.warmup, args.reps), 2),
                      "peak_gib": None if peak is None else round(peak, 3),
                      "first_call_s": round(first_s, 2), "max_abs_dev": diff.abs().max().item(),
                      "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(),
-                     "cudnn_tf32": torch.backends.cudnn.allow_tf32, "note": note}
+                     "vs": ref_names[v["kind"]], "kind": v["kind"], "layout": v["layout"],
+                     "cudnn_tf32": torch.backends.cudnn.allow_tf32, "note": v["note"]}
+        base = out.get(ref_names[v["kind"]], {}).get("ms")
+        if base and name != ref_names[v["kind"]]:
+            out[name]["speedup_vs_ref"] = round(base / out[name]["ms"], 3)
         print(name, json.dumps(out[name]), flush=True)
         if report is not None and args.out:   # after every variant: a run cut short keeps what it measured
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**report, "results": out}, indent=1))
 
-    def compiled(dtype):
-        vae, made = vaes[dtype], {}
-
-        def run():   # compiled on first call, inside measure's guard
-            if "decoder" not in made:
-                made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
-            return made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
-        return run
-
-    def decode(dtype, **kw):
-        return lambda: vaes[dtype].decode(latents, **kw)
-
-    # (name, fn, note, cuDNN TF32, plain ops, CUDA only): most telling first, so that a run
-    # cut short by its time limit keeps them. The first is the reference: exact float32, the
-    # code before the fast paths.
-    compile_note = f"torch.compile({args.compile_backend}) of the decoder"
-    variants = [("fp32_plain_eager", decode("fp32"), "reference: F.conv3d, nn.GroupNorm", False, True, False),
-                ("fp32_fast_eager", decode("fp32"), "", False, False, False),
-                ("fp32_tf32_plain_eager", decode("fp32"), "cuDNN TF32 on (torch's default)", True, True, True),
-                ("fp32_tf32_fast_eager", decode("fp32"), "cuDNN TF32 on", True, False, True),
-                ("bf16_plain_eager", decode("bf16"), "", False, True, False),
-                ("bf16_fast_eager", decode("bf16"), "", False, False, False)]
-    if not args.no_compile:
-        variants += [("bf16_fast_compiled", compiled("bf16"), compile_note, False, False, False),
-                     ("fp32_tf32_fast_compiled", compiled("fp32"), compile_note + ", cuDNN TF32 on", True, False, True),
-                     ("fp32_fast_compiled", compiled("fp32"), compile_note, False, False, False)]
-    variants += [("bf16_fast_chunks4_eager", decode("bf16", row_chunks=4), "--vae-chunks 4", False, False, False),
-                 ("fp32_fast_chunks4_eager", decode("fp32", row_chunks=4),
-                  "--vae-chunks 4: two whole maps at once instead of three", False, False, False)]
-    if cuda:
-        vaes["bf16_cl"] = build_vae(cfg, torch.bfloat16, device).to(memory_format=torch.channels_last_3d)
-        variants.append(("bf16_fast_channels_last_eager", decode("bf16_cl"), "channels_last_3d weights", False, False,
-                         True))
     tf32 = torch.backends.cudnn.allow_tf32
     with torch.inference_mode():
-        for name, fn, note, use_tf32, plain, cuda_only in variants:
-            if cuda_only and not cuda:
-                continue
-            torch.backends.cudnn.allow_tf32 = use_tf32
-            with plain_ops() if plain else contextlib.nullcontext():
-                measure(name, fn, note)
+        for kind in ("decode", "encode"):   # the references first, untimed, where not selected
+            if any(v["kind"] == kind for v in variants) and ref_names[kind] not in [v["name"] for v in variants]:
+                vae = vaes["bf16"].set_channels_last(False)
+                refs[kind] = (vae.decode(latents) if kind == "decode" else
+                              vae.encode(pixels, torch.Generator().manual_seed(0)).mean).float()
+        for v in variants:
+            torch.backends.cudnn.allow_tf32 = v["tf32"]
+            for vae in vaes.values():
+                vae.set_channels_last(v["layout"] != "ncdhw", cache_weights=v["layout"] == "cl_cached")
+            with plain_ops() if v["plain"] else contextlib.nullcontext():
+                measure(v)
+            for vae in vaes.values():
+                vae.set_channels_last(False)
     torch.backends.cudnn.allow_tf32 = tf32
     return out
+
+
+def suite_variants(args, cuda: bool) -> list[dict]:
+    """Every --suite variant, most telling first (a run cut short by its time limit keeps them):
+    name, kind (decode / encode), dtype, layout (ncdhw; cl: HunyuanVAE.set_channels_last with
+    its 2-D kernels made per call; cl_cached: kept), cuDNN TF32, plain ops, note, make(vaes,
+    latents, pixels) -> the timed callable."""
+    compile_note = f"torch.compile({args.compile_backend}) of the decoder"
+
+    def decode(dtype, **kw):
+        return lambda vaes, latents, pixels: (lambda: vaes[dtype].decode(latents, **kw))
+
+    def encode(dtype, **kw):
+        return lambda vaes, latents, pixels: (
+            lambda: vaes[dtype].encode(pixels, torch.Generator().manual_seed(0), **kw).mean)
+
+    def compiled(dtype):
+        def make(vaes, latents, pixels):
+            vae, made = vaes[dtype], {}
+
+            def run():   # compiled on first call, inside measure's guard
+                if "decoder" not in made:
+                    made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
+                image = made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
+                return image.contiguous()
+            return run
+        return make
+
+    def var(name, make, note="", dtype="bf16", layout="ncdhw", tf32=False, plain=False, kind="decode"):
+        return {"name": name, "make": make, "note": note, "dtype": dtype, "layout": layout, "tf32": tf32,
+                "plain": plain, "kind": kind}
+    cl_note = "channels-last resident (HunyuanVAE.set_channels_last)"
+    variants = [var("fp32_plain_eager", decode("fp32"), "reference: F.conv3d, nn.GroupNorm", "fp32", plain=True),
+                var("fp32_fast_eager", decode("fp32"), dtype="fp32"),
+                var("bf16_fast_eager", decode("bf16"), "NCDHW: the bf16 reference without fp32 variants"),
+                var("bf16_cl_eager", decode("bf16"), cl_note + ", 2-D kernels made per call", layout="cl"),
+                var("bf16_cl_cached_eager", decode("bf16"), cl_note + ", 2-D kernels kept (cache_weights)",
+                    layout="cl_cached"),
+                var("bf16_fast_chunks4_eager", decode("bf16", row_chunks=4), "--vae-chunks 4"),
+                var("bf16_cl_chunks4_eager", decode("bf16", row_chunks=4), cl_note + ", --vae-chunks 4", layout="cl"),
+                var("enc_bf16_fast_eager", encode("bf16"), "encode: NCDHW", kind="encode"),
+                var("enc_bf16_cl_eager", encode("bf16"), "encode: " + cl_note, layout="cl", kind="encode"),
+                var("enc_bf16_fast_chunks4_eager", encode("bf16", row_chunks=4), "encode: --vae-chunks 4",
+                    kind="encode"),
+                var("enc_bf16_cl_chunks4_eager", encode("bf16", row_chunks=4), "encode: " + cl_note + ", --vae-chunks 4",
+                    layout="cl", kind="encode"),
+                var("fp32_tf32_plain_eager", decode("fp32"), "cuDNN TF32 on (torch's default)", "fp32", tf32=True,
+                    plain=True),
+                var("fp32_tf32_fast_eager", decode("fp32"), "cuDNN TF32 on", "fp32", tf32=True),
+                var("bf16_plain_eager", decode("bf16"), plain=True),
+                var("fp32_fast_chunks4_eager", decode("fp32", row_chunks=4),
+                    "--vae-chunks 4: two whole maps at once instead of three", "fp32")]
+    if not args.no_compile:
+        variants += [var("bf16_cl_compiled", compiled("bf16"), compile_note + ", " + cl_note, layout="cl"),
+                     var("bf16_fast_compiled", compiled("bf16"), compile_note),
+                     var("fp32_tf32_fast_compiled", compiled("fp32"), compile_note + ", cuDNN TF32 on", "fp32",
+                         tf32=True),
+                     var("fp32_fast_compiled", compiled("fp32"), compile_note, "fp32")]
+    if not cuda:   # TF32 means nothing on the CPU
+        variants = [v for v in variants if not v["tf32"]]
+    return variants
 
 
 def main() -> None:
@@ -258,6 +339,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--suite", action="store_true", help="one process: fp32 / bf16, fast / plain ops, eager / compiled")
     ap.add_argument("--no-compile", action="store_true", help="with --suite: leave out the compiled variants")
+    ap.add_argument("--variants", default=None, metavar="NAME,NAME",
+                    help="with --suite: run only these variants, in the suite's order (an unknown name lists them)")
+    ap.add_argument("--only-bf16", action="store_true", help="with --suite: leave out the fp32 variants (slow: "
+                    "fp32_plain_eager is 2.6 s a call and 129 s of first call on an H200)")
     ap.add_argument("--compile-backend", default="inductor", help="with --suite: torch.compile backend")
     ap.add_argument("--flops", action="store_true", help="only count the decoder's conv FLOPs (on meta; any machine)")
     args = ap.parse_args()

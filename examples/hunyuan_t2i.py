@@ -183,6 +183,10 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--vae-chunks", type=int, default=None, metavar="N",
                    help="decode on one rank (and encode an edit's reference) with the VAE's big maps convolved N "
                         "slabs of rows at a time (exact; two whole maps live at once instead of three; default 1)")
+    p.add_argument("--vae-layout", default="auto", choices=("auto", "channels-last", "ncdhw"),
+                   help="the VAE's activation layout: channels-last (channels_last_3d from its first conv to its last: "
+                        "cuDNN's bf16 convs without layout conversions) or ncdhw; auto (default): channels-last for a "
+                        "bf16 VAE on CUDA (--vae-dtype bfloat16), else ncdhw (the float32 golden path)")
     p.add_argument("--moe-token-chunk", type=int, default=None, metavar="N",
                    help="run the routed experts over at most N tokens a call (the dispatch buffers grow with "
                         "tokens x top-k: a memory lever for long denoise sequences; default: all at once)")
@@ -348,7 +352,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
                               kv_caches=args.kv_caches, vae_row_chunks=args.vae_chunks or 1,
-                              decode_impl=args.decode_impl)
+                              decode_impl=args.decode_impl, vae_layout=getattr(args, "vae_layout", "auto"))
     return pipe, loaded, device, dtype
 
 
@@ -653,7 +657,8 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "plan": args.plan, "world_size": args.world_size, "device": main_result["device"],
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
-        "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1, "kv_caches": args.kv_caches,
+        "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1,
+        "vae_layout": getattr(args, "vae_layout", "auto"), "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
         "dense_dtype": args.dense_dtype,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"

@@ -55,11 +55,25 @@ class _Prepared:
     image_size: tuple[int, int]
 
 
+VAE_LAYOUTS = ("auto", "channels-last", "ncdhw")
+
+
+def _resolve_vae_layout(layout: str, vae, device: torch.device) -> str:
+    """"auto": channels-last for a bf16 / fp16 VAE on CUDA (bench_vae --suite: bf16_cl_*
+    against bf16_fast_*), else ncdhw (float32 stays on the golden-exact path)."""
+    if vae is None:
+        return "ncdhw"
+    if layout != "auto":
+        return layout
+    dtype = next(vae.parameters()).dtype
+    return "channels-last" if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "ncdhw"
+
+
 class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
                  is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
                  prompt_bucket: int | None = None, decode_impl: str | None = None,
-                 kv_caches: str = "keep", vae_row_chunks: int = 1):
+                 kv_caches: str = "keep", vae_row_chunks: int = 1, vae_layout: str = "auto"):
         """`vae_group`: a process group to split the VAE decode over (every member decodes its
         rows; the main rank gets the image); None decodes on the main rank alone.
         `prompt_bucket`: the AR prompt and the denoise text pad to a multiple of this many
@@ -78,7 +92,14 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         CUDA-graph decode records once, for the AR cache's bytes at the denoise and VAE peaks).
         `vae_row_chunks` > 1: a decode on one rank, and an edit's reference encode, run their
         big maps' convolutions over that many slabs of rows (exact; fewer whole maps at once:
-        `HunyuanVAE.decode`, `HunyuanVAE.encode`)."""
+        `HunyuanVAE.decode`, `HunyuanVAE.encode`).
+        `vae_layout` (VAE_LAYOUTS): "channels-last" runs the VAE's maps channels_last_3d from
+        its first conv to its last (`HunyuanVAE.set_channels_last`: cuDNN's bf16 convs without
+        layout conversions), "ncdhw" the plain layout (the float32 golden path); "auto" picks
+        channels-last for a bf16 / fp16 VAE on CUDA, else ncdhw. A split decode (`vae_group`)
+        keeps its decoder on ncdhw (its halo convs); an edit's encode still follows the choice."""
+        if vae_layout not in VAE_LAYOUTS:
+            raise ValueError(f"vae_layout must be one of {VAE_LAYOUTS}, got {vae_layout!r}")
         if decode_impl is not None and decode_impl not in DECODE_IMPLS:
             raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
         self.decode_impl = decode_impl or ("triton" if torch.device(device).type == "cuda" else "sdpa")
@@ -91,6 +112,9 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         self.kv_caches = kv_caches
         self.model = model
         self.vae_group = vae_group
+        self.vae_layout = _resolve_vae_layout(vae_layout, getattr(model, "vae", None), torch.device(device))
+        if self.vae_layout == "channels-last":
+            model.vae.set_channels_last(True, decoder=vae_group is None)
         self.tok = tokenizer
         self.special: SpecialTokens = tokenizer.special
         self.controller = controller

@@ -18,6 +18,22 @@ Every convolution is a ``VAEConv3d`` (symmetric zero padding) called as a module
 halo-exchanging version without touching the blocks that call it. (The GroupNorm
 statistics and the mid-block attention span the whole image, so a split decode must
 handle those too; the upsamplers' depth-to-space is per position and splits freely.)
+
+Channels-last path (`HunyuanVAE.set_channels_last`, the pipeline's choice for a bf16 / fp16
+VAE on CUDA): the activation is kept channels_last_3d ([B, C, T, H, W] stored as B, T, H, W,
+C) from the first convolution to the last. Why: an H200 probe of one 4-frame conv (table
+s17-vae-conv in docs/performance.md) ran bf16 2-D convs over channels_last frames 25-35%
+faster than F.conv3d on NCDHW, and an fp32 in-request profile spent ~21 ms in cuDNN's
+nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels want channels last) besides
+~150 ms of convolutions. In that layout every frame is a channels_last 2-D image and the
+frames of one sample are consecutive, so the 5-D map IS a batch of channels_last frames (a
+view): each 3x3x3 conv runs as 2-D convs, one per time tap over the frames it meets (3T - 2
+frame-taps; `VAEConv3d._forward_cl`), 1x1x1 convs as one GEMM over positions, GroupNorm's
+statistics and its normalization read the strided map in place (`VAEGroupNorm`), residuals
+are added in place, and the upsampler's depth-to-space (the downsampler's space-to-depth)
+writes its channels_last output directly, its shortcut added in the same pass. The image
+and the encoder's moments come back contiguous. Same values as the NCDHW path up to
+summation order (tests/hunyuan_image3/test_vae_channels_last.py).
 """
 from __future__ import annotations
 
@@ -32,6 +48,31 @@ _GROUPS = 32
 _NORM_EPS = 1e-6
 # DiagonalGaussianDistribution clamps the log-variance to this range before exp().
 _LOGVAR_RANGE = (-30.0, 20.0)
+_CL = torch.channels_last_3d
+
+
+def _cl_empty(shape, like: Tensor) -> Tensor:
+    return torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=_CL)
+
+
+def _is_cl(module: nn.Module) -> bool:
+    """Whether a conv runs the channels-last path (a split decode's HaloConv never does)."""
+    return getattr(module, "channels_last", False)
+
+
+def _add_into(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out[...] = a + b in one pass (out a strided view); under torch.compile as a copy_ of the
+    sum, which inductor fuses (it refuses out= views)."""
+    if torch.compiler.is_compiling():
+        out.copy_(a + b)
+    else:
+        torch.add(a, b, out=out)
+
+
+def _positions(x: Tensor) -> Tensor:
+    """[B, C, T, H, W] -> [B, T, H, W, C]: for a channels_last_3d map, its memory as a
+    contiguous view (channels fastest)."""
+    return x.permute(0, 2, 3, 4, 1)
 
 
 @dataclass(frozen=True)
@@ -107,12 +148,18 @@ class VAEConv3d(nn.Conv3d):
     """
 
     FOLD_MAX_FRAMES = 2
+    # Set per instance by HunyuanVAE.set_channels_last: the input is channels_last_3d and so
+    # is the output (`_forward_cl`); `cache_cl_weights` keeps the 2-D channels_last kernels.
+    channels_last = False
+    cache_cl_weights = False
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
 
     def forward(self, x: Tensor, pad_rows: bool = True) -> Tensor:
         """`pad_rows=False`: no zero padding along H (a slab of rows that carries its halo)."""
+        if self.channels_last:
+            return self._forward_cl(x, pad_rows)
         k, t = self.kernel_size[0], x.shape[2]
         if k == 1:
             b, c, _, h, w = x.shape
@@ -134,6 +181,52 @@ class VAEConv3d(nn.Conv3d):
         y = F.conv2d(x.reshape(b, c * t, h, w), kernel, bias, padding=(ph, 1))
         return y.view(b, self.out_channels, t, y.shape[-2], w)
 
+    def cl_taps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The 3x3x3 kernel's three time taps as channels_last 2-D kernels [O, C, 3, 3] (one
+        copy of the weight, [kT, O, kH, kW, C] in memory). Kept when `cache_cl_weights` (and
+        remade only if the weight tensor is replaced, e.g. a phase binding another view), else
+        made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, their copy about 1 ms a
+        decode on an H200, a second resident copy 1.7 GB."""
+        w = self.weight
+        compiling = torch.compiler.is_compiling()
+        if self.cache_cl_weights and not compiling:
+            key = (w.data_ptr(), w._version, w.dtype, w.device)
+            cached = self.__dict__.get("_cl_taps_cache")
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        m = w.permute(2, 0, 3, 4, 1).contiguous()
+        taps = tuple(m[i].permute(0, 3, 1, 2) for i in range(3))
+        if self.cache_cl_weights and not compiling:
+            self.__dict__["_cl_taps_cache"] = (key, taps)
+        return taps
+
+    def _forward_cl(self, x: Tensor, pad_rows: bool) -> Tensor:
+        """The channels-last path (module docstring): x [B, C, T, H, W] channels_last_3d, read
+        as B*T channels_last frames (a view). 3x3x3: the middle tap over every frame, then the
+        first (second) tap's conv of frames 0..T-2 (1..T-1) added into frames 1..T-1 (0..T-2):
+        the 3T - 2 frame-taps that meet a frame, none on the zero time padding (the probe's
+        `taps2d_cl_resident`). 1x1x1: one GEMM over positions. Output channels_last_3d."""
+        b, c, t, h, w = x.shape
+        k = self.kernel_size[0]
+        if k == 1:
+            y = F.linear(_positions(x), self.weight.view(self.out_channels, c), self.bias)
+            return y.permute(0, 4, 1, 2, 3)
+        if k != 3:   # not in the VAE
+            return F.conv3d(x, self.weight.contiguous(memory_format=_CL), self.bias,
+                            padding=(k // 2, k // 2 if pad_rows else 0, k // 2))
+        pad = (1 if pad_rows else 0, 1)
+        frames = x.transpose(1, 2).flatten(0, 1)            # [B*T, C, H, W], channels_last
+        if t == 1 and not (self.cache_cl_weights and not torch.compiler.is_compiling()):
+            middle = self.weight[:, :, 1].contiguous(memory_format=torch.channels_last)
+            return F.conv2d(frames, middle, self.bias, padding=pad).unsqueeze(2)
+        before, middle, after = self.cl_taps()
+        y = F.conv2d(frames, middle, self.bias, padding=pad)
+        for i in range(b if t > 1 else 0):   # per sample: its frames are consecutive
+            fx, fy = frames[i * t:(i + 1) * t], y[i * t:(i + 1) * t]
+            fy[1:] += F.conv2d(fx[:-1], before, None, padding=pad)
+            fy[:-1] += F.conv2d(fx[1:], after, None, padding=pad)
+        return y.unflatten(0, (b, t)).transpose(1, 2)
+
 
 class VAEGroupNorm(nn.GroupNorm):
     """nn.GroupNorm, computed faster on the decoder's big maps: PyTorch's CUDA kernel reduces
@@ -145,6 +238,9 @@ class VAEGroupNorm(nn.GroupNorm):
     # Statistics of bf16 / fp16 maps are taken in fp32, this many groups at a time (a
     # transient fp32 copy of 1/GROUP_CHUNKS of the map, not all of it).
     GROUP_CHUNKS = 4
+    # Set by HunyuanVAE.set_channels_last: x is channels_last_3d; the statistics read it in
+    # place and the normalized map comes out channels_last_3d (no layout copy).
+    channels_last = False
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
@@ -154,12 +250,18 @@ class VAEGroupNorm(nn.GroupNorm):
     def statistics(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Per (sample, group) mean and biased variance of the whole map, fp32, [B, G] each."""
         b, g = x.shape[0], self.num_groups
-        xg = x.reshape(b, g, -1)
-        if x.dtype == torch.float32:
-            var, mean = torch.var_mean(xg, dim=-1, correction=0)
+        if self.channels_last:
+            # channels fastest: [B, T*H*W, G, C/G], a view of a channels_last_3d map; each
+            # group reduced over its positions and its channels
+            xg, dims = _positions(x).reshape(b, -1, g, x.shape[1] // g), (1, 3)
+            split = 2
         else:
-            parts = [torch.var_mean(part.float(), dim=-1, correction=0)
-                     for part in xg.chunk(min(self.GROUP_CHUNKS, g), dim=1)]
+            xg, dims, split = x.reshape(b, g, -1), -1, 1
+        if x.dtype == torch.float32:
+            var, mean = torch.var_mean(xg, dim=dims, correction=0)
+        else:
+            parts = [torch.var_mean(part.float(), dim=dims, correction=0)
+                     for part in xg.chunk(min(self.GROUP_CHUNKS, g), dim=split)]
             var, mean = torch.cat([v for v, _ in parts], 1), torch.cat([m for _, m in parts], 1)
         return mean, var
 
@@ -168,12 +270,41 @@ class VAEGroupNorm(nn.GroupNorm):
         b, c = x.shape[:2]
         rep = c // self.num_groups
         mean, var = stats
+        if self.channels_last:
+            return self._normalize_cl(x, mean.repeat_interleave(rep, 1), var.repeat_interleave(rep, 1))
         y = F.batch_norm(x.reshape(1, b * c, -1), mean.repeat_interleave(rep, 1).reshape(-1),
                          var.repeat_interleave(rep, 1).reshape(-1),
                          self.weight.float().repeat(b) if self.weight is not None else None,
                          self.bias.float().repeat(b) if self.bias is not None else None,
                          training=False, momentum=0.0, eps=self.eps)
         return y.view(x.shape)
+
+    def _normalize_cl(self, x: Tensor, mean: Tensor, var: Tensor) -> Tensor:
+        """Per-sample eval-mode batch norm on the [1, C, T, H, W] channels_last_3d map itself
+        (its elementwise kernel follows the input's strides; out channels_last_3d, any rows or
+        frames of a map: a fresh tensor). Several samples: one pass each into the output."""
+        w = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+
+        def one(i: int) -> Tensor:
+            return F.batch_norm(x[i:i + 1], mean[i], var[i], w, bias, training=False, momentum=0.0, eps=self.eps)
+        if x.shape[0] == 1:
+            return one(0)
+        out = _cl_empty(x.shape, x)
+        for i in range(x.shape[0]):
+            out[i:i + 1].copy_(one(i))
+        return out
+
+
+def _cl_rows_conv(conv: "VAEConv3d", slab: Tensor, a: int, b: int, lo: int, hi: int) -> Tensor:
+    """Channels-last: the conv's output rows [a, b) of a map, from the slab of
+    its input rows [lo, hi) (the halo included). A slab on the map's top or bottom edge takes
+    the conv's own zero padding on both sides and the rows it computes past the slab are cut
+    (at most two rows: no padded copy of the slab, as F.pad would make); inner slabs none."""
+    p = conv.kernel_size[1] // 2
+    if a - lo < p or hi - b < p:
+        return conv(slab)[..., a - lo:b - lo, :]
+    return conv(slab, pad_rows=False)[..., a - lo - p:b - lo - p, :]
 
 
 def _row_slabs(rows: int, chunks: int) -> list[tuple[int, int]]:
@@ -196,14 +327,19 @@ def norm_silu_conv_rows_with(x: Tensor, norm: VAEGroupNorm, stats: tuple[Tensor,
     `stats`: the norm's statistics of the whole map (x may be part of its frames)."""
     h = x.shape[-2]
     p = conv.kernel_size[1] // 2
+    cl = _is_cl(conv)
     for a, b in _row_slabs(h, chunks):
         lo, hi = max(a - p, 0), min(b + p, h)
         y = F.silu(norm.normalize(x[..., lo:hi, :], stats), inplace=True)
-        if a - lo < p or hi - b < p:   # the map's top or bottom edge: the conv's zero padding
-            y = F.pad(y, (0, 0, p - (a - lo), p - (hi - b)))
-        y = conv(y, pad_rows=False)
+        if cl:
+            y = _cl_rows_conv(conv, y, a, b, lo, hi)
+        else:
+            if a - lo < p or hi - b < p:   # the map's top or bottom edge: the conv's zero padding
+                y = F.pad(y, (0, 0, p - (a - lo), p - (hi - b)))
+            y = conv(y, pad_rows=False)
         if out is None:
-            out = torch.empty(*y.shape[:3], h, y.shape[-1], dtype=y.dtype, device=y.device)
+            out = (_cl_empty((*y.shape[:3], h, y.shape[-1]), y) if cl else
+                   torch.empty(*y.shape[:3], h, y.shape[-1], dtype=y.dtype, device=y.device))
         if accumulate:
             out[..., a:b, :].add_(y)
         else:
@@ -266,6 +402,11 @@ class AttnBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         b, c, t, h, w = x.shape
         n = self.norm(x)
+        if _is_cl(self.q):   # tokens are the positions of the channels_last map: views
+            def tokens_cl(y: Tensor) -> Tensor:
+                return _positions(y).reshape(b, 1, t * h * w, c)
+            a = F.scaled_dot_product_attention(tokens_cl(self.q(n)), tokens_cl(self.k(n)), tokens_cl(self.v(n)))
+            return x + self.proj_out(a.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3))
 
         def tokens(y: Tensor) -> Tensor:  # [B, C, T, H, W] -> [B, 1, T*H*W, C]
             return y.flatten(2).transpose(1, 2).unsqueeze(1)
@@ -305,6 +446,8 @@ class Upsample(nn.Module):
         self.conv = VAEConv3d(in_channels, out_channels * factor, 3)
 
     def forward(self, x: Tensor, row_chunks: int = 1) -> Tensor:
+        if _is_cl(self.conv):
+            return self._forward_cl(x, row_chunks)
         # repeat_interleave (each channel `repeats` times in a row), NOT tile: after the
         # (rt, rh, rw, c) split, output channel c at sub-position s reads input channel
         # (s*C_out + c) // repeats.
@@ -336,6 +479,32 @@ class Upsample(nn.Module):
         shortcut = shortcut.permute(0, 4, 5, 6, 1, 7, 2, 8, 3)   # b, q, r, t, rt, h, rh, w, rw
         y.view(b, q, r, t, self.rt, h, 2, w, 2).add_(shortcut)
         return y
+
+    def _forward_cl(self, x: Tensor, row_chunks: int) -> Tensor:
+        """Channels-last: the output [B, C_out, T*rt, 2H, 2W] is channels_last_3d, i.e. memory
+        [B, T, rt, H, 2, W, 2, C_out], and the conv's output at (t, h, w) holds channels
+        (rt, rh, rw, c): depth-to-space is a permutation of the conv output's memory view, and
+        one add writes conv + shortcut straight into the output (no depth-to-space copy and
+        no second pass for the shortcut). With `row_chunks`, a slab of rows at a time (the
+        conv's whole output never exists)."""
+        b, c_in, t, h, w = x.shape
+        rt, r = self.rt, self.repeats
+        c_out = self.conv.out_channels // (rt * 4)
+        out = _cl_empty((b, c_out, t * rt, 2 * h, 2 * w), x)
+        out_m = _positions(out).view(b, t, rt, h, 2, w, 2, c_out)
+        # Input channel s*(C_out/r) + c // r at sub-position s: a broadcast view, as forward's
+        # (C_out/r = C_in/(rt*4) is whole: C_in is a multiple of 32).
+        q = c_out // r
+        shortcut = _positions(x).unflatten(-1, (rt, 2, 2, q, 1)).permute(0, 1, 4, 2, 5, 3, 6, 7, 8)
+        out_m = out_m.unflatten(-1, (q, r))
+        slabs = _row_slabs(h, row_chunks) if row_chunks > 1 and _chunkable(self.conv) else [(0, h)]
+        for a, bb in slabs:
+            lo, hi = max(a - 1, 0), min(bb + 1, h)
+            y = self.conv(x) if len(slabs) == 1 else _cl_rows_conv(self.conv, x[..., lo:hi, :], a, bb, lo, hi)
+            y = _positions(y).unflatten(-1, (rt, 2, 2, q, r)).permute(0, 1, 4, 2, 5, 3, 6, 7, 8)
+            _add_into(y, shortcut[:, :, :, a:bb], out_m[:, :, :, a:bb])
+            del y
+        return out
 
 
 class UpLevel(nn.Module):
@@ -386,12 +555,33 @@ class Downsample(nn.Module):
         self.conv = VAEConv3d(in_channels, out_channels // factor, 3)
 
     def forward(self, x: Tensor) -> Tensor:
+        if _is_cl(self.conv):
+            return self._forward_cl(x)
         h = _space_to_depth(self.conv(x), self.rt)
         shortcut = _space_to_depth(x, self.rt)
         b, _, t, hh, ww = shortcut.shape
         # Consecutive channels after the (rt, rh, rw, c) merge, as the official view(...).mean(2).
         shortcut = shortcut.view(b, h.shape[1], self.group_size, t, hh, ww).mean(dim=2)
         return h + shortcut
+
+    def _forward_cl(self, x: Tensor) -> Tensor:
+        """Channels-last: the output [B, rt*4*o, T/rt, H/2, W/2] is channels_last_3d, memory
+        [B, T/rt, H/2, W/2, rt, 2, 2, o]: space-to-depth is a permutation of the conv output's
+        memory view [B, T/rt, rt, H/2, 2, W/2, 2, o], and one add writes conv + shortcut into
+        the output. The shortcut's groups of consecutive channels lie within one input
+        channel block (C_in / group size = o, whole): its mean is taken on the input's view,
+        no space-to-depth copy of the input."""
+        y = self.conv(x)
+        b, o, tt, hh, ww = y.shape
+        rt, gs, c_in = self.rt, self.group_size, x.shape[1]
+        t, h, w = tt // rt, hh // 2, ww // 2
+        out = _cl_empty((b, rt * 4 * o, t, h, w), y)
+        out_m = _positions(out).view(b, t, h, w, rt, 2, 2, o)
+        y_m = _positions(y).reshape(b, t, rt, h, 2, w, 2, o).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        x_m = _positions(x).reshape(b, t, rt, h, 2, w, 2, c_in).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        shortcut = x_m.unflatten(-1, (o, gs)).mean(dim=-1)
+        _add_into(y_m, shortcut, out_m)
+        return out
 
 
 class DownLevel(nn.Module):
@@ -472,7 +662,13 @@ class VAEDecoder(nn.Module):
         conv_out reads the last two frames alone (zero time padding after them).
         `row_chunks` > 1: the big maps' convolutions run over that many slabs of rows, so that
         fewer whole maps live at once (exact; see ResnetBlock.forward)."""
-        h = self.conv_in(z) + z.repeat_interleave(self.in_repeats, dim=1)
+        if _is_cl(self.conv_in):
+            z = z.contiguous(memory_format=_CL)
+            h = self.conv_in(z)
+            # the shortcut: channel c reads latent channel c // in_repeats, added in place
+            h.unflatten(1, (z.shape[1], self.in_repeats)).add_(z.unsqueeze(2))
+        else:
+            h = self.conv_in(z) + z.repeat_interleave(self.in_repeats, dim=1)
         if row_chunks > 1:
             h = self.mid(h, row_chunks)
             for level in self.up:
@@ -544,13 +740,15 @@ class VAEEncoder(nn.Module):
         """`row_chunks` > 1: the ResnetBlocks' norm -> SiLU -> conv run over that many slabs of
         rows, as the decoder's (exact; ResnetBlock.forward): the first level's 4-frame maps are
         what an edit's condition encode peaks on."""
-        h = self.conv_in(x)
+        cl = _is_cl(self.conv_in)
+        h = self.conv_in(x.contiguous(memory_format=_CL) if cl else x)
         for level in self.down:
             h = level(h, row_chunks)
         h = self.mid(h, row_chunks)
         b, c, t, hh, ww = h.shape
         shortcut = h.view(b, c // self.out_group_size, self.out_group_size, t, hh, ww).mean(dim=2)
-        return self.conv_out(F.silu(self.norm_out(h))) + shortcut
+        out = self.conv_out(F.silu(self.norm_out(h))) + shortcut
+        return out.contiguous() if cl else out   # the moments (latent-sized) in the usual layout
 
 
 class EncodedImage(NamedTuple):
@@ -591,6 +789,37 @@ class HunyuanVAE(nn.Module):
         # A plain None attribute, not a child: a decoder-only VAE has no encoder state_dict keys.
         self.encoder = VAEEncoder(cfg) if with_encoder else None
         self.decoder = VAEDecoder(cfg)
+
+    def set_channels_last(self, enabled: bool = True, cache_weights: bool = False,
+                          decoder: bool = True, encoder: bool = True) -> "HunyuanVAE":
+        """Run the decoder (`decoder`) and the encoder (`encoder`) on the channels-last path
+        (module docstring), or back on the NCDHW one (`enabled=False`; the float32 golden
+        path). Worth it in bf16 / fp16 on CUDA, where cuDNN's tensor-core convolutions want
+        channels last; on the CPU it computes the same values (tests).
+
+        `cache_weights`: each 3x3x3 conv keeps its weight as three channels_last 2-D kernels
+        (made now, once; remade only if the weight tensor is replaced), a second resident
+        copy of the VAE's conv weights (1.7 GB for the released decoder in bf16, 0.8 GB for the
+        encoder); else the kernels are made per conv call (about 1 ms a decode on an H200:
+        bench_vae's bf16_cl_eager against bf16_cl_cached_eager). Not for a split decode
+        (parallel_vae swaps the convs for halo ones; leave `decoder` False there)."""
+        parts = [m for m, on in ((self.decoder, decoder), (self.encoder, encoder)) if on and m is not None]
+        for part in parts:
+            for m in part.modules():
+                if isinstance(m, (VAEConv3d, VAEGroupNorm)):
+                    m.channels_last = enabled
+                if isinstance(m, VAEConv3d):
+                    m.cache_cl_weights = enabled and cache_weights
+                    m.__dict__.pop("_cl_taps_cache", None)
+                    if m.cache_cl_weights and m.kernel_size[0] == 3:
+                        m.cl_taps()
+        return self
+
+    @property
+    def channels_last(self) -> dict[str, bool]:
+        """Which parts run the channels-last path."""
+        return {name: bool(part is not None and _is_cl(part.conv_in))
+                for name, part in (("decoder", self.decoder), ("encoder", self.encoder))}
 
     def encode(self, pixels: Tensor, generator: Optional[torch.Generator] = None,
                row_chunks: int = 1) -> EncodedImage:
@@ -649,4 +878,7 @@ class HunyuanVAE(nn.Module):
     def decode(self, latents: Tensor, row_chunks: int = 1) -> Tensor:
         """[B, C, h, w] -> raw image [B, out_channels, f*h, f*w] (f = ffactor_spatial): the LAST
         decoded frame, unclamped (the pipeline maps it to [0, 1] with (x/2 + 0.5).clamp)."""
-        return self.decoder(self._to_decoder_space(latents), last_frame=True, row_chunks=row_chunks)[:, :, -1]
+        image = self.decoder(self._to_decoder_space(latents), last_frame=True, row_chunks=row_chunks)[:, :, -1]
+        # channels-last: the image [B, 3, H, W] is a strided view of the last frame; callers
+        # get the usual layout (3 channels: a small copy)
+        return image.contiguous() if _is_cl(self.decoder.conv_in) else image
