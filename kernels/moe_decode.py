@@ -24,6 +24,17 @@ programs exit at once.
 Splitting stage 2 over (H-block, expert), rather than looping over the experts inside
 one program per H-block, keeps enough programs streaming at T=1: on an H200 the looping
 version read w_down at 2 TB/s, this one at 3.1 TB/s (stage 1 reads at 3.5 TB/s).
+
+A shared expert (optional, `moe_decode_triton`'s shared_* arguments; the op is
+`kernels.moe_decode_shared`): a GatedMLP of the experts' M and I ([M, 2I, H] and [H, M*I],
+read through strides as one [M, 1, 2I, H] / [M, 1, H, I] expert) that every token takes
+with weight 1. Each stage's grid gets one more pair per chunk; that program reads the
+shared weights once for all of the chunk's tokens, like an owner, and writes rows
+T*K + t of act and y, which the finalize adds. So the shared MLP costs no launches of its
+own and streams at these kernels' bandwidth instead of two GEMVs' (~2.6 TB/s). Its weight
+kind is its own constexpr (x's dtype, or e4m3 with per-channel scales), beside experts of
+any kind; a 16-bit shared expert beside e4m3 experts takes half-wide H tiles in stage 1 so
+that its pipeline fits the shared memory the experts' tiles were sized for.
 """
 from dataclasses import dataclass, replace
 
