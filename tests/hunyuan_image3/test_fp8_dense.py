@@ -32,7 +32,7 @@ matrix). The tiny random model amplifies QKV errors most: QKV alone gives 0.064 
 prefill logits, O alone 0.049, the shared MLP alone 0.028, the shared MLP with the lm_head
 0.045 (weight-only FP8 everywhere: 0.067; so the activation rounding adds little). Its
 greedy tokens are nearly tied (the FP8 experts' 1.5% keeps them, 9% does not; with the
-lm_head in FP8 the dense option happens to keep all four): once they part, the decode
+lm_head in FP8 the dense option kept all four until the shared fold): once they part, the decode
 logits compare different prefixes and are not bounded; the velocity is computed from the
 golden tokens and is. The bounds leave ~1.5x. What trained weights give is not measured
 here (no checkpoint on this machine): run the GPU golden test with a real case.
