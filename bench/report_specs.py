@@ -58,6 +58,9 @@ S17_MEMORY, S17_VAE_CONV = f"{S17}/call1_bench_memory.json", f"{S17}/call1_vae_c
 S17_SERVE, S17_PNG = f"{S17}/call2_bench_serve.json", f"{S17}/call2_bench_image_files.json"
 S17_MEMORY_MEASURED, S17_QWEN_FP8 = f"{S17}/call2_bench_memory.json", f"{S17}/call2_qwen_peers_1.json"
 S17_WAN_PEERS = f"{S17}/call2_wan_peers.json"
+S18 = "h200-2026-12-03-session18"
+S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/call0_bench_memory.json", f"{S18}/call0_ti2i_dense_fp8.json",
+                                    f"{S18}/call0_bench_vae_suite.json")
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -70,6 +73,9 @@ S17_CALL1 = ('TESTS="tests/qwen_image/test_qwen_fp8.py tests/wan/test_fp8_attent
              'tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_decode_gemv.py" TESTS_LIMIT=200 DECODE_KINDS=fp8 '
              'T2I_KINDS=fp8 T2I_ARGS="--profile /tmp/prof --profile-steps 2 --profile-top 40" T2I_LIMIT=170 '
              f'MEMORY_LIMIT=190 VAE_LIMIT=100 NO_VAE_SUITE=1 {_S15_SCRIPT} tests,decode,t2i,memory,vae')
+S18_CALL0 = ('MEMORY_CONFIGS=lean,lean_ar MEMORY_ARGS="--repeats 2" MEMORY_LIMIT=280 TI2I_ARGS="--profile /tmp/prof '
+             '--profile-steps 2 --profile-top 40" TI2I_LIMIT=200 NO_VAE_PROBE=1 VAE_LIMIT=200 '
+             f'{_S15_SCRIPT} memory,ti2i,vae')
 S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
              f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
 
@@ -161,6 +167,15 @@ RUNS: dict[str, RunInfo] = {
                           "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     S17_WAN_PEERS: RunInfo(f"{S17_CALL2}: python -m bench.bench_peers --models 1.3B,14B-8 --modes regions --variants "
                            "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    # one H200, 2026-12-03, session 18 (issue 29): call 0, bench/run_gpu_session14.sh's stages
+    S18_MEMORY0: RunInfo(f"{S18_CALL0}: python -m bench.bench_memory --configs lean,lean_ar --dense-dtype fp8 "
+                         "--repeats 2", software=GPU_IMAGE),
+    S18_TI2I0: RunInfo(f"{S18_CALL0}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                       "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
+                       "--profile /tmp/prof --profile-steps 2 --profile-top 40 --report $OUT/ti2i_dense_fp8.json "
+                       "--output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
+    S18_VAE0: RunInfo(f"{S18_CALL0}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
+                      software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -2082,4 +2097,72 @@ TABLES += [
             "self-attention in FP8 attention (INT8 QK, FP8 PV), its Q/K/V quantization now torch ops inside the "
             "compiled region (the JSON's `attention_quant`: in-graph; session 11: eager, inside the op); fp8: both. "
             "The fastest within 3% is picked here from the stored ratios and errors."),
+]
+
+
+# ---- one H200, 2026-12-03, session 18 (call 0) ----------------------------------------------------
+def _kv(run, config, repeat, key):
+    return f"rows[run={run},config={config},repeat={repeat}].{key}"
+
+
+def _kv_row(run, config, repeat, label):
+    timing = lambda key, fmt="{:.1f} ms": Value(_kv(run, config, repeat, f"timings_ms.{key}"), fmt)
+    ar_target, dit_target = (5.0, 280.0) if run == "t2i" else (6.0, 350.0)
+    peak = Value(_kv(run, config, repeat, "peak_bytes"), "{:.2f} GB", scale=1e-9)
+    return Row([label, _cell_with_verdict(peak, PEAK_TARGET),
+                _cell_with_verdict(timing("ar_decode_per_token", "{:.2f} ms"), ar_target),
+                _cell_with_verdict(timing("condition_encode"), 200.0) if run == "ti2i" else "-",
+                _cell_with_verdict(timing("denoise_full_step"), dit_target), timing("vae_decode"), timing("total")],
+               file=S18_MEMORY0)
+
+
+_COND_TOP = "profile.top_kernels.condition"
+VAE_SUITE0 = (("fp32_plain_eager", "fp32, the plain ops (F.conv3d, nn.GroupNorm): the reference"),
+              ("fp32_fast_eager", "fp32, the decoder's fast paths"),
+              ("fp32_tf32_plain_eager", "fp32, TF32 on (torch's default for convolutions), plain ops"),
+              ("fp32_tf32_fast_eager", "fp32, TF32 on, fast paths"),
+              ("bf16_plain_eager", "bf16, plain ops"),
+              ("bf16_fast_eager", "bf16, fast paths"))
+
+
+def _short_kernel(name: str) -> str:
+    return "`" + (name if len(name) <= 70 else name[:67] + "...") + "`"
+
+
+TABLES += [
+    Table("s18-kv-policy", ["bench_memory, 32 layers, dense FP8, bf16 VAE, VAE chunks 4: KV-cache policy, request "
+                            "(two in a row)", "peak (measured): <= 92 GB", "AR decode / token: <= 5.0 (T2I) / "
+                            "6.0 (TI2I)", "condition encode: <= 200", "DiT full step: <= 280 (T2I) / 350 (TI2I)",
+                            "VAE decode", "request total"], [
+        _kv_row(run, config, repeat, f"{run.upper()}, `{policy}`, request {repeat + 1}")
+        for run in ("t2i", "ti2i") for config, policy in (("lean", "release"), ("lean_ar", "keep-ar"))
+        for repeat in (0, 1)
+    ], note="`lean`: `--kv-caches release`; `lean_ar`: `--kv-caches keep-ar` (new: the denoise caches released "
+            "before the VAE decode, the AR cache kept), each with `--vae-dtype bfloat16 --vae-chunks 4`. 1024x1024, "
+            "1251 prompt tokens (T2I), 256 AR tokens, 4 denoise steps, serial CFG. Each config's two requests run "
+            "in a row from an empty pool: the first records the CUDA-graph decode under either policy, the second "
+            "does again under `release` and not under `keep-ar`. One run of each request: its own timings."),
+    Table("s18-ti2i-condition", ["the CLI's TI2I edit, one H200: the condition encode's kernels (the profiled "
+                                 "request; the VAE in fp32, TF32 convolutions)", "ms", "launches"], [
+        Row(["the condition region: wall / compute / idle",
+             Join([Value(f"profile.regions.condition[region=condition_encode].{k}", "{:.1f}")
+                   for k in ("wall_ms", "compute_ms", "idle_ms")], " / ", suffix=" ms"), ""], file=S18_TI2I0),
+    ] + [
+        Row([Value(f"{_COND_TOP}[{i}][0]", _short_kernel), Value(f"{_COND_TOP}[{i}][1]", "{:.1f}"),
+             Value(f"{_COND_TOP}[{i}][2]", "{:.0f}")], file=S18_TI2I0)
+        for i in range(10)
+    ], note="examples.hunyuan_t2i --image (a random 1024x1024 reference), dense FP8, `--profile-top 40`: the "
+            "condition phase's ten costliest kernels. This run kept the checkpoint's fp32 VAE (no --vae-dtype): "
+            "cuDNN's TF32 convolutions, its NCHW/NHWC conversions and the GroupNorm passes (`bn_fw_inf`, Welford) "
+            "are the VAE encoder's; the vision tower is the `nvjet`/SDPA rows further down the JSON's list."),
+    Table("s18-vae-suite0", ["bench_vae --suite, the 1024x1024 decode alone, one H200", "ms (median)",
+                             "first call", "peak", "rel. L2 vs the fp32 reference"], [
+        Row([label, Value(f"results.{name}.ms", "{:.1f}"), Value(f"results.{name}.first_call_s", "{:.1f} s"),
+             Value(f"results.{name}.peak_gib", "{:.1f} GiB"), Value(f"results.{name}.rel_l2", "{:.2g}")],
+            file=S18_VAE0)
+        for name, label in VAE_SUITE0
+    ], note="Random weights at the official VAE's shapes, 64x64 latents. The run hit its 200 s limit after these six "
+            "variants (the fp32 plain decode's first call took its cuDNN search: 129 s); the JSON keeps what it "
+            "measured. A peak is the variant's first call's, cuDNN's algorithm search included (bench_vae's "
+            "docstring): the fast paths' 136.8 GiB are that search's, not the decode's steady state."),
 ]
