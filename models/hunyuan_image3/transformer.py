@@ -208,7 +208,7 @@ class MoE(nn.Module):
         """x [T, H] -> (ids int64 [T, K], weights float32 [T, K]): softmax of the float32
         logits, top-k (descending), then the K weights renormalised (K > 1 and norm_topk_prob)
         or scaled. On a GPU up to ROUTE_KERNEL_MAX_TOKENS tokens (decode) the fused router op
-        (the same math, one launch instead of ~6); elsewhere the torch ops."""
+        (the same math, two launches instead of ~6); elsewhere the torch ops."""
         if x.is_cuda and x.shape[0] <= ROUTE_KERNEL_MAX_TOKENS:
             return moe_route_topk(x, self.gate.wg.weight, self.top_k, self.norm_topk_prob,
                                   self.routed_scaling_factor)
