@@ -26,15 +26,6 @@ eagerly (the reference syncs with the host).
 Decode tiles are swept per weight kind (bf16, FP8 channels, FP8 blocks; stage 1 and
 stage 2 apart, then their bests together); the best is reported beside the default.
 
-`--part decode_shared`: the shared expert folded into the decode kernels
-(`kernels.moe_decode_shared`) against running it apart as the model did (the routed op,
-then the GatedMLP: two W8A8 GEMVs and their activation quantization in FP8, two linears in
-bf16, and the add), at one H200's shapes (experts and shared expert I = --shared-inter,
-default 3072, one micro), T = --decode-tokens, routed experts bf16 or FP8 channels beside a
-shared expert in bf16 or FP8. CUDA-graph replays of ROUTINGS calls, each call another
-routing AND another copy of the shared weights (in the model every layer's are its own, so
-they never sit in L2); `--profile-decode` adds per-kernel device times.
-
 `--autotune` adds the multi-micro op's torch-level form (`moe_multi_micro_graph`, MoE impl
 "graph") compiled with inductor's grouped-GEMM autotuning (what `--compile-autotune` runs):
 its time and its error against two dispatches. Each T autotunes ~100 Triton templates
@@ -280,70 +271,6 @@ def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=F
     return rows
 
 
-SHARED_KINDS = (("fp8_channels", "fp8"), ("fp8_channels", "bf16"), ("bf16", "bf16"), ("bf16", "fp8"))
-
-
-def bench_decode_shared(gen, decode_tokens=(1, 16), inter=3072, profile=False):
-    """The fold against the separate path (see the module docstring); rows as bench_decode's."""
-    from kernels.fp8_quant import quantize_weight_channels
-    from kernels.moe_decode import moe_decode_fp8
-    from kernels.moe_decode_shared import moe_decode_shared
-    from models.hunyuan_image3.transformer import GatedMLP
-
-    def randn(*shape, fan_in):
-        return torch.randn(*shape, device="cuda", generator=gen, dtype=torch.bfloat16).mul_(fan_in ** -0.5)
-
-    gu, dn = randn(1, EXPERTS, 2 * inter, HIDDEN, fan_in=HIDDEN), randn(1, EXPERTS, HIDDEN, inter, fan_in=inter)
-    experts = {"bf16": (gu, None, dn, None), "fp8_channels": None}
-    q = quantize_experts(gu, dn, "channels")
-    experts["fp8_channels"] = (q[0], q[1], q[2], q[3])
-    del gu, dn, q
-    shared = {"bf16": [], "fp8": []}
-    for _ in range(ROUTINGS):  # a copy per call, as every layer has its own
-        sgu, sdn = randn(1, 2 * inter, HIDDEN, fan_in=HIDDEN), randn(HIDDEN, inter, fan_in=inter)
-        shared["bf16"].append((sgu, None, sdn, None))
-        (q_gu, s_gu), (q_dn, s_dn) = quantize_weight_channels(sgu), quantize_weight_channels(sdn)
-        shared["fp8"].append((q_gu, s_gu, q_dn, s_dn))
-
-    def gated_mlp(weights):
-        sgu, sgu_s, sdn, sdn_s = weights
-        mlp = GatedMLP(HIDDEN, inter).cuda()
-        if sgu_s is not None:
-            mlp.use_fp8()
-            mlp.gate_and_up_scale, mlp.down_scale = torch.nn.Parameter(sgu_s, False), torch.nn.Parameter(sdn_s, False)
-        mlp.gate_and_up_proj, mlp.down_proj = torch.nn.Parameter(sgu, False), torch.nn.Parameter(sdn, False)
-        return mlp
-
-    mlps = {kind: [gated_mlp(w) for w in copies] for kind, copies in shared.items()}
-    rows = []
-    for tokens in decode_tokens:
-        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
-        routings = [make_routing(tokens, gen) for _ in range(ROUTINGS)]
-        for experts_kind, shared_kind in SHARED_KINDS:
-            e = experts[experts_kind]
-
-            def routed(ids, w, e=e):
-                if e[1] is None:
-                    return moe_decode_triton(x, ids, w, e[0], e[2])
-                return moe_decode_fp8(x, ids, w, *e)
-
-            fold = [lambda ids=ids, w=w, s=s, e=e: moe_decode_shared(x, ids, w, *e, *s)
-                    for (ids, w), s in zip(routings, shared[shared_kind])]
-            apart = [lambda ids=ids, w=w, mlp=mlp: routed(ids, w) + mlp(x)
-                     for (ids, w), mlp in zip(routings, mlps[shared_kind])]
-            err = rel_error(fold[0](), apart[0]())
-            for variant, calls in (("shared_fold", fold), ("shared_apart", apart)):
-                row = dict(bench="decode_shared", tokens=tokens, variant=variant, experts=experts_kind,
-                           shared=shared_kind, inter=inter, us=graph_ms_per_call(calls) * 1e3, timing="cuda_graph",
-                           rel_err_fold_vs_apart=err)
-                if profile:
-                    row["kernel_us"] = kernel_us_per_call(calls)
-                rows.append(row)
-                print(f"decode_shared T={tokens} experts {experts_kind} shared {shared_kind} {variant}: "
-                      f"{row['us']:.1f} us" + (f" {row['kernel_us']}" if profile else ""), flush=True)
-    return rows
-
-
 def print_table(prefill, decode):
     print("\nmulti-micro MoE (H=4096, E=64, top-8, 2 micros of I=768), bf16")
     print(f"{'T':>5} {'variant':<26} {'ms':>8} {'TFLOP/s':>8} {'x floor':>8} {'vs 2-disp':>9}")
@@ -363,9 +290,7 @@ def print_table(prefill, decode):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/bench_moe.json")
-    parser.add_argument("--part", choices=("both", "prefill", "decode", "decode_shared"), default="both")
-    parser.add_argument("--shared-inter", type=int, default=3072,
-                        help="decode_shared: the experts' and the shared expert's I (one micro; 3072: one H200)")
+    parser.add_argument("--part", choices=("both", "prefill", "decode"), default="both")
     parser.add_argument("--decode-tokens", type=int, nargs="+", default=list(DECODE_TOKENS))
     parser.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
     parser.add_argument("--profile-decode", action="store_true",
@@ -377,11 +302,8 @@ def main():
         sys.exit("bench_moe needs a CUDA GPU (it measures the H200 kernels); none is visible here.")
     gen = torch.Generator(device="cuda").manual_seed(0)
     measured_copy_tbps = copy_tbps()
-    prefill = bench_prefill(gen, args.autotune) if args.part in ("both", "prefill") else []
-    decode = (bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode)
-              if args.part in ("both", "decode") else [])
-    decode_shared = (bench_decode_shared(gen, args.decode_tokens, args.shared_inter, args.profile_decode)
-                     if args.part == "decode_shared" else [])
+    prefill = bench_prefill(gen, args.autotune) if args.part != "decode" else []
+    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode) if args.part != "prefill" else []
     report = dict(
         device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
         shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),
@@ -395,7 +317,7 @@ def main():
                f"decode: each call uses another of {ROUTINGS} routings; cuda_graph rows time one graph "
                f"replay of {ROUTINGS} calls, divided by {ROUTINGS}",
                "rel_err: relative Frobenius error vs two_dispatch (prefill) or the fp32-math reference (decode)"],
-        prefill=prefill, decode=decode, decode_shared=decode_shared,
+        prefill=prefill, decode=decode,
         targets=dict(prefill_ms_at_4096=TARGET_PREFILL_MS, speedup_vs_two_dispatch=TARGET_SPEEDUP,
                      decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US),
     )

@@ -24,17 +24,6 @@ programs exit at once.
 Splitting stage 2 over (H-block, expert), rather than looping over the experts inside
 one program per H-block, keeps enough programs streaming at T=1: on an H200 the looping
 version read w_down at 2 TB/s, this one at 3.1 TB/s (stage 1 reads at 3.5 TB/s).
-
-A shared expert (optional, `moe_decode_triton`'s shared_* arguments; the op is
-`kernels.moe_decode_shared`): a GatedMLP of the experts' M and I ([M, 2I, H] and [H, M*I],
-read through strides as one [M, 1, 2I, H] / [M, 1, H, I] expert) that every token takes
-with weight 1. Each stage's grid gets one more pair per chunk; that program reads the
-shared weights once for all of the chunk's tokens, like an owner, and writes rows
-T*K + t of act and y, which the finalize adds. So the shared MLP costs no launches of its
-own and streams at these kernels' bandwidth instead of two GEMVs' (~2.6 TB/s). Its weight
-kind is its own constexpr (x's dtype, or e4m3 with per-channel scales), beside experts of
-any kind; a 16-bit shared expert beside e4m3 experts takes half-wide H tiles in stage 1 so
-that its pipeline fits the shared memory the experts' tiles were sized for.
 """
 from dataclasses import dataclass, replace
 
@@ -112,62 +101,16 @@ def _chunk_expert(ids_ptr, num_tokens, chunk, local_pair,
 
 
 @triton.jit
-def _gate_up_rows(
-    x_rows, stride_x_col, routed, slots, act_ptr, stride_act_row, w_rows1, w_rows2, stride_w_col, row_ok,
-    ws_rows1, ws_rows2, stride_ws_col, hidden,
-    BLOCK_T: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_SCALES: tl.constexpr, DOT_F16: tl.constexpr,
-):
-    """One program's work of stage 1, for an expert's owner or the shared slot: stream
-    BLOCK_I rows of x1 and of x2 along H (w_rows1/2 [BLOCK_I, 1] pointers), then store
-    ``u1 * silu(u2)`` at the routed tokens' slots (act_ptr: this micro's rows, I-block applied).
-    W_SCALES: 0 none; 1 one scale per row (ws_rows1/2: [BLOCK_I] pointers), applied after
-    the K loop; 2 one per 128 x 128 block (ws_rows1/2: the rows' block pointers, step
-    stride_ws_col along H), applied to each tile's product."""
-    acc1 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
-    for h0 in range(0, hidden, BLOCK_H):
-        cols = h0 + tl.arange(0, BLOCK_H)
-        col_ok = cols[None, :] < hidden
-        xt = tl.load(x_rows + cols[None, :] * stride_x_col, mask=routed[:, None] & col_ok, other=0.0)
-        w1 = tl.load(w_rows1 + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
-        w2 = tl.load(w_rows2 + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
-        if DOT_F16:
-            xt = xt.to(tl.float16)
-            w1 = w1.to(tl.float16)
-            w2 = w2.to(tl.float16)
-        else:
-            w1 = w1.to(x_rows.dtype.element_ty)
-            w2 = w2.to(x_rows.dtype.element_ty)
-        if W_SCALES == 2:  # the tile lies in one column block; its rows may span two row blocks
-            s1 = tl.load(ws_rows1 + (h0 // 128) * stride_ws_col, mask=row_ok, other=0.0)
-            s2 = tl.load(ws_rows2 + (h0 // 128) * stride_ws_col, mask=row_ok, other=0.0)
-            acc1 += tl.dot(xt, tl.trans(w1), input_precision=DOT_PRECISION) * s1[None, :]
-            acc2 += tl.dot(xt, tl.trans(w2), input_precision=DOT_PRECISION) * s2[None, :]
-        else:
-            acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
-            acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
-    if W_SCALES == 1:
-        acc1 = acc1 * tl.load(ws_rows1, mask=row_ok, other=0.0)[None, :]
-        acc2 = acc2 * tl.load(ws_rows2, mask=row_ok, other=0.0)[None, :]
-    act = acc1 * acc2 * tl.sigmoid(acc2)
-    dst = act_ptr + slots[:, None] * stride_act_row + tl.arange(0, BLOCK_I)[None, :]
-    tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=routed[:, None] & row_ok[None, :])
-
-
-@triton.jit
 def _decode_gate_up_kernel(
-    x_ptr, ids_ptr, w_ptr, act_ptr, ws_ptr, sw_ptr, sws_ptr,
-    num_tokens, hidden, inter, shared_row0,
+    x_ptr, ids_ptr, w_ptr, act_ptr, ws_ptr,
+    num_tokens, hidden, inter,
     stride_x_row, stride_x_col,
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
     stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
-    stride_sw_micro, stride_sw_row, stride_sw_col, stride_sws_micro, stride_sws_row,
     stride_act_micro, stride_act_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
-    DOT_F16: tl.constexpr, SHARED: tl.constexpr, SHARED_SCALES: tl.constexpr, SHARED_DOT_F16: tl.constexpr,
-    SHARED_BLOCK_H: tl.constexpr,
+    DOT_F16: tl.constexpr,
 ):
     """W_SCALES (e4m3 weights, converted in registers; x stays in its dtype): 1, one scale
     per weight row (ws [M, E, 2I]), applied after the K loop; 2, one per 128 x 128 block
@@ -175,141 +118,102 @@ def _decode_gate_up_kernel(
     tile's columns share one block: a [BLOCK_I] vector of scales, not one per weight).
     DOT_F16 (e4m3 weights): x and the weights go to float16 for the dot (an e4m3 value is
     exact in float16, and the conversion is one instruction per pair; x is RMS-normalised,
-    far inside float16's range).
-    SHARED: the grid's last pair of each chunk is the shared expert (sw [M, 2I, H], every
-    token of the chunk, weight 1), its rows stored at shared_row0 + token; SHARED_SCALES 0
-    (weights in x's dtype) or 1 (e4m3, sws [M, 2I]), SHARED_DOT_F16 and SHARED_BLOCK_H its
-    own (a bf16 shared expert beside e4m3 experts takes half-wide H tiles: the same bytes
-    per pipeline stage)."""
+    far inside float16's range)."""
     if W_SCALES == 2:
         tl.static_assert(128 % BLOCK_H == 0)
-    i_blocks = tl.cdiv(inter, BLOCK_I)
-    micro = tl.program_id(2) // i_blocks
-    rows = (tl.program_id(2) % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
-    row_ok = rows < inter
-    act_micro = act_ptr + micro * stride_act_micro + (tl.program_id(2) % i_blocks) * BLOCK_I
-    is_shared = False  # a Python False: without SHARED the branch below is not compiled
-    if SHARED:
-        is_shared = tl.program_id(0) == tl.num_programs(0) - 1
-    if is_shared:
-        tokens = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        routed = tokens < num_tokens
-        w_micro = sw_ptr + tl.cast(micro, tl.int64) * stride_sw_micro
-        ws_rows1 = sws_ptr  # None without scales
-        ws_rows2 = sws_ptr
-        if SHARED_SCALES:
-            ws_rows1 = sws_ptr + micro * stride_sws_micro + rows * stride_sws_row
-            ws_rows2 = ws_rows1 + inter * stride_sws_row
-        _gate_up_rows(x_ptr + tokens[:, None] * stride_x_row, stride_x_col, routed, shared_row0 + tokens,
-                      act_micro, stride_act_row, w_micro + rows[:, None] * stride_sw_row,
-                      w_micro + (rows[:, None] + inter) * stride_sw_row, stride_sw_col, row_ok,
-                      ws_rows1, ws_rows2, 0, hidden,
-                      BLOCK_T, BLOCK_I, SHARED_BLOCK_H, DOT_PRECISION, SHARED_SCALES, SHARED_DOT_F16)
-    else:
-        expert, is_owner, tokens, routed, slots = _chunk_expert(
-            ids_ptr, num_tokens, tl.program_id(1), tl.program_id(0), TOP_K, BLOCK_T, BLOCK_K)
-        if is_owner:
-            w_expert = (w_ptr + tl.cast(micro, tl.int64) * stride_w_micro
-                        + tl.cast(expert, tl.int64) * stride_w_expert)
-            ws_rows1 = ws_ptr  # None without scales
-            ws_rows2 = ws_ptr
-            if W_SCALES == 2:  # the rows' 128-row blocks (a tile's rows may span two)
-                ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
-                ws_rows1 = ws_expert + (rows // 128) * stride_ws_row
-                ws_rows2 = ws_expert + ((rows + inter) // 128) * stride_ws_row
-            elif W_SCALES == 1:
-                ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
-                ws_rows1 = ws_expert + rows * stride_ws_row
-                ws_rows2 = ws_expert + (rows + inter) * stride_ws_row
-            _gate_up_rows(x_ptr + tokens[:, None] * stride_x_row, stride_x_col, routed, slots,
-                          act_micro, stride_act_row, w_expert + rows[:, None] * stride_w_row,
-                          w_expert + (rows[:, None] + inter) * stride_w_row, stride_w_col, row_ok,
-                          ws_rows1, ws_rows2, stride_ws_col, hidden,
-                          BLOCK_T, BLOCK_I, BLOCK_H, DOT_PRECISION, W_SCALES, DOT_F16)
-
-
-@triton.jit
-def _down_cols(
-    act_rows, stride_act_micro, routed, slots, w_rows, stride_w_micro, stride_w_col, cols, col_ok,
-    ws_base, stride_ws_micro, stride_ws_row, stride_ws_col, inter, num_micros, y_ptr, stride_y_row,
-    BLOCK_T: tl.constexpr, BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_SCALES: tl.constexpr, VIA_F16: tl.constexpr,
-):
-    """One program's work of stage 2, for an expert's owner or the shared slot:
-    ``y[slots, cols] = sum_m w_down[m][cols] @ act[m, slots]`` in float32 (act_rows
-    [BLOCK_T, 1] and w_rows [1, BLOCK_HO] pointers at micro 0). W_SCALES: 1, one scale per
-    output column over all micros (ws_base + cols * stride_ws_row), applied at the end; 2,
-    one per 128 x 128 block per micro, applied to each tile's product."""
-    acc = tl.zeros((BLOCK_T, BLOCK_HO), dtype=tl.float32)
-    for micro in range(num_micros):  # the micro sum, in float32
-        for i0 in range(0, inter, BLOCK_I):
-            ii = i0 + tl.arange(0, BLOCK_I)
-            i_ok = ii < inter
-            a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
-            w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
-            if VIA_F16:  # e4m3 -> float16 is one instruction per pair, and exact
-                w = w.to(tl.float16)
-            w = w.to(act_rows.dtype.element_ty)
-            if W_SCALES == 2:  # the tile lies in one I block; its columns may span two
-                s = tl.load(ws_base + micro * stride_ws_micro + (cols // 128) * stride_ws_row
-                            + (i0 // 128) * stride_ws_col, mask=col_ok, other=0.0)
-                acc += tl.dot(a, w, input_precision=DOT_PRECISION) * s[None, :]
+    expert, is_owner, tokens, routed, slots = _chunk_expert(
+        ids_ptr, num_tokens, tl.program_id(1), tl.program_id(0), TOP_K, BLOCK_T, BLOCK_K)
+    if is_owner:
+        i_blocks = tl.cdiv(inter, BLOCK_I)
+        micro = tl.program_id(2) // i_blocks
+        rows = (tl.program_id(2) % i_blocks) * BLOCK_I + tl.arange(0, BLOCK_I)
+        row_ok = rows < inter
+        w_expert = w_ptr + tl.cast(micro, tl.int64) * stride_w_micro + tl.cast(expert, tl.int64) * stride_w_expert
+        w1_rows = w_expert + rows[:, None] * stride_w_row
+        w2_rows = w_expert + (rows[:, None] + inter) * stride_w_row
+        x_rows = x_ptr + tokens[:, None] * stride_x_row
+        if W_SCALES > 0:
+            ws_expert = ws_ptr + micro * stride_ws_micro + expert * stride_ws_expert
+        acc1 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_T, BLOCK_I), dtype=tl.float32)
+        for h0 in range(0, hidden, BLOCK_H):
+            cols = h0 + tl.arange(0, BLOCK_H)
+            col_ok = cols[None, :] < hidden
+            xt = tl.load(x_rows + cols[None, :] * stride_x_col, mask=routed[:, None] & col_ok, other=0.0)
+            w1 = tl.load(w1_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
+            w2 = tl.load(w2_rows + cols[None, :] * stride_w_col, mask=row_ok[:, None] & col_ok, other=0.0)
+            if DOT_F16:
+                xt = xt.to(tl.float16)
+                w1 = w1.to(tl.float16)
+                w2 = w2.to(tl.float16)
             else:
-                acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
-        act_rows += stride_act_micro
-        w_rows += stride_w_micro
-    if W_SCALES == 1:
-        acc = acc * tl.load(ws_base + cols * stride_ws_row, mask=col_ok, other=0.0)[None, :]
-    dst = y_ptr + slots[:, None] * stride_y_row + cols[None, :]
-    tl.store(dst, acc, mask=routed[:, None] & col_ok[None, :])
+                w1 = w1.to(x_ptr.dtype.element_ty)
+                w2 = w2.to(x_ptr.dtype.element_ty)
+            if W_SCALES == 2:  # the tile lies in one column block; its rows may span two row blocks
+                block_col = ws_expert + (h0 // 128) * stride_ws_col
+                s1 = tl.load(block_col + (rows // 128) * stride_ws_row, mask=row_ok, other=0.0)
+                s2 = tl.load(block_col + ((rows + inter) // 128) * stride_ws_row, mask=row_ok, other=0.0)
+                acc1 += tl.dot(xt, tl.trans(w1), input_precision=DOT_PRECISION) * s1[None, :]
+                acc2 += tl.dot(xt, tl.trans(w2), input_precision=DOT_PRECISION) * s2[None, :]
+            else:
+                acc1 = tl.dot(xt, tl.trans(w1), acc1, input_precision=DOT_PRECISION)
+                acc2 = tl.dot(xt, tl.trans(w2), acc2, input_precision=DOT_PRECISION)
+        if W_SCALES == 1:
+            acc1 = acc1 * tl.load(ws_expert + rows * stride_ws_row, mask=row_ok, other=0.0)[None, :]
+            acc2 = acc2 * tl.load(ws_expert + (rows + inter) * stride_ws_row, mask=row_ok, other=0.0)[None, :]
+        act = acc1 * acc2 * tl.sigmoid(acc2)
+        dst = act_ptr + micro * stride_act_micro + slots[:, None] * stride_act_row + rows[None, :]
+        tl.store(dst, act.to(act_ptr.dtype.element_ty), mask=routed[:, None] & row_ok[None, :])
 
 
 @triton.jit
 def _decode_down_kernel(
-    act_ptr, ids_ptr, w_ptr, y_ptr, ws_ptr, sw_ptr, sws_ptr,
-    num_tokens, hidden, inter, num_micros, shared_row0,
+    act_ptr, ids_ptr, w_ptr, y_ptr, ws_ptr,
+    num_tokens, hidden, inter, num_micros,
     stride_act_micro, stride_act_row,
     stride_w_micro, stride_w_expert, stride_w_row, stride_w_col,
     stride_ws_micro, stride_ws_expert, stride_ws_row, stride_ws_col,
-    stride_sw_micro, stride_sw_row, stride_sw_col, stride_sws_row,
     stride_y_row,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_HO: tl.constexpr, BLOCK_I: tl.constexpr, DOT_PRECISION: tl.constexpr, W_SCALES: tl.constexpr,
-    VIA_F16: tl.constexpr, SHARED: tl.constexpr, SHARED_SCALES: tl.constexpr, SHARED_VIA_F16: tl.constexpr,
+    VIA_F16: tl.constexpr,
 ):
     """W_SCALES: 1, one scale per output channel over all micros (ws [E, H]), applied at
     the end; 2, one per 128 x 128 block (ws [M, E, H/128, I/128]), applied to each tile's
-    product (BLOCK_I divides 128).
-    SHARED: the grid's last pair of each chunk is the shared expert (sw: its down weight
-    [H, M*I] through strides: micro m is the column block m*I), reading the act rows at
-    shared_row0 + token and writing y's; SHARED_SCALES 1: e4m3 with sws [H]."""
+    product (BLOCK_I divides 128)."""
     if W_SCALES == 2:
         tl.static_assert(128 % BLOCK_I == 0)
-    cols = tl.program_id(0) * BLOCK_HO + tl.arange(0, BLOCK_HO)
-    col_ok = cols < hidden
-    is_shared = False  # a Python False: without SHARED the branch below is not compiled
-    if SHARED:
-        is_shared = tl.program_id(1) == tl.num_programs(1) - 1
-    if is_shared:
-        tokens = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)
-        slots = shared_row0 + tokens
-        _down_cols(act_ptr + slots[:, None] * stride_act_row, stride_act_micro, tokens < num_tokens, slots,
-                   sw_ptr + cols[None, :] * stride_sw_row, stride_sw_micro, stride_sw_col, cols, col_ok,
-                   sws_ptr, 0, stride_sws_row, 0, inter, num_micros, y_ptr, stride_y_row,
-                   BLOCK_T, BLOCK_HO, BLOCK_I, DOT_PRECISION, SHARED_SCALES, SHARED_VIA_F16)
-    else:
-        expert, is_owner, tokens, routed, slots = _chunk_expert(
-            ids_ptr, num_tokens, tl.program_id(2), tl.program_id(1), TOP_K, BLOCK_T, BLOCK_K)
-        if is_owner:
-            w_rows = w_ptr + tl.cast(expert, tl.int64) * stride_w_expert + cols[None, :] * stride_w_row
-            ws_expert = ws_ptr  # None without scales
-            if W_SCALES > 0:
-                ws_expert = ws_ptr + expert * stride_ws_expert
-            _down_cols(act_ptr + slots[:, None] * stride_act_row, stride_act_micro, routed, slots,
-                       w_rows, stride_w_micro, stride_w_col, cols, col_ok,
-                       ws_expert, stride_ws_micro, stride_ws_row, stride_ws_col,
-                       inter, num_micros, y_ptr, stride_y_row,
-                       BLOCK_T, BLOCK_HO, BLOCK_I, DOT_PRECISION, W_SCALES, VIA_F16)
+    expert, is_owner, tokens, routed, slots = _chunk_expert(
+        ids_ptr, num_tokens, tl.program_id(2), tl.program_id(1), TOP_K, BLOCK_T, BLOCK_K)
+    if is_owner:
+        cols = tl.program_id(0) * BLOCK_HO + tl.arange(0, BLOCK_HO)
+        col_ok = cols < hidden
+        act_rows = act_ptr + slots[:, None] * stride_act_row
+        w_rows = w_ptr + tl.cast(expert, tl.int64) * stride_w_expert + cols[None, :] * stride_w_row
+        if W_SCALES > 0:
+            ws_expert = ws_ptr + expert * stride_ws_expert
+        acc = tl.zeros((BLOCK_T, BLOCK_HO), dtype=tl.float32)
+        for micro in range(num_micros):  # the micro sum, in float32
+            for i0 in range(0, inter, BLOCK_I):
+                ii = i0 + tl.arange(0, BLOCK_I)
+                i_ok = ii < inter
+                a = tl.load(act_rows + ii[None, :], mask=routed[:, None] & i_ok[None, :], other=0.0)
+                w = tl.load(w_rows + ii[:, None] * stride_w_col, mask=i_ok[:, None] & col_ok[None, :], other=0.0)
+                if VIA_F16:  # e4m3 -> float16 is one instruction per pair, and exact
+                    w = w.to(tl.float16)
+                w = w.to(act_ptr.dtype.element_ty)
+                if W_SCALES == 2:  # the tile lies in one I block; its columns may span two
+                    s = tl.load(ws_expert + micro * stride_ws_micro + (cols // 128) * stride_ws_row
+                                + (i0 // 128) * stride_ws_col, mask=col_ok, other=0.0)
+                    acc += tl.dot(a, w, input_precision=DOT_PRECISION) * s[None, :]
+                else:
+                    acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            act_rows += stride_act_micro
+            w_rows += stride_w_micro
+        if W_SCALES == 1:
+            acc = acc * tl.load(ws_expert + cols * stride_ws_row, mask=col_ok, other=0.0)[None, :]
+        dst = y_ptr + slots[:, None] * stride_y_row + cols[None, :]
+        tl.store(dst, acc, mask=routed[:, None] & col_ok[None, :])
 
 
 def _scale_args(scale: torch.Tensor | None, rows_dim_only: bool) -> tuple:
@@ -337,20 +241,11 @@ def decode_config_for(w_gate_up_scale: torch.Tensor | None, x_dtype: torch.dtype
 
 def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
                       config: DecodeConfig | None = None, w_gate_up_scale=None,
-                      w_down_scale=None, shared_gate_up=None, shared_down=None,
-                      shared_gate_up_scale=None, shared_down_scale=None) -> torch.Tensor:
+                      w_down_scale=None) -> torch.Tensor:
     """The decode kernels (inputs assumed checked). Graph-capturable: no host sync.
     With scales: e4m3 weights (`kernels.fp8_quant`, either recipe), dequantized in
     registers; x and the activation stay in x's dtype (weight-only FP8: half the bytes).
-    config: None picks `decode_config_for` the weights.
-
-    shared_gate_up [M, 2I, H] and shared_down [H, M*I] (a GatedMLP's micro packs, the
-    experts' M and I): a shared expert added to every token with weight 1, in x's dtype or
-    e4m3 with one scale per output channel (shared_gate_up_scale [M, 2I], shared_down_scale
-    [H]), whatever the experts' kind. Each stage gets one more pair per chunk for it (it
-    reads the shared weights once per chunk, like an owned expert), its rows sit after the
-    T*K pair rows, and the finalize adds them: one op, three launches, for what was the
-    experts' three plus the shared MLP's two GEMVs and its activation quantization."""
+    config: None picks `decode_config_for` the weights."""
     require_triton_device(x)
     config = config or decode_config_for(w_gate_up_scale, x.dtype)
     if w_gate_up_scale is not None and w_gate_up_scale.dim() == 4 and (128 % config.block_h or 128 % config.block_i2):
@@ -361,51 +256,29 @@ def moe_decode_triton(x, topk_ids, topk_weights, w_gate_up, w_down,
     micros, _, two_inter, _ = w_gate_up.shape
     inter = two_inter // 2
     ids = topk_ids.contiguous()
-    shared = shared_gate_up is not None
-    pairs_per_chunk, chunks = min(tokens, BLOCK_T) * top_k + shared, triton.cdiv(tokens, BLOCK_T)
+    pairs_per_chunk, chunks = min(tokens, BLOCK_T) * top_k, triton.cdiv(tokens, BLOCK_T)
     routing = dict(TOP_K=top_k, BLOCK_T=BLOCK_T, BLOCK_K=triton.next_power_of_2(top_k))
-    shared_row0 = tokens * top_k  # the shared expert's rows: after the pair rows
-    shared_fp8 = shared and shared_gate_up_scale is not None
-    if shared:
-        # A 16-bit shared expert beside e4m3 experts: half-wide H tiles, so that its stage-1
-        # tiles take the shared memory the experts' tiles take (their pipelines are sized for 1 B).
-        wider = shared_gate_up.element_size() > w_gate_up.element_size()
-        shared_block_h = config.block_h // 2 if wider and config.block_h >= 32 else config.block_h
-        # down [H, M*I] seen as [M, H, I]: micro m is the column block m*I.
-        sd_strides = (inter * shared_down.stride(1), shared_down.stride(0), shared_down.stride(1))
-    else:
-        shared_block_h, sd_strides = config.block_h, (0, 0, 0)
-    shared_flags = dict(SHARED=shared, SHARED_SCALES=int(shared_fp8))
 
-    # Rows are pair slots t*K + k (every routed pair's row is written by its expert's owner),
-    # then the shared expert's rows shared_row0 + t.
-    rows = tokens * top_k + (tokens if shared else 0)
-    act = x.new_empty((micros, rows, inter))
+    # Rows are pair slots t*K + k: every routed pair's row is written by its expert's owner.
+    act = x.new_empty((micros, tokens * top_k, inter))
     grid1 = (pairs_per_chunk, chunks, micros * triton.cdiv(inter, config.block_i))
     mode1, scale1, scale1_strides = _scale_args(w_gate_up_scale, rows_dim_only=False)
-    sgu_strides = shared_gate_up.stride() if shared else (0, 0, 0)
-    sgu_scale_strides = shared_gate_up_scale.stride() if shared_fp8 else (0, 0)
     _decode_gate_up_kernel[grid1](
-        x, ids, w_gate_up, act, scale1, shared_gate_up, shared_gate_up_scale, tokens, hidden, inter, shared_row0,
-        *x.stride(), *w_gate_up.stride(), *scale1_strides, *sgu_strides, *sgu_scale_strides,
-        act.stride(0), act.stride(1),
+        x, ids, w_gate_up, act, scale1, tokens, hidden, inter,
+        *x.stride(), *w_gate_up.stride(), *scale1_strides, act.stride(0), act.stride(1),
         **routing, BLOCK_I=config.block_i, BLOCK_H=config.block_h, DOT_PRECISION=dot_precision(x.dtype),
-        W_SCALES=mode1, DOT_F16=config.fp8_dot_f16 and mode1 > 0, **shared_flags,
-        SHARED_DOT_F16=config.fp8_dot_f16 and shared_fp8, SHARED_BLOCK_H=shared_block_h,
-        num_warps=config.stage1_warps, num_stages=config.stage1_stages)
+        W_SCALES=mode1, DOT_F16=config.fp8_dot_f16 and mode1 > 0, num_warps=config.stage1_warps, num_stages=config.stage1_stages)
 
-    y = torch.empty((rows, hidden), dtype=torch.float32, device=x.device)
+    y = torch.empty((tokens * top_k, hidden), dtype=torch.float32, device=x.device)
     grid2 = (triton.cdiv(hidden, config.block_ho), pairs_per_chunk, chunks)
     mode2, scale2, scale2_strides = _scale_args(w_down_scale, rows_dim_only=True)
     _decode_down_kernel[grid2](
-        act, ids, w_down, y, scale2, shared_down, shared_down_scale, tokens, hidden, inter, micros, shared_row0,
-        act.stride(0), act.stride(1), *w_down.stride(), *scale2_strides, *sd_strides,
-        shared_down_scale.stride(0) if shared_fp8 else 0, y.stride(0),
+        act, ids, w_down, y, scale2, tokens, hidden, inter, micros,
+        act.stride(0), act.stride(1), *w_down.stride(), *scale2_strides, y.stride(0),
         **routing, BLOCK_HO=config.block_ho, BLOCK_I=config.block_i2, DOT_PRECISION=dot_precision(x.dtype),
-        W_SCALES=mode2, VIA_F16=config.stage2_fp8_via_f16 and mode2 > 0, **shared_flags,
-        SHARED_VIA_F16=config.stage2_fp8_via_f16 and shared_fp8,
+        W_SCALES=mode2, VIA_F16=config.stage2_fp8_via_f16 and mode2 > 0,
         num_warps=config.stage2_warps, num_stages=config.stage2_stages)
-    return moe_finalize(y.unsqueeze(0), None, topk_weights, x.dtype, shared_row0=shared_row0 if shared else None)
+    return moe_finalize(y.unsqueeze(0), None, topk_weights, x.dtype)
 
 
 @torch.library.custom_op("dtgen::moe_decode", mutates_args=())

@@ -16,16 +16,6 @@ CUDA: decode MoE for <= 16 tokens, the fused grouped GEMMs above); "graph": "aut
 compiled steps trace torch._grouped_mm for inductor to tune; "reference", "fused",
 "grouped_mm", "triton", "two_dispatch", "flashinfer": forced variants of the multi-micro op.
 FP8 experts always run `experts_op_fp8` ("reference" forces its torch emulation).
-
-Shared expert folded in (`shared_fold_impl`): up to DECODE_MOE_MAX_TOKENS rows, on every
-device, the routed experts and the shared MLP run as ONE op, `moe_decode_shared`
-(`kernels/moe_decode_shared.py`: the decode kernels stream the shared weights too, one
-launch for what was three), for impl "auto", "graph" (the GPU's decode kernels, the CPU's
-torch reference, so CPU runs see the GPU's numerics) and "reference" (the reference
-everywhere). The model keeps its separate shared MLP where the fold does not apply: more
-rows, "eager" and the forced multi-micro variants (they compare implementations of the
-routed experts alone), or a shared expert whose M, I or dtype differs from what the op
-takes (`shared_expert_suits`).
 """
 from __future__ import annotations
 
@@ -35,7 +25,6 @@ from typing import Callable
 import torch
 
 from kernels.moe_decode import moe_decode, moe_decode_fp8
-from kernels.moe_decode_shared import moe_decode_shared, shared_expert_suits
 from kernels.moe_multi_micro import (
     MULTI_MICRO_IMPLS,
     graph_path_usable,
@@ -48,7 +37,6 @@ from kernels.moe_multi_micro import (
 # grouped-GEMM path on a GPU.
 DECODE_MOE_MAX_TOKENS = 16
 MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS
-SHARED_FOLD_IMPLS = ("auto", "graph", "reference")  # the impls that fold the shared expert in at decode
 
 
 def experts_impl(impl: str, eager: Callable) -> Callable:
@@ -88,26 +76,3 @@ def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, do
     impl = "reference" if impl == "reference" else "auto"
     op = moe_decode_fp8 if x.shape[0] <= DECODE_MOE_MAX_TOKENS else moe_multi_micro_fp8
     return op(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)
-
-
-def shared_fold_impl(impl: str) -> Callable | None:
-    """The routed-plus-shared callable for `impl` (`experts_shared_op`, bound), or None for
-    the impls that keep the shared MLP apart (not in SHARED_FOLD_IMPLS)."""
-    if impl not in MOE_IMPLS:
-        raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
-    return partial(experts_shared_op, impl=impl) if impl in SHARED_FOLD_IMPLS else None
-
-
-def experts_shared_op(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
-                      shared_gate_and_up, shared_gate_and_up_scale, shared_down, shared_down_scale, *, impl: str):
-    """Routed experts + shared expert (weight 1) as one `moe_decode_shared` call, or None
-    where the caller must run them apart: more than DECODE_MOE_MAX_TOKENS rows, or a shared
-    expert the op does not take. Scales None: weights in x's dtype. Under tensor parallelism
-    both are this rank's micro packs and the sum is the same partial sum the separate path
-    gives, reduced after."""
-    if x.shape[0] > DECODE_MOE_MAX_TOKENS or not shared_expert_suits(
-            x, gate_and_up, shared_gate_and_up, shared_gate_and_up_scale, shared_down):
-        return None
-    return moe_decode_shared(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
-                             shared_gate_and_up, shared_gate_and_up_scale, shared_down, shared_down_scale,
-                             impl="reference" if impl == "reference" else "auto")

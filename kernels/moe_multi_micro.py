@@ -136,11 +136,10 @@ def moe_naive(x, topk_ids, topk_weights, w_gate_up, w_down):
     return out.to(x.dtype)
 
 
-def moe_multi_micro_reference(x, topk_ids, topk_weights, w_gate_up, w_down, out_dtype: torch.dtype | None = None):
+def moe_multi_micro_reference(x, topk_ids, topk_weights, w_gate_up, w_down):
     """Readable torch: route once, loop over experts and micros, float32 math throughout.
 
     One host sync (the run lengths), so it is for CPU and for checking, not for speed.
-    out_dtype: the result's dtype (x's when None; float32 for a caller that adds more first).
     """
     dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down)
     routing = moe_route(x, topk_ids, dims.experts)
@@ -156,7 +155,7 @@ def moe_multi_micro_reference(x, topk_ids, topk_weights, w_gate_up, w_down, out_
             act = u[:, : dims.inter] * F.silu(u[:, dims.inter:])
             expert_out[start:end] += act @ w_down[m, e].float().T
     per_pair = expert_out[routing.slot_of_pair].view(dims.tokens, dims.top_k, dims.hidden)
-    return (topk_weights.unsqueeze(-1) * per_pair).sum(dim=1).to(out_dtype or x.dtype)
+    return (topk_weights.unsqueeze(-1) * per_pair).sum(dim=1).to(x.dtype)
 
 
 # --------------------------------------------------------------------- Triton kernels
@@ -236,9 +235,7 @@ def _glu_kernel(
 def _finalize_kernel(
     part_ptr, slot_ptr, weight_ptr, out_ptr, hidden,
     stride_p_micro, stride_p_row, stride_p_col, stride_out_row,
-    shared_row0,
     TOP_K: tl.constexpr, NUM_MICROS: tl.constexpr, PAIR_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
-    SHARED: tl.constexpr,
 ):
     """out[t] = sum_k weight[t, k] * sum_m part[m, slot_of_pair[t*K + k]], float32 inside.
 
@@ -246,7 +243,6 @@ def _finalize_kernel(
     the weighted reduce are one pass over the partials, without atomics. K and M are
     compile-time so that all K*M row loads are unrolled and in flight together.
     PAIR_ROWS: the partials are already in pair order (slot = t*K + k; slot_ptr unused).
-    SHARED: plus a shared expert's row shared_row0 + t, with weight 1 (the decode op's).
     """
     token = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -264,11 +260,6 @@ def _finalize_kernel(
             expert_out += tl.load(part, mask=col_ok, other=0.0).to(tl.float32)
             part += stride_p_micro
         acc += tl.load(weight_ptr + pair) * expert_out
-    if SHARED:
-        part = part_ptr + tl.cast(shared_row0 + token, tl.int64) * stride_p_row + cols * stride_p_col
-        for _ in tl.static_range(NUM_MICROS):
-            acc += tl.load(part, mask=col_ok, other=0.0).to(tl.float32)
-            part += stride_p_micro
     tl.store(out_ptr + tl.cast(token, tl.int64) * stride_out_row + cols,
              acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
@@ -329,11 +320,10 @@ def _glu(u: torch.Tensor, act: torch.Tensor) -> None:
 
 
 def moe_finalize(partials: torch.Tensor, slot_of_pair: torch.Tensor | None, topk_weights: torch.Tensor,
-                 out_dtype: torch.dtype, shared_row0: int | None = None) -> torch.Tensor:
+                 out_dtype: torch.dtype) -> torch.Tensor:
     """Shared by both MoE ops: partials [M, T*K, H] (per slot and micro) -> out [T, H],
     ``out[t] = sum_k w[t, k] * sum_m partials[m, slot_of_pair[t*K + k]]``, float32 inside.
-    slot_of_pair None: the rows are already in pair order t*K + k. shared_row0: partials
-    also hold a shared expert's rows from there (one per token), added with weight 1."""
+    slot_of_pair None: the rows are already in pair order t*K + k."""
     micros, _, hidden = partials.shape
     tokens, top_k = topk_weights.shape
     out = torch.empty((tokens, hidden), dtype=out_dtype, device=partials.device)
@@ -341,9 +331,8 @@ def moe_finalize(partials: torch.Tensor, slot_of_pair: torch.Tensor | None, topk
     grid = (tokens, triton.cdiv(hidden, block_h))
     _finalize_kernel[grid](
         partials, slot_of_pair, topk_weights.contiguous(), out, hidden,
-        *partials.stride(), out.stride(0), shared_row0 or 0,
-        TOP_K=top_k, NUM_MICROS=micros, PAIR_ROWS=slot_of_pair is None, BLOCK_H=block_h,
-        SHARED=shared_row0 is not None)
+        *partials.stride(), out.stride(0),
+        TOP_K=top_k, NUM_MICROS=micros, PAIR_ROWS=slot_of_pair is None, BLOCK_H=block_h)
     return out
 
 

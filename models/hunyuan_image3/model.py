@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.moe_dispatch import experts_impl, experts_impl_fp8, shared_fold_impl
+from kernels.moe_dispatch import experts_impl, experts_impl_fp8
 
 from dtgen.build import ParamSource
 from dtgen.fp8 import swap_fp8_linears
@@ -154,18 +154,13 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     """Pick the routed-experts implementation for every MoE layer: a name of
     `kernels.moe_dispatch.MOE_IMPLS` (its docstring says what each runs); "eager" is the
     plain loop in transformer.py. FP8 experts (`use_fp8_experts`) always run
-    `experts_op_fp8` ("reference" forces its torch emulation). "auto", "graph" and
-    "reference" also fold each layer's shared MLP into the routed experts' call at decode
-    rows (`kernels.moe_dispatch.shared_fold_impl`).
+    `experts_op_fp8` ("reference" forces its torch emulation).
     """
     fn = experts_impl(impl, eager=experts_eager)
-    fold = shared_fold_impl(impl)
     for module in model.modules():
         if isinstance(module, Experts):
             module.impl = fn
             module.impl_fp8 = experts_impl_fp8(impl)
-        elif isinstance(module, MoE):
-            module.shared_fold = fold
 
 
 def set_moe_token_chunk(model: nn.Module, tokens: int | None) -> None:

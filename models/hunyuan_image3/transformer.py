@@ -14,8 +14,6 @@ Parameter layouts (the loader packs the official checkpoint into these):
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -199,10 +197,6 @@ class MoE(nn.Module):
         # denoise branch at the released shapes); chunks bound them. Every token's output is
         # its own, so chunks change no value beyond the kernels' row tiling.
         self.token_chunk: int | None = None
-        # Routed experts and shared MLP as one call where the runtime sets one (decode rows:
-        # `kernels.moe_dispatch.experts_shared_op`'s signature; it returns None where they run
-        # apart). None: always apart.
-        self.shared_fold: Callable | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (ids int64 [T, K], weights float32 [T, K]): softmax of the float32
@@ -217,12 +211,6 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         ids, weights = self.route(flat)
-        if self.shared_fold is not None and self.shared_mlp is not None:
-            e, s = self.experts, self.shared_mlp
-            out = self.shared_fold(flat, ids, weights, e.gate_and_up_proj, e.gate_and_up_scale, e.down_proj,
-                                   e.down_scale, s.gate_and_up_proj, s.gate_and_up_scale, s.down_proj, s.down_scale)
-            if out is not None:
-                return out.view_as(x)
         chunk = self.token_chunk
         if chunk is None or flat.shape[0] <= chunk:
             out = self.experts(flat, ids, weights)
