@@ -6,8 +6,6 @@
   bf16) for 8 requests of skewed lengths (one 16k, seven 1k): the load-balanced split-KV
   kernel against the static split (fixed splits per request: the flash-decoding heuristic's
   count, and a sweep of counts), and the masked SDPA the one-request decode step runs.
-  Since session 18 the split kernel merges its partials itself (last arrival, one launch;
-  before: a split and a merge launch), so `balanced_us` / `static_us_by_splits` time one launch.
   Each op (schedule prebuilt: a step builds it once for 32 layers; its own time apart) is
   replayed from a CUDA graph of `--graph-iters` calls.
 - prologue: split + RoPE + QK RMSNorm + KV write, fused against the separate torch ops

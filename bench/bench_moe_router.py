@@ -5,8 +5,7 @@
 At HunyuanImage-3's router shapes (E=64 experts, K=8, H=4096, x bf16, the weight fp32) for
 each token count: (a) the torch ops of `MoE.route` (`F.linear` in fp32, softmax, topk,
 renormalise), eager and compiled by inductor (fullgraph), and (b) the fused op (impl
-"triton": its one kernel, the top-k fused into the logits' last-arriving program since
-session 18 (before: two launches); "auto" takes it up to kernels.moe_router.TRITON_MAX_TOKENS
+"triton": its two kernels; "auto" takes them up to kernels.moe_router.TRITON_MAX_TOKENS
 tokens). Every figure is the per-call time of a CUDA graph of `--graph-iters` calls, the
 median (and range) of `--repeats` replays; the layer's ~14 us route (H200, torch 2.11) is
 what the fused op replaces, 32 times a step. Each fused row also says whether its ids equal
@@ -26,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-SWEEP = [(8, 128, 4), (16, 64, 2), (16, 256, 4), (32, 128, 4), (64, 64, 4), (16, 128, 2), (16, 128, 8),
-         (32, 256, 8)]   # block_e, block_h, num_warps
+SWEEP = [(16, 128, 4, 2), (8, 128, 4, 1), (16, 64, 2, 1), (16, 256, 4, 1), (32, 128, 4, 1), (64, 64, 4, 1),
+         (16, 128, 2, 1), (16, 128, 8, 1), (32, 256, 8, 1)]   # block_e, block_h, logits_warps, topk_warps
 
 
 def main(argv=None) -> int:
@@ -87,9 +86,9 @@ def main(argv=None) -> int:
         print(line, flush=True)
         if args.sweep:
             sweep = {}
-            for be, bh, nw in SWEEP:
-                cfg = RouterConfig(block_e=be, block_h=bh, num_warps=nw)
-                name = f"e{be}_h{bh}_w{nw}"
+            for be, bh, lw, tw in SWEEP:
+                cfg = RouterConfig(block_e=be, block_h=bh, logits_warps=lw, topk_warps=tw)
+                name = f"e{be}_h{bh}_w{lw}_{tw}"
                 out = moe_route_topk_triton(x, w, K, config=cfg)
                 sweep[name] = {"us": _time_us(lambda cfg=cfg: moe_route_topk_triton(x, w, K, config=cfg),
                                               reps, iters, cuda),

@@ -13,29 +13,25 @@ Why fused: on an H200 the torch ops of one AR decode step's route (batch 1, CUDA
 ~14 us per layer (cuBLAS dot + reduce 3.9 us, softmax 1.35 us, topk's gatherTopK + bitonic
 sort 8.5 us), 0.44 ms of a 6.2 ms step over 32 layers, for a 1 MB weight and 64 values.
 
-One launch, deterministic, no host sync (CUDA-graph safe). Grid (E-blocks, H-blocks, token
-chunks of BLOCK_T <= 16): one program loads one [BLOCK_E, BLOCK_H] tile of the weight once
-(the 1 MB weight is spread over ~128 programs at the released shapes: E=64, H=4096, 16 x 128
-tiles) and, for each token of its chunk, the dot of the tile's rows with the token's BLOCK_H
-values in float32. It writes ``partials[t, h_block, e]`` (float32 [T, S, E], S = H-blocks:
-8 KB at T=1), then adds 1 to its chunk's int32 counter with an acq_rel atomic. The chunk's
-last program to arrive routes the chunk's tokens, ROUTE_ROWS at a time: it sums each token's
-S partials in a fixed order ([ROUTE_ROWS, BLOCK_S, E] tiles), softmax over the E logits
-(masked to E, which need not be a power of two), then K rounds of one int64 max over keys
-that pack the probability's bits above the expert's index (probabilities are >= 0, so their
-bits order like the values), and the normalisation; then it stores 0 back into the counter,
-so the next launch (the next layer, a CUDA-graph replay) finds it clean
-(`kernels.arrival_counters`: one persistent zeroed buffer per device). This replaced a
-second (top-k) kernel launch: one launch fewer per layer, ~2.6 us of launch and tail each
-under the decode step's CUDA graph on an H200 (84 us of a token's 32 layers).
+Two launches, deterministic (no atomics), no host sync (CUDA-graph safe):
+
+- `_router_logits_kernel`, grid (E-blocks, H-blocks, token chunks of BLOCK_T <= 16): one
+  program loads one [BLOCK_E, BLOCK_H] tile of the weight once (the 1 MB weight is spread
+  over ~128 programs at the released shapes: E=64, H=4096, 16 x 128 tiles) and, for each
+  token of its chunk, the dot of the tile's rows with the token's BLOCK_H values in float32.
+  It writes ``partials[t, h_block, e]`` (float32 [T, S, E], S = H-blocks: 8 KB at T=1).
+- `_router_topk_kernel`, grid (T,): one program per token sums its S partials in a fixed
+  order (one [BLOCK_S, E] tile at a time), softmax over the E logits (masked to E, which
+  need not be a power of two), then K rounds of one int64 max over keys that pack the
+  probability's bits above the expert's index (probabilities are >= 0, so their bits order
+  like the values), and the normalisation.
 
 Numerics. float32 accumulation throughout (x in bf16/fp16/fp32 and a bf16 weight are
 upcast when loaded; bf16 routing flips expert choices). The logits' sums run in another
 order than cuBLAS's or the CPU's: they agree to ~1e-6 relative, so the chosen experts are
 the reference's unless two probabilities are that close (random inputs: essentially never).
 Weights: rtol ~1e-5 of the reference (exp and the sums in other orders). A token's result
-does not depend on the other tokens of the batch (the tiles hold a fixed number of tokens,
-each summed on its own).
+does not depend on the other tokens of the batch (the tiling is per token).
 
 Ties and order. Outputs come in descending weight, as torch.topk(sorted=True) returns them;
 equal probabilities go to the lower expert index first. torch.topk documents no order for
@@ -60,17 +56,14 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
-from kernels.arrival_counters import arrival_counters
-
 IMPLS = ("auto", "reference", "triton")
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # "auto" (and HunyuanImage-3's MoE.route) take the Triton kernels up to this many tokens on a
 # GPU: the decode shapes (one AR request, a batch of decode requests). Above it the torch ops
 # (a cuBLAS GEMM, inductor's fused softmax under compile) are the path measured so far.
 TRITON_MAX_TOKENS = 16
-TRITON_MAX_EXPERTS = 1024   # the routing holds every expert of its tokens in registers
-BLOCK_T = 16                # tokens per chunk: the logits' programs and one counter
-ROUTE_ROWS = 4              # tokens per routing tile (fixed: a token's sums do not depend on the batch)
+TRITON_MAX_EXPERTS = 1024   # the top-k kernel holds every expert of a token in registers
+BLOCK_T = 16                # tokens per chunk of the logits kernel
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -79,11 +72,12 @@ class RouterConfig:
     """Tile sizes and warps (block sizes are capped at the next power of two of E and H).
     Defaults (untimed: chosen from the sm_90 code, not a sweep): E=64, H=4096 -> a 4 x 32
     grid of 8 KB weight tiles per token chunk, each row of a tile summed within one warp
-    (16-byte loads)."""
+    (16-byte loads); the top-k kernel in one warp, whose reductions then need no barrier."""
 
     block_e: int = 16
     block_h: int = 128
-    num_warps: int = 4
+    logits_warps: int = 4
+    topk_warps: int = 1
 
 
 # ------------------------------------------------------------------------------ checks
@@ -137,20 +131,15 @@ def moe_route_topk_reference(x: torch.Tensor, weight: torch.Tensor, top_k: int, 
 
 
 @triton.jit
-def _router_kernel(
-    x_ptr, w_ptr, part_ptr, count_ptr, ids_ptr, wts_ptr, tokens, experts, hidden, num_splits, s_xt, s_we,
-    scaling_factor,
-    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_H: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_EF: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _router_logits_kernel(
+    x_ptr, w_ptr, part_ptr, tokens, experts, hidden, num_splits, s_xt, s_we,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Program (E-block, H-block, token chunk): partials[t, h_block, e] = sum over the H-block
-    of x[t, h] * w[e, h] in float32; the chunk's last program to arrive then routes its tokens."""
+    """partials[t, h_block, e] = sum over the H-block of x[t, h] * w[e, h], float32."""
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     h_block = tl.program_id(1)
-    chunk = tl.program_id(2)
     h = h_block * BLOCK_H + tl.arange(0, BLOCK_H)
-    t0 = chunk * BLOCK_T
+    t0 = tl.program_id(2) * BLOCK_T
     e_ok = e < experts
     h_ok = h < hidden
     w = tl.load(w_ptr + e[:, None].to(tl.int64) * s_we + h[None, :],
@@ -170,64 +159,51 @@ def _router_kernel(
     dst = part_ptr + (toks[None, :].to(tl.int64) * num_splits + h_block) * experts + e[:, None]
     tl.store(dst, acc, mask=e_ok[:, None] & (toks[None, :] < tokens))
 
-    # Last arrival: every thread's stores precede the (one-thread) release of the atomic.
-    tl.debug_barrier()
-    arrivals = tl.num_programs(0) * tl.num_programs(1)
-    done = tl.atomic_add(count_ptr + chunk, 1, sem="acq_rel", scope="gpu")
-    if done == arrivals - 1:
-        for r0 in range(0, BLOCK_T, ROWS):
-            _route_rows(part_ptr, ids_ptr, wts_ptr, t0 + r0, tokens, experts, num_splits, scaling_factor,
-                        TOP_K, NORMALIZE, ROWS, BLOCK_S, BLOCK_EF, BLOCK_K)
-        tl.store(count_ptr + chunk, 0)     # clean for the next launch (stream order)
-
 
 @triton.jit
-def _route_rows(part_ptr, ids_ptr, wts_ptr, t_first, tokens, experts, num_splits, scaling_factor,
-                TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, ROWS: tl.constexpr, BLOCK_S: tl.constexpr,
-                BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Tokens t_first..t_first+ROWS-1: logits from the partials, softmax, top-k by packed keys,
-    normalisation. Tiles of a fixed shape (ROWS tokens whatever the batch): a token's sums run in
-    the same order alone or in a batch. Partials load through L2 (.cg): other programs wrote them."""
-    t = t_first + tl.arange(0, ROWS)
-    t_ok = t < tokens
-    t64 = t.to(tl.int64)
+def _router_topk_kernel(
+    part_ptr, ids_ptr, wts_ptr, experts, num_splits, scaling_factor,
+    TOP_K: tl.constexpr, NORMALIZE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One token: logits from the partials, softmax, top-k by packed keys, normalisation."""
+    t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
     e_ok = e < experts
     s = tl.arange(0, BLOCK_S)
-    logits = tl.zeros((ROWS, BLOCK_E), tl.float32)
+    base = part_ptr + t * num_splits * experts
+    logits = tl.zeros((BLOCK_E,), tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):   # a fixed order: deterministic
         ss = s0 + s
-        src = part_ptr + (t64[:, None, None] * num_splits + ss[None, :, None]) * experts + e[None, None, :]
-        ok = t_ok[:, None, None] & (ss[None, :, None] < num_splits) & e_ok[None, None, :]
-        logits += tl.sum(tl.load(src, mask=ok, other=0.0, cache_modifier=".cg"), axis=1)
-    logits = tl.where(e_ok[None, :], logits, float("-inf"))
-    num = tl.exp(logits - tl.max(logits, axis=1)[:, None])          # masked experts: exp(-inf) = 0
-    probs = tl.math.div_rn(num, tl.sum(num, axis=1)[:, None])
+        tile = tl.load(base + ss[:, None] * experts + e[None, :],
+                       mask=(ss[:, None] < num_splits) & e_ok[None, :], other=0.0)
+        logits += tl.sum(tile, axis=0)
+    logits = tl.where(e_ok, logits, float("-inf"))
+    num = tl.exp(logits - tl.max(logits, axis=0))          # masked experts: exp(-inf) = 0
+    probs = tl.math.div_rn(num, tl.sum(num, axis=0))
 
     # Key = |prob| bits (a float >= 0 orders like its bits; NaN above inf) << 32 | reversed
     # index (ties: the lower expert wins). Masked and taken experts: -1, below every key.
     bits = (probs.to(tl.int32, bitcast=True) & 0x7FFFFFFF).to(tl.int64)
-    key = tl.where(e_ok[None, :], (bits << 32) | (BLOCK_E - 1 - e)[None, :].to(tl.int64), -1)
+    key = tl.where(e_ok, (bits << 32) | (BLOCK_E - 1 - e).to(tl.int64), -1)
     kk = tl.arange(0, BLOCK_K)
-    chosen = tl.zeros((ROWS, BLOCK_K), tl.int64)
+    chosen = tl.zeros((BLOCK_K,), tl.int64)
     for k in range(TOP_K):
-        best = tl.max(key, axis=1)
-        chosen = tl.where(kk[None, :] == k, best[:, None], chosen)
-        key = tl.where(key == best[:, None], -1, key)
+        best = tl.max(key, axis=0)
+        chosen = tl.where(kk == k, best, chosen)
+        key = tl.where(key == best, -1, key)
     k_ok = kk < TOP_K
     ids = (BLOCK_E - 1) - (chosen & 0xFFFF)
-    w = tl.where(k_ok[None, :], (chosen >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
+    w = tl.where(k_ok, (chosen >> 32).to(tl.int32).to(tl.float32, bitcast=True), 0.0)
     if NORMALIZE:
-        w = tl.math.div_rn(w, tl.maximum(tl.sum(w, axis=1), 1.1754943508222875e-38)[:, None])
+        w = tl.math.div_rn(w, tl.maximum(tl.sum(w, axis=0), 1.1754943508222875e-38))
     else:
         w = w * scaling_factor
-    dst = t64[:, None] * TOP_K + kk[None, :]
-    ok = t_ok[:, None] & k_ok[None, :]
-    tl.store(ids_ptr + dst, ids, mask=ok)
-    tl.store(wts_ptr + dst, w, mask=ok)
+    tl.store(ids_ptr + t * TOP_K + kk, ids, mask=k_ok)
+    tl.store(wts_ptr + t * TOP_K + kk, w, mask=k_ok)
 
 
-TRITON_INTERPRETED = not isinstance(_router_kernel, JITFunction)
+TRITON_INTERPRETED = not isinstance(_router_logits_kernel, JITFunction)
 
 
 def require_triton_device(x: torch.Tensor) -> None:
@@ -239,7 +215,7 @@ def require_triton_device(x: torch.Tensor) -> None:
 def moe_route_topk_triton(x: torch.Tensor, weight: torch.Tensor, top_k: int, normalize: bool = True,
                           scaling_factor: float = 1.0,
                           config: RouterConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel (module docstring). Graph-capturable: no host sync, one launch."""
+    """The two kernels (module docstring). Graph-capturable: no host sync."""
     check_router_inputs(x, weight, top_k)
     require_triton_device(x)
     config = config or RouterConfig()
@@ -260,19 +236,16 @@ def moe_route_topk_triton(x: torch.Tensor, weight: torch.Tensor, top_k: int, nor
     block_h = min(config.block_h, triton.next_power_of_2(hidden))
     block_t = min(BLOCK_T, triton.next_power_of_2(tokens))
     splits = triton.cdiv(hidden, block_h)
-    chunks = triton.cdiv(tokens, block_t)
     partials = torch.empty((tokens, splits, experts), dtype=torch.float32, device=x.device)
-    counters = arrival_counters("moe_route_topk", x.device, chunks)   # zero at entry and at exit
+    _router_logits_kernel[(triton.cdiv(experts, block_e), splits, triton.cdiv(tokens, block_t))](
+        x, weight, partials, tokens, experts, hidden, splits, x.stride(0), weight.stride(0),
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h, num_warps=config.logits_warps)
     block_ef = triton.next_power_of_2(experts)
-    # The routing tiles: ROUTE_ROWS tokens x block_s partials x every expert, <= 8K floats
-    # (64 registers a thread at 4 warps); fixed whatever the token count.
-    block_s = min(triton.next_power_of_2(splits), max(1, 8192 // (ROUTE_ROWS * block_ef)))
-    _router_kernel[(triton.cdiv(experts, block_e), splits, chunks)](
-        x, weight, partials, counters, ids, weights, tokens, experts, hidden, splits, x.stride(0), weight.stride(0),
-        float(scaling_factor),
-        TOP_K=top_k, NORMALIZE=bool(top_k > 1 and normalize), BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_H=block_h,
-        ROWS=ROUTE_ROWS, BLOCK_S=block_s, BLOCK_EF=block_ef, BLOCK_K=triton.next_power_of_2(top_k),
-        num_warps=config.num_warps)
+    block_s = min(triton.next_power_of_2(splits), max(1, 4096 // block_ef))
+    _router_topk_kernel[(tokens,)](
+        partials, ids, weights, experts, splits, float(scaling_factor),
+        TOP_K=top_k, NORMALIZE=bool(top_k > 1 and normalize), BLOCK_S=block_s, BLOCK_E=block_ef,
+        BLOCK_K=triton.next_power_of_2(top_k), num_warps=config.topk_warps)
     return ids, weights
 
 

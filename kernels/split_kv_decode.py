@@ -17,19 +17,11 @@ grid ``[num_programs, Hkv]``. A program walks its range; where it crosses into a
 request it writes the partial result (output, LSE) of the request it leaves and starts
 afresh. A program touches requests r0..r1 and the partial of (program p, request r) goes to
 row ``p + r`` of a ``[B + P - 1, Hq, D]`` buffer: unique, because the requests a program
-touches start where the previous program's end (a program holding a whole request writes
-its output directly). The partials of a request are merged by their LSEs (the formula of
-`kernels.lse_merge`, which takes a fixed number of partials per row; here the count varies by
-request, so the merge walks each request's program range itself) inside the same launch: after
-writing a partial, a program adds the tiles it covered to an int32 counter of (request, KV
-head) with an acq_rel atomic; the program whose add reaches the request's tile count merges
-the request's partials, in program order (deterministic, whatever the arrival order), and
-stores 0 back, so the next launch (the next layer, a CUDA-graph replay) finds it clean
-(`kernels.arrival_counters`: one persistent zeroed buffer per device). This replaced a
-separate merge kernel: one launch fewer per layer, ~3.6 us of launch and tail each under the
-decode step's CUDA graph on an H200 (115 us of a token's 32 layers). Requests with no key
-(0 tiles, no program walks them) get 0 from program 0 of each KV head. One long request next
-to short ones is then spread over every program instead of sitting on a few.
+touches start where the previous program's end. A second kernel merges each request's
+partials by their LSEs (the formula of `kernels.lse_merge`, which takes a fixed number of
+partials per row; here the count varies by request, so the merge walks each request's
+program range itself). One long request next to short ones is then spread over every
+program instead of sitting on a few.
 
 The schedule is a handful of device tensors built from the lengths by torch ops
 (cumsum, searchsorted): no host sync, fixed shapes for a fixed (B, P), so a CUDA graph
@@ -38,7 +30,7 @@ is the baseline of the benchmark: a fixed number of splits per request (flash-de
 static split), each of ceil(tiles / splits) tiles, on a grid of B * splits programs.
 
 CPU runs the torch reference (float32 math; float64 in, float64 out); CUDA runs the Triton
-kernel; ``impl="triton"`` forces Triton (on CPU only under TRITON_INTERPRET=1).
+kernels; ``impl="triton"`` forces Triton (on CPU only under TRITON_INTERPRET=1).
 Registered as ``dtgen::split_kv_decode``: one node under ``torch.compile(fullgraph=True)``.
 """
 from __future__ import annotations
@@ -50,8 +42,6 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime import JITFunction
-
-from kernels.arrival_counters import arrival_counters
 
 IMPLS = ("auto", "reference", "triton")
 DEFAULT_TILE = 64   # keys per tile: the balancing unit and the kernel's inner block
@@ -203,60 +193,17 @@ _LN2 = 0.6931471805599453
 
 
 @triton.jit
-def _merge_head(part_o_ptr, part_lse_ptr, out_ptr, prog_begin_ptr, b, head, r_begin, r_end, p_lo, p_hi,
-                s_pn, s_ph, s_ln, s_ob, s_oh,
-                HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Request b, query head `head`: the LSE merge (`kernels.lse_merge`'s formula) of the
-    partials of programs p_lo..p_hi that overlap b's tiles, in program order (deterministic).
-
-    The partials are read BLOCK_P programs at a time (one vector load of their LSEs, one tile
-    load of their outputs), each chunk folded into a running max: a request spread over
-    every program of the grid costs a couple of chunks, not one dependent load per program.
-    Loads bypass L1 (.cg): the partials were written by other programs (other SMs)."""
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    pp = tl.arange(0, BLOCK_P)
-    m = float("-inf")
-    l = 0.0
-    acc = tl.zeros((BLOCK_D,), tl.float32)
-    for p0 in range(p_lo, p_hi + 1, BLOCK_P):
-        p = p0 + pp
-        in_range = p <= p_hi
-        begin = tl.load(prog_begin_ptr + p, mask=in_range, other=0)
-        end = tl.load(prog_begin_ptr + p + 1, mask=in_range, other=0)
-        ok = in_range & (tl.minimum(end, r_end) - tl.maximum(begin, r_begin) > 0)   # p wrote row p + b
-        row = (p + b).to(tl.int64)
-        lse = tl.load(part_lse_ptr + row * s_ln + head, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(part_o_ptr + row[:, None] * s_pn + head * s_ph + d[None, :], mask=ok[:, None] & d_ok[None, :],
-                    other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(lse, axis=0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # a chunk with no partial of b
-        alpha = tl.exp(m - m_safe)
-        w = tl.where(ok, tl.exp(lse - m_safe), 0.0)
-        l = l * alpha + tl.sum(w, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-        m = m_new
-    out = tl.where(l > 0, acc / tl.where(l > 0, l, 1.0), 0.0)
-    tl.store(out_ptr + b.to(tl.int64) * s_ob + head * s_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
-
-
-@triton.jit
 def _split_kv_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, prog_begin_ptr, prog_req_ptr, req_begin_ptr, req_first_ptr, req_last_ptr,
-    part_o_ptr, part_lse_ptr, out_ptr, count_ptr,
-    num_requests, cache_len, scale_log2,
-    s_qb, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_pn, s_ph, s_ln, s_ob, s_oh,
+    q_ptr, k_ptr, v_ptr, len_ptr, prog_begin_ptr, prog_req_ptr, req_begin_ptr, part_o_ptr, part_lse_ptr,
+    cache_len, scale_log2,
+    s_qb, s_qh, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_pn, s_ph, s_ln,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_GS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
 ):
     """Program (p, kv head h): the tiles [prog_begin[p], prog_begin[p+1]) for the G query
-    heads of h. Per request it touches: the whole request -> the output directly; a part ->
-    a partial (normalised output, natural-log LSE), then the request's arrival counter; the
-    program completing the request's tile count merges its partials (module docstring)."""
+    heads of h, one partial (normalised output, natural-log LSE) per request it touches."""
     p = tl.program_id(0)
     kv_head = tl.program_id(1)
-    num_kv_heads = tl.num_programs(1)
     t = tl.load(prog_begin_ptr + p)
     t_end = tl.load(prog_begin_ptr + p + 1)
     r = tl.load(prog_req_ptr + p)
@@ -268,8 +215,7 @@ def _split_kv_kernel(
     n_base = tl.arange(0, BLOCK_N)
     while t < t_end:
         r_begin = tl.load(req_begin_ptr + r)
-        r_end = tl.load(req_begin_ptr + r + 1)
-        seg_end = tl.minimum(t_end, r_end)
+        seg_end = tl.minimum(t_end, tl.load(req_begin_ptr + r + 1))
         if seg_end > t:
             length = tl.minimum(tl.load(len_ptr + r).to(tl.int32), cache_len)
             r64 = r.to(tl.int64)
@@ -299,45 +245,56 @@ def _split_kv_kernel(
                 l = l * alpha + tl.sum(prob, axis=1)
                 acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=DOT_PRECISION)
                 m = m_new
-            tile_ok = g_ok[:, None] & d_ok[None, :]
-            if (t == r_begin) & (seg_end == r_end):
-                # The whole request in this program: its output, no partial, no counter (the
-                # merge of one partial would give these values bit for bit: weight exp(0) = 1).
-                tl.store(out_ptr + r64 * s_ob + heads[:, None] * s_oh + d[None, :],
-                         (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=tile_ok)
-            else:
-                row = (p + r).to(tl.int64)
-                tl.store(part_o_ptr + row * s_pn + heads[:, None] * s_ph + d[None, :], acc / l[:, None],
-                         mask=tile_ok)
-                tl.store(part_lse_ptr + row * s_ln + heads, (m + tl.log2(l)) * 0.6931471805599453, mask=g_ok)
-                # Every thread's stores precede the (one-thread) release below.
-                tl.debug_barrier()
-                counter = count_ptr + r * num_kv_heads + kv_head
-                done = tl.atomic_add(counter, seg_end - t, sem="acq_rel", scope="gpu")
-                if done + (seg_end - t) == r_end - r_begin:     # the last of r's tiles: merge
-                    p_lo = tl.load(req_first_ptr + r)
-                    p_hi = tl.load(req_last_ptr + r)
-                    for i in tl.static_range(GROUP):
-                        _merge_head(part_o_ptr, part_lse_ptr, out_ptr, prog_begin_ptr, r, kv_head * GROUP + i,
-                                    r_begin, r_end, p_lo, p_hi, s_pn, s_ph, s_ln, s_ob, s_oh,
-                                    HEAD_DIM, BLOCK_P, BLOCK_D)
-                    tl.store(counter, 0)     # clean for the next launch (stream order)
+            row = (p + r).to(tl.int64)
+            tl.store(part_o_ptr + row * s_pn + heads[:, None] * s_ph + d[None, :], acc / l[:, None],
+                     mask=g_ok[:, None] & d_ok[None, :])
+            tl.store(part_lse_ptr + row * s_ln + heads, (m + tl.log2(l)) * 0.6931471805599453, mask=g_ok)
         t = seg_end
         r += 1
-    if p == 0:
-        # Requests with no keys get 0. No program walks them (they hold no tile), so program 0
-        # of each KV head writes them: rows (request, head of the group), BLOCK_R requests a pass.
-        rows = tl.arange(0, BLOCK_R * BLOCK_GS)
-        gs = rows % BLOCK_GS
-        for b0 in range(0, num_requests, BLOCK_R):
-            b = b0 + rows // BLOCK_GS
-            b_ok = b < num_requests
-            empty = tl.load(req_begin_ptr + b + 1, mask=b_ok, other=0) == tl.load(req_begin_ptr + b, mask=b_ok,
-                                                                                   other=0)
-            zero_ok = (b_ok & empty & (gs < GROUP))[:, None] & d_ok[None, :]
-            dst = out_ptr + b[:, None].to(tl.int64) * s_ob + (kv_head * GROUP + gs)[:, None] * s_oh + d[None, :]
-            tl.store(dst, tl.zeros((BLOCK_R * BLOCK_GS, BLOCK_D), tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=zero_ok)
+
+
+@triton.jit
+def _merge_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, prog_begin_ptr, req_begin_ptr, req_first_ptr, req_last_ptr,
+    s_pn, s_ph, s_ln, s_ob, s_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (request b, query head h): the LSE merge of b's partials for h.
+
+    The partials are read BLOCK_P programs at a time (one vector load of their LSEs, one tile
+    load of their outputs), each chunk folded into a running max: a request spread over
+    every program of the grid costs a couple of chunks, not one dependent load per program."""
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    pp = tl.arange(0, BLOCK_P)
+    r_begin = tl.load(req_begin_ptr + b)
+    r_end = tl.load(req_begin_ptr + b + 1)
+    p_lo = tl.load(req_first_ptr + b)
+    p_hi = tl.load(req_last_ptr + b)
+    m = float("-inf")
+    l = 0.0
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for p0 in range(p_lo, p_hi + 1, BLOCK_P):
+        p = p0 + pp
+        in_range = p <= p_hi
+        begin = tl.load(prog_begin_ptr + p, mask=in_range, other=0)
+        end = tl.load(prog_begin_ptr + p + 1, mask=in_range, other=0)
+        ok = in_range & (tl.minimum(end, r_end) - tl.maximum(begin, r_begin) > 0)   # p wrote row p + b
+        row = (p + b).to(tl.int64)
+        lse = tl.load(part_lse_ptr + row * s_ln + head, mask=ok, other=float("-inf"))
+        o = tl.load(part_o_ptr + row[:, None] * s_pn + head * s_ph + d[None, :], mask=ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)     # a chunk with no partial of b
+        alpha = tl.exp(m - m_safe)
+        w = tl.where(ok, tl.exp(lse - m_safe), 0.0)
+        l = l * alpha + tl.sum(w, axis=0)
+        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
+        m = m_new
+    out = tl.where(l > 0, acc / tl.where(l > 0, l, 1.0), 0.0)   # no keys: 0
+    tl.store(out_ptr + b.to(tl.int64) * s_ob + head * s_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
 TRITON_INTERPRETED = not isinstance(_split_kv_kernel, JITFunction)
@@ -351,7 +308,7 @@ def require_triton_device(x: torch.Tensor) -> None:
 
 def split_kv_decode_triton(q, k_cache, v_cache, lengths, prog_begin, prog_req, req_begin, req_first, req_last,
                            tile: int, scale: float | None = None) -> torch.Tensor:
-    """The kernel (inputs assumed checked). Graph-capturable: no host sync, one launch."""
+    """The two kernels (inputs assumed checked). Graph-capturable: no host sync."""
     require_triton_device(q)
     B, Hq, D = q.shape
     Hkv, L = k_cache.shape[1], k_cache.shape[2]
@@ -373,18 +330,17 @@ def split_kv_decode_triton(q, k_cache, v_cache, lengths, prog_begin, prog_req, r
     # The interpreter's tl.dot multiplies the raw bits of bfloat16 operands
     # (triton-lang/triton#11584): there, bf16 tiles go to float32 for the dots.
     dot_f32 = TRITON_INTERPRETED and q.dtype == torch.bfloat16
-    # Arrival counters, one per (request, KV head): zero at entry, zero again at exit.
-    counters = arrival_counters("split_kv_decode", q.device, B * Hkv)
-    block_gs = triton.next_power_of_2(group)
     _split_kv_kernel[(P, Hkv)](
-        q, k_cache, v_cache, lengths, prog_begin, prog_req, req_begin, req_first, req_last, part_o, part_lse, out,
-        counters, B, L, scale * _LOG2E,
+        q, k_cache, v_cache, lengths, prog_begin, prog_req, req_begin, part_o, part_lse, L, scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), part_o.stride(0), part_o.stride(1),
-        part_lse.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, HEAD_DIM=D, BLOCK_G=block_g, BLOCK_N=tile, BLOCK_D=block_d,
-        BLOCK_P=min(32, triton.next_power_of_2(P)), BLOCK_R=max(1, 64 // block_gs), BLOCK_GS=block_gs,
-        DOT_PRECISION=precision, DOT_F32=dot_f32, num_warps=4, num_stages=2)
+        part_lse.stride(0),
+        GROUP=group, HEAD_DIM=D, BLOCK_G=block_g, BLOCK_N=tile, BLOCK_D=block_d, DOT_PRECISION=precision,
+        DOT_F32=dot_f32, num_warps=4, num_stages=2)
+    _merge_kernel[(B, Hq)](
+        part_o, part_lse, out, prog_begin, req_begin, req_first, req_last,
+        part_o.stride(0), part_o.stride(1), part_lse.stride(0), out.stride(0), out.stride(1),
+        HEAD_DIM=D, BLOCK_P=min(32, triton.next_power_of_2(P)), BLOCK_D=block_d, num_warps=2)
     return out
 
 

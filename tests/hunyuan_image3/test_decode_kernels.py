@@ -181,41 +181,6 @@ def test_triton_more_programs_than_tiles_and_strided_cache():
     torch.testing.assert_close(out.cpu().double(), _naive(q, k, v, lengths), atol=1e-5, rtol=0)
 
 
-FUSED_CASES = [  # B, Hq, Hkv, D, L, lengths, programs, tile: the in-kernel merge (last arrival)
-    (1, 4, 4, 32, 1, [1], 7, 16),                           # one key, G = 1, most programs empty
-    (1, 8, 2, 64, 333, [333], 19, 16),                      # one request over 19 programs (two merge chunks)
-    (1, 12, 4, 48, 100, [77], 64, 16),                      # G = 3, D not a power of two, 64 programs
-    (3, 8, 1, 32, 90, [0, 0, 90], 5, 16),                   # empty requests first (no partial: zeros)
-    (4, 16, 2, 32, 70, [70, 0, 3, 0], 6, 16),               # G = 8, empty requests in the middle and last
-    (6, 6, 3, 32, 250, [250, 1, 17, 16, 0, 129], 11, 32),   # whole requests in one program next to split ones
-]
-
-
-@needs_triton
-@pytest.mark.parametrize("case", FUSED_CASES)
-def test_triton_in_kernel_merge_and_counters_reset(case):
-    """The partials merged by the last-arriving program: against float64 math, bit-identical
-    on a second call (the counters are back at 0, and the merge runs in program order)."""
-    from kernels.arrival_counters import all_counters_zero
-
-    B, Hq, Hkv, D, L, lens, programs, tile = case
-    q, k, v, lengths = _decode_case(B, Hq, Hkv, D, L, lens, device=_device(), seed=B + programs)
-    sch = balanced_schedule(lengths, L, programs, tile=tile)
-    first = split_kv_decode(q, k, v, lengths, sch, impl="triton")
-    assert all_counters_zero()
-    torch.testing.assert_close(first.cpu().double(), _naive(q.cpu(), k.cpu(), v.cpu(), lengths.cpu()),
-                               atol=1e-5, rtol=0)
-    assert (first[lengths == 0] == 0).all()
-    second = split_kv_decode(q, k, v, lengths, sch, impl="triton")
-    assert torch.equal(first, second) and all_counters_zero()
-    # another schedule (static: no program crosses requests) and other lengths through the same counters
-    lengths2 = torch.clamp(lengths.flip(0) + 1, max=L)
-    out = split_kv_decode(q, k, v, lengths2, static_schedule(lengths2, L, 3, tile=tile), impl="triton")
-    torch.testing.assert_close(out.cpu().double(), _naive(q.cpu(), k.cpu(), v.cpu(), lengths2.cpu()),
-                               atol=1e-5, rtol=0)
-    assert all_counters_zero()
-
-
 def test_opcheck_and_one_compiled_node():
     q, k, v, lengths = _decode_case(3, 4, 2, 16, 20, [20, 1, 7])
     sch = balanced_schedule(lengths, 20, 3, tile=16)
@@ -388,40 +353,6 @@ def test_prologue_opcheck_and_one_compiled_node():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lens", [[1536], [8192], [4097], [6000, 1500, 1, 3000, 8192, 2048, 77, 4500]])
-def test_gpu_in_kernel_merge_released_shapes_and_graph_replays(lens):
-    """The one-request AR decode (cache 1.5k-8k) and a batch, at the released shapes (32 q /
-    8 kv heads, head_dim 128, bf16), default grid: against the reference; then a CUDA graph
-    replayed several times at new lengths (each replay's merge needs the counters its previous
-    launch reset), bit-identical when the lengths come back, the counters 0 at the end."""
-    from kernels.arrival_counters import all_counters_zero
-
-    dev = torch.device("cuda")
-    B, L = len(lens), 8192
-    q, k, v, lengths = _decode_case(B, 32, 8, 128, L, lens, dtype=torch.bfloat16, device=dev)
-    programs = skv.default_num_programs(dev, 8)
-    eager = split_kv_decode(q, k, v, lengths, balanced_schedule(lengths, L, programs))
-    torch.testing.assert_close(eager.float(), split_kv_decode_reference(q, k, v, lengths).float(), atol=2e-2, rtol=0)
-    static_len = lengths.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        sch = balanced_schedule(static_len, L, programs)
-        out = split_kv_decode(q, k, v, static_len, sch)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(4):
-        new = torch.randint(0, L + 1, (B,), generator=gen).to(dev)
-        static_len.copy_(new)
-        graph.replay()
-        torch.testing.assert_close(out.float(), split_kv_decode_reference(q, k, v, new).float(), atol=2e-2, rtol=0)
-    static_len.copy_(lengths)
-    for _ in range(3):
-        graph.replay()
-        assert torch.equal(out, eager)
-    torch.cuda.synchronize()
-    assert all_counters_zero()
-
-
-@pytest.mark.gpu
 def test_gpu_released_shapes_bf16_and_cuda_graph():
     dev = torch.device("cuda")
     lens = [16000, 1000, 1000, 1000, 1000, 1000, 1000, 1000]
@@ -453,47 +384,3 @@ def test_gpu_released_shapes_bf16_and_cuda_graph():
         assert (out != expected).float().mean() < 0.01 and (kc1 != kc2).float().mean() < 0.01
         torch.testing.assert_close(out, expected, rtol=2 ** -6, atol=1e-5)
         assert torch.equal(vc1, vc2)
-
-
-_SM90_SPLIT_KV = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels import split_kv_decode as skv
-
-names = ["q_ptr", "k_ptr", "v_ptr", "len_ptr", "prog_begin_ptr", "prog_req_ptr", "req_begin_ptr", "req_first_ptr",
-         "req_last_ptr", "part_o_ptr", "part_lse_ptr", "out_ptr", "count_ptr", "num_requests", "cache_len",
-         "scale_log2", "s_qb", "s_qh", "s_kb", "s_kh", "s_ks", "s_vb", "s_vh", "s_vs", "s_pn", "s_ph", "s_ln", "s_ob",
-         "s_oh"]
-types = ["*bf16"] * 3 + ["*i64"] + ["*i32"] * 5 + ["*fp32", "*fp32", "*bf16", "*i32", "i32", "i32", "fp32"] + ["i32"] * 13
-sig = dict(zip(names, types))
-const = dict(GROUP=4, HEAD_DIM=128, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128, BLOCK_P=32, BLOCK_R=16, BLOCK_GS=4,
-             DOT_PRECISION="tf32", DOT_F32=False)
-sig.update({k: "constexpr" for k in const})
-aligned = [n for n in names if n.endswith("_ptr")]
-attrs = {(list(sig).index(n),): [["tt.divisibility", 16]] for n in aligned}
-k = triton.compile(ASTSource(skv._split_kv_kernel, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": 4, "num_stages": 2})
-ptx = k.asm["ptx"]
-print("atom", "atom.global.gpu.acq_rel.add" in ptx, "cg", "ld.global.cg" in ptx)
-"""
-
-
-def test_split_kernel_compiles_for_sm90_without_a_gpu():
-    """The released shapes' split kernel lowers to sm_90 (Triton's ptxas, no device), which the
-    interpreter never checks: the arrival atomic is acq_rel at GPU scope, the merge reads the
-    partials through L2 (ld.global.cg)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    if not (Path(__import__("triton").__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("this triton has no bundled ptxas")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", _SM90_SPLIT_KV], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "atom True cg True" in done.stdout, done.stdout
