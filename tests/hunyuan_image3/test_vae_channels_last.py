@@ -151,3 +151,29 @@ def test_pipeline_layout_choice(vae32):
     assert _resolve_vae_layout("auto", bf16, cuda) == "channels-last"
     assert _resolve_vae_layout("auto", bf16, cpu) == "ncdhw"
     assert _resolve_vae_layout("ncdhw", bf16, cuda) == "ncdhw"
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_gpu_channels_last_matches_ncdhw_on_cuda():
+    """On the GPU (cuDNN's kernels, not the CPU's): the channels-last decode and encode equal
+    the NCDHW ones, float32 with TF32 off to float32 summation order, bf16 within bf16
+    rounding; with and without row chunks, a 16x24 latent (256x384 image)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    latents = torch.randn(1, 32, 16, 24, generator=torch.Generator().manual_seed(8)).cuda()
+    pixels = (torch.rand(1, 3, 256, 384, generator=torch.Generator().manual_seed(9)) * 2 - 1).cuda()
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            vae = _vae(dtype).cuda()
+            image = vae.decode(latents)
+            mean = vae.encode(pixels.to(dtype), torch.Generator().manual_seed(0)).mean
+            vae.set_channels_last(True)
+            for chunks in (1, 4):
+                _close(vae.decode(latents, row_chunks=chunks), image, dtype, f"{dtype} image, chunks {chunks}")
+                _close(vae.encode(pixels.to(dtype), torch.Generator().manual_seed(0), row_chunks=chunks).mean,
+                       mean, dtype, f"{dtype} mean, chunks {chunks}")
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
