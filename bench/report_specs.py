@@ -59,6 +59,9 @@ S17_SERVE, S17_PNG = f"{S17}/call2_bench_serve.json", f"{S17}/call2_bench_image_
 S17_MEMORY_MEASURED, S17_QWEN_FP8 = f"{S17}/call2_bench_memory.json", f"{S17}/call2_qwen_peers_1.json"
 S17_WAN_PEERS = f"{S17}/call2_wan_peers.json"
 S18 = "h200-2026-12-03-session18"
+S18_DECODE1, S18_MEMORY1, S18_VAE1 = (f"{S18}/call1_decode_dense_fp8.json", f"{S18}/call1_bench_memory.json",
+                                     f"{S18}/call1_bench_vae_suite.json")
+S18_DECODE2, S18_MEMORY2 = f"{S18}/call2_decode_dense_fp8.json", f"{S18}/call2_bench_memory.json"
 S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/call0_bench_memory.json", f"{S18}/call0_ti2i_dense_fp8.json",
                                     f"{S18}/call0_bench_vae_suite.json")
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
@@ -76,6 +79,20 @@ S17_CALL1 = ('TESTS="tests/qwen_image/test_qwen_fp8.py tests/wan/test_fp8_attent
 S18_CALL0 = ('MEMORY_CONFIGS=lean,lean_ar MEMORY_ARGS="--repeats 2" MEMORY_LIMIT=280 TI2I_ARGS="--profile /tmp/prof '
              '--profile-steps 2 --profile-top 40" TI2I_LIMIT=200 NO_VAE_PROBE=1 VAE_LIMIT=200 '
              f'{_S15_SCRIPT} memory,ti2i,vae')
+_S18_TESTS1 = ("tests/hunyuan_image3/test_moe_decode_shared.py tests/hunyuan_image3/test_decode_kernels.py "
+               "tests/hunyuan_image3/test_moe_router.py tests/hunyuan_image3/test_moe_kernels.py "
+               "tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_moe_grouped_gemm.py "
+               "tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_vae_channels_last.py")
+_S18_VAE_VARIANTS = ("bf16_fast_eager,bf16_cl_eager,bf16_cl_cached_eager,bf16_fast_chunks4_eager,bf16_cl_chunks4_eager,"
+                     "enc_bf16_fast_eager,enc_bf16_cl_eager,enc_bf16_fast_chunks4_eager,enc_bf16_cl_chunks4_eager,"
+                     "bf16_cl_compiled")
+S18_CALL1 = (f'TESTS="{_S18_TESTS1}" TESTS_LIMIT=170 DECODE_KINDS=fp8 MEMORY_CONFIGS=lean_ar MEMORY_ARGS="--repeats 2" '
+             f'MEMORY_LIMIT=150 NO_VAE_PROBE=1 VAE_LIMIT=150 VAE_SUITE_ARGS="--only-bf16 --variants {_S18_VAE_VARIANTS}" '
+             f'{_S15_SCRIPT} tests,decode,memory,vae')
+S18_CALL2 = ('TESTS="tests/hunyuan_image3/test_vae_channels_last.py tests/hunyuan_image3/test_moe_kernels.py '
+             'tests/hunyuan_image3/test_decode_kernels.py tests/hunyuan_image3/test_moe_router.py" TESTS_LIMIT=120 '
+             f'DECODE_KINDS=fp8 MEMORY_CONFIGS=lean_ar MEMORY_ARGS="--repeats 3" MEMORY_LIMIT=200 {_S15_SCRIPT} '
+             'tests,decode,memory')
 S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
              f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
 
@@ -174,6 +191,16 @@ RUNS: dict[str, RunInfo] = {
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--profile /tmp/prof --profile-steps 2 --profile-top 40 --report $OUT/ti2i_dense_fp8.json "
                        "--output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
+    S18_DECODE1: RunInfo(f"{S18_CALL1}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
+                         "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S18_MEMORY1: RunInfo(f"{S18_CALL1}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 2",
+                         software=GPU_IMAGE),
+    S18_VAE1: RunInfo(f"{S18_CALL1}: python -m bench.bench_vae --suite --only-bf16 --variants {_S18_VAE_VARIANTS}",
+                      software=GPU_IMAGE),
+    S18_DECODE2: RunInfo(f"{S18_CALL2}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
+                         "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S18_MEMORY2: RunInfo(f"{S18_CALL2}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 3",
+                         software=GPU_IMAGE),
     S18_VAE0: RunInfo(f"{S18_CALL0}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
                       software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
@@ -2165,4 +2192,116 @@ TABLES += [
             "variants (the fp32 plain decode's first call took its cuDNN search: 129 s); the JSON keeps what it "
             "measured. A peak is the variant's first call's, cuDNN's algorithm search included (bench_vae's "
             "docstring): the fast paths' 136.8 GiB are that search's, not the decode's steady state."),
+]
+
+
+# ---- one H200, 2026-12-03, session 18 (calls 1 and 2) ---------------------------------------------
+_DK = "impls.triton.kernels"
+
+
+def _kernel_us(file: str, *names: str) -> Calc:
+    """The summed time a step (us) of the listed kernels named `names` (exact prefixes)."""
+    return Calc(lambda *v: sum(v), [Value(f"{_DK}[^{n}][1]", file=file) for n in names], "{:.0f} us")
+
+
+def _launches(file: str, name: str) -> Value:
+    return Value(f"{_DK}[^{name}][2]", "{:.0f}", file)
+
+
+S18_FUSED = (  # what, call 1's kernels (the fusions), call 2's (main: separate)
+    ("split-KV attention: call 1 `_split_kv_kernel` with its merge inside (last arrival); call 2 `_split_kv_kernel` "
+     "+ `_merge_kernel`", ("_split_kv_kernel",), ("_split_kv_kernel", "_merge_kernel")),
+    ("MoE router: call 1 `_router_kernel` (top-k in the logits kernel); call 2 `_router_logits_kernel` + "
+     "`_router_topk_kernel`", ("_router_kernel",), ("_router_logits_kernel", "_router_topk_kernel")),
+    ("routed experts' gate/up (call 1: the shared expert folded in, 9 weight sets of 8 + 1)",
+     ("_decode_gate_up_kernel",), ("_decode_gate_up_kernel",)),
+    ("routed experts' down (call 1: the shared expert folded in)", ("_decode_down_kernel",), ("_decode_down_kernel",)),
+    ("dense GEMVs (call 1: QKV, O and the lm_head; call 2: the shared expert's two too)", ("_gemv_kernel",),
+     ("_gemv_kernel",)),
+)
+
+
+def _memory2(run, repeat, key):
+    return Value(f"rows[run={run},config=lean_ar,repeat={repeat}].{key}", file=S18_MEMORY2)
+
+
+def _cond_runs() -> Runs:
+    return Runs([(S18_MEMORY1, f"rows[run=ti2i,config=lean_ar,repeat={r}].timings_ms.condition_encode") for r in (0, 1)]
+                + [(S18_MEMORY2, f"rows[run=ti2i,config=lean_ar,repeat={r}].timings_ms.condition_encode")
+                   for r in (0, 1, 2)], "{:.1f}", " ms")
+
+
+S18_VAE_ROWS = (("bf16_fast_eager", "decode, NCDHW (the path before; the reference of the decode rows)"),
+                ("bf16_cl_eager", "decode, **channels-last resident**"),
+                ("bf16_cl_cached_eager", "decode, channels-last, its 2-D kernels kept (not per call)"),
+                ("bf16_fast_chunks4_eager", "decode, NCDHW, `--vae-chunks 4`"),
+                ("bf16_cl_chunks4_eager", "decode, **channels-last, `--vae-chunks 4`** (what `lean` runs now)"),
+                ("bf16_cl_compiled", "decode, channels-last, torch.compile (inductor) of the decoder"),
+                ("enc_bf16_fast_eager", "encode, NCDHW (the reference of the encode rows)"),
+                ("enc_bf16_cl_eager", "encode, channels-last"),
+                ("enc_bf16_fast_chunks4_eager", "encode, NCDHW, `--vae-chunks 4`"),
+                ("enc_bf16_cl_chunks4_eager", "encode, **channels-last, `--vae-chunks 4`** (what `lean` runs now)"))
+
+TABLES += [
+    Table("s18-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
+                         "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
+                         "each token waited for", "launches alone", "device", "launches",
+                         "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)", "dense linears' bytes",
+                         "decode GEMV a step", "cuBLAS GEMM (the bf16 lm_head) a step", "target (issue 29)"], [
+        _s17_decode_row("session 17 (call 1)", S17_DECODE, cublas_lm_head=False),
+        _s17_decode_row("session 18 call 1: the shared expert folded into the routed decode kernels, the split-KV "
+                        "merge and the router's top-k each in their first kernel (**reverted**)", S18_DECODE1,
+                        cublas_lm_head=False),
+        _s17_decode_row("**session 18 call 2: main as submitted** (the code of session 17's row)", S18_DECODE2,
+                        cublas_lm_head=False),
+    ], note="bench_decode as `s17-decode`: four runs of 8 tokens each, the median and the range; the kernels a step "
+            "from the profiler (12 listed). Call 2 runs the same decode code as session 17: the two rows are two "
+            "machines' figures for one code."),
+    Table("s18-decode-fusions", ["the decode step's kernels a step (us, the profiler's; 32 layers)",
+                                 "call 1: fused (reverted)", "launches", "call 2: separate (main)", "launches"], [
+        Row([label, _kernel_us(S18_DECODE1, *fused), _launches(S18_DECODE1, fused[0]),
+             _kernel_us(S18_DECODE2, *separate),
+             Join([_launches(S18_DECODE2, n) for n in separate], " + ")])
+        for label, fused, separate in S18_FUSED
+    ], note="Each fusion removed launches and cost more device time than it saved. Our reading, not profiled "
+            "further: the last-arriving program of the split-KV kernel and of the router's logits kernel merges "
+            "or routes alone after the others have ended (a serial tail on one SM); the folded shared expert streamed at ~1.9 TB/s in the gate/up "
+            "kernel (416 us more for 0.8 GB) where the routed experts stream at ~3.5. Reverted; the fold's "
+            "first version also failed to compile its unfolded kernels on triton 3.6 (call 1's GPU tests)."),
+    Table("s18-lean-ar", ["bench_memory `lean_ar` (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype bfloat16 "
+                          "--vae-chunks 4`; the bf16 VAE now channels-last), main as submitted, three requests in a "
+                          "row", "peak (measured): <= 92 GB", "AR decode / token: <= 5.0 (T2I) / 6.0 (TI2I)",
+                          "condition encode: <= 200", "DiT full step: <= 280 (T2I) / 350 (TI2I)", "VAE decode",
+                          "request total"], [
+        Row([f"{run.upper()}, request {r + 1}",
+             _cell_with_verdict(Value(f"rows[run={run},config=lean_ar,repeat={r}].peak_bytes", "{:.2f} GB",
+                                      scale=1e-9), PEAK_TARGET),
+             _cell_with_verdict(Value(f"rows[run={run},config=lean_ar,repeat={r}].timings_ms.ar_decode_per_token",
+                                      "{:.2f} ms"), 5.0 if run == "t2i" else 6.0),
+             _cell_with_verdict(Value(f"rows[run={run},config=lean_ar,repeat={r}].timings_ms.condition_encode",
+                                      "{:.1f} ms"), 200.0) if run == "ti2i" else "-",
+             _cell_with_verdict(Value(f"rows[run={run},config=lean_ar,repeat={r}].timings_ms.denoise_full_step",
+                                      "{:.1f} ms"), 280.0 if run == "t2i" else 350.0),
+             Value(f"rows[run={run},config=lean_ar,repeat={r}].timings_ms.vae_decode", "{:.1f} ms"),
+             Value(f"rows[run={run},config=lean_ar,repeat={r}].timings_ms.total", "{:.1f} ms")], file=S18_MEMORY2)
+        for run in ("t2i", "ti2i") for r in (0, 1, 2)
+    ] + [
+        Row(["TI2I condition encode, every run of the channels-last encoder (call 1: 2 requests, call 2: 3)", "", "",
+             _cell_with_verdict(_cond_runs(), 200.0), "", "", ""]),
+    ], note="As `s18-kv-policy`, call 2 (three requests of each kind in a row; the first records the decode graph). "
+            "The condition encode ran the same code in call 1 (whose decode kernels were the reverted fusions, "
+            "which the encode does not run): its last row takes all five runs, the median against the target."),
+    Table("s18-vae-cl", ["bench_vae --suite --only-bf16, the official VAE's shapes at 1024x1024, one H200",
+                         "ms (median)", "peak (first call)", "rel. L2 vs its reference", "speed-up vs its reference"], [
+        Row([label, Value(f"results.{name}.ms", "{:.1f}"), Value(f"results.{name}.peak_gib", "{:.1f} GiB"),
+             Value(f"results.{name}.rel_l2", "{:.3f}"),
+             Value(f"results.{name}.speedup_vs_ref", "{:.2f}x") if not name.endswith("fast_eager") else "-"],
+            file=S18_VAE1)
+        for name, label in S18_VAE_ROWS
+    ], note="Random weights, bf16. Channels-last resident (`HunyuanVAE.set_channels_last`, on by default for a "
+            "bf16/fp16 VAE on CUDA: `--vae-layout auto`): the activation stays channels_last_3d, 3x3x3 "
+            "convolutions run as one 2-D convolution per time tap over channels_last frames, GroupNorm reads the "
+            "strided map, depth-to-space writes channels-last. The rel. L2 is against the NCDHW bf16 path (both "
+            "bf16: rounding order; the NCDHW bf16 decode is 1.2% from fp32, `s18-vae-suite0`). The compiled "
+            "variant's first call took 95.8 s (the JSON), so the pipeline does not compile the VAE."),
 ]

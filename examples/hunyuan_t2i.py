@@ -507,6 +507,9 @@ def _check_args(args, plan) -> str | None:
     if args.vae_chunks is not None and args.world_size > 1 and args.vae_parallel is not False:
         return ("--vae-chunks applies to a decode on one rank; with several ranks the decode is split over them "
                 "(--vae-parallel): add --no-vae-parallel to decode on rank 0 in chunks")
+    if getattr(args, "vae_layout", "auto") == "channels-last" and args.world_size > 1 and args.vae_parallel is not False:
+        return ("--vae-layout channels-last applies to a decode on one rank; the decode split over several ranks "
+                "(--vae-parallel) runs its halo convs NCDHW: add --no-vae-parallel, or leave --vae-layout at auto")
     if args.vae_parallel is not None and args.world_size == 1:
         flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
         return f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"

@@ -100,6 +100,9 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         keeps its decoder on ncdhw (its halo convs); an edit's encode still follows the choice."""
         if vae_layout not in VAE_LAYOUTS:
             raise ValueError(f"vae_layout must be one of {VAE_LAYOUTS}, got {vae_layout!r}")
+        if vae_layout == "channels-last" and vae_group is not None:
+            raise ValueError("vae_layout='channels-last' applies to a decode on one rank; the split decode "
+                             "(vae_group) runs its halo convs NCDHW: pass vae_layout='auto' or no vae_group")
         if decode_impl is not None and decode_impl not in DECODE_IMPLS:
             raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
         self.decode_impl = decode_impl or ("triton" if torch.device(device).type == "cuda" else "sdpa")

@@ -201,6 +201,8 @@ def test_unknown_device_or_dtype():
     (["--vae-chunks", "0"], "--vae-chunks must be at least 1, got 0"),
     (["--moe-token-chunk", "0"], "--moe-token-chunk must be at least 1, got 0"),
     (["--world-size", "2", "--plan", "tp2", "--vae-chunks", "4"], "--vae-chunks applies to a decode on one rank"),
+    (["--world-size", "2", "--plan", "tp2", "--vae-layout", "channels-last"],
+     "--vae-layout channels-last applies to a decode on one rank"),
     (["--no-vae-parallel"], "--no-vae-parallel splits the VAE decode over several ranks; this run has --world-size 1"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):

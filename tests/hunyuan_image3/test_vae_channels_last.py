@@ -151,6 +151,9 @@ def test_pipeline_layout_choice(vae32):
     assert _resolve_vae_layout("auto", bf16, cuda) == "channels-last"
     assert _resolve_vae_layout("auto", bf16, cpu) == "ncdhw"
     assert _resolve_vae_layout("ncdhw", bf16, cuda) == "ncdhw"
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+    with pytest.raises(ValueError, match="applies to a decode on one rank"):   # never silently NCDHW
+        HunyuanT2IPipeline(None, None, None, "cpu", vae_group=object(), vae_layout="channels-last")
 
 
 @pytest.mark.gpu
