@@ -96,6 +96,10 @@ S18_CALL2 = ('TESTS="tests/hunyuan_image3/test_vae_channels_last.py tests/hunyua
 S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
              f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
 
+# bench_decode's dense-FP8 stage of bench/run_gpu_session14.sh
+DECODE_FP8_CMD = ("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
+                  "--tokens 64 --kernels 12")
+
 RUNS: dict[str, RunInfo] = {
     # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
     S11_DECODE: RunInfo("python -m bench.bench_decode_batch --parts kernel,prologue --out /root/out/kernels.json",
@@ -161,8 +165,7 @@ RUNS: dict[str, RunInfo] = {
     **{f: RunInfo(f"python -m bench.bench_serve --overhead-requests {n} --requests 0 --out bench_serve.json",
                   software=CPU_STACK) for f, n in zip(S15_SERVE_CPU, (2, 3))},
     # one H200, 2026-12-03, session 17 (issue 29): call 1, bench/run_gpu_session14.sh's stages
-    S17_DECODE: RunInfo(f"{S17_CALL1}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
-                        "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S17_DECODE: RunInfo(f"{S17_CALL1}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
     # an examples.hunyuan_t2i report holds no command: the script's t2i step
     S17_T2I: RunInfo(f"{S17_CALL1}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                      "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
@@ -191,14 +194,12 @@ RUNS: dict[str, RunInfo] = {
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--profile /tmp/prof --profile-steps 2 --profile-top 40 --report $OUT/ti2i_dense_fp8.json "
                        "--output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
-    S18_DECODE1: RunInfo(f"{S18_CALL1}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
-                         "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S18_DECODE1: RunInfo(f"{S18_CALL1}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
     S18_MEMORY1: RunInfo(f"{S18_CALL1}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 2",
                          software=GPU_IMAGE),
     S18_VAE1: RunInfo(f"{S18_CALL1}: python -m bench.bench_vae --suite --only-bf16 --variants {_S18_VAE_VARIANTS}",
                       software=GPU_IMAGE),
-    S18_DECODE2: RunInfo(f"{S18_CALL2}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 "
-                         "--decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
+    S18_DECODE2: RunInfo(f"{S18_CALL2}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
     S18_MEMORY2: RunInfo(f"{S18_CALL2}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 3",
                          software=GPU_IMAGE),
     S18_VAE0: RunInfo(f"{S18_CALL0}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
@@ -1756,6 +1757,13 @@ TABLES += [
 
 
 # ---- one H200, 2026-12-03, session 17 (call 1) ----------------------------------------------------
+S17_DECODE_HEADER = ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
+                     "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
+                     "each token waited for", "launches alone", "device", "launches",
+                     "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)", "dense linears' bytes",
+                     "decode GEMV a step", "cuBLAS GEMM (the bf16 lm_head) a step", "target (issue 29)"]
+
+
 def _s17_decode_row(label: str, file: str, cublas_lm_head: bool) -> Row:
     """s15-decode's row, with the dense linears' bytes, the decode GEMV's and cuBLAS's time a step
     (from the step's 12 listed kernels) and the issue-29 target."""
@@ -1843,11 +1851,7 @@ def _conv(shape, dtype, variant, key):
 
 
 TABLES += [
-    Table("s17-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
-                         "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
-                         "each token waited for", "launches alone", "device", "launches",
-                         "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)", "dense linears' bytes",
-                         "decode GEMV a step", "cuBLAS GEMM (the bf16 lm_head) a step", "target (issue 29)"], [
+    Table("s17-decode", S17_DECODE_HEADER, [
         _s17_decode_row("session 15 (call 4): the lm_head in bf16 (cuBLAS)", S15_DECODE_SWEPT, cublas_lm_head=True),
         _s17_decode_row("**session 17: the lm_head in FP8 too** (the decode GEMV)", S17_DECODE, cublas_lm_head=False),
         Row(["session 17, the CLI's T2I in the same call: AR decode per token (its request's timer, 256 tokens)",
@@ -2243,11 +2247,7 @@ S18_VAE_ROWS = (("bf16_fast_eager", "decode, NCDHW (the path before; the referen
                 ("enc_bf16_cl_chunks4_eager", "encode, **channels-last, `--vae-chunks 4`** (what `lean` runs now)"))
 
 TABLES += [
-    Table("s18-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
-                         "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
-                         "each token waited for", "launches alone", "device", "launches",
-                         "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)", "dense linears' bytes",
-                         "decode GEMV a step", "cuBLAS GEMM (the bf16 lm_head) a step", "target (issue 29)"], [
+    Table("s18-decode", S17_DECODE_HEADER, [
         _s17_decode_row("session 17 (call 1)", S17_DECODE, cublas_lm_head=False),
         _s17_decode_row("session 18 call 1: the shared expert folded into the routed decode kernels, the split-KV "
                         "merge and the router's top-k each in their first kernel (**reverted**)", S18_DECODE1,
