@@ -352,7 +352,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
                               kv_caches=args.kv_caches, vae_row_chunks=args.vae_chunks or 1,
-                              decode_impl=args.decode_impl, vae_layout=getattr(args, "vae_layout", "auto"))
+                              decode_impl=args.decode_impl, vae_layout=args.vae_layout)
     return pipe, loaded, device, dtype
 
 
@@ -507,7 +507,7 @@ def _check_args(args, plan) -> str | None:
     if args.vae_chunks is not None and args.world_size > 1 and args.vae_parallel is not False:
         return ("--vae-chunks applies to a decode on one rank; with several ranks the decode is split over them "
                 "(--vae-parallel): add --no-vae-parallel to decode on rank 0 in chunks")
-    if getattr(args, "vae_layout", "auto") == "channels-last" and args.world_size > 1 and args.vae_parallel is not False:
+    if args.vae_layout == "channels-last" and args.world_size > 1 and args.vae_parallel is not False:
         return ("--vae-layout channels-last applies to a decode on one rank; the decode split over several ranks "
                 "(--vae-parallel) runs its halo convs NCDHW: add --no-vae-parallel, or leave --vae-layout at auto")
     if args.vae_parallel is not None and args.world_size == 1:
@@ -661,7 +661,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "dtype": main_result["dtype"], "torch": torch.__version__,
         "moe_dtype": args.moe_dtype if args.moe_dtype == "model" else f"{args.moe_dtype}-{args.fp8_scales}",
         "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1,
-        "vae_layout": getattr(args, "vae_layout", "auto"), "kv_caches": args.kv_caches,
+        "vae_layout": args.vae_layout, "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
         "dense_dtype": args.dense_dtype,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
