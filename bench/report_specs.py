@@ -62,6 +62,7 @@ S18 = "h200-2026-12-03-session18"
 S18_DECODE1, S18_MEMORY1, S18_VAE1 = (f"{S18}/call1_decode_dense_fp8.json", f"{S18}/call1_bench_memory.json",
                                      f"{S18}/call1_bench_vae_suite.json")
 S18_DECODE2, S18_MEMORY2 = f"{S18}/call2_decode_dense_fp8.json", f"{S18}/call2_bench_memory.json"
+S18_TI2I3 = f"{S18}/call3_ti2i_dense_fp8.json"
 S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/call0_bench_memory.json", f"{S18}/call0_ti2i_dense_fp8.json",
                                     f"{S18}/call0_bench_vae_suite.json")
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
@@ -93,6 +94,8 @@ S18_CALL2 = ('TESTS="tests/hunyuan_image3/test_vae_channels_last.py tests/hunyua
              'tests/hunyuan_image3/test_decode_kernels.py tests/hunyuan_image3/test_moe_router.py" TESTS_LIMIT=120 '
              f'DECODE_KINDS=fp8 MEMORY_CONFIGS=lean_ar MEMORY_ARGS="--repeats 3" MEMORY_LIMIT=200 {_S15_SCRIPT} '
              'tests,decode,memory')
+S18_CALL3 = ('TI2I_ARGS="--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4" '
+             f'TI2I_LIMIT=150 {_S15_SCRIPT} ti2i')
 S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
              f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
 
@@ -202,6 +205,10 @@ RUNS: dict[str, RunInfo] = {
     S18_DECODE2: RunInfo(f"{S18_CALL2}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
     S18_MEMORY2: RunInfo(f"{S18_CALL2}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 3",
                          software=GPU_IMAGE),
+    S18_TI2I3: RunInfo(f"{S18_CALL3}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                       "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
+                       "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
+                       "--report $OUT/ti2i_dense_fp8.json --output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
     S18_VAE0: RunInfo(f"{S18_CALL0}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
                       software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
@@ -2304,4 +2311,25 @@ TABLES += [
             "strided map, depth-to-space writes channels-last. The rel. L2 is against the NCDHW bf16 path (both "
             "bf16: rounding order; the NCDHW bf16 decode is 1.2% from fp32, `s18-vae-suite0`). The compiled "
             "variant's first call took 95.8 s (the JSON), so the pipeline does not compile the VAE."),
+]
+
+TABLES += [
+    Table("s18-ti2i-cli", ["the CLI's edit with the lean levers (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype "
+                           "bfloat16 --vae-chunks 4`; the VAE channels-last by `--vae-layout auto`), one H200, two "
+                           "requests after its warm-up", "condition encode: <= 200", "AR decode / token: <= 6.0",
+                           "DiT full step: <= 350", "VAE decode", "request total"], [
+        Row([f"request {i + 1}",
+             _cell_with_verdict(Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f} ms"), 200.0),
+             _cell_with_verdict(Value(f"requests[{i}].timings_ms.ar_decode_per_token", "{:.2f} ms"), 6.0),
+             _cell_with_verdict(Value(f"requests[{i}].timings_ms.denoise_full_step", "{:.1f} ms"), 350.0),
+             Value(f"requests[{i}].timings_ms.vae_decode", "{:.1f} ms"),
+             Value(f"requests[{i}].timings_ms.total", "{:.1f} ms")], file=S18_TI2I3)
+        for i in (0, 1)
+    ] + [
+        Row(["the process's peak (`torch.cuda.max_memory_allocated`): <= 92 GB",
+             _cell_with_verdict(Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9), PEAK_TARGET),
+             "", "", "", ""], file=S18_TI2I3),
+    ], note="examples.hunyuan_t2i --image (a random 1024x1024 reference), random weights at the released shapes, "
+            "FP8 experts, compiled regions, 256 AR tokens, 10 steps, serial CFG; the CLI runs one untimed warm-up "
+            "request first (it records the decode graph), so both timed requests decode on it. One run."),
 ]
