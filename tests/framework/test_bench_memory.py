@@ -1,4 +1,4 @@
-"""bench/bench_memory.py's trace replay (the GPU part of the script cannot run here). 0.01 s."""
+"""bench/bench_memory.py: its trace replay (the GPU part of the script cannot run here) and a tiny CPU run."""
 from bench.bench_memory import REPO, peak_blocks
 
 
@@ -19,3 +19,29 @@ def test_peak_blocks_replays_a_trace_to_its_peak():
     assert [b["bytes"] for b in out["top_blocks"]] == [5, 3]
     assert out["top_blocks"][0]["frames"] == ["models/hunyuan_image3/vae.py:7 forward"]
     assert out["top_blocks"][1]["frames"] == ["/usr/lib/torch/nn/functional.py:1 conv2d"]
+
+
+def test_tiny_run_writes_a_row_per_repeat_and_refuses_two_kv_policies(tmp_path):
+    """`--repeats 2` writes a row per request (`repeat` 0 and 1) from one pool per config; the
+    `lean_ar` config runs `--kv-caches keep-ar`, two KV policies in one config are refused.
+    The tiny architecture on the CPU, T2I only: a few seconds."""
+    import json
+
+    import pytest
+
+    from bench import bench_memory
+    out = tmp_path / "memory.json"
+    assert bench_memory.main(["--tiny", "--configs", "lean_ar", "--runs", "t2i", "--repeats", "2",
+                              "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["config"], r["repeat"]) for r in rows] == [("lean_ar", 0), ("lean_ar", 1)]
+    assert rows[0]["levers"] == ["keep_ar_kv", "vae_bf16", "vae_chunks"]
+    assert all(r["timings_ms"]["ar_decode_per_token"] > 0 for r in rows)
+    bench_memory.CONFIGS["both_kv"] = ("release_kv", "keep_ar_kv")
+    try:
+        with pytest.raises(SystemExit, match="two KV-cache policies"):
+            bench_memory.main(["--tiny", "--configs", "both_kv"])
+    finally:
+        del bench_memory.CONFIGS["both_kv"]
+    with pytest.raises(SystemExit, match="--repeats must be at least 1"):
+        bench_memory.main(["--tiny", "--repeats", "0"])
