@@ -185,8 +185,9 @@ class VAEConv3d(nn.Conv3d):
         """The 3x3x3 kernel's three time taps as channels_last 2-D kernels [O, C, 3, 3] (one
         copy of the weight, [kT, O, kH, kW, C] in memory). Kept when `cache_cl_weights` (and
         remade only if the weight tensor is replaced, e.g. a phase binding another view), else
-        made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, their copy about 1 ms a
-        decode on an H200, a second resident copy 1.7 GB."""
+        made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, their copy 1.7 ms a
+        decode on an H200 (222.0 against 220.3 ms, docs/performance.md `s18-vae-cl`), a second
+        resident copy 1.7 GB."""
         w = self.weight
         compiling = torch.compiler.is_compiling()
         if self.cache_cl_weights and not compiling:
@@ -800,8 +801,8 @@ class HunyuanVAE(nn.Module):
         `cache_weights`: each 3x3x3 conv keeps its weight as three channels_last 2-D kernels
         (made now, once; remade only if the weight tensor is replaced), a second resident
         copy of the VAE's conv weights (1.7 GB for the released decoder in bf16, 0.8 GB for the
-        encoder); else the kernels are made per conv call (about 1 ms a decode on an H200:
-        bench_vae's bf16_cl_eager against bf16_cl_cached_eager). Not for a split decode
+        encoder); else the kernels are made per conv call (1.7 ms a decode on an H200:
+        bench_vae's bf16_cl_eager against bf16_cl_cached_eager, `s18-vae-cl`). Not for a split decode
         (parallel_vae swaps the convs for halo ones; leave `decoder` False there)."""
         parts = [m for m, on in ((self.decoder, decoder), (self.encoder, encoder)) if on and m is not None]
         for part in parts:
