@@ -115,9 +115,12 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         self.kv_caches = kv_caches
         self.model = model
         self.vae_group = vae_group
-        self.vae_layout = _resolve_vae_layout(vae_layout, getattr(model, "vae", None), torch.device(device))
-        if self.vae_layout == "channels-last":
-            model.vae.set_channels_last(True, decoder=vae_group is None)
+        vae = getattr(model, "vae", None)
+        self.vae_layout = _resolve_vae_layout(vae_layout, vae, torch.device(device))
+        if vae is not None:   # set both ways: the model may have served another pipeline's choice
+            cl = self.vae_layout == "channels-last"
+            vae.set_channels_last(cl and vae_group is None, decoder=True, encoder=False)
+            vae.set_channels_last(cl, decoder=False, encoder=True)
         self.tok = tokenizer
         self.special: SpecialTokens = tokenizer.special
         self.controller = controller

@@ -274,6 +274,25 @@ def test_keep_ar_releases_the_denoise_caches_and_keeps_the_ar_cache_across_reque
         assert out.tokens == keep.tokens and torch.equal(out.latents, keep.latents)
 
 
+def test_vae_layout_channels_last_gives_the_ncdhw_image_and_a_later_pipeline_resets_it(tiny_checkpoint):
+    """vae_layout="channels-last" (--vae-layout) on the tiny checkpoint's fp32 VAE: the same image
+    as the NCDHW path to float32 summation order; a pipeline built later with "ncdhw" (or "auto"
+    on the CPU) puts the shared VAE back on NCDHW."""
+    from models.hunyuan_image3.loading import load
+    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
+    from models.hunyuan_image3.requests import T2IRequest
+    req = T2IRequest(prompt="a fox", steps=2, max_new_tokens=2, image_size="256x256", seed=5, ignore_stop=True)
+    loaded = load(tiny_checkpoint, get_plan("single"))
+    plain = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu").generate(req)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", vae_layout="channels-last")
+    assert loaded.model.vae.channels_last == {"decoder": True, "encoder": False}   # no encoder in a T2I checkpoint
+    out = pipe.generate(req)
+    assert out.tokens == plain.tokens and torch.equal(out.latents, plain.latents)
+    torch.testing.assert_close(out.image, plain.image, rtol=1e-4, atol=1e-4)   # [0, 1] floats
+    HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", vae_layout="ncdhw")
+    assert loaded.model.vae.channels_last == {"decoder": False, "encoder": False}
+
+
 def test_vae_dtype_overrides_the_checkpoint(tiny_checkpoint):
     """--vae-dtype bfloat16: the VAE's weights (and so its compute) in bf16, the rest as asked."""
     from models.hunyuan_image3.loading import load
