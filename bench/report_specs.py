@@ -2259,7 +2259,7 @@ TABLES += [
         _s17_decode_row("session 18 call 1: the shared expert folded into the routed decode kernels, the split-KV "
                         "merge and the router's top-k each in their first kernel (**reverted**)", S18_DECODE1,
                         cublas_lm_head=False),
-        _s17_decode_row("**session 18 call 2: main as submitted** (the code of session 17's row)", S18_DECODE2,
+        _s17_decode_row("**session 18 call 2: main, the fusions reverted** (the decode code of session 17's row)", S18_DECODE2,
                         cublas_lm_head=False),
     ], note="bench_decode as `s17-decode`: four runs of 8 tokens each, the median and the range; the kernels a step "
             "from the profiler (12 listed). Call 2 runs the same decode code as session 17: the two rows are two "
@@ -2276,7 +2276,7 @@ TABLES += [
             "kernel (416 us more for 0.8 GB) where the routed experts stream at ~3.5. Reverted; the fold's "
             "first version also failed to compile its unfolded kernels on triton 3.6 (call 1's GPU tests)."),
     Table("s18-lean-ar", ["bench_memory `lean_ar` (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype bfloat16 "
-                          "--vae-chunks 4`; the bf16 VAE now channels-last), main as submitted, three requests in a "
+                          "--vae-chunks 4`; the bf16 VAE now channels-last), main at call 2, three requests in a "
                           "row", "peak (measured): <= 92 GB", "AR decode / token: <= 5.0 (T2I) / 6.0 (TI2I)",
                           "condition encode: <= 200", "DiT full step: <= 280 (T2I) / 350 (TI2I)", "VAE decode",
                           "request total"], [
