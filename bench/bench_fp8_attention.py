@@ -1,15 +1,20 @@
-"""FP8 attention (kernels/fp8_attention.py) against torch SDPA in bf16, at Wan's shapes, one GPU.
+"""FP8 attention (kernels/fp8_attention.py) against torch SDPA in bf16, one GPU.
 
-    python -m bench.bench_fp8_attention [--shapes 1.3B,14B] [--iters 10] [--out F]
+    python -m bench.bench_fp8_attention [--shapes 1.3B,14B,hy-t2i,hy-ti2i] [--iters 10] [--sweep] [--out F]
 
-Self-attention of one Wan block at 480p x 81 frames (32760 tokens, head_dim 128): 12 heads
-(1.3B) and 40 (14B), batch 1. Timed (CUDA events, median of `--iters` after 3 warm-ups):
-SDPA bf16 with each backend alone (flash, cuDNN, memory-efficient; one that refuses the
-shape is reported as such), FP8 attention with FP8 PV and with FP16 PV (Q, K, V quantized by
-eager torch ops), with FP8 PV and the quantization compiled ("-cq"), and the quantization
-alone, eager and compiled (the share of it that is not the kernel). Error: relative L2 of each
-output against SDPA's math in float32 on the first 2 heads (the full float32 reference
-would hold [S, S] logits per head). TFLOP/s at 4 * S^2 * D * heads FLOPs.
+Shapes (head_dim 128, batch 1): Wan's self-attention at 480p x 81 frames (32760 tokens),
+12 heads (1.3B) and 40 (14B); HunyuanImage-3's denoise attention of a later (KV-cached) step,
+32 query heads over 8 KV heads (GQA), the 4098 image rows over their key prefix: 5606 keys
+for a T2I request of 1251 prompt tokens and 256 AR tokens (`hy-t2i`), 9702 for an edit's
+(`hy-ti2i`, the condition image's rows too). Timed (CUDA events, median of `--iters` after 3
+warm-ups): SDPA bf16 with each backend alone (flash, cuDNN, memory-efficient; one that
+refuses the shape is reported as such; K/V expanded for GQA where a backend needs it) and as
+dispatched; FP8 attention with FP8 PV and with FP16 PV (Q, K, V quantized by eager torch
+ops), with FP8 PV and the quantization compiled ("-cq"), the quantization alone, eager and
+compiled, and the kernel alone on quantized operands. `--sweep`: the kernel alone at each
+of `SWEEP` tiles (registers and spills from the compiled kernel). Error: relative L2 of each
+output against SDPA's math in float32 on the first 2 query heads (the full float32
+reference would hold [S, S] logits per head). TFLOP/s at 4 * Sq * Sk * D * heads FLOPs.
 """
 from __future__ import annotations
 
@@ -22,8 +27,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SHAPES = {"1.3B": 12, "14B": 40}
-TOKENS, HEAD_DIM = 32760, 128
+HEAD_DIM = 128
+# name -> (query heads, KV heads, query rows, keys)
+SHAPES = {"1.3B": (12, 12, 32760, 32760), "14B": (40, 40, 32760, 32760),
+          "hy-t2i": (32, 8, 4098, 5606), "hy-ti2i": (32, 8, 4098, 9702)}
+
+
+def _sweep_tiles():
+    from kernels.fp8_attention import AttentionTiles
+    grid = [(128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 8, 5), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4),
+            (64, 128, 4, 3), (64, 128, 4, 4)]
+    tiles = [AttentionTiles(m, n, w, st, tma) for m, n, w, st in grid for tma in (True, False)]
+    return tiles + [AttentionTiles(128, 128, 8, 4, magic=False), AttentionTiles(128, 128, 8, 4, pv_promote=True),
+                    AttentionTiles(128, 128, 8, 5, pv_promote=True)]
 
 
 def _time(fn, iters):
@@ -40,66 +56,109 @@ def _time(fn, iters):
     return statistics.median(times)
 
 
+def _tiles_name(t) -> str:
+    return (f"m{t.block_m}-n{t.block_n}-w{t.num_warps}-s{t.num_stages}" + ("-tma" if t.tma else "-ptr")
+            + ("" if t.magic else "-i2f") + ("-promote" if t.pv_promote else ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bench_fp8_attention", description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default="1.3B,14B")
-    p.add_argument("--tokens", type=int, default=TOKENS)
+    p.add_argument("--shapes", default="1.3B,14B,hy-t2i,hy-ti2i")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--sweep", action="store_true", help="time the kernel alone at every tile of SWEEP")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
+    if unknown:
+        p.error(f"--shapes: unknown {unknown}; known {sorted(SHAPES)}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from kernels.fp8_attention import fp8_attention, quantize_qkv
-    S, D = args.tokens, HEAD_DIM
-    result = {"what": "Wan self-attention, FP8 attention vs SDPA bf16", "command": "python -m bench.bench_fp8_attention "
+    from kernels import fp8_attention as fa
+    D = HEAD_DIM
+    result = {"what": "attention: FP8 attention vs SDPA bf16", "command": "python -m bench.bench_fp8_attention "
               + " ".join(argv if argv is not None else sys.argv[1:]), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "tokens": S, "head_dim": D, "shapes": {}}
+              "torch": torch.__version__, "head_dim": D, "default_tiles": _tiles_name(fa.DEFAULT_TILES), "shapes": {}}
+    try:
+        import triton
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
     for name in args.shapes.split(","):
-        H = SHAPES[name]
+        Hq, Hkv, Sq, Sk = SHAPES[name]
         g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(1, H, S, D, generator=g, device="cuda").bfloat16() for _ in range(3))
+        q = torch.randn(1, Hq, Sq, D, generator=g, device="cuda").bfloat16()
+        k, v = (torch.randn(1, Hkv, Sk, D, generator=g, device="cuda").bfloat16() for _ in range(2))
         k = k + 1.0
-        flops = 4 * S * S * D * H
-        exact = F.scaled_dot_product_attention(q[:, :2].float(), k[:, :2].float(), v[:, :2].float())
+        group = Hq // Hkv
+        ke, ve = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        flops = 4 * Sq * Sk * D * Hq
+        exact = F.scaled_dot_product_attention(q[:, :2].float(), ke[:, :2].float(), ve[:, :2].float())
         rows = {}
-        runs = {f"sdpa-{b.name.lower()}": (lambda b=b: _sdpa(q, k, v, b, sdpa_kernel))
+        runs = {f"sdpa-{b.name.lower()}": (lambda b=b: _sdpa(q, ke, ve, b, sdpa_kernel))
                 for b in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)}
-        runs["fp8-pv-fp8"] = lambda: fp8_attention(q, k, v, pv="fp8")
-        runs["fp8-pv-fp16"] = lambda: fp8_attention(q, k, v, pv="fp16")
-        runs["fp8-quantize-only"] = lambda: quantize_qkv(q, k, v)
-        compiled = torch.compile(quantize_qkv, fullgraph=True, dynamic=False)
+        runs["sdpa-dispatched"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
+        runs["fp8-pv-fp8"] = lambda: fa.fp8_attention(q, k, v, pv="fp8")
+        runs["fp8-pv-fp16"] = lambda: fa.fp8_attention(q, k, v, pv="fp16")
+        runs["fp8-quantize-only"] = lambda: fa.quantize_qkv(q, k, v)
+        compiled = torch.compile(fa.quantize_qkv, fullgraph=True, dynamic=False)
         runs["fp8-quantize-compiled"] = lambda: compiled(q, k, v)
-
         # the quantization compiled with the op after it, as a compiled region runs them
-        with_compiled_quant = torch.compile(fp8_attention, fullgraph=True, dynamic=False)
+        with_compiled_quant = torch.compile(fa.fp8_attention, fullgraph=True, dynamic=False)
         runs["fp8-pv-fp8-cq"] = lambda: with_compiled_quant(q, k, v, pv="fp8")
+        operands = fa.quantize_qkv(q, k, v)
+        kernel_runs = {"fp8-kernel": fa.DEFAULT_TILES}
+        if args.sweep:
+            kernel_runs.update({f"sweep-{_tiles_name(t)}": t for t in _sweep_tiles()})
+        for run, tiles in kernel_runs.items():
+            runs[run] = (lambda t=tiles: fa._fp8_attention_triton(*operands, Sq, Sk, Hq, q.dtype, t).transpose(1, 2))
         for run, fn in runs.items():
             try:
                 ms = _time(fn, args.iters)
-            except RuntimeError as e:
-                rows[run] = {"error": str(e).splitlines()[0][:200]}
-                print(f"{name:5s} {run:18s} refused: {rows[run]['error']}", flush=True)
+            except Exception as e:   # a backend or tile that refuses the shape: recorded, not fatal
+                rows[run] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                print(f"{name:7s} {run:34s} refused: {rows[run]['error']}", flush=True)
                 continue
             row = {"ms": round(ms, 3), "tflops": round(flops / ms / 1e9, 1)}
             if not run.startswith("fp8-quantize"):
                 out = fn()[:, :2].float()
                 row["rel_l2_vs_fp32"] = float((out - exact).norm() / exact.norm())
             rows[run] = row
-            print(f"{name:5s} {run:18s} {ms:8.3f} ms  {row['tflops']:7.1f} TFLOP/s"
+            print(f"{name:7s} {run:34s} {ms:8.3f} ms  {row['tflops']:7.1f} TFLOP/s"
                   + (f"  rel L2 vs fp32 {row['rel_l2_vs_fp32']:.2e}" if "rel_l2_vs_fp32" in row else ""), flush=True)
+        for run, tiles in kernel_runs.items():
+            if "ms" in rows.get(run, {}):
+                rows[run].update(_registers(fa, operands, Sq, Sk, Hq, q.dtype, tiles))
         best = min((r["ms"] for n, r in rows.items() if n.startswith("sdpa") and "ms" in r), default=None)
-        for n in ("fp8-pv-fp8", "fp8-pv-fp16", "fp8-pv-fp8-cq"):
-            if best and "ms" in rows.get(n, {}):
-                rows[n]["speedup_vs_best_sdpa"] = round(best / rows[n]["ms"], 3)
-                print(f"{name:5s} {n:18s} speed-up over the best SDPA: {rows[n]['speedup_vs_best_sdpa']:.3f}x")
-        result["shapes"][name] = {"heads": H, "runs": rows}
+        for n, r in rows.items():
+            if best and n.startswith(("fp8-pv", "fp8-kernel", "sweep")) and "ms" in r:
+                r["speedup_vs_best_sdpa"] = round(best / r["ms"], 3)
+        swept = {n: r for n, r in rows.items() if n.startswith("sweep") and "ms" in r}
+        if swept:
+            fastest = min(swept, key=lambda n: swept[n]["ms"])
+            print(f"{name:7s} fastest swept: {fastest} {swept[fastest]['ms']:.3f} ms "
+                  f"({swept[fastest]['speedup_vs_best_sdpa']:.3f}x the best SDPA)", flush=True)
+        for n in ("fp8-pv-fp8", "fp8-pv-fp16", "fp8-pv-fp8-cq", "fp8-kernel"):
+            if "speedup_vs_best_sdpa" in rows.get(n, {}):
+                print(f"{name:7s} {n:18s} speed-up over the best SDPA: {rows[n]['speedup_vs_best_sdpa']:.3f}x")
+        result["shapes"][name] = {"heads": Hq, "kv_heads": Hkv, "query_rows": Sq, "keys": Sk, "runs": rows}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")
     return 0
+
+
+def _registers(fa, operands, Sq, Sk, Hq, dtype, tiles) -> dict:
+    """Registers a thread and spilled bytes of the kernel at these tiles (Triton's compiled
+    kernel), or {} where this Triton does not say."""
+    compiled = fa.launch_fp8_attention(*operands, Sq, Sk, Hq, dtype, tiles)[1]
+    try:
+        compiled._init_handles()
+        return {"registers": compiled.n_regs, "spills": compiled.n_spills}
+    except AttributeError:
+        return {}
 
 
 def _sdpa(q, k, v, backend, sdpa_kernel):

@@ -17,7 +17,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from kernels.fp8_attention import HEAD_DIMS as FP8_HEAD_DIMS, fp8_attention
+from kernels.fp8_attention import MAX_HEAD_DIM as FP8_MAX_HEAD_DIM, fp8_attention
 from kernels.fp8_linear import IMPLS, fp8_linear
 from kernels.fp8_quant import FP8_DTYPE, fp8_support_problem
 
@@ -124,7 +124,7 @@ def add_fp8_flags(parser, linears: str, attention: str) -> None:
                              "quantized at load; activations per token; GPU: compute capability 8.9+)")
     parser.add_argument("--attention-dtype", default="model", choices=ATTENTION_DTYPES,
                         help=f"{attention}: the model dtype (SDPA), or fp8 (INT8 QK, FP8 PV: "
-                             "kernels/fp8_attention.py; head_dim 64 or 128)")
+                             "kernels/fp8_attention.py; head_dim up to 128)")
 
 
 def check_attention_dtype(attention_dtype: str, device: torch.device, attention_kinds: tuple[str, ...] = ()) -> None:
@@ -145,8 +145,8 @@ def check_attention_dtype(attention_dtype: str, device: torch.device, attention_
 def attention_head_problem(attention_dtype: str, head_dim: int) -> str | None:
     """The one line refusing FP8 attention for a head size the kernel does not take (a CLI
     asks it from the checkpoint's config, before any rank starts), or None."""
-    if attention_dtype == "fp8" and head_dim not in FP8_HEAD_DIMS:
-        return (f"--attention-dtype fp8: the FP8 attention kernel handles head_dim {FP8_HEAD_DIMS}; this model has "
+    if attention_dtype == "fp8" and head_dim > FP8_MAX_HEAD_DIM:
+        return (f"--attention-dtype fp8: the FP8 attention kernel handles head_dim up to {FP8_MAX_HEAD_DIM}; this model has "
                 f"{head_dim}")
     return None
 

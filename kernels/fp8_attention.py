@@ -1,13 +1,15 @@
 """FP8 attention (forward, non-causal, every query sees every key), SageAttention2-style.
 
-    out = fp8_attention(q, k, v)     # q [B, H, Sq, D], k/v [B, H, Sk, D] -> [B, H, Sq, D]
+    out = fp8_attention(q, k, v)     # q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] -> [B, Hq, Sq, D]
 
-For full bidirectional attention (the Wan DiT's self-attention, an image block), head_dim
-64 or 128 (others are refused in one line); softmax scale 1/sqrt(D). Both matmuls run on
-8-bit tensor cores:
+For full bidirectional attention (the Wan DiT's self-attention, HunyuanImage-3's image rows
+over their key prefix), head_dim up to 128 (a smaller head runs zero-padded to 64 or 128,
+which changes no logit and no output column; a larger one is refused in one line), GQA (Hq a
+multiple of Hkv: each query head reads its group's K/V, nothing is expanded); softmax scale
+1/sqrt(D). Both matmuls run on 8-bit tensor cores:
 
-- QK^T in INT8 (int32 accumulation), one scale per block of rows (BLOCK_M query rows,
-  BLOCK_N key rows of a head). K is first smoothed: its mean over the tokens (per head and
+- QK^T in INT8 (int32 accumulation), one scale per block of rows (SCALE_M query rows,
+  SCALE_N key rows of a head). K is first smoothed: its mean over the tokens (per KV head and
   channel) is subtracted, which leaves every softmax row unchanged (it adds q . mean_k to
   all of a row's logits) and removes the common offset that would otherwise take most of
   the 8-bit range (SageAttention's observation). The softmax scale and log2(e) are folded
@@ -15,12 +17,20 @@ For full bidirectional attention (the Wan DiT's self-attention, an image block),
   e4m3 for QK: at these per-block scales e4m3's 3 mantissa bits cost 3.9% relative L2 of
   the output (random q, k, v; 7.8% at 3x sharper logits), INT8 1.3% (2.6%): measured with
   the references here at S = 1024, D = 128.
-- PV in FP8 e4m3 (float32 accumulation): P (the online-softmax probabilities, in [0, 1]
-  against the running row max) is cast as P * 448 (the full range), V with one scale per
-  channel over all tokens (a head's channel), stored transposed [D, Sk] so that the dot
-  takes K-major operands as Hopper's FP8 MMA needs. The row sums use P before its rounding.
-  `pv="fp16"` keeps P and V in fp16 instead (SageAttention1's split), for comparison (fp16,
-  not bf16: Triton's interpreter multiplies bf16 dots wrongly, seen with triton 3.9).
+- PV in FP8 e4m3 (float32 accumulation): P (the online-softmax probabilities against the
+  running row max) is made as P * 448 (e4m3's whole range: the row max lowered by log2 448,
+  which the row sums carry too, so it cancels), V with one scale per channel over all tokens
+  (a head's channel), stored transposed [D, Sk] so that the dot takes K-major operands as
+  Hopper's FP8 MMA needs. The row sums use P before its rounding. `pv="fp16"` keeps P and V
+  in fp16 instead (SageAttention1's split), for comparison (fp16, not bf16: Triton's
+  interpreter multiplies bf16 dots wrongly, seen with triton 3.9).
+
+The softmax is what bounds an 8-bit attention kernel on Hopper (the tensor cores are twice as
+fast as bf16's, the exp2 and conversion units are not), so the loop spends few slow ops per
+logit: the int32 logits are read as float32 through the 1.5 * 2^23 bit trick (the dot's
+accumulator starts at those bits; one FFMA then scales and subtracts) instead of a
+quarter-rate int-to-float conversion; the row max is taken on the integers; only the last key
+block is masked.
 
 `fp8_attention_reference` quantizes alike in torch and computes in float32 with the exact
 row max, so its P rounding differs from the kernel's only in which max P is scaled by: a
@@ -33,37 +43,84 @@ before (eagerly they are ~10 passes over Q, K, V).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .fp8_quant import FP8_DTYPE, FP8_MAX, INTERPRETED, fp8_support_problem, to_fp8
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128)          # the kernel's head sizes; a smaller head is padded to the next
+MAX_HEAD_DIM = HEAD_DIMS[-1]
 LOG2E = 1.4426950408889634
+LOG2_FP8_MAX = math.log2(FP8_MAX)
 INT8_MAX = 127.0
-# Tiles: query rows a program, key rows a loop step (also the Q and K scale blocks). The
-# interpreter runs small tiles (it is slow per element, and the tests use odd lengths).
-BLOCK_M, BLOCK_N = (16, 16) if INTERPRETED else (128, 128)
+# int32 x in [-2^22, 2^22) plus these bits reads as the float32 1.5 * 2^23 + x, exactly.
+# A logit of D products of two int8 values is at most 128 * 127^2 < 2^21 in magnitude.
+# (constexpr: the kernel reads them)
+MAGIC_BITS, MAGIC_FLOAT = tl.constexpr(0x4B400000), tl.constexpr(12582912.0)
+LOG2_FP8_MAX_C = tl.constexpr(LOG2_FP8_MAX)
+# The scale blocks: SCALE_M query rows (SCALE_N key rows) of a head share one INT8 scale.
+# The interpreter runs small blocks (it is slow per element, and the tests use odd lengths).
+SCALE_M, SCALE_N = (16, 16) if INTERPRETED else (128, 128)
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """The kernel's launch parameters: query rows a program, key rows a loop step (each
+    divides its scale block), warps, pipeline stages; `tma`: Q, K and V read through TMA
+    descriptors (else pointers); `magic`: the int32 logits read as float32 through the bit
+    trick (else converted: I2F runs at a quarter of the FP32 rate on Hopper); `pv_promote`:
+    the FP8 PV products of each key block summed apart and added to the float32 accumulator
+    (Triton's max_num_imprecise_acc = block_n; by default on sm_90 the tensor cores' own
+    reduced-precision accumulation carries the whole row, as FlashAttention-3's FP8 does)."""
+
+    block_m: int = SCALE_M
+    block_n: int = SCALE_N
+    num_warps: int = 8
+    num_stages: int = 3
+    tma: bool = True
+    magic: bool = True
+    pv_promote: bool = False
+
+    def problem(self) -> str | None:
+        if SCALE_M % self.block_m or SCALE_N % self.block_n:
+            return (f"FP8 attention tiles {self.block_m} x {self.block_n} must divide the scale blocks "
+                    f"{SCALE_M} x {SCALE_N}")
+        if self.tma and self.block_n < 16:
+            return f"FP8 attention tiles read by TMA need block_n >= 16 (16-byte rows of V^T), got {self.block_n}"
+        return None
+
+
+# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's and HunyuanImage-3's shapes.
+DEFAULT_TILES = AttentionTiles(num_warps=4, num_stages=1, tma=False) if INTERPRETED else AttentionTiles()
 
 
 def attention_fp8_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why fp8_attention does not take these inputs, in one line, or None."""
     if q.dim() != 4 or k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
-        return (f"FP8 attention takes q [B, H, Sq, D] and k, v [B, H, Sk, D], got q {tuple(q.shape)}, "
+        return (f"FP8 attention takes q [B, Hq, Sq, D] and k, v [B, Hkv, Sk, D], got q {tuple(q.shape)}, "
                 f"k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
-        return (f"FP8 attention needs equal batch, heads and head_dim in q {tuple(q.shape)} and k {tuple(k.shape)} "
-                f"(no GQA)")
-    if q.shape[3] not in HEAD_DIMS:
-        return f"FP8 attention handles head_dim {HEAD_DIMS}, not {q.shape[3]}"
+    if k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        return f"FP8 attention needs equal batch and head_dim in q {tuple(q.shape)} and k {tuple(k.shape)}"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        return (f"FP8 attention needs the query heads ({q.shape[1]}) a multiple of the KV heads ({k.shape[1]}) "
+                f"(GQA)")
+    if q.shape[3] > MAX_HEAD_DIM:
+        return f"FP8 attention handles head_dim up to {MAX_HEAD_DIM}, not {q.shape[3]}"
     if k.shape[2] == 0:
         return "FP8 attention needs at least one key"
     # The device once, eagerly (a compiled region has had it checked at load: the device
     # queries would be graph breaks there).
     return None if torch.compiler.is_compiling() else fp8_support_problem(q.device)
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The kernel's head size for a model's: the smallest of HEAD_DIMS that holds it."""
+    return next(d for d in HEAD_DIMS if d >= head_dim)
 
 
 def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,103 +137,165 @@ def _int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tenso
 PV_DTYPES = ("fp8", "fp16")
 
 
-def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8",
-                 block_m: int = BLOCK_M, block_n: int = BLOCK_N):
-    """The kernel's operands: (q8 [B, H, Sq_pad, D] int8, q_scale [B, H, Sq_pad/block_m]
-    (softmax scale and log2 e folded in), k8 [B, H, Sk_pad, D] int8 (smoothed), k_scale
-    [B, H, Sk_pad/block_n], vt [B, H, D, Sk_pad] (transposed, zero-padded; e4m3, or fp16 for
-    pv="fp16"), v_scale [B, H, D]: one amax / 448 per channel)."""
+def quantize_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8"):
+    """The kernel's operands, the head padded to Dk = kernel_head_dim(D) (zeros; the softmax
+    scale is the model's D): (q8 [B, Hq, Sq_pad, Dk] int8, q_scale [B, Hq, Sq_pad/SCALE_M]
+    (softmax scale and log2 e folded in), k8 [B, Hkv, Sk_pad, Dk] int8 (smoothed), k_scale
+    [B, Hkv, Sk_pad/SCALE_N], vt [B, Hkv, Dk, Sk_pad] (transposed, zero-padded; e4m3, or fp16
+    for pv="fp16"), v_scale [B, Hkv, Dk]: one amax / 448 per channel)."""
     D = q.shape[-1]
-    q8, q_scale = _int8_blocks(q.float() * (LOG2E / math.sqrt(D)), block_m)
+    pad = (0, kernel_head_dim(D) - D)
+    q8, q_scale = _int8_blocks(F.pad(q.float() * (LOG2E / math.sqrt(D)), pad), SCALE_M)
     kf = k.float()
-    k8, k_scale = _int8_blocks(kf - kf.mean(dim=2, keepdim=True), block_n)
-    vf = v.float()
-    amax = vf.abs().amax(dim=2)                                                  # [B, H, D]
+    k8, k_scale = _int8_blocks(F.pad(kf - kf.mean(dim=2, keepdim=True), pad), SCALE_N)
+    vf = F.pad(v.float(), pad)
+    amax = vf.abs().amax(dim=2)                                                  # [B, Hkv, Dk]
     v_scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     vf = (vf / v_scale[:, :, None, :]).clamp(-FP8_MAX, FP8_MAX)
-    vt = F.pad(vf, (0, 0, 0, -v.shape[2] % block_n)).transpose(2, 3)
+    vt = F.pad(vf, (0, 0, 0, -v.shape[2] % SCALE_N)).transpose(2, 3)
     vt = vt.to(FP8_DTYPE if pv == "fp8" else torch.float16).contiguous()
     return q8, q_scale, k8, k_scale, vt, v_scale.contiguous()
 
 
 def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pv: str = "fp8") -> torch.Tensor:
-    """The same quantization, float32 math with the exact row max; P rounded to e4m3 as
-    P * 448 (pv="fp8") or to fp16."""
-    Sq, Sk = q.shape[2], k.shape[2]
+    """The same quantization, float32 math with the exact row max; P * 448 rounded to e4m3
+    (pv="fp8") or to fp16."""
+    Sq, Sk, D = q.shape[2], k.shape[2], q.shape[3]
+    group = q.shape[1] // k.shape[1]
     q8, q_scale, k8, k_scale, vt, v_scale = quantize_qkv(q, k, v, pv)
-    qd = (q8.float().unflatten(2, (-1, BLOCK_M)) * q_scale[..., None, None]).flatten(2, 3)[:, :, :Sq]
-    kd = (k8.float().unflatten(2, (-1, BLOCK_N)) * k_scale[..., None, None]).flatten(2, 3)[:, :, :Sk]
+    qd = (q8.float().unflatten(2, (-1, SCALE_M)) * q_scale[..., None, None]).flatten(2, 3)[:, :, :Sq]
+    kd = (k8.float().unflatten(2, (-1, SCALE_N)) * k_scale[..., None, None]).flatten(2, 3)[:, :, :Sk]
+    kd, vt, v_scale = (t.repeat_interleave(group, dim=1) for t in (kd, vt, v_scale))
     s = qd @ kd.transpose(-1, -2)                        # log2-domain logits
-    p = torch.exp2(s - s.amax(dim=-1, keepdim=True))
-    p_scale = FP8_MAX if pv == "fp8" else 1.0
-    p_op = (p * p_scale).to(vt.dtype).float()
-    out = (p_op @ vt.float()[..., :Sk].transpose(-1, -2)) / p.sum(-1, keepdim=True)
-    return (out * (v_scale[:, :, None, :] / p_scale)).to(q.dtype)
+    p = torch.exp2(s - s.amax(dim=-1, keepdim=True)) * FP8_MAX
+    out = (p.to(vt.dtype).float() @ vt.float()[..., :Sk].transpose(-1, -2)) / p.sum(-1, keepdim=True)
+    return (out * v_scale[:, :, None, :])[..., :D].to(q.dtype)
 
 
-# GPU: the launch parameters tuned on first use per (head_dim, key count); the tiles stay
-# 128 x 128 (they are the Q and K scale blocks). The interpreter: one small config.
-_CONFIGS = ([triton.Config({}, num_warps=4, num_stages=1)] if INTERPRETED else
-            [triton.Config({}, num_warps=w, num_stages=st) for w in (4, 8) for st in (2, 3, 4)])
-
-
-@triton.autotune(configs=_CONFIGS, key=["HEAD_DIM", "sk", "PV_FP8"])
 @triton.jit
-def _fp8_attention_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, vt_ptr, vs_ptr, o_ptr, heads, sq, sk,
-                          stride_qbh, stride_qs_bh, stride_kbh, stride_ks_bh, stride_vbh, stride_vd, stride_vs_bh,
+def _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0, vt_row0,
+                 stride_vd, lo, hi, sk,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_N: tl.constexpr,
+                 MASKED: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
+                 PV_PROMOTE: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """The online softmax over key rows [lo, hi) in BLOCK_N steps; MASKED: keys >= sk hidden
+    (the last, partial block only)."""
+    cols = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    for n0 in range(lo, hi, BLOCK_N):
+        if TMA:
+            k = k_desc.load([(kv_row0 + n0).to(tl.int32), 0])                                  # [BLOCK_N, D] int8
+        else:
+            k = tl.load(k_ptr + (kv_row0 + n0 + cols)[:, None] * HEAD_DIM + dims[None, :])
+        scale = q_scale * tl.load(ks_ptr + n0 // SCALE_N)
+        if MAGIC:
+            # the accumulator starts at the magic bits: s holds logit + MAGIC_BITS
+            s = tl.dot(q, tl.trans(k), tl.full((BLOCK_M, BLOCK_N), MAGIC_BITS, tl.int32), out_dtype=tl.int32)
+            if MASKED:
+                s = tl.where((n0 + cols)[None, :] < sk, s, MAGIC_BITS - (1 << 22))
+            m_new = tl.maximum(m_i, (tl.max(s, axis=1) - MAGIC_BITS).to(tl.float32) * scale)
+            # P * 448: exp2(logit * scale - (row max - log2 448)), the logit read from the bits
+            shift = MAGIC_FLOAT * scale + (m_new - LOG2_FP8_MAX_C)
+            p = tl.exp2(s.to(tl.float32, bitcast=True) * scale - shift[:, None])
+        else:
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            if MASKED:
+                s = tl.where((n0 + cols)[None, :] < sk, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp2(s - (m_new - LOG2_FP8_MAX_C)[:, None])
+        if MASKED:
+            p = tl.where((n0 + cols)[None, :] < sk, p, 0.0)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        if TMA:
+            vt = vt_desc.load([vt_row0.to(tl.int32), n0])                                      # [D, BLOCK_N]
+        else:
+            vt = tl.load(vt_ptr + (vt_row0 + dims)[:, None] * stride_vd + (n0 + cols)[None, :])
+        if PV_FP8:
+            p_op = to_fp8(p, vt.dtype, ROUND_FIRST)
+        else:
+            p_op = p.to(vt.dtype)
+        if PV_PROMOTE:
+            acc = tl.dot(p_op, tl.trans(vt), acc, max_num_imprecise_acc=BLOCK_N)
+        else:
+            acc = tl.dot(p_op, tl.trans(vt), acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, vs_ptr, o_ptr,
+                          heads, kv_heads, sq, sq_pad, sk, sk_pad, stride_qs_bh, stride_ks_bh, stride_vd,
                           stride_ob, stride_oh, stride_os,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          PV_FP8: tl.constexpr, ROUND_FIRST: tl.constexpr):
-    """One program: BLOCK_M query rows of one (batch, head), every key block in turn."""
-    m_block = tl.program_id(0)
+                          SCALE_M: tl.constexpr, SCALE_N: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr,
+                          MAGIC: tl.constexpr, PV_PROMOTE: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """One program: BLOCK_M query rows of one (batch, query head), every key of its KV head.
+    Q, K, V^T are read as 2-D [rows, D] / [D rows, keys] matrices (padded: no load masks)."""
+    m0 = tl.program_id(0) * BLOCK_M
     bh = tl.cast(tl.program_id(1), tl.int64)
-    rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = bh // heads
+    h = bh % heads
+    kv_bh = b * kv_heads + h // (heads // kv_heads)
+    rows = m0 + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + bh * stride_qbh + rows[:, None] * HEAD_DIM + dims[None, :])   # padded: no mask
-    q_scale = tl.load(qs_ptr + bh * stride_qs_bh + m_block)
+    if TMA:
+        q = q_desc.load([(bh * sq_pad + m0).to(tl.int32), 0])
+    else:
+        q = tl.load(q_ptr + (bh * sq_pad + rows)[:, None] * HEAD_DIM + dims[None, :])
+    q_scale = tl.load(qs_ptr + bh * stride_qs_bh + m0 // SCALE_M)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    cols = tl.arange(0, BLOCK_N)
-    for n0 in range(0, sk, BLOCK_N):
-        k = tl.load(k_ptr + bh * stride_kbh + (n0 + cols)[:, None] * HEAD_DIM + dims[None, :])
-        k_scale = tl.load(ks_ptr + bh * stride_ks_bh + n0 // BLOCK_N)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * (q_scale * k_scale)   # int8 x int8 -> int32
-        s = tl.where((n0 + cols)[None, :] < sk, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        vt = tl.load(vt_ptr + bh * stride_vbh + dims[:, None] * stride_vd + (n0 + cols)[None, :])  # [D, BLOCK_N]
-        if PV_FP8:
-            p_op = to_fp8(p * 448.0, vt_ptr.dtype.element_ty, ROUND_FIRST)
-        else:
-            p_op = p.to(vt_ptr.dtype.element_ty)
-        acc = tl.dot(p_op, tl.trans(vt), acc)
-        m_i = m_new
-    v_scale = tl.load(vs_ptr + bh * stride_vs_bh + dims)
-    out = acc / l_i[:, None] * (v_scale[None, :] / (448.0 if PV_FP8 else 1.0))   # P's and V's scales
-    b = bh // heads
-    h = bh % heads
-    ok = rows[:, None] < sq
+    ks_ptr = ks_ptr + kv_bh * stride_ks_bh
+    kv_row0 = kv_bh * sk_pad          # K's first row of this KV head (V^T's: vt_row0)
+    vt_row0 = kv_bh * HEAD_DIM
+    whole = sk - sk % BLOCK_N
+    acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
+                                 vt_row0, stride_vd, 0, whole, sk, HEAD_DIM, BLOCK_M, BLOCK_N, SCALE_N, False,
+                                 PV_FP8, TMA, MAGIC, PV_PROMOTE, ROUND_FIRST)
+    if whole < sk:
+        acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
+                                     vt_row0, stride_vd, whole, whole + BLOCK_N, sk, HEAD_DIM, BLOCK_M, BLOCK_N,
+                                     SCALE_N, True, PV_FP8, TMA, MAGIC, PV_PROMOTE, ROUND_FIRST)
+    v_scale = tl.load(vs_ptr + kv_bh * HEAD_DIM + dims)
+    out = acc / l_i[:, None] * v_scale[None, :]     # P's 448 is in both acc and l_i
     tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + dims[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=ok)
+             out.to(o_ptr.dtype.element_ty), mask=rows[:, None] < sq)
 
 
 def _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
-                          dtype: torch.dtype) -> torch.Tensor:
-    """The kernel over `quantize_qkv`'s operands -> out [B, Sq, H, D] (the attention cores' layout)."""
-    B, D = q8.shape[0], q8.shape[3]
+                          dtype: torch.dtype, tiles: AttentionTiles = DEFAULT_TILES) -> torch.Tensor:
+    """The kernel over `quantize_qkv`'s operands -> out [B, Sq, Hq, D] (the attention cores' layout)."""
+    return launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype, tiles)[0]
+
+
+def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
+                         dtype: torch.dtype, tiles: AttentionTiles = DEFAULT_TILES):
+    """`_fp8_attention_triton`, and the compiled kernel it ran (a benchmark reads its registers
+    and spills; the interpreter returns None)."""
+    problem = tiles.problem()
+    if problem:
+        raise ValueError(problem)
+    B, _, sq_pad, D = q8.shape
+    kv_heads, sk_pad = k8.shape[1], k8.shape[2]
+    q2, k2, vt2 = q8.reshape(-1, D), k8.reshape(-1, D), vt8.reshape(-1, sk_pad)   # contiguous: views
+    descs = ((TensorDescriptor(q2, list(q2.shape), list(q2.stride()), [tiles.block_m, D]),
+              TensorDescriptor(k2, list(k2.shape), list(k2.stride()), [tiles.block_n, D]),
+              TensorDescriptor(vt2, list(vt2.shape), list(vt2.stride()), [D, tiles.block_n]))
+             if tiles.tma else (None, None, None))
     out = torch.empty(B, sq, heads, D, dtype=dtype, device=q8.device)
-    grid = (triton.cdiv(sq, BLOCK_M), B * heads)
-    _fp8_attention_kernel[grid](
-        q8, q_scale, k8, k_scale, vt8, v_scale, out, heads, sq, sk,
-        q8.stride(1), q_scale.stride(1), k8.stride(1), k_scale.stride(1), vt8.stride(1), vt8.stride(2),
-        v_scale.stride(1),
+    grid = (triton.cdiv(sq, tiles.block_m), B * heads)
+    compiled = _fp8_attention_kernel[grid](
+        descs[0], q2, q_scale, descs[1], k2, k_scale, descs[2], vt2, v_scale, out,
+        heads, kv_heads, sq, sq_pad, sk, sk_pad, q_scale.stride(1), k_scale.stride(1), vt2.stride(0),
         out.stride(0), out.stride(2), out.stride(1),
-        HEAD_DIM=D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PV_FP8=vt8.dtype == FP8_DTYPE, ROUND_FIRST=INTERPRETED)
-    return out
+        HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SCALE_M=SCALE_M, SCALE_N=SCALE_N,
+        PV_FP8=vt8.dtype == FP8_DTYPE, TMA=tiles.tma, MAGIC=tiles.magic,
+        PV_PROMOTE=tiles.pv_promote and vt8.dtype == FP8_DTYPE, ROUND_FIRST=INTERPRETED,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return out, compiled
 
 
 # The op takes the quantized operands: the quantization (`quantize_qkv`, ~10 torch passes over
@@ -200,9 +319,9 @@ IMPLS = ("auto", "triton", "reference")
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "auto",
                   pv: str = "fp8") -> torch.Tensor:
-    """Full attention of q [B, H, Sq, D] over k, v [B, H, Sk, D] in FP8 (module docstring) ->
-    [B, H, Sq, D] in q's dtype. impl "auto": the Triton kernel on CUDA, the torch reference
-    on the CPU; "triton" (CUDA, or the CPU under TRITON_INTERPRET=1); "reference"."""
+    """Full attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D] in FP8 (module docstring)
+    -> [B, Hq, Sq, D] in q's dtype. impl "auto": the Triton kernel on CUDA, the torch
+    reference on the CPU; "triton" (CUDA, or the CPU under TRITON_INTERPRET=1); "reference"."""
     if impl not in IMPLS:
         raise ValueError(f"fp8_attention: impl must be one of {IMPLS}, got {impl!r}")
     if pv not in PV_DTYPES:
@@ -218,4 +337,6 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str =
         return fp8_attention_reference(q, k, v, pv)
     out = torch.ops.dtgen.fp8_attention_quantized(*quantize_qkv(q, k, v, pv), q.shape[2], k.shape[2], q.shape[1],
                                                   q.dtype)
-    return out.transpose(1, 2)   # [B, H, Sq, D], a view of the [B, Sq, H, D] the cores transpose back to
+    # [B, Hq, Sq, D]: a view of the [B, Sq, Hq, Dk] the cores transpose back to (a padded
+    # head's extra columns are zeros, left out)
+    return out.transpose(1, 2)[..., :q.shape[3]]

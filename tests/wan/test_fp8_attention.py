@@ -33,7 +33,8 @@ def _qkv(B, H, Sq, Sk, D, seed=0, device="cpu", dtype=torch.float32):
     return q.to(device, dtype), (k + 3.0).to(device, dtype), v.to(device, dtype)
 
 
-@pytest.mark.parametrize("B,H,Sq,Sk,D", [(1, 2, 37, 29, 64), (2, 1, 19, 45, 128), (1, 1, 5, 3, 64)])
+@pytest.mark.parametrize("B,H,Sq,Sk,D", [(1, 2, 37, 29, 64), (2, 1, 19, 45, 128), (1, 1, 5, 3, 64), (1, 2, 21, 33, 16),
+                                       (1, 1, 17, 19, 96)])
 @pytest.mark.parametrize("pv,vs_ref,vs_exact", [("fp8", 0.04, 0.06), ("fp16", 2e-3, 0.025)])
 def test_kernel_matches_reference_and_stays_near_exact(B, H, Sq, Sk, D, pv, vs_ref, vs_exact):
     q, k, v = _qkv(B, H, Sq, Sk, D)
@@ -47,17 +48,39 @@ def test_kernel_matches_reference_and_stays_near_exact(B, H, Sq, Sk, D, pv, vs_r
     torch.testing.assert_close(fp8_attention(q, k, v, pv=pv), fp8_attention_reference(q, k, v, pv))
 
 
+@pytest.mark.parametrize("tiles", [dict(), dict(tma=True), dict(magic=False), dict(block_m=8, block_n=8), dict(block_m=8, tma=True),
+                                   dict(pv_promote=True)],
+                         ids=["pointers", "tma", "i2f", "tiles8", "tiles8-16-tma", "promote"])
+def test_gqa_and_every_kernel_variant_match_the_reference(tiles):
+    """GQA (4 query heads over 2 KV heads: each reads its group's K/V) with each of the
+    kernel's variants: TMA descriptors or pointers, the logits' bit trick or I2F, tiles
+    smaller than the scale blocks. The variants compute the same thing; the bounds as above."""
+    from kernels.fp8_attention import AttentionTiles, _fp8_attention_triton, quantize_qkv
+    q, _, _ = _qkv(2, 4, 37, 45, 64, seed=1)
+    _, k, v = _qkv(2, 2, 37, 45, 64, seed=2)
+    out = _fp8_attention_triton(*quantize_qkv(q, k, v), 37, 45, 4, torch.float32, AttentionTiles(
+        **{"num_warps": 4, "num_stages": 1, "tma": False, **tiles})).transpose(1, 2)
+    expanded = (k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
+    exact = F.scaled_dot_product_attention(q.double(), *(t.double() for t in expanded))
+    ref = fp8_attention_reference(q, k, v)
+    assert rel(out, ref) < 0.04 and rel(out, exact) < 0.06
+    # the reference's GQA: its rounding is per KV head, the same as with K/V expanded
+    assert rel(ref, exact) < 0.06
+
+
 def test_opcheck_and_refusals():
     q, k, v = _qkv(1, 2, 7, 9, 64)
-    from kernels.fp8_attention import quantize_qkv
+    from kernels.fp8_attention import AttentionTiles, _fp8_attention_triton, quantize_qkv
     # (not test_schema: its mode compares e4m3 tensors with CPU ops e4m3 does not have)
     torch.library.opcheck(torch.ops.dtgen.fp8_attention_quantized.default,
                           (*quantize_qkv(q, k, v, "fp8"), 7, 9, 2, torch.float32),
                           test_utils=("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic"))
-    with pytest.raises(ValueError, match=r"head_dim \(64, 128\), not 32"):
-        fp8_attention(*_qkv(1, 1, 4, 4, 32))
-    with pytest.raises(ValueError, match="no GQA"):
-        fp8_attention(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match=r"head_dim up to 128, not 192"):
+        fp8_attention(*_qkv(1, 1, 4, 4, 192))
+    with pytest.raises(ValueError, match=r"query heads \(2\) a multiple of the KV heads \(3\)"):
+        fp8_attention(q, *_qkv(1, 3, 7, 9, 64)[1:])
+    with pytest.raises(ValueError, match=r"tiles 16 x 12 must divide the scale blocks 16 x 16"):
+        _fp8_attention_triton(*quantize_qkv(q, k, v), 7, 9, 2, torch.float32, AttentionTiles(block_n=12))
     with pytest.raises(ValueError, match="pv must be one of"):
         fp8_attention(q, k, v, pv="bf16")
     with pytest.raises(ValueError, match="impl must be one of"):
@@ -100,10 +123,10 @@ def test_wan_fp8_attention_refusals_in_one_line(tmp_path):
     from models.wan.model import load
     from models.wan.tiny import ensure_tiny_checkpoint
     from placements.wan import get_plan
-    tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16
+    tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16: runs padded to 64
     with pytest.raises(ValueError, match=r"--attention-dtype fp8: the FP8 attention kernel handles head_dim "
-                                         r"\(64, 128\); this model has 16"):
-        load(tiny, get_plan("single"), attention_dtype="fp8")
+                                         r"up to 128; this model has 256"):
+        load(_wan_folder(tmp_path, 256), get_plan("single"), attention_dtype="fp8")
     with pytest.raises(ValueError, match=r"--attention-dtype fp8 runs under the attention kinds .* uses \['ring'\]"):
         load(tiny, get_plan("ring2"), rank=0, world_size=2, attention_dtype="fp8")
     with pytest.raises(ValueError, match="attention_dtype must be one of"):
@@ -114,14 +137,34 @@ def test_wan_fp8_attention_refusals_in_one_line(tmp_path):
 @pytest.mark.parametrize("pv,bound", [("fp8", 0.06), ("fp16", 0.025)])
 def test_gpu_kernel_at_a_wan_shape_against_sdpa(pv, bound):
     """Wan 1.3B's self-attention at 480p x 81 frames cut to 4 heads (32760 rows, head_dim
-    128), bf16, and an odd length; against SDPA in float32 of the same bf16 inputs."""
-    for S in (32760, 1000):
-        q, k, v = _qkv(1, 4, S, S, 128, device="cuda", dtype=torch.bfloat16)
+    128), bf16, an odd length, and HunyuanImage-3's denoise cut to 8 query heads over 2 KV
+    heads (GQA; 4098 image rows over a 5606-key prefix); against SDPA in float32 of the same
+    bf16 inputs (K/V expanded for GQA)."""
+    for B, Hq, Hkv, Sq, Sk in ((1, 4, 4, 32760, 32760), (1, 4, 4, 1000, 1000), (2, 8, 2, 4098, 5606)):
+        q = _qkv(B, Hq, Sq, Sk, 128, device="cuda", dtype=torch.bfloat16)[0]
+        _, k, v = _qkv(B, Hkv, Sq, Sk, 128, seed=1, device="cuda", dtype=torch.bfloat16)
         out = fp8_attention(q, k, v, pv=pv)
-        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        assert out.dtype == torch.bfloat16 and rel(out, want) < bound, (S, rel(out, want))
-        if S <= 1000:   # the reference holds [S, S] float32 logits
+        g = Hq // Hkv
+        want = F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(g, 1),
+                                              v.float().repeat_interleave(g, 1))
+        assert out.dtype == torch.bfloat16 and rel(out, want) < bound, (Sq, Sk, rel(out, want))
+        if Sk <= 1000:   # the reference holds [S, S] float32 logits
             assert rel(out, fp8_attention_reference(q, k, v, pv)) < 0.04
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [dict(tma=False), dict(magic=False), dict(block_n=64, num_warps=4),
+                                   dict(block_m=64, num_warps=4, tma=False), dict(pv_promote=True)],
+                         ids=["pointers", "i2f", "n64", "m64", "promote"])
+def test_gpu_kernel_variants_match_the_default(tiles):
+    """Each variant of the kernel compiles on the GPU stack (triton 3.6) and computes what the
+    default tiles do (bound 0.03: 64-key steps round P against other running maxima).""" 
+    from kernels.fp8_attention import AttentionTiles, _fp8_attention_triton, quantize_qkv
+    q, k, v = _qkv(1, 4, 3000, 3000, 128, device="cuda", dtype=torch.bfloat16)
+    operands = quantize_qkv(q, k, v)
+    base = _fp8_attention_triton(*operands, 3000, 3000, 4, torch.bfloat16)
+    other = _fp8_attention_triton(*operands, 3000, 3000, 4, torch.bfloat16, AttentionTiles(**tiles))
+    assert rel(other, base) < 0.03
 
 
 @pytest.mark.gpu
