@@ -34,12 +34,11 @@ SHAPES = {"1.3B": (12, 12, 32760, 32760), "14B": (40, 40, 32760, 32760),
 
 
 def _sweep_tiles():
-    from kernels.fp8_attention import AttentionTiles
-    grid = [(128, 128, 8, 3), (128, 128, 8, 4), (128, 128, 8, 5), (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4),
-            (64, 128, 4, 3), (64, 128, 4, 4)]
-    tiles = [AttentionTiles(m, n, w, st, tma) for m, n, w, st in grid for tma in (True, False)]
-    return tiles + [AttentionTiles(128, 128, 8, 4, magic=False), AttentionTiles(128, 128, 8, 4, pv_promote=True),
-                    AttentionTiles(128, 128, 8, 5, pv_promote=True)]
+    from kernels.fp8_attention import AttentionTiles as T
+    # (registers a thread, from the cubins: m64-n128 231, m64-n64 160: three programs an SM)
+    return [T(64, 128, 4, 3), T(64, 128, 4, 3, tma=False), T(64, 128, 4, 3, magic=False), T(64, 128, 4, 2, maxnreg=168),
+            T(64, 64, 4, 2), T(64, 64, 4, 3), T(64, 64, 4, 4), T(64, 64, 4, 3, magic=False), T(64, 64, 4, 2, maxnreg=128),
+            T(64, 64, 4, 3, maxnreg=128), T(128, 64, 4, 3), T(128, 64, 4, 4, tma=False), T(128, 128, 8, 4)]
 
 
 def _time(fn, iters):
@@ -58,7 +57,7 @@ def _time(fn, iters):
 
 def _tiles_name(t) -> str:
     return (f"m{t.block_m}-n{t.block_n}-w{t.num_warps}-s{t.num_stages}" + ("-tma" if t.tma else "-ptr")
-            + ("" if t.magic else "-i2f") + ("-promote" if t.pv_promote else ""))
+            + ("" if t.magic else "-i2f") + (f"-r{t.maxnreg}" if t.maxnreg else ""))
 
 
 def main(argv=None) -> int:

@@ -73,18 +73,25 @@ class AttentionTiles:
     """The kernel's launch parameters: query rows a program, key rows a loop step (each
     divides its scale block), warps, pipeline stages; `tma`: Q, K and V read through TMA
     descriptors (else pointers); `magic`: the int32 logits read as float32 through the bit
-    trick (else converted: I2F runs at a quarter of the FP32 rate on Hopper); `pv_promote`:
-    the FP8 PV products of each key block summed apart and added to the float32 accumulator
-    (Triton's max_num_imprecise_acc = block_n; by default on sm_90 the tensor cores' own
-    reduced-precision accumulation carries the whole row, as FlashAttention-3's FP8 does)."""
+    trick (else converted: I2F runs at a quarter of the FP32 rate on Hopper; it also takes
+    ~20 more registers a thread); `maxnreg`: a cap on the registers a thread (more programs an
+    SM, at the price of spills).
+
+    Measured and dropped (bench/bench_fp8_attention.py's sweep, one H200): summing each key
+    block's FP8 PV products apart before the float32 accumulator (Triton's
+    max_num_imprecise_acc = block_n; on sm_90 the tensor cores' reduced-precision
+    accumulation otherwise carries the row, as FlashAttention-3's FP8 does) moved the error
+    4.05% -> 4.02% and cost 12%: the error is P's e4m3 rounding, not the accumulation. Issuing
+    the next key block's Q K^T before this block's softmax (FlashAttention-3's overlap, by
+    hand) overlaps nothing with Triton 3.6: its SASS waits on that dot at once."""
 
     block_m: int = SCALE_M
     block_n: int = SCALE_N
-    num_warps: int = 8
+    num_warps: int = 4
     num_stages: int = 3
     tma: bool = True
     magic: bool = True
-    pv_promote: bool = False
+    maxnreg: int | None = None
 
     def problem(self) -> str | None:
         if SCALE_M % self.block_m or SCALE_N % self.block_n:
@@ -95,8 +102,11 @@ class AttentionTiles:
         return None
 
 
-# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's and HunyuanImage-3's shapes.
-DEFAULT_TILES = AttentionTiles(num_warps=4, num_stages=1, tma=False) if INTERPRETED else AttentionTiles()
+# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's shapes (one H200, session 19,
+# call 2): 64 query rows a program, one warpgroup, 3 stages: two programs fit an SM (registers
+# and shared memory), and one's softmax runs while the other's tensor-core work does.
+DEFAULT_TILES = (AttentionTiles(num_stages=1, tma=False) if INTERPRETED else
+                 AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=3))
 
 
 def attention_fp8_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -173,54 +183,71 @@ def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p
 
 
 @triton.jit
+def _logits(q, k_desc, k_ptr, kv_row0, n0, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            TMA: tl.constexpr, MAGIC: tl.constexpr):
+    """Q K^T over key rows [n0, n0 + BLOCK_N), int32 (MAGIC: offset by MAGIC_BITS, the dot's
+    accumulator starting there)."""
+    if TMA:
+        k = k_desc.load([(kv_row0 + n0).to(tl.int32), 0])                                  # [BLOCK_N, D] int8
+    else:
+        k = tl.load(k_ptr + (kv_row0 + n0 + tl.arange(0, BLOCK_N))[:, None] * HEAD_DIM
+                    + tl.arange(0, HEAD_DIM)[None, :])
+    if MAGIC:
+        return tl.dot(q, tl.trans(k), tl.full((BLOCK_M, BLOCK_N), MAGIC_BITS, tl.int32), out_dtype=tl.int32)
+    else:
+        return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _softmax_pv(acc, l_i, m_i, s, scale, vt_desc, vt_ptr, vt_row0, stride_vd, n0, sk,
+                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PV_FP8: tl.constexpr,
+                TMA: tl.constexpr, MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """One step of the online softmax: the int32 logits `s` of key block n0 (times `scale`,
+    log2 domain) into the row max m_i, the row sums l_i and acc += P V; MASKED: keys >= sk
+    hidden (the last, partial block only)."""
+    cols = tl.arange(0, BLOCK_N)
+    if MAGIC:
+        if MASKED:
+            s = tl.where((n0 + cols)[None, :] < sk, s, MAGIC_BITS - (1 << 22))
+        m_new = tl.maximum(m_i, (tl.max(s, axis=1) - MAGIC_BITS).to(tl.float32) * scale)
+        # P * 448: exp2(logit * scale - (row max - log2 448)), the logit read from the bits
+        shift = MAGIC_FLOAT * scale + (m_new - LOG2_FP8_MAX_C)
+        p = tl.exp2(s.to(tl.float32, bitcast=True) * scale - shift[:, None])
+    else:
+        s = s.to(tl.float32) * scale
+        if MASKED:
+            s = tl.where((n0 + cols)[None, :] < sk, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - (m_new - LOG2_FP8_MAX_C)[:, None])
+    if MASKED:
+        p = tl.where((n0 + cols)[None, :] < sk, p, 0.0)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if TMA:
+        vt = vt_desc.load([vt_row0.to(tl.int32), n0])                                      # [D, BLOCK_N]
+    else:
+        vt = tl.load(vt_ptr + (vt_row0 + tl.arange(0, HEAD_DIM))[:, None] * stride_vd + (n0 + cols)[None, :])
+    if PV_FP8:
+        p_op = to_fp8(p, vt.dtype, ROUND_FIRST)
+    else:
+        p_op = p.to(vt.dtype)
+    acc = tl.dot(p_op, tl.trans(vt), acc)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0, vt_row0,
                  stride_vd, lo, hi, sk,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_N: tl.constexpr,
                  MASKED: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
-                 PV_PROMOTE: tl.constexpr, ROUND_FIRST: tl.constexpr):
-    """The online softmax over key rows [lo, hi) in BLOCK_N steps; MASKED: keys >= sk hidden
-    (the last, partial block only)."""
-    cols = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, HEAD_DIM)
+                 ROUND_FIRST: tl.constexpr):
+    """The online softmax over key rows [lo, hi) in BLOCK_N steps."""
     for n0 in range(lo, hi, BLOCK_N):
-        if TMA:
-            k = k_desc.load([(kv_row0 + n0).to(tl.int32), 0])                                  # [BLOCK_N, D] int8
-        else:
-            k = tl.load(k_ptr + (kv_row0 + n0 + cols)[:, None] * HEAD_DIM + dims[None, :])
+        s = _logits(q, k_desc, k_ptr, kv_row0, n0, HEAD_DIM, BLOCK_M, BLOCK_N, TMA, MAGIC)
         scale = q_scale * tl.load(ks_ptr + n0 // SCALE_N)
-        if MAGIC:
-            # the accumulator starts at the magic bits: s holds logit + MAGIC_BITS
-            s = tl.dot(q, tl.trans(k), tl.full((BLOCK_M, BLOCK_N), MAGIC_BITS, tl.int32), out_dtype=tl.int32)
-            if MASKED:
-                s = tl.where((n0 + cols)[None, :] < sk, s, MAGIC_BITS - (1 << 22))
-            m_new = tl.maximum(m_i, (tl.max(s, axis=1) - MAGIC_BITS).to(tl.float32) * scale)
-            # P * 448: exp2(logit * scale - (row max - log2 448)), the logit read from the bits
-            shift = MAGIC_FLOAT * scale + (m_new - LOG2_FP8_MAX_C)
-            p = tl.exp2(s.to(tl.float32, bitcast=True) * scale - shift[:, None])
-        else:
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            if MASKED:
-                s = tl.where((n0 + cols)[None, :] < sk, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            p = tl.exp2(s - (m_new - LOG2_FP8_MAX_C)[:, None])
-        if MASKED:
-            p = tl.where((n0 + cols)[None, :] < sk, p, 0.0)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        if TMA:
-            vt = vt_desc.load([vt_row0.to(tl.int32), n0])                                      # [D, BLOCK_N]
-        else:
-            vt = tl.load(vt_ptr + (vt_row0 + dims)[:, None] * stride_vd + (n0 + cols)[None, :])
-        if PV_FP8:
-            p_op = to_fp8(p, vt.dtype, ROUND_FIRST)
-        else:
-            p_op = p.to(vt.dtype)
-        if PV_PROMOTE:
-            acc = tl.dot(p_op, tl.trans(vt), acc, max_num_imprecise_acc=BLOCK_N)
-        else:
-            acc = tl.dot(p_op, tl.trans(vt), acc)
-        m_i = m_new
+        acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, vt_desc, vt_ptr, vt_row0, stride_vd, n0, sk,
+                                    HEAD_DIM, BLOCK_N, MASKED, PV_FP8, TMA, MAGIC, ROUND_FIRST)
     return acc, l_i, m_i
 
 
@@ -230,7 +257,7 @@ def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc,
                           stride_ob, stride_oh, stride_os,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SCALE_M: tl.constexpr, SCALE_N: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr,
-                          MAGIC: tl.constexpr, PV_PROMOTE: tl.constexpr, ROUND_FIRST: tl.constexpr):
+                          MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, query head), every key of its KV head.
     Q, K, V^T are read as 2-D [rows, D] / [D rows, keys] matrices (padded: no load masks)."""
     m0 = tl.program_id(0) * BLOCK_M
@@ -254,11 +281,11 @@ def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc,
     whole = sk - sk % BLOCK_N
     acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
                                  vt_row0, stride_vd, 0, whole, sk, HEAD_DIM, BLOCK_M, BLOCK_N, SCALE_N, False,
-                                 PV_FP8, TMA, MAGIC, PV_PROMOTE, ROUND_FIRST)
+                                 PV_FP8, TMA, MAGIC, ROUND_FIRST)
     if whole < sk:
         acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
                                      vt_row0, stride_vd, whole, whole + BLOCK_N, sk, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                     SCALE_N, True, PV_FP8, TMA, MAGIC, PV_PROMOTE, ROUND_FIRST)
+                                     SCALE_N, True, PV_FP8, TMA, MAGIC, ROUND_FIRST)
     v_scale = tl.load(vs_ptr + kv_bh * HEAD_DIM + dims)
     out = acc / l_i[:, None] * v_scale[None, :]     # P's 448 is in both acc and l_i
     tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + dims[None, :],
@@ -293,8 +320,9 @@ def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: in
         out.stride(0), out.stride(2), out.stride(1),
         HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SCALE_M=SCALE_M, SCALE_N=SCALE_N,
         PV_FP8=vt8.dtype == FP8_DTYPE, TMA=tiles.tma, MAGIC=tiles.magic,
-        PV_PROMOTE=tiles.pv_promote and vt8.dtype == FP8_DTYPE, ROUND_FIRST=INTERPRETED,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        ROUND_FIRST=INTERPRETED,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **({} if tiles.maxnreg is None or INTERPRETED else {"maxnreg": tiles.maxnreg}))
     return out, compiled
 
 
