@@ -35,8 +35,6 @@ from pathlib import Path
 
 import torch
 
-from kernels.decode_gemv import decode_pdl
-
 HBM_BYTES_PER_S = 4.3e12
 
 
@@ -111,8 +109,6 @@ def main(argv=None) -> int:
                "triton": getattr(__import__("triton"), "__version__", None), "layers": args.layers,
                "moe_dtype": args.moe_dtype, "dense_dtype": args.dense_dtype, "compile_mode": args.compile_mode,
                "prompt_tokens": args.prompt_tokens + 1, "load_s": round(load_s, 1),
-               # the decode GEMVs launched with PDL (DTGEN_DECODE_PDL; kernels/decode_gemv.py)
-               "decode_pdl": decode_pdl(torch.device("cuda")),
                "bytes": {"dense": dense_bytes, "routed_experts": routed_bytes}, "hbm_bytes_per_s": HBM_BYTES_PER_S,
                "impls": {}}
     for impl in impls:

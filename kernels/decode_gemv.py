@@ -52,7 +52,6 @@ rewired (`decode_linear` is the drop-in for F.linear to put at a call site).
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -63,11 +62,6 @@ from triton.runtime import JITFunction
 
 from .fp8_quant import FP8_DTYPE, quantize_activation_rows
 
-try:
-    from triton.language.extra.cuda import gdc_wait
-except ImportError:   # a Triton without grid dependency control: PDL stays off (`decode_pdl`)
-    gdc_wait = None
-
 IMPLS = ("auto", "reference", "triton")
 DECODE_GEMV_MAX_ROWS = 16          # M above this: not a GEMV (the Triton path refuses it)
 _HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -76,22 +70,6 @@ _DEFAULT_SMS = 132                 # an H200/H100 SXM; the CPU (interpreter) use
 
 
 # ------------------------------------------------------------------------------ checks
-
-
-# Programmatic dependent launch (PDL, Hopper on): the decode step's weight-streaming kernels
-# start while the kernel before them ends and read their first weights before waiting for
-# it. DTGEN_DECODE_PDL=0 turns it off (a benchmark's A/B).
-_PDL_ENV = os.environ.get("DTGEN_DECODE_PDL", "1")
-if _PDL_ENV not in ("0", "1"):
-    raise ValueError(f"DTGEN_DECODE_PDL must be 0 or 1, got {_PDL_ENV!r}")
-
-
-@functools.lru_cache(maxsize=None)
-def decode_pdl(device: torch.device) -> bool:
-    """Whether the decode kernels launch with PDL on this device: CUDA compute capability 9+,
-    a Triton with grid dependency control, not the interpreter, DTGEN_DECODE_PDL not 0."""
-    return (_PDL_ENV == "1" and device.type == "cuda" and gdc_wait is not None and not TRITON_INTERPRETED
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -313,66 +291,19 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_xk, BLOCK_K:
 
 
 @triton.jit
-def _weight_chunk(w_rows, k0, k_hi, ks, stride_wk, EVEN_K: tl.constexpr):
-    """The programs' weight rows over K columns [k0, k0 + BLOCK_K) (masked past k_hi unless EVEN_K)."""
-    kk = k0 + ks
-    if EVEN_K:
-        return tl.load(w_rows + kk[None, :] * stride_wk)
-    else:
-        return tl.load(w_rows + kk[None, :] * stride_wk, mask=kk[None, :] < k_hi, other=0.0)
-
-
-@triton.jit
-def _gemv_chunk(acc, w, x_ptr, x_rows, sx, k0, k_hi, ks, ms, stride_xm, stride_xk,
-                ROWS: tl.constexpr, FP8: tl.constexpr, X_QUANTIZED: tl.constexpr, USE_DOT: tl.constexpr,
-                DOT_F32: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] += the weight chunk w [BLOCK_N, BLOCK_K] times x's columns [k0, k0 + BLOCK_K)."""
-    kk = k0 + ks
-    if USE_DOT:
-        x_ptrs = x_rows[None, :] + kk[:, None] * stride_xk                 # x^T chunk [BLOCK_K, BLOCK_M]
-        if EVEN_K:
-            xt = tl.load(x_ptrs)
-        else:
-            xt = tl.load(x_ptrs, mask=kk[:, None] < k_hi, other=0.0)
-        if FP8:
-            if not X_QUANTIZED:
-                xt = _quantize(xt.to(tl.float32), sx[None, :])
-            acc += tl.dot(w.to(tl.float16), xt.to(tl.float16))
-        elif DOT_F32:
-            acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(w, xt)
-    else:
-        wf = w.to(tl.float32)
-        for r in tl.static_range(ROWS):
-            if EVEN_K:
-                xr = tl.load(x_ptr + r * stride_xm + kk * stride_xk).to(tl.float32)
-            else:
-                xr = tl.load(x_ptr + r * stride_xm + kk * stride_xk, mask=kk < k_hi, other=0.0).to(tl.float32)
-            if FP8:
-                if not X_QUANTIZED:
-                    xr = _quantize(xr, tl.sum(tl.where(ms == r, sx, 0.0), axis=0))
-            part = tl.sum(wf * xr[None, :], axis=1)                          # [BLOCK_N]
-            acc += tl.where(ms[None, :] == r, part[:, None], 0.0)
-    return acc
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, y_ptr,
     M, N, K, k_per_split,
     stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     FP8: tl.constexpr, X_QUANTIZED: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr,
-    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr,
+    EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
 ):
     """Program (n-block, split): y[:, n-block] over the split's K range (module docstring).
     Rows past N (and past M) load a clamped valid row, so the weight stream has no mask unless
     K is not a multiple of BLOCK_K (EVEN_K); their results are never stored. FP8: x_ptr is x
     (X_QUANTIZED False: amax and quantization here) or its e4m3 copy with scales xs_ptr [M].
-    PARTIAL: write float32 partials [split, M, N] (scaled, no bias) for `_split_reduce_kernel`.
-    PDL: launched as a programmatic dependent launch (`decode_pdl`): it may start while the
-    kernel before it ends, and waits for it (griddepcontrol.wait) before reading x."""
+    PARTIAL: write float32 partials [split, M, N] (scaled, no bias) for `_split_reduce_kernel`."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -383,13 +314,6 @@ def _gemv_kernel(
     w_rows = w_ptr + tl.cast(ns_safe, tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + ms_safe * stride_xm
 
-    k_lo = split * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    # PDL: the split's first weight chunk is read before waiting for the kernel that wrote x
-    # (the weights are not its output), so this load overlaps that kernel's end.
-    w = _weight_chunk(w_rows, k_lo, k_hi, ks, stride_wk, EVEN_K)
-    if PDL:
-        gdc_wait()
     if FP8:
         if X_QUANTIZED:
             sx = tl.load(xs_ptr + ms_safe)
@@ -400,15 +324,42 @@ def _gemv_kernel(
                 xt = tl.load(x_rows[:, None] + kk[None, :] * stride_xk, mask=kk[None, :] < K, other=0.0)
                 amax = tl.maximum(amax, tl.abs(xt.to(tl.float32)))
             sx = _row_scale(tl.max(amax, axis=1))          # [BLOCK_M]
-    else:
-        sx = tl.zeros((BLOCK_M,), tl.float32)              # (unused)
+
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    acc = _gemv_chunk(acc, w, x_ptr, x_rows, sx, k_lo, k_hi, ks, ms, stride_xm, stride_xk,
-                      ROWS, FP8, X_QUANTIZED, USE_DOT, DOT_F32, EVEN_K)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        w = _weight_chunk(w_rows, k0, k_hi, ks, stride_wk, EVEN_K)
-        acc = _gemv_chunk(acc, w, x_ptr, x_rows, sx, k0, k_hi, ks, ms, stride_xm, stride_xk,
-                          ROWS, FP8, X_QUANTIZED, USE_DOT, DOT_F32, EVEN_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + ks
+        if EVEN_K:
+            w = tl.load(w_rows + kk[None, :] * stride_wk)
+        else:
+            w = tl.load(w_rows + kk[None, :] * stride_wk, mask=kk[None, :] < k_hi, other=0.0)
+        if USE_DOT:
+            x_ptrs = x_rows[None, :] + kk[:, None] * stride_xk                 # x^T chunk [BLOCK_K, BLOCK_M]
+            if EVEN_K:
+                xt = tl.load(x_ptrs)
+            else:
+                xt = tl.load(x_ptrs, mask=kk[:, None] < k_hi, other=0.0)
+            if FP8:
+                if not X_QUANTIZED:
+                    xt = _quantize(xt.to(tl.float32), sx[None, :])
+                acc += tl.dot(w.to(tl.float16), xt.to(tl.float16))
+            elif DOT_F32:
+                acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(w, xt)
+        else:
+            wf = w.to(tl.float32)
+            for r in tl.static_range(ROWS):
+                if EVEN_K:
+                    xr = tl.load(x_ptr + r * stride_xm + kk * stride_xk).to(tl.float32)
+                else:
+                    xr = tl.load(x_ptr + r * stride_xm + kk * stride_xk, mask=kk < k_hi, other=0.0).to(tl.float32)
+                if FP8:
+                    if not X_QUANTIZED:
+                        xr = _quantize(xr, tl.sum(tl.where(ms == r, sx, 0.0), axis=0))
+                part = tl.sum(wf * xr[None, :], axis=1)                          # [BLOCK_N]
+                acc += tl.where(ms[None, :] == r, part[:, None], 0.0)
 
     if FP8:
         acc = acc * tl.load(ws_ptr + ns_safe)[:, None] * sx[None, :]
@@ -487,7 +438,6 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     out = y if splits == 1 else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     dummy = y   # unused pointer arguments (their constexpr branch is off)
     grid = (triton.cdiv(n, cfg.block_n), splits)
-    pdl = decode_pdl(x.device)
     _gemv_kernel[grid](
         flat, weight, weight_scale if fp8 else dummy, xs if quantized else dummy,
         bias if bias is not None else dummy, out,
@@ -498,8 +448,8 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         FP8=fp8, X_QUANTIZED=quantized, USE_DOT=cfg.dot,
         DOT_F32=TRITON_INTERPRETED and weight.dtype == torch.bfloat16,
-        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, PARTIAL=splits > 1, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **({"launch_pdl": True} if pdl else {}))
+        EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None, PARTIAL=splits > 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if splits > 1:
         block = 1024
         _split_reduce_kernel[(triton.cdiv(m * n, block),)](
