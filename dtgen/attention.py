@@ -384,7 +384,11 @@ def attend_with_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: A
         out = attend_segments(qt, keys, values, meta.slots, k_slots, meta.image_blocks, segments, meta.hole,
                               dense)
     else:
-        if dense is not None:
+        # Without image blocks every row is causal text: no piece is dense, so the masked
+        # kernel is what the dense-capable core runs too (HunyuanImage-3's AR decode step fed
+        # at moving slots: on the CPU, and under a sequence-parallel AR phase). With image
+        # blocks, their rows would silently miss the dense kernel: refused.
+        if dense is not None and meta.image_blocks:
             raise ValueError("this attention core attends its dense pieces with another kernel (FP8 attention), "
                              "which needs AttentionMeta.slot_runs (static runs of slots); this meta has none")
         out = attend(qt, keys, values, structured_mask(meta.slots, k_slots, meta.image_blocks, meta.hole))

@@ -36,7 +36,7 @@ from dtgen.launch import RankContext, exit_process
 from dtgen.profiling import PhaseProfiler
 from dtgen.requests import flag_line
 from dtgen.serve.errors import RequestError
-from dtgen.fp8 import DENSE_DTYPES
+from dtgen.fp8 import add_fp8_flags, attention_head_problem, check_attention_dtype
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
@@ -135,10 +135,11 @@ def build_parser(prog: str = "python -m examples.hunyuan_t2i", description: str 
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
-    p.add_argument("--dense-dtype", default="model", choices=DENSE_DTYPES,
-                   help="every layer's QKV, O and shared MLP, and the lm_head: the model dtype, or fp8 (e4m3 weights with one scale "
-                        "per output channel, quantized at load; activations per token; GPU: compute capability "
-                        "8.9+; error table: tests/hunyuan_image3/test_fp8_dense.py)")
+    add_fp8_flags(p, "every layer's QKV, O and shared MLP, and the lm_head (error table: "
+                     "tests/hunyuan_image3/test_fp8_dense.py)",
+                  "the attention of the denoise image rows and of an edit's condition-image rows at prefill (text "
+                  "rows and the AR decode step stay in the model dtype; error table: "
+                  "tests/hunyuan_image3/test_fp8_attention.py)")
     p.add_argument("--fp8-scales", default=None, choices=FP8_RECIPES,
                    help="with --moe-dtype fp8: one scale per weight row and activation row ('channels', the fast "
                         "one), per 128x128 weight block and 128 activation columns ('blocks'), or one per expert "
@@ -344,7 +345,8 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
     loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, moe_impl=args.moe_impl,
                   random_config=_random_config(args), moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                   image_editing=getattr(args, "image_editing", args.image is not None), memory_budget_bytes=budget,
-                  vae_dtype=args.vae_dtype, dense_dtype=getattr(args, "dense_dtype", "model"))
+                  vae_dtype=args.vae_dtype, dense_dtype=getattr(args, "dense_dtype", "model"),
+                  attention_dtype=getattr(args, "attention_dtype", "model"))
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, autotune=args.compile_autotune,
                              decode_cuda_graph=args.cuda_graph is not False, regions=args.compile_mode == "regions")
     set_moe_token_chunk(loaded.model, args.moe_token_chunk)
@@ -424,7 +426,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
             with reference_threads(ctx, device):
                 reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, moe_impl="eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
-                                 image_editing=args.image is not None, dense_dtype=args.dense_dtype)
+                                 image_editing=args.image is not None, dense_dtype=args.dense_dtype,
+                                 attention_dtype=args.attention_dtype)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
@@ -469,6 +472,19 @@ def _distilled_problem(args, config: dict) -> str | None:
         return (f"--plan {args.plan} splits the CFG branches over ranks, but this checkpoint is CFG-distilled "
                 "(one row a step): choose a plan without a cfg axis")
     return None
+
+
+def _attention_problem(args, config: dict) -> str | None:
+    """--attention-dtype fp8 that every rank's load would refuse, as one line before any rank
+    starts: an SP attention kind of the plan that would not run it, or a head over the kernel's
+    size. (A GPU without FP8 is refused by load on each rank, before any weight is read, as for
+    --dense-dtype: the launcher does not touch the device, hence the CPU here.)"""
+    try:
+        check_attention_dtype(args.attention_dtype, torch.device("cpu"),
+                              tuple(phase.attention for phase in get_plan(args.plan).phases.values()))
+    except ValueError as e:
+        return str(e)
+    return attention_head_problem(args.attention_dtype, HunyuanImage3Config.from_dict(config).head_dim)
 
 
 def _budget_problem(args, config: dict) -> str | None:
@@ -594,8 +610,9 @@ def prepare(args) -> tuple[str | None, bool]:
                 args.checkpoint = str(ensure_tiny_checkpoint())
             base = (_random_config(args) or json.loads((Path(args.checkpoint) / "config.json").read_text()))
             _fill_request_defaults(args)
+            problem = _attention_problem(args, base)
             if args.image is not None:
-                problem = _editing_problem(args, base)
+                problem = problem or _editing_problem(args, base)
             problem = problem or _distilled_problem(args, base)
             shapes = _warmup_shapes(args.warmup_shapes, int(base.get("image_base_size", 1024))) or []
             if args.warmup_shapes and args.warmup is False and problem is None:
@@ -663,7 +680,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "vae_dtype": args.vae_dtype or "checkpoint", "vae_chunks": args.vae_chunks or 1,
         "vae_layout": args.vae_layout, "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
-        "dense_dtype": args.dense_dtype,
+        "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

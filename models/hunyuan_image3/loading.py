@@ -57,6 +57,12 @@ class HunyuanAdapter(ModelAdapter):
         set_moe_impl(model, self.moe_impl)
         return model
 
+    def fp8_attentions(self, model: HunyuanImage3ForCausalMM) -> tuple[list[nn.Module], int]:
+        """Every decoder layer's attention (`build(attention_dtype="fp8")`): its dense pieces, the
+        denoise image rows and an edit's condition-image rows at prefill, run on FP8 attention;
+        text rows and the AR decode step stay on the model dtype's kernels."""
+        return [layer.self_attn for layer in model.model.layers], self.cfg.head_dim
+
     def attention_heads(self, model: nn.Module) -> dict[str, tuple[int, int]]:
         heads = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads)
         return {n: heads for n, m in model.named_modules() if isinstance(m, Attention)}
@@ -141,7 +147,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
          moe_impl: str = "auto", random_config: dict | None = None, startup_timeout_s: float = 600.0,
          control_timeout_s: float = 60.0, moe_dtype: str = "model", fp8_scales: str = "channels",
          image_editing: bool = False, memory_budget_bytes: int | None = None,
-         vae_dtype: str | None = None, dense_dtype: str = "model") -> LoadedModel:
+         vae_dtype: str | None = None, dense_dtype: str = "model", attention_dtype: str = "model") -> LoadedModel:
     """Build on meta, read this rank's storage shard, and bind the first phase's views.
 
     `image_editing`: also load the VAE encoder, the vision tower and its aligner (placed by
@@ -155,6 +161,13 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     output channel (quantized as read; under TP the scales split with the weight's rows, or
     are replicated for a column-split weight), activations quantized per token
     (kernels/fp8_linear.py). Refused before any weight is read on a GPU without FP8.
+
+    `attention_dtype` "fp8": every layer's attention runs its dense pieces (the denoise image
+    rows over their key prefix, an edit's condition-image rows at prefill) on
+    kernels/fp8_attention.py (INT8 QK, FP8 PV); text rows and the AR decode step stay in the
+    model dtype (`HunyuanAdapter.fp8_attentions`). Refused in one line before any weight is
+    read (dtgen.build): a bad value, a GPU without FP8, a plan whose SP attention kind would
+    not run it, a head_dim over the kernel's 128.
 
     `startup_timeout_s` bounds how long ranks wait for each other to finish loading;
     `control_timeout_s` bounds every later phase agreement (see `Topology`).
@@ -190,7 +203,7 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
     try:
         built = build(adapter, plan, reader, rank, world_size, dtype, device,
                       fp8_scales if moe_dtype == "fp8" else None, startup_timeout_s, control_timeout_s,
-                      memory_budget_bytes)
+                      memory_budget_bytes, attention_dtype=attention_dtype)
     finally:
         if reader is not None:
             reader.close()

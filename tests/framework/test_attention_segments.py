@@ -80,6 +80,22 @@ def test_runs_that_do_not_match_the_rows_are_refused():
         LocalAttention()(q, q, q, meta, None)
 
 
+def test_a_dense_kernel_core_without_slot_runs_runs_text_and_refuses_image_rows():
+    """A core with a dense kernel (FP8 attention) fed at moving slots (a tensor, no runs: an
+    AR decode step): text only has no dense piece, so the masked kernel is exact; with image
+    rows they would miss the dense kernel, so that is refused."""
+    def dense(q, k, v):
+        raise AssertionError("a text-only step has no dense piece")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 2, 8, generator=g) for _ in range(3))
+    text = AttentionMeta(torch.tensor([4, 5, 6]), ())
+    cache = LayerKVCache(torch.randn(1, 2, 8, 8, generator=g), torch.randn(1, 2, 8, 8, generator=g))
+    want = LocalAttention()(q, k, v, text, LayerKVCache(cache.k.clone(), cache.v.clone()))
+    torch.testing.assert_close(LocalAttention(dense)(q, k, v, text, cache), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs AttentionMeta.slot_runs"):
+        LocalAttention(dense)(q, k, v, AttentionMeta(torch.arange(3), ((0, 3),)), None)
+
+
 def test_pad_runs_follow_pad_slots():
     seq = SequenceLayout(size=4)
     for runs, spare in [(((0, 10),), 10), (((3, 10),), 12), (((0, 8),), 8)]:

@@ -198,6 +198,9 @@ def test_unknown_device_or_dtype():
     (["--profile-top", "40"], "--profile-top needs --profile"),
     (["--profile", "/tmp/dtgen-never-written", "--profile-top", "0"], "--profile-top must be at least 1, got 0"),
     (["--fp8-scales", "blocks"], "--fp8-scales blocks needs --moe-dtype fp8"),
+    (["--world-size", "4", "--plan", "hybrid-ring", "--attention-dtype", "fp8"],
+     "--attention-dtype fp8 runs under the attention kinds ('local', 'ulysses', 'ulysses-pipelined'); this plan "
+     "uses ['ring']"),
     (["--vae-chunks", "0"], "--vae-chunks must be at least 1, got 0"),
     (["--moe-token-chunk", "0"], "--moe-token-chunk must be at least 1, got 0"),
     (["--world-size", "2", "--plan", "tp2", "--vae-chunks", "4"], "--vae-chunks applies to a decode on one rank"),
@@ -263,6 +266,20 @@ def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypa
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_attention_fp8_over_the_kernels_head_size_is_one_line(tmp_path, capsys):
+    """--attention-dtype fp8 with a head_dim over 128 (the config says it): refused before any
+    rank starts (the model's own head size, read from config.json)."""
+    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.tiny import tiny_config
+    big = tmp_path / "big-heads"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps(dict(tiny_config(), head_dim=256, attention_head_dim=256)))
+    assert main(["--checkpoint", str(big), "--attention-dtype", "fp8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --attention-dtype fp8: the FP8 attention kernel handles head_dim up to 128; this model "
+                   "has 256"], err
 
 
 DISTIL_CASE = Path(__file__).resolve().parents[3] / "shared" / "golden-taylor" / "hunyuan3_tiny_distil_a"
