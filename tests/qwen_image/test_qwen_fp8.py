@@ -77,10 +77,13 @@ def test_dense_fp8_on_tp2_stays_as_near_as_one_process(folder):
 
 
 def test_fp8_refusals_name_the_problem(tmp_path):
-    tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16
+    tiny = ensure_tiny_checkpoint(tmp_path)   # head_dim 16: FP8 attention runs it padded to 64
+    wide = tmp_path / "qwen-hd192"
+    write_random_checkpoint(wide, overrides={"transformer": {"attention_head_dim": 192, "num_attention_heads": 1,
+                                                             "axes_dims_rope": [64, 64, 64]}})
     with pytest.raises(ValueError, match=r"--attention-dtype fp8: the FP8 attention kernel handles head_dim "
-                                         r"\(64, 128\); this model has 16"):
-        load(tiny, get_plan("single"), attention_dtype="fp8")
+                                         r"up to 128; this model has 192"):
+        load(wide, get_plan("single"), attention_dtype="fp8")
     with pytest.raises(ValueError, match="dense_dtype must be one of"):
         load(tiny, get_plan("single"), dense_dtype="fp4")
     assert all(p.startswith("transformer.transformer_blocks.") for p in FP8_LINEARS)
