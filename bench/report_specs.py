@@ -65,6 +65,14 @@ S18_DECODE2, S18_MEMORY2 = f"{S18}/call2_decode_dense_fp8.json", f"{S18}/call2_b
 S18_TI2I3 = f"{S18}/call3_ti2i_dense_fp8.json"
 S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/call0_bench_memory.json", f"{S18}/call0_ti2i_dense_fp8.json",
                                     f"{S18}/call0_bench_vae_suite.json")
+S19 = "h200-2026-12-03-session19"
+S19_ATT1, S19_ATT2, S19_ATT3 = (f"{S19}/call1_bench_fp8_attention_sweep.json",
+                                f"{S19}/call2_bench_fp8_attention_sweep.json",
+                                f"{S19}/call3_bench_fp8_attention_sweep.json")
+S19_WAN_PEERS = f"{S19}/call3_wan_peers.json"
+S19_DECODE_PDL = (f"{S19}/call4_decode_dense_fp8_pdl1_34.json", f"{S19}/call4_decode_dense_fp8_pdl0_80.json",
+                  f"{S19}/call4_decode_dense_fp8_pdl1_112.json")
+S19_T2I5, S19_TI2I5 = f"{S19}/call5_t2i_attn_fp8.json", f"{S19}/call5_ti2i_attn_fp8.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -98,6 +106,13 @@ S18_CALL3 = ('TI2I_ARGS="--prompt redder --prompt redder --kv-caches keep-ar --v
              f'TI2I_LIMIT=150 {_S15_SCRIPT} ti2i')
 S17_CALL2 = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
              f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_S15_SCRIPT} serve,memory,peers,wanpeers')
+
+S19_CALL3_PREFIX = ("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py; python -m bench.bench_fp8_attention "
+                    "--shapes 1.3B,hy-t2i,hy-ti2i --sweep --iters 10 --out $OUT/bench_fp8_attention_sweep2.json; "
+                    "WAN_LIMIT=230 WAN_VARIANTS=bf16,attn-fp8,fp8 OUT=$OUT bash bench/run_gpu_session14.sh wanpeers")
+S19_CALL5 = ('T2I_KINDS=fp8 T2I_ARGS="--attention-dtype fp8" T2I_LIMIT=200 TI2I_ARGS="--prompt redder --prompt redder '
+             '--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --attention-dtype fp8" TI2I_LIMIT=200 '
+             f'{_S15_SCRIPT} ti2i,t2i')
 
 # bench_decode's dense-FP8 stage of bench/run_gpu_session14.sh
 DECODE_FP8_CMD = ("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
@@ -211,6 +226,23 @@ RUNS: dict[str, RunInfo] = {
                        "--report $OUT/ti2i_dense_fp8.json --output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
     S18_VAE0: RunInfo(f"{S18_CALL0}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
                       software=GPU_IMAGE),
+    # one H200, 2026-12-03, session 19: the sweeps' JSON hold their commands; the CLI's reports do not
+    S19_ATT1: RunInfo("python -m bench.bench_fp8_attention --sweep --iters 10 --out "
+                      "$OUT/bench_fp8_attention_sweep.json", software=GPU_IMAGE),
+    S19_ATT2: RunInfo("python -m bench.bench_fp8_attention --sweep --iters 10 --out "
+                      "$OUT/bench_fp8_attention_sweep.json", software=GPU_IMAGE),
+    S19_ATT3: RunInfo(S19_CALL3_PREFIX, software=GPU_IMAGE),
+    S19_WAN_PEERS: RunInfo(f"{S19_CALL3_PREFIX}: python -m bench.bench_peers --models 1.3B,14B-8 --modes regions "
+                           "--variants bf16,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    **{f: RunInfo(f"for pdl in 1 0 1; do DTGEN_DECODE_PDL=$pdl {DECODE_FP8_CMD}; done (the PDL commit 4e2578b, "
+                  "reverted in 3e793c6)", software=GPU_IMAGE) for f in S19_DECODE_PDL},
+    S19_T2I5: RunInfo(f"{S19_CALL5}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                      "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
+                      "--attention-dtype fp8 --dense-dtype fp8 --report $OUT/t2i_dense_fp8.json", software=GPU_IMAGE),
+    S19_TI2I5: RunInfo(f"{S19_CALL5}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                       "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
+                       "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
+                       "--attention-dtype fp8 --report $OUT/ti2i_dense_fp8.json", software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -2332,4 +2364,147 @@ TABLES += [
     ], note="examples.hunyuan_t2i --image (a random 1024x1024 reference), random weights at the released shapes, "
             "FP8 experts, compiled regions, 256 AR tokens, 10 steps, serial CFG; the CLI runs one untimed warm-up "
             "request first (it records the decode graph), so both timed requests decode on it. One run."),
+]
+
+
+# ---- one H200, 2026-12-03, session 19 ----------------------------------------------------------------
+S19_SHAPES = ("1.3B", "14B", "hy-t2i", "hy-ti2i")
+S19_DEFAULT = "sweep-m64-n128-w4-s3-tma"   # the default tiles from call 3 on; call 2 ran them in its sweep
+
+
+def _att(file, run, key="ms", fmt="{:.2f} ms"):
+    """One figure of each shape from one sweep file; '-' where the file has no such shape or run."""
+    shapes = {S19_ATT1: S19_SHAPES, S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i"),
+              S11_FP8_ATTENTION: ("1.3B", "14B")}[file]
+    return [Value(fp8_run(shape, run, key), fmt, file=file) if shape in shapes else "-" for shape in S19_SHAPES]
+
+
+def _att_runs(runs):
+    """The default tiles' kernel over the calls that ran it: the median and the range, per shape."""
+    return [Runs([(file, fp8_run(shape, run, "ms")) for file, run in runs
+                  if shape in {S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i")}[file]], "{:.2f}", " ms")
+            for shape in S19_SHAPES]
+
+
+S19_DEFAULT_RUNS = ((S19_ATT2, S19_DEFAULT), (S19_ATT3, "fp8-kernel"))
+
+TABLES += [
+    Table("s19-fp8-attention", ["FP8 attention (INT8 QK, FP8 PV), head_dim 128, one H200, ms a call",
+                                "Wan 1.3B: 12 heads, 32760 x 32760", "Wan 14B: 40 heads, 32760 x 32760",
+                                "HunyuanImage-3 T2I denoise: 32 / 8 heads (GQA), 4098 x 5606",
+                                "HunyuanImage-3 edit denoise: 32 / 8 heads, 4098 x 9702"], [
+        Row(["SDPA bf16, cuDNN (call 2)"] + _att(S19_ATT2, "sdpa-cudnn_attention")),
+        Row(["SDPA bf16, cuDNN (call 3)"] + _att(S19_ATT3, "sdpa-cudnn_attention")),
+        Row(["SDPA bf16 as dispatched (GQA: enable_gqa) (call 3)"] + _att(S19_ATT3, "sdpa-dispatched")),
+        Row(["session 11's kernel, the quantization compiled (`s11-fp8-attention`)"]
+            + _att(S11_FP8_ATTENTION, "fp8-pv-fp8-cq")),
+        Row(["**this session's kernel alone, default tiles** (64 query rows, 128 keys a step, one warpgroup, 3 "
+             "stages, TMA; calls 2 and 3)"] + _att_runs(S19_DEFAULT_RUNS), file=S19_ATT3),
+        Row(["... over cuDNN, call 3 (call 2 for 14B)"]
+            + [Value(fp8_run(shape, "fp8-kernel" if shape != "14B" else S19_DEFAULT, "speedup_vs_best_sdpa"),
+                     "**{:.2f}x**", file=S19_ATT3 if shape != "14B" else S19_ATT2) for shape in S19_SHAPES]),
+        Row(["... with its quantization compiled before it (call 3; call 2's kernel default for 14B: 128 x 128 "
+             "tiles, 8 warps)"] + [Value(fp8_run(shape, "fp8-pv-fp8-cq", "ms"), "{:.2f} ms",
+                                         file=S19_ATT3 if shape != "14B" else S19_ATT2) for shape in S19_SHAPES]),
+        Row(["... the logits converted by I2F instead of the bit trick (call 3)"]
+            + _att(S19_ATT3, "sweep-m64-n128-w4-s3-tma-i2f")),
+        Row(["... K/V by pointers instead of TMA (call 3)"] + _att(S19_ATT3, "sweep-m64-n128-w4-s3-ptr")),
+        Row(["... 2 stages, registers capped at 168 (three programs an SM) (call 3)"]
+            + _att(S19_ATT3, "sweep-m64-n128-w4-s2-tma-r168")),
+        Row(["... 64-key steps (160 registers: three programs an SM) (call 3)"] + _att(S19_ATT3, "sweep-m64-n64-w4-s3-tma")),
+        Row(["128 query rows, 128 keys, 2 warpgroups, 4 stages (call 2)"] + _att(S19_ATT2, "sweep-m128-n128-w8-s4-tma")),
+        Row(["... each key block's FP8 PV summed apart (max_num_imprecise_acc = 128) (call 2)"]
+            + _att(S19_ATT2, "sweep-m128-n128-w8-s4-tma-promote")),
+        Row(["rel. L2 vs fp32 SDPA math, default tiles (first 2 heads)"]
+            + [Value(fp8_run(shape, "fp8-kernel" if shape != "14B" else S19_DEFAULT, "rel_l2_vs_fp32"), "{:.2%}",
+                     file=S19_ATT3 if shape != "14B" else S19_ATT2) for shape in S19_SHAPES]),
+        Row(["... with the PV products summed apart (call 2)"] + _att(S19_ATT2, "sweep-m128-n128-w8-s4-tma-promote",
+                                                                   "rel_l2_vs_fp32", "{:.2%}")),
+        Row(["registers a thread at the default tiles (spilled bytes)"]
+            + [Join([Value(fp8_run(shape, S19_DEFAULT, "registers"), "{}", file=S19_ATT2),
+                     Value(fp8_run(shape, S19_DEFAULT, "spills"), "{}", file=S19_ATT2)], " (", suffix=")")
+               for shape in S19_SHAPES]),
+    ], note="bench/bench_fp8_attention.py: random q, k, v in bf16 (k offset by 1), batch 1; each figure the median "
+            "of 10 calls after 3 warm-ups, one process per call. The default tiles ran in two calls (call 2's "
+            "sweep, call 3's `fp8-kernel`): the median and the range over them (14B: call 2 only). The kernel "
+            "alone is timed on operands quantized beforehand; \"quantization compiled\" adds `quantize_qkv` under "
+            "torch.compile before the op. Call 1 ran the first version, whose bit-trick path did not compile on "
+            "triton 3.6 (its dot lacked out_dtype=int32; `call1_tests.log`): its I2F rows are superseded by "
+            "call 2's."),
+    Table("s19-wan-peers", ["Wan (compiled: one region per block), one H200", "dtgen variant", "dtgen",
+                            "diffusers (bf16)", "dtgen / diffusers", "session 17 (`s17-wan-peers`)",
+                            "rel. L2 vs dtgen bf16", "target (issue 29)"], [
+        Row([model, f"**{variant}**" if variant == "bf16" else variant,
+             Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
+             Value(peer(model, "regions", "diffusers", "bf16", "ms"), "{:.1f} ms"),
+             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "**{:.3f}**"),
+             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}", file=S17_WAN_PEERS),
+             Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
+             if variant == "bf16" else Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}"),
+             _peer_target(model, "regions", variant)], file=S19_WAN_PEERS)
+        for model in ("1.3B", "14B-8") for variant in ("bf16", "attn-fp8", "fp8")
+    ] + [
+        Row([model, "the fastest within 3% rel. L2", "", "",
+             Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k), file=S19_WAN_PEERS)
+                                          for v in ("bf16", "attn-fp8", "fp8")
+                                          for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")], "**{:.3f}**"),
+             _fastest_within(model, S17_WAN_PEERS), "",
+             goal(f"<= {PEER_TARGETS[model]:.2f}",
+                  Calc(_fastest_within_bound, [Value(peer(model, "regions", "dtgen", v, k), file=S19_WAN_PEERS)
+                                               for v in ("bf16", "attn-fp8", "fp8")
+                                               for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")]),
+                  PEER_TARGETS[model])])
+        for model in ("1.3B", "14B-8")
+    ], note="As `s17-wan-peers` (bench/bench_peers.py, one process, each figure the median of 3 forwards), with "
+            "this session's FP8 attention kernel (default tiles); dense-fp8 alone was not run (session 17: 0.994 / "
+            "0.870, 2.53% / 3.35%). The session-17 column's fastest within 3% picks among its four variants."),
+    Table("s19-hy-attention", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, compiled, one H200",
+                               "`--attention-dtype fp8` (call 5)", "without (the same levers, an earlier call)",
+                               "target (issue 29)"], [
+        Row(["edit, request 1: DiT full step",
+             Value("requests[0].timings_ms.denoise_full_step", "{:.1f} ms", file=S19_TI2I5),
+             Value("requests[0].timings_ms.denoise_full_step", "{:.1f} ms (`s18-ti2i-cli`)", file=S18_TI2I3),
+             goal("<= 350", Value("requests[0].timings_ms.denoise_full_step", file=S19_TI2I5), 350.0)]),
+        Row(["edit, request 2: DiT full step",
+             Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms", file=S19_TI2I5),
+             Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms (`s18-ti2i-cli`)", file=S18_TI2I3),
+             goal("<= 350", Value("requests[1].timings_ms.denoise_full_step", file=S19_TI2I5), 350.0)]),
+        Row(["edit, requests 1 / 2: condition encode",
+             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"),
+             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S18_TI2I3) for i in (0, 1)],
+                  " / ", suffix=" ms"), "<= 200"]),
+        Row(["edit, requests 1 / 2: AR decode a token",
+             Join([Value(f"requests[{i}].timings_ms.ar_decode_per_token", "{:.2f}", file=S19_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"),
+             Join([Value(f"requests[{i}].timings_ms.ar_decode_per_token", "{:.2f}", file=S18_TI2I3) for i in (0, 1)],
+                  " / ", suffix=" ms"), "<= 6.0"]),
+        Row(["edit: the process's peak", Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9,
+                                                file=S19_TI2I5),
+             Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S18_TI2I3), "<= 92"]),
+        Row(["T2I (the VAE in the checkpoint's dtype, KV caches kept): DiT full step",
+             Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S19_T2I5),
+             Value("timings_ms.denoise_full_step", "{:.1f} ms (`s17-dit-profile`)", file=S17_T2I),
+             goal("<= 280", Value("timings_ms.denoise_full_step", file=S19_T2I5), 280.0)]),
+        Row(["T2I: AR decode a token", Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S19_T2I5),
+             Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S17_T2I),
+             goal("<= 5.0", Value("timings_ms.ar_decode_per_token", file=S19_T2I5), 5.0)]),
+    ], note="One run each. The edit: `--image` (a random 1024x1024 reference) with `--kv-caches keep-ar --vae-dtype "
+            "bfloat16 --vae-chunks 4`, two requests after the CLI's warm-up; the earlier column is session 18's call "
+            "3, the same command without `--attention-dtype fp8`. T2I: the earlier column is session 17's call 1 "
+            "(the same command, which also profiled a request after the timed one). FP8 attention runs the image "
+            "rows (and an edit's condition rows) over their key prefix; its quantization (`quantize_qkv`) runs "
+            "inside the compiled layer region."),
+    Table("s19-decode-pdl", ["the AR decode step (bench_decode, dense FP8) with the decode GEMVs launched by "
+                             "programmatic dependent launch, one H200, call 4", "PDL", "step", "device",
+                             "decode GEMV a step", "target (issue 29)"], [
+        Row([f"run {i + 1}", Value("decode_pdl", "{}", file=f),
+             Runs([(f, f"impls.triton.step_ms.runs[{r}]") for r in range(4)], "{:.2f}", " ms"),
+             Value("impls.triton.device_ms", "{:.2f} ms", file=f),
+             Value("impls.triton.kernels[^_gemv_kernel][1]", "{:.0f} us", file=f),
+             goal("<= 5.0", Value("impls.triton.step_ms.median", file=f), 5.0)])
+        for i, f in enumerate(S19_DECODE_PDL)
+    ], note="The decode GEMV read its first weight chunk before `griddepcontrol.wait` and launched with "
+            "`launch_pdl` (commit 4e2578b): on, the step took ~0.1 ms more at the same device time, so it was "
+            "reverted (3e793c6). Each row: four runs of 8 tokens, the median and the range."),
 ]
