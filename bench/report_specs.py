@@ -2372,17 +2372,21 @@ S19_SHAPES = ("1.3B", "14B", "hy-t2i", "hy-ti2i")
 S19_DEFAULT = "sweep-m64-n128-w4-s3-tma"   # the default tiles from call 3 on; call 2 ran them in its sweep
 
 
+# the shapes each attention file holds
+S19_FILE_SHAPES = {S19_ATT1: S19_SHAPES, S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i"),
+                   S11_FP8_ATTENTION: ("1.3B", "14B")}
+
+
 def _att(file, run, key="ms", fmt="{:.2f} ms"):
     """One figure of each shape from one sweep file; '-' where the file has no such shape or run."""
-    shapes = {S19_ATT1: S19_SHAPES, S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i"),
-              S11_FP8_ATTENTION: ("1.3B", "14B")}[file]
-    return [Value(fp8_run(shape, run, key), fmt, file=file) if shape in shapes else "-" for shape in S19_SHAPES]
+    return [Value(fp8_run(shape, run, key), fmt, file=file) if shape in S19_FILE_SHAPES[file] else "-"
+            for shape in S19_SHAPES]
 
 
 def _att_runs(runs):
     """The default tiles' kernel over the calls that ran it: the median and the range, per shape."""
-    return [Runs([(file, fp8_run(shape, run, "ms")) for file, run in runs
-                  if shape in {S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i")}[file]], "{:.2f}", " ms")
+    return [Runs([(file, fp8_run(shape, run, "ms")) for file, run in runs if shape in S19_FILE_SHAPES[file]],
+                 "{:.2f}", " ms")
             for shape in S19_SHAPES]
 
 
