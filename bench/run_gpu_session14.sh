@@ -33,6 +33,8 @@
 #         linears, a random 1024x1024 reference, 256 AR tokens, 10 steps) with TI2I_ARGS
 #         (e.g. "--profile /tmp/prof --profile-top 40": each phase's kernels, the condition's too).
 # NO_VAE_PROBE=1: the vae stage without its probe (the suite alone).
+# DECODE_ARGS, DECODE_LIMIT (session 20): more flags for the decode stage's dense-FP8 run (e.g.
+#         "--shared-expert beside,inline,beside") and its time limit.
 # MEMORY_ARGS: more flags for bench_memory (e.g. "--repeats 2").
 # T2I_ARGS: more flags for the t2i stage's runs (e.g. "--profile /tmp/prof --profile-top 40").
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.
@@ -65,8 +67,9 @@ micro)
 decode)
   [[ ",${DECODE_KINDS:-bf16,fp8}," == *,bf16,* ]] && TAIL=14 step decode_bf16 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton \
       --tokens 64 --kernels 12 --out "$OUT/decode_bf16.json"
-  [[ ",${DECODE_KINDS:-bf16,fp8}," == *,fp8,* ]] && TAIL=14 step decode_dense_fp8 100 python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
-      --decode-impls triton --tokens 64 --kernels 12 --out "$OUT/decode_dense_fp8.json"
+  [[ ",${DECODE_KINDS:-bf16,fp8}," == *,fp8,* ]] && TAIL=${DECODE_TAIL:-14} step decode_dense_fp8 "${DECODE_LIMIT:-100}" \
+      python3 -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 \
+      --decode-impls triton --tokens 64 --kernels 12 ${DECODE_ARGS:-} --out "$OUT/decode_dense_fp8.json"
   ;;
 peers)
   for run in $(seq 1 "${PEERS_RUNS:-1}"); do
