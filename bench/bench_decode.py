@@ -1,8 +1,7 @@
 """Where an AR decode step's time goes, end to end through the pipeline (one GPU).
 
     python -m bench.bench_decode [--layers 32] [--moe-dtype fp8] [--dense-dtype model|fp8]
-        [--compile-mode regions|step] [--decode-impls triton,sdpa] [--shared-expert beside,inline]
-        [--tokens 64] [--out ...]
+        [--compile-mode regions|step] [--decode-impls triton,sdpa] [--tokens 64] [--out ...]
 
 Full-width HunyuanImage-3 (random weights, `--layers` of its 32 layers; bf16, the routed
 experts in FP8 by default as the one-GPU run has them), plan `single`, compiled as the CLI's
@@ -68,9 +67,6 @@ def main(argv=None) -> int:
     p.add_argument("--dense-dtype", choices=("model", "fp8"), default="model")
     p.add_argument("--compile-mode", choices=("regions", "step"), default="regions")
     p.add_argument("--decode-impls", default="triton,sdpa", help="comma list of DECODE_IMPLS, each measured")
-    p.add_argument("--shared-expert", default="beside",
-                   help="comma list of 'beside' (the shared expert on a side stream, the default) and 'inline' "
-                        "(on the step's stream), each measured; results keyed '<impl>' and '<impl>+inline'")
     p.add_argument("--kernels", type=int, default=40, help="kernels listed per impl")
     p.add_argument("--out", default="outputs/bench_decode.json")
     args = p.parse_args(argv)
@@ -80,7 +76,6 @@ def main(argv=None) -> int:
     from dtgen.ar import TokenReader
     from dtgen.compile import CompileOptions
     from models.hunyuan_image3.loading import load
-    from models.hunyuan_image3.model import set_shared_expert_beside
     from dtgen.sampling import Sampling
     from models.hunyuan_image3.ar import DECODE_IMPLS
     from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
@@ -92,10 +87,6 @@ def main(argv=None) -> int:
     for impl in impls:
         if impl not in DECODE_IMPLS:
             raise SystemExit(f"error: --decode-impls: {impl!r} is not one of {DECODE_IMPLS}")
-    shared_modes = args.shared_expert.split(",")
-    for mode in shared_modes:
-        if mode not in ("beside", "inline"):
-            raise SystemExit(f"error: --shared-expert: {mode!r} is not 'beside' or 'inline'")
     device = torch.device("cuda")
     t0 = time.perf_counter()
     loaded = load(None, get_plan("single"), 0, 1, torch.bfloat16, device, moe_impl="auto",
@@ -120,9 +111,7 @@ def main(argv=None) -> int:
                "prompt_tokens": args.prompt_tokens + 1, "load_s": round(load_s, 1),
                "bytes": {"dense": dense_bytes, "routed_experts": routed_bytes}, "hbm_bytes_per_s": HBM_BYTES_PER_S,
                "impls": {}}
-    for impl, mode in [(impl, mode) for impl in impls for mode in shared_modes]:
-        set_shared_expert_beside(model, mode == "beside")
-        key = impl if mode == "beside" else f"{impl}+inline"
+    for impl in impls:
         pipe = HunyuanT2IPipeline(model, loaded.tokenizer, loaded.controller, device, decode_impl=impl,
                                   compile_options=CompileOptions(enabled=True, regions=args.compile_mode == "regions"))
         rt = pipe.controller.activate("ar")
@@ -185,13 +174,13 @@ def main(argv=None) -> int:
         kv_bytes = sum(nbytes(layer.k) + nbytes(layer.v) for layer in cache.layers) * pos / cache.length
         floor_ms = (dense_bytes + routed_bytes + kv_bytes) / HBM_BYTES_PER_S * 1e3
         step_ms = statistics.median(step_runs)
-        results["impls"][key] = {
-            "shared_expert": mode, "step_ms": {"median": step_ms, "min": min(step_runs), "max": max(step_runs), "runs": step_runs},
+        results["impls"][impl] = {
+            "step_ms": {"median": step_ms, "min": min(step_runs), "max": max(step_runs), "runs": step_runs},
             "synced_ms": synced_ms, "feed_ms": feed_ms, "device_ms": device_us / 1e3, "floor_ms": floor_ms, "warmup_s": round(warm_s, 1),
             "kernel_launches_per_step": sum(n for _, _, n in kernels),
             "by_kind": {k: {"ms": round(v["us"] / 1e3, 4), "launches": v["launches"]} for k, v in by_kind.items()},
             "kernels": [(k, round(us, 2), n) for k, us, n in kernels[:args.kernels]]}
-        print(f"AR decode [{key}], {args.layers} layers: step {step_ms:.3f} ms/token (runs "
+        print(f"AR decode [{impl}], {args.layers} layers: step {step_ms:.3f} ms/token (runs "
               f"{min(step_runs):.3f}-{max(step_runs):.3f}; each token waited for {synced_ms:.3f}; launches alone "
               f"{feed_ms:.3f}); device "
               f"{device_us / 1e3:.3f} ms in {sum(n for _, _, n in kernels):.0f} launches; floor {floor_ms:.3f} ms",

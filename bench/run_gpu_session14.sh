@@ -34,7 +34,7 @@
 #         (e.g. "--profile /tmp/prof --profile-top 40": each phase's kernels, the condition's too).
 # NO_VAE_PROBE=1: the vae stage without its probe (the suite alone).
 # DECODE_ARGS, DECODE_LIMIT (session 20): more flags for the decode stage's dense-FP8 run (e.g.
-#         "--shared-expert beside,inline,beside") and its time limit.
+#         "--tokens 128") and its time limit.
 # MEMORY_ARGS: more flags for bench_memory (e.g. "--repeats 2").
 # T2I_ARGS: more flags for the t2i stage's runs (e.g. "--profile /tmp/prof --profile-top 40").
 # PEERS_RUNS=N runs the peers stage N times (peers_1.json ...): a median over runs.

@@ -173,15 +173,6 @@ def set_moe_token_chunk(model: nn.Module, tokens: int | None) -> None:
             module.token_chunk = tokens
 
 
-def set_shared_expert_beside(model: nn.Module, beside: bool) -> None:
-    """At decode on a GPU, run every MoE layer's shared expert on a side stream beside its
-    routed experts (True, the default) or in line with them on the step's stream
-    (`MoE.shared_beside`; the same ops and values either way)."""
-    for module in model.modules():
-        if isinstance(module, MoE):
-            module.shared_beside = beside
-
-
 # Checkpoint prefixes that text-to-image never uses: the SigLIP2 tower and its aligner
 # (image conditioning), and the VAE encoder. They may be present; they are loaded only for
 # image editing. The tower's pooling head is never used (HunyuanImage-3 reads the last

@@ -18,8 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.decode_gemv import DECODE_GEMV_MAX_ROWS as SHARED_BESIDE_MAX_ROWS
-from kernels.decode_gemv import decode_gemv, quantize_rows_triton
 from kernels.fp8_linear import fp8_linear
 from kernels.moe_router import TRITON_MAX_TOKENS as ROUTE_KERNEL_MAX_TOKENS
 from kernels.moe_router import moe_route_topk, route_from_logits
@@ -31,7 +29,6 @@ from dtgen.layers.linear import empty_param
 from dtgen.layers.norms import RMSNorm   # rounding "input": variance in float32, cast back before the weight
 from dtgen.layers.rope import apply_rope
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
-from dtgen.side_stream import join_side_stream_, run_beside
 
 from .rope import rope_cos_sin
 from .config import HunyuanImage3Config
@@ -114,48 +111,12 @@ class GatedMLP(nn.Module):
         self.down_scale = empty_param(0, dtype=torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_mlp(x, self.gate_and_up_proj, self.down_proj, self.gate_and_up_scale, self.down_scale)
-
-    def beside(self, x: torch.Tensor) -> torch.Tensor:
-        """`forward` queued on the side stream (`dtgen.side_stream`); read the result only after
-        `join_side_stream_` on it."""
-        return gated_mlp_beside(x, self.gate_and_up_proj, self.down_proj, self.gate_and_up_scale, self.down_scale)
-
-
-def gated_mlp(x: torch.Tensor, gate_and_up: torch.Tensor, down: torch.Tensor, gate_and_up_scale: torch.Tensor | None,
-              down_scale: torch.Tensor | None) -> torch.Tensor:
-    """`GatedMLP`'s math over its weights (FP8 when the scales are given)."""
-    packs = gate_and_up.shape[0]
-    if gate_and_up_scale is not None:
-        u = fp8_linear(x, gate_and_up.flatten(0, 1), gate_and_up_scale.flatten())
-        return fp8_linear(gated_act(u.unflatten(-1, (packs, 2, -1))), down, down_scale)
-    u = F.linear(x, gate_and_up.flatten(0, 1)).unflatten(-1, (packs, 2, -1))
-    return F.linear(gated_act(u), down)
-
-
-def _gated_mlp_few_launches(x, gate_and_up, down, gate_and_up_scale, down_scale):
-    if gate_and_up_scale is None or not x.is_cuda:
-        return gated_mlp(x, gate_and_up, down, gate_and_up_scale, down_scale)
-    packs = gate_and_up.shape[0]
-    q, s = quantize_rows_triton(x)
-    u = decode_gemv(q, gate_and_up.flatten(0, 1), gate_and_up_scale.flatten(), x_scale=s, out_dtype=x.dtype)
-    q, s = quantize_rows_triton(gated_act(u.unflatten(-1, (packs, 2, -1))))
-    return decode_gemv(q, down, down_scale, x_scale=s, out_dtype=x.dtype)
-
-
-# Declared to mutate x (it does not): under torch.compile every later reader of x (the router,
-# the routed experts) then comes after this op, so inductor cannot sink it to the join.
-@torch.library.custom_op("dtgen::gated_mlp_beside", mutates_args=("x",))
-def gated_mlp_beside(x: torch.Tensor, gate_and_up: torch.Tensor, down: torch.Tensor,
-                     gate_and_up_scale: torch.Tensor | None, down_scale: torch.Tensor | None) -> torch.Tensor:
-    """`gated_mlp` on the side stream of the current one (one opaque op under torch.compile, so
-    that its kernels are launched there); eager torch ops inside."""
-    return run_beside(_gated_mlp_few_launches, x, gate_and_up, down, gate_and_up_scale, down_scale)
-
-
-@gated_mlp_beside.register_fake
-def _(x, gate_and_up, down, gate_and_up_scale, down_scale):
-    return x.new_empty(*x.shape[:-1], down.shape[0])
+        packs = self.gate_and_up_proj.shape[0]
+        if self.gate_and_up_scale is not None:
+            u = fp8_linear(x, self.gate_and_up_proj.flatten(0, 1), self.gate_and_up_scale.flatten())
+            return fp8_linear(gated_act(u.unflatten(-1, (packs, 2, -1))), self.down_proj, self.down_scale)
+        u = F.linear(x, self.gate_and_up_proj.flatten(0, 1)).unflatten(-1, (packs, 2, -1))
+        return F.linear(gated_act(u), self.down_proj)
 
 
 def experts_eager(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -231,11 +192,6 @@ class MoE(nn.Module):
         self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size[layer])
         self.shared_mlp = (GatedMLP(cfg.hidden_size, cfg.shared_intermediate_size(layer))
                            if cfg.use_mixed_mlp_moe else None)
-        # At decode on a GPU (at most SHARED_BESIDE_MAX_ROWS rows) the shared expert runs on a
-        # side stream while the routing and the routed experts run on the step's own:
-        # neither reads the other's output, and each is a few bandwidth-bound kernels too
-        # short to fill the GPU alone. False: everything on one stream (`set_shared_expert_beside`).
-        self.shared_beside = True
         # Tokens per routed-experts call (None: all at once). The experts' dispatch buffers
         # grow with tokens x top_k (gate/up, activation, partial sums: ~1.6 GB for a 5.6k-row
         # denoise branch at the released shapes); chunks bound them. Every token's output is
@@ -254,10 +210,6 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        shared = None
-        if (self.shared_mlp is not None and self.shared_beside and flat.is_cuda
-                and flat.shape[0] <= SHARED_BESIDE_MAX_ROWS):
-            shared = self.shared_mlp.beside(flat)       # queued first: it overlaps everything below
         ids, weights = self.route(flat)
         chunk = self.token_chunk
         if chunk is None or flat.shape[0] <= chunk:
@@ -265,10 +217,7 @@ class MoE(nn.Module):
         else:
             out = torch.cat([self.experts(flat[i:i + chunk], ids[i:i + chunk], weights[i:i + chunk])
                              for i in range(0, flat.shape[0], chunk)])
-        if shared is not None:
-            join_side_stream_(shared, out)     # after the routed experts (`out` orders it)
-            out = out + shared
-        elif self.shared_mlp is not None:
+        if self.shared_mlp is not None:
             out = out + self.shared_mlp(flat)
         return out.view_as(x)
 
