@@ -681,6 +681,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "vae_layout": args.vae_layout, "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
         "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
+        "cfg_mode": args.cfg_mode,      # None: the default (serial; one row on a CFG-distilled checkpoint)
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),
         "timings_ms": {k: t.get(k, 0.0) for k in ("ar_prefill", "ar_decode_per_token", "denoise_step",

@@ -195,7 +195,7 @@ def test_the_cli_runs_it_under_ulysses_on_two_ranks(tiny_checkpoint, monkeypatch
                  "--max-new-tokens", "2", "--image-size", "256x256", "--check", "--output", str(tmp_path / "i.png"),
                  "--report", str(report)]) == 0
     r = json.loads(report.read_text())
-    assert r["attention_dtype"] == "fp8" and r["dense_dtype"] == "model"
+    assert r["attention_dtype"] == "fp8" and r["dense_dtype"] == "model" and r["cfg_mode"] is None
     assert r["check"]["rel_l2_logits"] < 1e-5 and r["check"]["rel_l2_velocity"] < 0.01, r["check"]
 
 
