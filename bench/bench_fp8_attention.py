@@ -38,9 +38,7 @@ def _sweep_tiles():
     # (registers a thread, from the cubins: m64-n128 231, m64-n64 160: three programs an SM)
     return [T(64, 128, 4, 3), T(64, 128, 4, 3, tma=False), T(64, 128, 4, 3, magic=False), T(64, 128, 4, 2, maxnreg=168),
             T(64, 64, 4, 2), T(64, 64, 4, 3), T(64, 64, 4, 4), T(64, 64, 4, 3, magic=False), T(64, 64, 4, 2, maxnreg=128),
-            T(64, 64, 4, 3, maxnreg=128), T(128, 64, 4, 3), T(128, 64, 4, 4, tma=False), T(128, 128, 8, 4),
-            T(64, 128, 4, 3, lazy_tau=1.0), T(64, 128, 4, 3, lazy_tau=2.0), T(64, 128, 4, 2, maxnreg=168, lazy_tau=2.0),
-            T(64, 64, 4, 3, lazy_tau=2.0)]
+            T(64, 64, 4, 3, maxnreg=128), T(128, 64, 4, 3), T(128, 64, 4, 4, tma=False), T(128, 128, 8, 4)]
 
 
 def _time(fn, iters):
@@ -59,8 +57,7 @@ def _time(fn, iters):
 
 def _tiles_name(t) -> str:
     return (f"m{t.block_m}-n{t.block_n}-w{t.num_warps}-s{t.num_stages}" + ("-tma" if t.tma else "-ptr")
-            + ("" if t.magic else "-i2f") + (f"-r{t.maxnreg}" if t.maxnreg else "")
-            + (f"-lazy{t.lazy_tau:g}" if t.lazy_tau else ""))
+            + ("" if t.magic else "-i2f") + (f"-r{t.maxnreg}" if t.maxnreg else ""))
 
 
 def main(argv=None) -> int:

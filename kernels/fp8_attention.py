@@ -93,12 +93,8 @@ class AttentionTiles:
     tma: bool = True
     magic: bool = True
     maxnreg: int | None = None
-    lazy_tau: float = 0.0
 
     def problem(self) -> str | None:
-        if self.lazy_tau < 0 or (self.lazy_tau and not self.magic):
-            return (f"FP8 attention's lazy rescale needs lazy_tau >= 0 and the bit-trick logits (magic=True), "
-                    f"got lazy_tau={self.lazy_tau}, magic={self.magic}")
         if SCALE_M % self.block_m or SCALE_N % self.block_n:
             return (f"FP8 attention tiles {self.block_m} x {self.block_n} must divide the scale blocks "
                     f"{SCALE_M} x {SCALE_N}")
@@ -206,28 +202,12 @@ def _logits(q, k_desc, k_ptr, kv_row0, n0, HEAD_DIM: tl.constexpr, BLOCK_M: tl.c
 @triton.jit
 def _softmax_pv(acc, l_i, m_i, s, scale, vt_desc, vt_ptr, vt_row0, stride_vd, n0, sk,
                 HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PV_FP8: tl.constexpr,
-                TMA: tl.constexpr, MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr, LAZY_TAU: tl.constexpr):
+                TMA: tl.constexpr, MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr):
     """One step of the online softmax: the int32 logits `s` of key block n0 (times `scale`,
     log2 domain) into the row max m_i, the row sums l_i and acc += P V; MASKED: keys >= sk
     hidden (the last, partial block only)."""
     cols = tl.arange(0, BLOCK_N)
-    if MAGIC and LAZY_TAU > 0:
-        if MASKED:
-            s = tl.where((n0 + cols)[None, :] < sk, s, MAGIC_BITS - (1 << 22))
-        m_blk = (tl.max(s, axis=1) - MAGIC_BITS).to(tl.float32) * scale
-        # The max P is scaled against lags the rows' true maxima by at most LAZY_TAU (log2):
-        # acc and l_i are rescaled only when some row's max grew by more than that, and P is
-        # made as P * 448 / 2^TAU, at most 448 (e4m3's largest) either way.
-        if tl.max(m_blk - m_i, axis=0) > LAZY_TAU:
-            m_new = tl.maximum(m_i, m_blk)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-        else:
-            m_new = m_i
-        shift = MAGIC_FLOAT * scale + (m_new - (LOG2_FP8_MAX_C - LAZY_TAU))
-        p = tl.exp2(s.to(tl.float32, bitcast=True) * scale - shift[:, None])
-    elif MAGIC:
+    if MAGIC:
         if MASKED:
             s = tl.where((n0 + cols)[None, :] < sk, s, MAGIC_BITS - (1 << 22))
         m_new = tl.maximum(m_i, (tl.max(s, axis=1) - MAGIC_BITS).to(tl.float32) * scale)
@@ -242,12 +222,9 @@ def _softmax_pv(acc, l_i, m_i, s, scale, vt_desc, vt_ptr, vt_row0, stride_vd, n0
         p = tl.exp2(s - (m_new - LOG2_FP8_MAX_C)[:, None])
     if MASKED:
         p = tl.where((n0 + cols)[None, :] < sk, p, 0.0)
-    if MAGIC and LAZY_TAU > 0:
-        l_i = l_i + tl.sum(p, axis=1)
-    else:
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
     if TMA:
         vt = vt_desc.load([vt_row0.to(tl.int32), n0])                                      # [D, BLOCK_N]
     else:
@@ -265,13 +242,13 @@ def _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_p
                  stride_vd, lo, hi, sk,
                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SCALE_N: tl.constexpr,
                  MASKED: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr, MAGIC: tl.constexpr,
-                 ROUND_FIRST: tl.constexpr, LAZY_TAU: tl.constexpr):
+                 ROUND_FIRST: tl.constexpr):
     """The online softmax over key rows [lo, hi) in BLOCK_N steps."""
     for n0 in range(lo, hi, BLOCK_N):
         s = _logits(q, k_desc, k_ptr, kv_row0, n0, HEAD_DIM, BLOCK_M, BLOCK_N, TMA, MAGIC)
         scale = q_scale * tl.load(ks_ptr + n0 // SCALE_N)
         acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, scale, vt_desc, vt_ptr, vt_row0, stride_vd, n0, sk,
-                                    HEAD_DIM, BLOCK_N, MASKED, PV_FP8, TMA, MAGIC, ROUND_FIRST, LAZY_TAU)
+                                    HEAD_DIM, BLOCK_N, MASKED, PV_FP8, TMA, MAGIC, ROUND_FIRST)
     return acc, l_i, m_i
 
 
@@ -281,7 +258,7 @@ def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc,
                           stride_ob, stride_oh, stride_os,
                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           SCALE_M: tl.constexpr, SCALE_N: tl.constexpr, PV_FP8: tl.constexpr, TMA: tl.constexpr,
-                          MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr, LAZY_TAU: tl.constexpr):
+                          MAGIC: tl.constexpr, ROUND_FIRST: tl.constexpr):
     """One program: BLOCK_M query rows of one (batch, query head), every key of its KV head.
     Q, K, V^T are read as 2-D [rows, D] / [D rows, keys] matrices (padded: no load masks)."""
     m0 = tl.program_id(0) * BLOCK_M
@@ -305,11 +282,11 @@ def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc,
     whole = sk - sk % BLOCK_N
     acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
                                  vt_row0, stride_vd, 0, whole, sk, HEAD_DIM, BLOCK_M, BLOCK_N, SCALE_N, False,
-                                 PV_FP8, TMA, MAGIC, ROUND_FIRST, LAZY_TAU)
+                                 PV_FP8, TMA, MAGIC, ROUND_FIRST)
     if whole < sk:
         acc, l_i, m_i = _attend_keys(acc, l_i, m_i, q, q_scale, k_desc, k_ptr, ks_ptr, vt_desc, vt_ptr, kv_row0,
                                      vt_row0, stride_vd, whole, whole + BLOCK_N, sk, HEAD_DIM, BLOCK_M, BLOCK_N,
-                                     SCALE_N, True, PV_FP8, TMA, MAGIC, ROUND_FIRST, LAZY_TAU)
+                                     SCALE_N, True, PV_FP8, TMA, MAGIC, ROUND_FIRST)
     v_scale = tl.load(vs_ptr + kv_bh * HEAD_DIM + dims)
     out = acc / l_i[:, None] * v_scale[None, :]     # P's 448 is in both acc and l_i
     tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + dims[None, :],
@@ -344,7 +321,7 @@ def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: in
         out.stride(0), out.stride(2), out.stride(1),
         HEAD_DIM=D, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SCALE_M=SCALE_M, SCALE_N=SCALE_N,
         PV_FP8=vt8.dtype == FP8_DTYPE, TMA=tiles.tma, MAGIC=tiles.magic,
-        ROUND_FIRST=INTERPRETED, LAZY_TAU=float(tiles.lazy_tau),
+        ROUND_FIRST=INTERPRETED,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
         **({} if tiles.maxnreg is None or INTERPRETED else {"maxnreg": tiles.maxnreg}))
     return out, compiled

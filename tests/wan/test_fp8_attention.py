@@ -49,8 +49,8 @@ def test_kernel_matches_reference_and_stays_near_exact(B, H, Sq, Sk, D, pv, vs_r
 
 
 @pytest.mark.parametrize("tiles", [dict(), dict(tma=True), dict(magic=False), dict(block_m=8, block_n=8), dict(block_m=8, tma=True),
-                                   dict(magic=False, block_n=8), dict(lazy_tau=2.0, block_n=8), dict(lazy_tau=2.0, tma=True)],
-                         ids=["pointers", "tma", "i2f", "tiles8", "tiles8-16-tma", "i2f-n8", "lazy-n8", "lazy-tma"])
+                                   dict(magic=False, block_n=8)],
+                         ids=["pointers", "tma", "i2f", "tiles8", "tiles8-16-tma", "i2f-n8"])
 def test_gqa_and_every_kernel_variant_match_the_reference(tiles):
     """GQA (4 query heads over 2 KV heads: each reads its group's K/V) with each of the
     kernel's variants: TMA descriptors or pointers, the logits' bit trick or I2F, tiles
@@ -154,9 +154,8 @@ def test_gpu_kernel_at_a_wan_shape_against_sdpa(pv, bound):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [dict(tma=False), dict(magic=False), dict(block_n=64, num_warps=4),
-                                   dict(block_m=64, num_warps=4, tma=False), dict(block_m=64, block_n=64, maxnreg=128),
-                                   dict(lazy_tau=2.0)],
-                         ids=["pointers", "i2f", "n64", "m64", "m64-n64-maxnreg", "lazy"])
+                                   dict(block_m=64, num_warps=4, tma=False), dict(block_m=64, block_n=64, maxnreg=128)],
+                         ids=["pointers", "i2f", "n64", "m64", "m64-n64-maxnreg"])
 def test_gpu_kernel_variants_match_the_default(tiles):
     """Each variant of the kernel compiles on the GPU stack (triton 3.6) and computes what the
     default tiles do (bound 0.03: 64-key steps round P against other running maxima).""" 
