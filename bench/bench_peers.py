@@ -1,7 +1,8 @@
 """dtgen's Wan DiT against diffusers' WanTransformer3DModel, in one process on one GPU.
 
     python -m bench.bench_peers [--models 1.3B,14B-8] [--modes eager,regions,whole]
-                                [--variants bf16,dense-fp8,attn-fp8,attn-fp8-pv16,fp8] [--batch 1] [--out F]
+                                [--variants bf16,dense-fp8,attn-fp8,attn-fp8-pv16,fp8] [--batch 1]
+                                [--profile TOP] [--out F]
     python -m bench.bench_peers --tiny       # CPU, float32, small shapes (a check that it runs)
 
 Both models hold the same weights (dtgen's random DiT, N(0, 0.02) matrices, copied into
@@ -23,6 +24,8 @@ INT8 QK + FP8 PV: `--attention-dtype fp8`); "attn-fp8-pv16" (INT8 QK + FP16 PV);
 the relative L2 of the output against dtgen's bf16 run of the same mode (and bf16 dtgen
 against diffusers). `--batch 2` runs both CFG rows as one batch in both (what dtgen's
 pipeline does; diffusers' WanPipeline makes two calls of batch 1): then ms is per row.
+`--profile TOP` (GPU): one more forward of each row under torch.profiler, its kernel time
+grouped (attention, GEMMs, inductor's fused kernels, other) and its TOP kernels in the JSON.
 
 Needs diffusers 0.42.1 (a test extra; pure Python; the GPU image has none: pip install
 --no-deps --target DIR the wheel and put DIR on PYTHONPATH). Compile time: each mode x
@@ -110,6 +113,35 @@ def _timed(fn, iters: int, cuda: bool) -> tuple[float, torch.Tensor]:
     return statistics.median(times), out
 
 
+def _kernel_kind(name: str) -> str:
+    """A Wan forward's kernels by what they do (the profile's grouping)."""
+    n = name.lower()
+    if "attention" in n or "sdpa" in n or "flash" in n or "fmha" in n:
+        return "attention"
+    if any(k in n for k in ("nvjet", "gemm", "cutlass", "xmma", "scaled_mm", "matmul")):
+        return "gemm"
+    if n.startswith("triton_"):
+        return "inductor (norms, modulation, RoPE, quantization, residuals)"
+    return "other"
+
+
+def _profile(fn, top: int) -> dict:
+    """One forward under torch.profiler: kernel time by kind and the `top` kernels (ms a forward)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.key, e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()
+                      if e.self_device_time_total > 0), key=lambda r: -r[1])
+    kinds: dict[str, float] = {}
+    for name, ms, _ in kernels:
+        kinds[_kernel_kind(name)] = kinds.get(_kernel_kind(name), 0.0) + ms
+    return {"kernels_ms": round(sum(ms for _, ms, _ in kernels), 2),
+            "by_kind_ms": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top": [(name[:100], round(ms, 3), n) for name, ms, n in kernels[:top]]}
+
+
 def set_attention(dit, variant: str) -> None:
     """The blocks' self-attention cores for `variant` (SDPA, or FP8 attention)."""
     from dtgen.attention import LocalAttention
@@ -133,6 +165,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1, help="rows per forward in both (2: both CFG rows at once)")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="CPU, float32, the tiny model at a small latent")
+    p.add_argument("--profile", type=int, default=0, metavar="TOP",
+                   help="GPU: after each timed row, one more forward under torch.profiler; the row gets its "
+                        "kernel time by kind and its TOP kernels")
     p.add_argument("--out", default=None, help="write the JSON here")
     args = p.parse_args(argv)
     models, modes, variants = (args.models.split(","), args.modes.split(","), args.variants.split(","))
@@ -220,6 +255,10 @@ def main(argv=None) -> int:
                 wall = time.perf_counter() - t0
                 rows.append({"model": model, "mode": mode, "who": "diffusers", "variant": "bf16",
                              "ms": round(ref_ms / args.batch, 2), "wall_s": round(wall, 1)})
+                if args.profile and cuda:
+                    rows[-1]["profile"] = _profile(lambda: theirs_fn(hidden_states=x, timestep=t,
+                                                                     encoder_hidden_states=text, return_dict=False),
+                                                   args.profile)
                 print(f"{model:6s} {mode:8s} diffusers {'bf16':14s} {ref_ms / args.batch:9.2f} ms"
                       f"   ({wall:.0f} s with warm-up)", flush=True)
                 dump()
@@ -232,6 +271,7 @@ def main(argv=None) -> int:
                     t0 = time.perf_counter()
                     ms, out = _timed(lambda: fn(x, t, text), args.iters, cuda)
                     wall = time.perf_counter() - t0
+                    profiled = _profile(lambda: fn(x, t, text), args.profile) if args.profile and cuda else None
                     dit.run_block = run_block
                     set_attention(dit, "bf16")
                     if variant == "bf16":
@@ -243,6 +283,10 @@ def main(argv=None) -> int:
                            "rel_l2_vs_diffusers": float((out.float() - ref_out.float()).norm()
                                                         / ref_out.float().norm()),
                            "wall_s": round(wall, 1)}
+                    if profiled:
+                        row["profile"] = profiled
+                        print("    kernels by kind (ms a forward): " + ", ".join(
+                            f"{k} {v:.1f}" for k, v in profiled["by_kind_ms"].items()), flush=True)
                     rows.append(row)
                     err = row["rel_l2_vs_dtgen_bf16"]
                     print(f"{model:6s} {mode:8s} dtgen     {variant:14s} {row['ms']:9.2f} ms  dtgen/diffusers "

@@ -73,6 +73,10 @@ S19_WAN_PEERS = f"{S19}/call3_wan_peers.json"
 S19_DECODE_PDL = (f"{S19}/call4_decode_dense_fp8_pdl1_34.json", f"{S19}/call4_decode_dense_fp8_pdl0_80.json",
                   f"{S19}/call4_decode_dense_fp8_pdl1_112.json")
 S19_T2I5, S19_TI2I5 = f"{S19}/call5_t2i_attn_fp8.json", f"{S19}/call5_ti2i_attn_fp8.json"
+S20 = "h200-2026-12-03-session20"
+S20_DECODE2, S20_DECODE3 = f"{S20}/call2_decode_dense_fp8.json", f"{S20}/call3_decode_dense_fp8.json"
+S20_T2I5, S20_TI2I5 = f"{S20}/call5_t2i_cfg_batch.json", f"{S20}/call5_ti2i_cfg_batch.json"
+S20_ATT6 = f"{S20}/call6_bench_fp8_attention_sweep.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -113,6 +117,12 @@ S19_CALL3_PREFIX = ("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py;
 S19_CALL5 = ('T2I_KINDS=fp8 T2I_ARGS="--attention-dtype fp8" T2I_LIMIT=200 TI2I_ARGS="--prompt redder --prompt redder '
              '--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --attention-dtype fp8" TI2I_LIMIT=200 '
              f'{_S15_SCRIPT} ti2i,t2i')
+
+S20_CALL23 = ('TESTS="tests/hunyuan_image3/test_shared_beside.py ..." DECODE_KINDS=fp8 DECODE_ARGS="--shared-expert '
+              f'beside,inline,beside" DECODE_LIMIT=200 {_S15_SCRIPT} tests,decode')
+S20_CALL5 = ('T2I_KINDS=fp8 T2I_ARGS="--attention-dtype fp8 --cfg-mode batch" T2I_LIMIT=230 TI2I_ARGS="--prompt redder '
+             '--prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --attention-dtype fp8 --cfg-mode '
+             f'batch" TI2I_LIMIT=230 {_S15_SCRIPT} t2i,ti2i')
 
 # bench_decode's dense-FP8 stage of bench/run_gpu_session14.sh
 DECODE_FP8_CMD = ("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
@@ -243,6 +253,22 @@ RUNS: dict[str, RunInfo] = {
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
                        "--attention-dtype fp8 --report $OUT/ti2i_dense_fp8.json", software=GPU_IMAGE),
+    # one H200, 2026-12-03, session 20 (the README in its folder says which code each call ran)
+    **{f: RunInfo(f"{S20_CALL23}: {DECODE_FP8_CMD} --shared-expert beside,inline,beside (the side-stream commit "
+                  f"f694790, {what}; reverted in ffe0a5b)", software=GPU_IMAGE)
+       for f, what in ((S20_DECODE2, "its side op sunk by inductor to the join"),
+                       (S20_DECODE3, "the side op first, the join after the routed experts"))},
+    S20_T2I5: RunInfo(f"{S20_CALL5}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                      "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
+                      "--attention-dtype fp8 --cfg-mode batch --dense-dtype fp8 --report $OUT/t2i_dense_fp8.json",
+                      software=GPU_IMAGE),
+    S20_TI2I5: RunInfo(f"{S20_CALL5}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+                       "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
+                       "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
+                       "--attention-dtype fp8 --cfg-mode batch --report $OUT/ti2i_dense_fp8.json", software=GPU_IMAGE),
+    S20_ATT6: RunInfo("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py; python -m bench.bench_fp8_attention "
+                      "--shapes 1.3B,hy-t2i --sweep --iters 10 (the lazy-rescale commit 3e083ca, reverted after it)",
+                      software=GPU_IMAGE),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -2374,7 +2400,7 @@ S19_DEFAULT = "sweep-m64-n128-w4-s3-tma"   # the default tiles from call 3 on; c
 
 # the shapes each attention file holds
 S19_FILE_SHAPES = {S19_ATT1: S19_SHAPES, S19_ATT2: S19_SHAPES, S19_ATT3: ("1.3B", "hy-t2i", "hy-ti2i"),
-                   S11_FP8_ATTENTION: ("1.3B", "14B")}
+                   S11_FP8_ATTENTION: ("1.3B", "14B"), S20_ATT6: ("1.3B", "hy-t2i")}
 
 
 def _att(file, run, key="ms", fmt="{:.2f} ms"):
@@ -2511,4 +2537,88 @@ TABLES += [
     ], note="The decode GEMV read its first weight chunk before `griddepcontrol.wait` and launched with "
             "`launch_pdl` (commit 4e2578b): on, the step took ~0.1 ms more at the same device time, so it was "
             "reverted (3e793c6). Each row: four runs of 8 tokens, the median and the range."),
+]
+
+
+# ---- one H200, 2026-12-03, session 20 ----------------------------------------------------------------
+S20_DECODE_ROWS = ((S20_DECODE2, "triton", "call 2: beside, the side op sunk by inductor to just before its join "
+                                          "(the process's second beside run)"),
+                   (S20_DECODE2, "triton+inline", "call 2: in line (main's path)"),
+                   (S20_DECODE3, "triton", "call 3: **beside, the side op first and the join after the routed experts**"),
+                   (S20_DECODE3, "triton+inline", "call 3: in line (main's path)"))
+S20_ATT_SHAPES = ("1.3B", "hy-t2i")
+
+
+def _s20_att(run, key="ms", fmt="{:.2f} ms"):
+    return [Value(fp8_run(shape, run, key), fmt, file=S20_ATT6) for shape in S20_ATT_SHAPES]
+
+
+TABLES += [
+    Table("s20-decode-side-stream", ["the AR decode step (bench_decode, dense FP8), HunyuanImage-3's shared expert "
+                                     "on a side stream (beside) or in line, one H200", "step", "device (kernel time "
+                                     "summed over both streams)", "launches", "target (issue 29)"], [
+        Row([label, Runs([(f, f'impls["{key}"].step_ms.runs[{r}]') for r in range(4)], "{:.3f}", " ms"),
+             Value(f'impls["{key}"].device_ms', "{:.2f} ms", file=f),
+             Value(f'impls["{key}"].kernel_launches_per_step', "{:.0f}", file=f),
+             goal("<= 5.0", Value(f'impls["{key}"].step_ms.median', file=f), 5.0)])
+        for f, key, label in S20_DECODE_ROWS
+    ], note="One process a call runs beside, in line, beside (`--shared-expert beside,inline,beside`); each row four "
+            "runs of 8 tokens, the median and the range. Call 2 keeps its third run (its first, 5.432 ms, is in "
+            "`call2_logs.tgz`); call 3's third run failed to record its CUDA graph (a second recording of the "
+            "side stream in one process), so it has none. Beside, the side branch is a Triton quantization, the "
+            "gate/up GEMV, SiLU and multiply, a quantization and the down GEMV (eager, on the side stream)."),
+    Table("s20-cfg-batch", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, FP8 attention, compiled, one H200",
+                            "`--cfg-mode batch` (call 5)", "serial CFG, the default (session 19 call 5)",
+                            "target (issue 29)"], [
+        Row(["T2I: DiT full step", Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S20_T2I5),
+             Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S19_T2I5),
+             goal("<= 280", Value("timings_ms.denoise_full_step", file=S20_T2I5), 280.0)]),
+        Row(["T2I: the first (whole-sequence) step", Value("timings_ms.denoise_first_step", "{:.1f} ms", file=S20_T2I5),
+             Value("timings_ms.denoise_first_step", "{:.1f} ms", file=S19_T2I5), ""]),
+        Row(["T2I: AR decode a token", Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S20_T2I5),
+             Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S19_T2I5), "<= 5.0"]),
+        Row(["T2I: the process's peak (no lean levers)", Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB",
+                                                                scale=1e-9, file=S20_T2I5),
+             Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S19_T2I5), ""]),
+        Row(["edit, requests 1 / 2: DiT full step",
+             Join([Value(f"requests[{i}].timings_ms.denoise_full_step", "{:.1f}", file=S20_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"),
+             Join([Value(f"requests[{i}].timings_ms.denoise_full_step", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"),
+             goal("<= 350", Runs([(S20_TI2I5, f"requests[{i}].timings_ms.denoise_full_step") for i in (0, 1)]),
+                  350.0)]),
+        Row(["edit, requests 1 / 2: condition encode",
+             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S20_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"),
+             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
+                  " / ", suffix=" ms"), "<= 200"]),
+        Row(["edit: the process's peak (`--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4`)",
+             Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S20_TI2I5),
+             Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S19_TI2I5),
+             goal("<= 92", Value("peak_memory_bytes_per_rank[0]", scale=1e-9, file=S20_TI2I5), 92.0)]),
+    ], note="One run each, the same commands but for `--cfg-mode batch` (the two CFG branches as one batch of 2 "
+            "rows through every layer). The condition encode runs no CFG: its two figures differ by run "
+            "(session 18's five runs: 183.5-231.3 ms, `s18-lean-ar`)."),
+    Table("s20-attention-lazy", ["the FP8 attention kernel alone, one H200, call 6 (ms a call)",
+                                 "Wan 1.3B: 12 heads, 32760 x 32760", "HunyuanImage-3 T2I denoise: 32 / 8 heads, "
+                                 "4098 x 5606"], [
+        Row(["SDPA bf16, cuDNN"] + _s20_att("sdpa-cudnn_attention")),
+        Row(["the default tiles (64 x 128, 3 stages), as `fp8-kernel` / in the sweep"]
+            + [Join([Value(fp8_run(shape, r, "ms"), "{:.2f}", file=S20_ATT6)
+                     for r in ("fp8-kernel", "sweep-m64-n128-w4-s3-tma")], " / ", suffix=" ms")
+               for shape in S20_ATT_SHAPES]),
+        Row(["... 2 stages, registers capped at 168 (three programs an SM)"]
+            + _s20_att("sweep-m64-n128-w4-s2-tma-r168")),
+        Row(["... lazy rescale, tau = 1"] + _s20_att("sweep-m64-n128-w4-s3-tma-lazy1")),
+        Row(["... lazy rescale, tau = 2"] + _s20_att("sweep-m64-n128-w4-s3-tma-lazy2")),
+        Row(["... lazy rescale, tau = 2, 2 stages, 168 registers"]
+            + _s20_att("sweep-m64-n128-w4-s2-tma-r168-lazy2")),
+        Row(["rel. L2 vs fp32 SDPA math: default / lazy tau = 2"]
+            + [Join([Value(fp8_run(shape, r, "rel_l2_vs_fp32"), "{:.2%}", file=S20_ATT6)
+                     for r in ("fp8-kernel", "sweep-m64-n128-w4-s3-tma-lazy2")], " / ") for shape in S20_ATT_SHAPES]),
+    ], note="bench/bench_fp8_attention.py --sweep, as `s19-fp8-attention` (each figure the median of 10 calls). The "
+            "lazy rescale (commit 3e083ca, reverted) rescaled acc and the row sums only when some row's max grew by "
+            "more than tau (log2) and made P as P * 448 / 2^tau; its SASS has 544 instructions an iteration on "
+            "that path against 592, but the block-wide max needs a shared-memory round and a barrier every "
+            "iteration, which cost more."),
 ]

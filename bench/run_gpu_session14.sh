@@ -33,6 +33,7 @@
 #         linears, a random 1024x1024 reference, 256 AR tokens, 10 steps) with TI2I_ARGS
 #         (e.g. "--profile /tmp/prof --profile-top 40": each phase's kernels, the condition's too).
 # NO_VAE_PROBE=1: the vae stage without its probe (the suite alone).
+# WAN_ARGS (session 20): more flags for the wanpeers stage (e.g. "--profile 12").
 # DECODE_ARGS, DECODE_LIMIT (session 20): more flags for the decode stage's dense-FP8 run (e.g.
 #         "--tokens 128") and its time limit.
 # MEMORY_ARGS: more flags for bench_memory (e.g. "--repeats 2").
@@ -109,7 +110,8 @@ ti2i)
   ;;
 wanpeers)
   TAIL=20 step wan_peers "${WAN_LIMIT:-300}" python3 -m bench.bench_peers --models "${WAN_MODELS:-1.3B,14B-8}" \
-      --modes "${WAN_MODES:-regions}" --variants "${WAN_VARIANTS:-bf16,dense-fp8,attn-fp8,fp8}" --out "$OUT/wan_peers.json"
+      --modes "${WAN_MODES:-regions}" --variants "${WAN_VARIANTS:-bf16,dense-fp8,attn-fp8,fp8}" ${WAN_ARGS:-} \
+      --out "$OUT/wan_peers.json"
   ;;
 *) echo "unknown stage $stage (tests, micro, decode, peers, t2i, prologue, serve, vae, memory, wanpeers, ti2i)"; exit 2 ;;
 esac; done
