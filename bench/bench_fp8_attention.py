@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     D = HEAD_DIM
     result = {"what": "attention: FP8 attention vs SDPA bf16", "command": "python -m bench.bench_fp8_attention "
               + " ".join(argv if argv is not None else sys.argv[1:]), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "head_dim": D, "default_tiles": _tiles_name(fa.DEFAULT_TILES), "shapes": {}}
+              "torch": torch.__version__, "head_dim": D, "default_tiles": _tiles_name(fa.DEFAULT_TILES),
+              "long_key_tiles": f"{_tiles_name(fa.LONG_KEY_TILES)} from {fa.LONG_KEYS} keys", "shapes": {}}
     try:
         import triton
         result["triton"] = triton.__version__
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
         with_compiled_quant = torch.compile(fa.fp8_attention, fullgraph=True, dynamic=False)
         runs["fp8-pv-fp8-cq"] = lambda: with_compiled_quant(q, k, v, pv="fp8")
         operands = fa.quantize_qkv(q, k, v)
-        kernel_runs = {"fp8-kernel": fa.DEFAULT_TILES}
+        kernel_runs = {"fp8-kernel": fa.default_tiles(Sk)}     # the op's tiles for this key count
         if args.sweep:
             kernel_runs.update({f"sweep-{_tiles_name(t)}": t for t in _sweep_tiles()})
         for run, tiles in kernel_runs.items():

@@ -108,6 +108,17 @@ class AttentionTiles:
 # and shared memory), and one's softmax runs while the other's tensor-core work does.
 DEFAULT_TILES = (AttentionTiles(num_stages=1, tma=False) if INTERPRETED else
                  AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=3))
+# Long key sequences (Wan's 32760 keys at 480p): 2 stages and at most 168 registers a thread (no
+# spills) let three programs share an SM: 7.96 / 8.08 ms against 8.21-8.36 at Wan 1.3B's shape
+# (sessions 19 and 20, `s20-attention-lazy`); at HunyuanImage-3's 5606 / 9702 keys the default's
+# deeper pipeline is faster (0.56-0.60 against 0.63-0.68 ms; 0.92 against 0.94).
+LONG_KEYS = 16384
+LONG_KEY_TILES = AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=2, maxnreg=168)
+
+
+def default_tiles(sk: int, gpu: bool = not INTERPRETED) -> AttentionTiles:
+    """The kernel's tiles for `sk` keys: LONG_KEY_TILES from LONG_KEYS keys on (GPU), else DEFAULT_TILES."""
+    return LONG_KEY_TILES if gpu and sk >= LONG_KEYS else DEFAULT_TILES
 
 
 def attention_fp8_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -294,15 +305,17 @@ def _fp8_attention_kernel(q_desc, q_ptr, qs_ptr, k_desc, k_ptr, ks_ptr, vt_desc,
 
 
 def _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
-                          dtype: torch.dtype, tiles: AttentionTiles = DEFAULT_TILES) -> torch.Tensor:
-    """The kernel over `quantize_qkv`'s operands -> out [B, Sq, Hq, D] (the attention cores' layout)."""
+                          dtype: torch.dtype, tiles: AttentionTiles | None = None) -> torch.Tensor:
+    """The kernel over `quantize_qkv`'s operands -> out [B, Sq, Hq, D] (the attention cores' layout);
+    tiles None: `default_tiles(sk)`."""
     return launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype, tiles)[0]
 
 
 def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
-                         dtype: torch.dtype, tiles: AttentionTiles = DEFAULT_TILES):
+                         dtype: torch.dtype, tiles: AttentionTiles | None = None):
     """`_fp8_attention_triton`, and the compiled kernel it ran (a benchmark reads its registers
     and spills; the interpreter returns None)."""
+    tiles = tiles or default_tiles(sk)
     problem = tiles.problem()
     if problem:
         raise ValueError(problem)

@@ -68,6 +68,15 @@ def test_gqa_and_every_kernel_variant_match_the_reference(tiles):
     assert rel(ref, exact) < 0.06
 
 
+def test_long_key_sequences_get_their_own_tiles_on_the_gpu():
+    """From LONG_KEYS keys on the GPU runs LONG_KEY_TILES (three programs an SM); shorter
+    sequences, and the interpreter, the default tiles."""
+    from kernels.fp8_attention import DEFAULT_TILES, LONG_KEY_TILES, LONG_KEYS, default_tiles
+    assert default_tiles(LONG_KEYS, gpu=True) == LONG_KEY_TILES == default_tiles(32760, gpu=True)
+    assert default_tiles(LONG_KEYS - 1, gpu=True) == DEFAULT_TILES == default_tiles(32760, gpu=False)
+    assert LONG_KEY_TILES.maxnreg == 168 and LONG_KEY_TILES.num_stages == 2
+
+
 def test_opcheck_and_refusals():
     q, k, v = _qkv(1, 2, 7, 9, 64)
     from kernels.fp8_attention import AttentionTiles, _fp8_attention_triton, quantize_qkv
@@ -154,8 +163,9 @@ def test_gpu_kernel_at_a_wan_shape_against_sdpa(pv, bound):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tiles", [dict(tma=False), dict(magic=False), dict(block_n=64, num_warps=4),
-                                   dict(block_m=64, num_warps=4, tma=False), dict(block_m=64, block_n=64, maxnreg=128)],
-                         ids=["pointers", "i2f", "n64", "m64", "m64-n64-maxnreg"])
+                                   dict(block_m=64, num_warps=4, tma=False), dict(block_m=64, block_n=64, maxnreg=128),
+                                   dict(block_m=64, num_warps=4, num_stages=2, maxnreg=168)],
+                         ids=["pointers", "i2f", "n64", "m64", "m64-n64-maxnreg", "long-key-tiles"])
 def test_gpu_kernel_variants_match_the_default(tiles):
     """Each variant of the kernel compiles on the GPU stack (triton 3.6) and computes what the
     default tiles do (bound 0.03: 64-key steps round P against other running maxima).""" 
