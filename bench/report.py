@@ -255,9 +255,10 @@ class Runs(Cell):
     refs: list[tuple[str, str]]
     fmt: str = "{:.1f}"
     unit: str = ""
+    scale: float = 1.0    # applied to every stored number (bytes -> GB: 1e-9)
 
     def numbers(self, src, file):
-        return [float(src.get(f, p)) for f, p in self.refs]
+        return [float(src.get(f, p)) * self.scale for f, p in self.refs]
 
     def render(self, src, file):
         values = self.numbers(src, file)

@@ -2622,3 +2622,72 @@ TABLES += [
             "that path against 592, but the block-wide max needs a shared-memory round and a barrier every "
             "iteration, which cost more."),
 ]
+
+
+# ---- issue 29: every target with every run on main's code (session 20's closing table) ----------------
+def _s29_runs(refs, fmt="{:.2f}", unit=" ms"):
+    return Runs(list(refs), fmt, unit)
+
+
+S29_DECODE_BENCH = [(S18_DECODE2, "impls.triton.step_ms.median"), (S19_DECODE_PDL[1], "impls.triton.step_ms.median"),
+                    (S20_DECODE2, 'impls["triton+inline"].step_ms.median'),
+                    (S20_DECODE3, 'impls["triton+inline"].step_ms.median')]
+S29_DECODE_CLI = [(S19_T2I5, "timings_ms.ar_decode_per_token"), (S20_T2I5, "timings_ms.ar_decode_per_token")]
+S29_T2I_DIT = [(S17_T2I, "timings_ms.denoise_full_step"), (S19_T2I5, "timings_ms.denoise_full_step")]
+S29_TI2I_DIT = [(f, f"requests[{i}].timings_ms.denoise_full_step") for f in (S18_TI2I3, S19_TI2I5) for i in (0, 1)]
+S29_TI2I_DIT_BATCH = [(S20_TI2I5, f"requests[{i}].timings_ms.denoise_full_step") for i in (0, 1)]
+S29_PEAKS = {run: [(f, f"rows[run={run},config=lean_ar,repeat={r}].peak_bytes") for f, repeats in
+                   ((S18_MEMORY1, (0, 1)), (S18_MEMORY2, (0, 1, 2))) for r in repeats] for run in ("t2i", "ti2i")}
+S29_COND = ([(S18_MEMORY1, f"rows[run=ti2i,config=lean_ar,repeat={r}].timings_ms.condition_encode") for r in (0, 1)]
+            + [(S18_MEMORY2, f"rows[run=ti2i,config=lean_ar,repeat={r}].timings_ms.condition_encode") for r in (0, 1, 2)]
+            + [(f, f"requests[{i}].timings_ms.condition_encode") for f in (S19_TI2I5, S20_TI2I5) for i in (0, 1)])
+S29_TI2I_AR = ([(S18_MEMORY2, f"rows[run=ti2i,config=lean_ar,repeat={r}].timings_ms.ar_decode_per_token")
+                for r in (0, 1, 2)]
+               + [(f, f"requests[{i}].timings_ms.ar_decode_per_token") for f in (S18_TI2I3, S19_TI2I5, S20_TI2I5)
+                  for i in (0, 1)])
+
+def _s29_peaks(run):
+    return Runs([(f, p) for f, p in S29_PEAKS[run]], "{:.2f}", " GB", scale=1e-9)
+
+
+TABLES += [
+    Table("s20-issue29", ["issue 29 target (one H200, 32 layers, FP8 experts, dense FP8, compiled regions)", "target",
+                          "every run on main's code", "verdict (the median)", "where it stops (the table that shows it)"], [
+        Row(["T2I AR decode a token, bench_decode (the median of each run)", "<= 5.0 ms",
+             _s29_runs(S29_DECODE_BENCH, "{:.3f}"), Verdict(_s29_runs(S29_DECODE_BENCH), 5.0),
+             "kernels 4.93-4.96 ms a step, floor 3.02 ms of bytes; the routed experts stream at 3.5-3.8 TB/s, the "
+             "dense GEMVs (12-25 MB each) at 2.3-2.8; three fusions, PDL and a side stream measured and dropped "
+             "(`s18-decode`, `s18-decode-fusions`, `s19-decode-pdl`, `s20-decode-side-stream`)"]),
+        Row(["T2I AR decode a token, the CLI", "<= 5.0 ms", _s29_runs(S29_DECODE_CLI),
+             Verdict(_s29_runs(S29_DECODE_CLI), 5.0), "as above"]),
+        Row(["T2I DiT full step, serial CFG (the default), without / with `--attention-dtype fp8`", "<= 280 ms", _s29_runs(S29_T2I_DIT, "{:.1f}"),
+             Verdict(_s29_runs(S29_T2I_DIT), 280.0),
+             "the routed experts' grouped GEMMs are 52% of the kernels at 842-868 TFLOP/s (whole tiles 919-998: "
+             "the Triton kernels' ceiling), cuDNN's attention 22%, cuBLAS's FP8 GEMMs 11% "
+             "(`s17-dit-profile`, `s9-targets`)"]),
+        Row(["... with `--cfg-mode batch`", "<= 280 ms", Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S20_T2I5),
+             Verdict(Value("timings_ms.denoise_full_step", file=S20_T2I5), 280.0), "(`s20-cfg-batch`)"]),
+        Row(["TI2I DiT full step, serial CFG, without / with `--attention-dtype fp8`", "<= 350 ms", _s29_runs(S29_TI2I_DIT, "{:.1f}"),
+             Verdict(_s29_runs(S29_TI2I_DIT), 350.0), "as the T2I step, over a longer key prefix "
+             "(`s18-ti2i-cli`, `s19-hy-attention`)"]),
+        Row(["... with `--cfg-mode batch`", "<= 350 ms", _s29_runs(S29_TI2I_DIT_BATCH, "{:.1f}"),
+             Verdict(_s29_runs(S29_TI2I_DIT_BATCH), 350.0), "its peak 93.12 GB (`s20-cfg-batch`)"]),
+        Row(["peak memory, T2I (`--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4`)", "<= 92 GB",
+             _s29_peaks("t2i"), Verdict(_s29_peaks("t2i"), PEAK_TARGET), "`s18-lean-ar`"]),
+        Row(["peak memory, TI2I (the same levers)", "<= 92 GB", _s29_peaks("ti2i"),
+             Verdict(_s29_peaks("ti2i"), PEAK_TARGET), "`s18-lean-ar`; `--cfg-mode batch` 93.12 GB (`s20-cfg-batch`)"]),
+        Row(["TI2I condition encode", "<= 200 ms", _s29_runs(S29_COND, "{:.1f}"), Verdict(_s29_runs(S29_COND), 200.0),
+             "`s18-lean-ar`, `s19-hy-attention`, `s20-cfg-batch`"]),
+        Row(["TI2I AR decode a token", "<= 6.0 ms", _s29_runs(S29_TI2I_AR), Verdict(_s29_runs(S29_TI2I_AR), 6.0),
+             "the 6.12 ms is a process's first request, which records the decode graph (`s18-lean-ar`)"]),
+        Row(["VAE decode 1024x1024, float32 (golden-exact)", "<= 150 ms",
+             Join([Value('runs[0].floor_ms_of_needed["tf32 (datasheet, dense)"]', "{:.0f} ms even at TF32's "
+                         "datasheet rate (not exact)", file=S16_VAE_FLOPS),
+                   Value('runs[0].floor_ms_of_needed["fp32 (datasheet, no tensor cores)"]', "{:.0f} ms in exact "
+                         "float32", file=S16_VAE_FLOPS)], "; ", prefix="floor "),
+             "below its floor", "the convolutions' FLOPs (`s16-vae-floor`); bf16 decode "
+             "171.4 ms compiled, 222.0 eager (`s18-vae-cl`)"]),
+    ], note="Each figure's runs are every measurement of main's code for that figure (the sessions' tables name "
+            "them; code since changed only in what those runs do not time); a verdict reads the median. The "
+            "decode bench rows are each run's own median of four; the DiT, AR and encode rows one request each."),
+]
