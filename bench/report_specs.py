@@ -2399,6 +2399,23 @@ TABLES += [
 ]
 
 
+def _two_requests(key, file, fmt="{:.1f}"):
+    """A CLI run's two requests' `timings_ms[key]`, "a / b ms"."""
+    return Join([Value(f"requests[{i}].timings_ms.{key}", fmt, file=file) for i in (0, 1)], " / ", suffix=" ms")
+
+
+def _wan_peer_cells(model, variant, earlier):
+    """A Wan-vs-diffusers row's first cells (the row's file: the run): model, variant, dtgen's ms,
+    diffusers' ms, the ratio, the ratio in `earlier`, the relative L2 (bf16: against diffusers)."""
+    return [model, f"**{variant}**" if variant == "bf16" else variant,
+            Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
+            Value(peer(model, "regions", "diffusers", "bf16", "ms"), "{:.1f} ms"),
+            Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "**{:.3f}**"),
+            Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}", file=earlier),
+            Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
+            if variant == "bf16" else Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}")]
+
+
 # ---- one H200, 2026-12-03, session 19 ----------------------------------------------------------------
 S19_SHAPES = ("1.3B", "14B", "hy-t2i", "hy-ti2i")
 S19_DEFAULT = "sweep-m64-n128-w4-s3-tma"   # the default tiles from call 3 on; call 2 ran them in its sweep
@@ -2470,14 +2487,8 @@ TABLES += [
     Table("s19-wan-peers", ["Wan (compiled: one region per block), one H200", "dtgen variant", "dtgen",
                             "diffusers (bf16)", "dtgen / diffusers", "session 17 (`s17-wan-peers`)",
                             "rel. L2 vs dtgen bf16", "target (issue 29)"], [
-        Row([model, f"**{variant}**" if variant == "bf16" else variant,
-             Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
-             Value(peer(model, "regions", "diffusers", "bf16", "ms"), "{:.1f} ms"),
-             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "**{:.3f}**"),
-             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}", file=S17_WAN_PEERS),
-             Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
-             if variant == "bf16" else Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}"),
-             _peer_target(model, "regions", variant)], file=S19_WAN_PEERS)
+        Row(_wan_peer_cells(model, variant, S17_WAN_PEERS) + [_peer_target(model, "regions", variant)],
+            file=S19_WAN_PEERS)
         for model in ("1.3B", "14B-8") for variant in ("bf16", "attn-fp8", "fp8")
     ] + [
         Row([model, "the fastest within 3% rel. L2", "", "",
@@ -2506,15 +2517,11 @@ TABLES += [
              Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms (`s18-ti2i-cli`)", file=S18_TI2I3),
              goal("<= 350", Value("requests[1].timings_ms.denoise_full_step", file=S19_TI2I5), 350.0)]),
         Row(["edit, requests 1 / 2: condition encode",
-             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"),
-             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S18_TI2I3) for i in (0, 1)],
-                  " / ", suffix=" ms"), "<= 200"]),
+             _two_requests("condition_encode", S19_TI2I5, "{:.1f}"),
+             _two_requests("condition_encode", S18_TI2I3, "{:.1f}"), "<= 200"]),
         Row(["edit, requests 1 / 2: AR decode a token",
-             Join([Value(f"requests[{i}].timings_ms.ar_decode_per_token", "{:.2f}", file=S19_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"),
-             Join([Value(f"requests[{i}].timings_ms.ar_decode_per_token", "{:.2f}", file=S18_TI2I3) for i in (0, 1)],
-                  " / ", suffix=" ms"), "<= 6.0"]),
+             _two_requests("ar_decode_per_token", S19_TI2I5, "{:.2f}"),
+             _two_requests("ar_decode_per_token", S18_TI2I3, "{:.2f}"), "<= 6.0"]),
         Row(["edit: the process's peak", Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9,
                                                 file=S19_TI2I5),
              Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S18_TI2I3), "<= 92"]),
@@ -2588,17 +2595,13 @@ TABLES += [
                                                                 scale=1e-9, file=S20_T2I5),
              Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S19_T2I5), ""]),
         Row(["edit, requests 1 / 2: DiT full step",
-             Join([Value(f"requests[{i}].timings_ms.denoise_full_step", "{:.1f}", file=S20_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"),
-             Join([Value(f"requests[{i}].timings_ms.denoise_full_step", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"),
+             _two_requests("denoise_full_step", S20_TI2I5, "{:.1f}"),
+             _two_requests("denoise_full_step", S19_TI2I5, "{:.1f}"),
              goal("<= 350", Runs([(S20_TI2I5, f"requests[{i}].timings_ms.denoise_full_step") for i in (0, 1)]),
                   350.0)]),
         Row(["edit, requests 1 / 2: condition encode",
-             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S20_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"),
-             Join([Value(f"requests[{i}].timings_ms.condition_encode", "{:.1f}", file=S19_TI2I5) for i in (0, 1)],
-                  " / ", suffix=" ms"), "<= 200"]),
+             _two_requests("condition_encode", S20_TI2I5, "{:.1f}"),
+             _two_requests("condition_encode", S19_TI2I5, "{:.1f}"), "<= 200"]),
         Row(["edit: the process's peak (`--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4`)",
              Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S20_TI2I5),
              Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S19_TI2I5),
@@ -2662,13 +2665,7 @@ TABLES += [
                       "diffusers (bf16)", "dtgen / diffusers", "session 19 (`s19-wan-peers`)", "rel. L2 vs dtgen bf16",
                       "kernels of one profiled forward: attention / GEMMs / inductor's fused kernels / other",
                       "target (issue 29)"], [
-        Row([model, f"**{variant}**" if variant == "bf16" else variant,
-             Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
-             Value(peer(model, "regions", "diffusers", "bf16", "ms"), "{:.1f} ms"),
-             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "**{:.3f}**"),
-             Value(peer(model, "regions", "dtgen", variant, "ratio_vs_diffusers"), "{:.3f}", file=S19_WAN_PEERS),
-             Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_diffusers"), "- (vs diffusers: {:.2%})")
-             if variant == "bf16" else Value(peer(model, "regions", "dtgen", variant, "rel_l2_vs_dtgen_bf16"), "{:.2%}"),
+        Row(_wan_peer_cells(model, variant, S19_WAN_PEERS) + [
              Join([Value(peer(model, "regions", "dtgen", variant, f'profile.by_kind_ms["{kind}"]'), "{:.0f}")
                    for kind in S20_WAN_KINDS], " / ", suffix=" ms"),
              _peer_target(model, "regions", variant)], file=S20_WAN7)
