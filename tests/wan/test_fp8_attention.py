@@ -146,7 +146,7 @@ def test_wan_fp8_attention_refusals_in_one_line(tmp_path):
 @pytest.mark.parametrize("pv,bound", [("fp8", 0.06), ("fp16", 0.025)])
 def test_gpu_kernel_at_a_wan_shape_against_sdpa(pv, bound):
     """Wan 1.3B's self-attention at 480p x 81 frames cut to 4 heads (32760 rows, head_dim
-    128), bf16, an odd length, and HunyuanImage-3's denoise cut to 8 query heads over 2 KV
+    128: the long-key tiles), bf16, an odd length, and HunyuanImage-3's denoise cut to 8 query heads over 2 KV
     heads (GQA; 4098 image rows over a 5606-key prefix); against SDPA in float32 of the same
     bf16 inputs (K/V expanded for GQA)."""
     for B, Hq, Hkv, Sq, Sk in ((1, 4, 4, 32760, 32760), (1, 4, 4, 1000, 1000), (2, 8, 2, 4098, 5606)):
