@@ -2728,9 +2728,16 @@ TABLES += [
                    (S20_WAN7, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers"))], "{:.3f}"),
              Verdict(Runs([(S19_WAN_PEERS, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers")),
                            (S20_WAN7, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers"))]), 0.70),
-             "each FP8 option alone is over 3% at this width: attention 4.45% (0.830, `s20-wan`), dense 3.35% "
-             "(0.870, `s17-wan-peers`); P's e4m3 rounding is the attention's error (`s19-fp8-attention`), its FP16-PV "
-             "form (1.33%) runs slower than cuDNN (49.18 ms against 37.92, call 7's JSON)"]),
+             Join(["each FP8 option alone is over 3% at this width: attention 4.45% (0.830, `s20-wan`), dense 3.35% "
+                   "(0.870, `s17-wan-peers`); P's e4m3 rounding is the attention's error (`s19-fp8-attention`); its "
+                   "FP16-PV form (",
+                   Value(fp8_run("14B", "fp8-pv-fp16", "rel_l2_vs_fp32"), "{:.2%}", file=S20_ATT7),
+                   " from fp32) is no faster than cuDNN at 14B: ",
+                   Value(fp8_run("14B", "fp8-pv-fp16", "ms"), "{:.2f} ms", file=S20_ATT7),
+                   " with its quantization eager (",
+                   Value(fp8_run("14B", "fp8-quantize-only", "ms"), "{:.2f} ms", file=S20_ATT7),
+                   " of it) against cuDNN's ",
+                   Value(fp8_run("14B", "sdpa-cudnn_attention", "ms"), "{:.2f} ms", file=S20_ATT7), " (call 7)"], "")]),
         Row(["VAE decode 1024x1024, float32 (golden-exact)", "<= 150 ms",
              Join([Value('runs[0].floor_ms_of_needed["tf32 (datasheet, dense)"]', "{:.0f} ms even at TF32's "
                          "datasheet rate (not exact)", file=S16_VAE_FLOPS),
