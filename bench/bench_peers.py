@@ -236,7 +236,6 @@ def main(argv=None) -> int:
         x = torch.randn(args.batch, 16, frames, height, width, generator=g, device=device).to(dtype)
         t = torch.full((args.batch,), 500.0, device=device)
         text = torch.randn(args.batch, args.text, cfg.text_dim, generator=g, device=device).to(dtype)
-        tokens = frames * (height // 2) * (width // 2)
         for mode in modes:
             torch._dynamo.reset()
             for block in theirs.modules():   # undo the last mode's per-block compile (nn.Module.compile)
