@@ -78,6 +78,7 @@ S20_DECODE2, S20_DECODE3 = f"{S20}/call2_decode_dense_fp8.json", f"{S20}/call3_d
 S20_T2I5, S20_TI2I5 = f"{S20}/call5_t2i_cfg_batch.json", f"{S20}/call5_ti2i_cfg_batch.json"
 S20_ATT6 = f"{S20}/call6_bench_fp8_attention_sweep.json"
 S20_WAN7, S20_ATT7 = f"{S20}/call7_wan_peers.json", f"{S20}/call7_bench_fp8_attention_14b.json"
+S20_SASS = "cpu-2026-12-03-session20/fp8_attention_sass.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -275,6 +276,9 @@ RUNS: dict[str, RunInfo] = {
                       f"WAN_LIMIT=250 {_S15_SCRIPT} wanpeers: python -m bench.bench_peers --models 1.3B,14B-8 --modes "
                       "regions --variants bf16,attn-fp8 --profile 12", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     S20_ATT7: RunInfo("python -m bench.bench_fp8_attention --shapes 14B --iters 5", software=GPU_IMAGE),
+    S20_SASS: RunInfo("TRITON_INTERPRET=0 PYTHONPATH=<a triton 3.6.0 wheel unpacked> python -m "
+                      "bench.probes.fp8_attention_sass --out bench/results/cpu-2026-12-03-session20/fp8_attention_sass.json",
+                      gpu="none: compiled for sm_90 on the CPU", software="triton 3.6.0 (the GPU machines' version)"),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
@@ -2628,8 +2632,9 @@ TABLES += [
                      for r in ("fp8-kernel", "sweep-m64-n128-w4-s3-tma-lazy2")], " / ") for shape in S20_ATT_SHAPES]),
     ], note="bench/bench_fp8_attention.py --sweep, as `s19-fp8-attention` (each figure the median of 10 calls). The "
             "lazy rescale (commit 3e083ca, reverted) rescaled acc and the row sums only when some row's max grew by "
-            "more than tau (log2) and made P as P * 448 / 2^tau; its SASS has 544 instructions an iteration on "
-            "that path against 592, but the block-wide max needs a shared-memory round and a barrier every "
+            "more than tau (log2) and made P as P * 448 / 2^tau; a step that skips the rescale saves each thread "
+            "its 64 multiplies of acc (of the ~600 instructions a step, `s20-attention-sass`), but the "
+            "block-wide max needs a shared-memory round and a barrier every "
             "iteration, which cost more."),
 ]
 
@@ -2661,6 +2666,20 @@ def _s29_peaks(run):
 
 
 TABLES += [
+    Table("s20-attention-sass", ["the FP8 attention kernel compiled for sm_90 (head_dim 128, TMA), its main loop "
+                                 "(one step over 128 keys)", "registers a thread (local bytes)",
+                                 "instructions a warp a step", "of them: FADD / FFMA / FMUL / IMAD / MUFU / F2FP"], [
+        Row([label, Join([Value(f"tiles.{name}.registers", "{}"), Value(f"tiles.{name}.local_bytes", "{}")], " (",
+                         suffix=")"),
+             Value(f"tiles.{name}.loop_instructions", "{}"),
+             Join([Value(f"tiles.{name}.loop_by_opcode.{op}", "{}") for op in ("FADD", "FFMA", "FMUL", "IMAD", "MUFU",
+                                                                               "F2FP")], " / ")], file=S20_SASS)
+        for name, label in (("default", "default tiles: 64 query rows, 4 warps, 3 stages"),
+                            ("long-keys", "long-key tiles: 2 stages, at most 168 registers"))
+    ], note="Per thread a step holds 64 logits (64 x 128 over 128 threads): one MUFU each (exp2), about one FFMA "
+            "(scale and shift), FADD (row sum) and FMUL (the accumulator's rescale), and most IMADs set the "
+            "integer accumulator's start bits; F2FP packs P into e4m3 two at a time. The tensor cores' share of a "
+            "step: 4.2 MFLOP, ~510 clocks of an SM at 8192 8-bit FLOP a clock."),
     Table("s20-wan", ["Wan (compiled: one region per block), one H200, call 7", "dtgen variant", "dtgen",
                       "diffusers (bf16)", "dtgen / diffusers", "session 19 (`s19-wan-peers`)", "rel. L2 vs dtgen bf16",
                       "kernels of one profiled forward: attention / GEMMs / inductor's fused kernels / other",
