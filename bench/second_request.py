@@ -47,7 +47,7 @@ import torch
 
 from dtgen.host import settle_heap
 from dtgen.launch import RankContext
-from examples.hunyuan_t2i import _requests, build_parser, build_pipeline, finish_args, prepare
+from models.hunyuan_image3.cli import _requests, build_parser, build_pipeline, finish_args, prepare
 
 DEFAULTS = ["--plan", "single", "--random-weights", "full", "--layers", "16", "--prompt-tokens",
             "1251,1200,1251,1200,1200,1251", "--max-new-tokens", "256", "--ignore-eos", "--image-size", "1024x1024",

@@ -1,8 +1,8 @@
-"""What every example shares: the launch and compile flags, the launch checks, running a rank
-function on every rank, the ranks' facts for the report, `--check` numbers and the table.
+"""What every model's command shares: the launch and compile flags, the launch checks, running a
+rank function on every rank, the ranks' facts for the report, `--check` numbers and the table.
 
-An example supplies its model's flags, a `run_rank(ctx, args) -> dict` and its report; see
-examples/hunyuan_t2i.py and examples/wan_t2v.py. Nothing here knows a model.
+A model's command (models/<m>/cli.py, run by `dtgen run`) supplies its model's flags, a
+`run_rank(ctx, args) -> dict` and its report. Nothing here knows a model.
 """
 from __future__ import annotations
 

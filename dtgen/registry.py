@@ -9,12 +9,13 @@ imports nothing of the model, so reading every spec (to detect a checkpoint, to 
 What a spec's pieces must offer:
 - `loader`: `load(checkpoint, plan, rank=0, world_size=1, dtype=float32, device="cpu", ...)`,
   this rank's share of the model (`dtgen.build.build` over the model's `ModelAdapter`);
-- `cli` (an example module, `examples.X`; None for a model no launcher runs, as the docs'
-  tiny DiT): `build_parser(prog, description, cli=True)` (with
+- `cli` (the model's command module, `models.<m>.cli`, which `dtgen run` and `dtgen serve`
+  drive; None for a model no command runs, as the docs' tiny DiT):
+  `build_parser(prog, description, cli=True)` (with
   `cli=False` without the flags only the CLI reads, plus any server-only flags of the model),
   `finish_args(args)` (the launch defaults: world size, plan), `prepare(args) -> (problem or
   None, tiny)`, `build_pipeline(ctx, args)`, `request_from_args(args)` (the request every
-  field not given comes from), `main(argv)` (the CLI itself: bench.startup_profile runs it),
+  field not given comes from), `main(argv, prog)` (the command itself: bench.startup_profile runs it),
   and for the server `serve_adapter(ctx, args, max_batch)` (this rank's `dtgen.serve`
   adapter) with an optional `serve_problem(args)` (server-only checks);
 - `plans` (a placements module): `PLANS`, name -> `dtgen.plan.Plan`;
@@ -46,7 +47,7 @@ class ModelSpec:
     request: str                    # "module:Class", the request dataclass
     tiny: str                       # "module:function", the tiny default's folder
     buckets: ShapeBuckets           # the request fields its compiled shapes (and batches) are keyed on
-    cli: str | None = None          # the example module (see the module docstring)
+    cli: str | None = None          # the model's command module (see the module docstring)
 
     def __post_init__(self):
         if self.makes not in ("image", "video"):
@@ -115,7 +116,7 @@ def checkpoint_problem(specs: Iterable[ModelSpec], spec: ModelSpec, folder: str,
         return None
     other = next((s for s in specs if s is not spec and path.is_dir() and s.detect(path)), None)
     if other is not None:
-        runs = f" (python -m {other.cli} runs it)" if other.cli else ""
+        runs = f" (dtgen run --model {other.name} runs it)" if other.cli else ""
         return f"--checkpoint {folder} holds {other.title}; this runs {spec.title}{runs}"
     named = diffusers_class(path)
     if named is not None:

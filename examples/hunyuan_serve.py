@@ -1,13 +1,10 @@
-"""Serve HunyuanImage-3.0 over HTTP: `examples.serve` for HunyuanImage-3 checkpoints only
-(kept for the commands that name it; `python -m examples.serve` picks the model from the
-checkpoint). `--help` lists the flags.
+"""Serve HunyuanImage-3.0 over HTTP: `dtgen serve` for HunyuanImage-3 checkpoints only (kept for
+the commands that name it; `dtgen serve` picks the model from the checkpoint).
 
-    .venv/bin/python -m examples.hunyuan_serve --port 8000
+    python -m examples.hunyuan_serve --port 8000
 """
-from __future__ import annotations
-
+from dtgen.cli import serve_main
 from dtgen.launch import exit_process
-from examples.serve import main as serve_main
 
 
 def main(argv=None) -> int:

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 from dtgen import launch  # noqa: E402
 
 # Spawned CPU ranks fork from a process that imported the model code once (dtgen.launch).
-launch.FORKSERVER_PRELOAD.append("examples.hunyuan_t2i")
+launch.FORKSERVER_PRELOAD.append("models.hunyuan_image3.cli")
 
 
 def pytest_collection_modifyitems(config, items):

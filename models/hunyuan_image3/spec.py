@@ -16,7 +16,7 @@ BUCKETS = ShapeBuckets(sizes=("image_size",), text_rows=256, batch=("steps", "fl
 
 SPEC = ModelSpec(
     name="hunyuan-image3", title="HunyuanImage-3", makes="image", detect=is_checkpoint,
-    layout="the official folder, config.json at the top", cli="examples.hunyuan_t2i",
+    layout="the official folder, config.json at the top", cli="models.hunyuan_image3.cli",
     loader="models.hunyuan_image3.loading:load", plans="placements.hunyuan_image3",
     request="models.hunyuan_image3.requests:T2IRequest", tiny="models.hunyuan_image3.tiny:ensure_tiny_checkpoint",
     buckets=BUCKETS)

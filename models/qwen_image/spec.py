@@ -10,7 +10,7 @@ def is_checkpoint(folder: Path) -> bool:
 
 SPEC = ModelSpec(
     name="qwen-image", title="Qwen-Image", makes="image", detect=is_checkpoint,
-    layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="examples.qwen_t2i",
+    layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="models.qwen_image.cli",
     loader="models.qwen_image.model:load", plans="placements.qwen_image",
     request="models.qwen_image.pipeline:T2IRequest", tiny="models.qwen_image.tiny:ensure_tiny_checkpoint",
     buckets=ShapeBuckets(sizes=("height", "width")))

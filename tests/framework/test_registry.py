@@ -79,7 +79,7 @@ def test_a_checkpoint_is_detected_by_its_layout(tmp_path):
     # a model's own CLI names the model a folder holds
     assert registry.checkpoint_problem("wan", str(tmp_path / "wan"), "-") is None
     assert registry.checkpoint_problem("qwen-image", str(tmp_path / "wan"), "-") == \
-        f"--checkpoint {tmp_path / 'wan'} holds Wan; this runs Qwen-Image (python -m examples.wan_t2v runs it)"
+        f"--checkpoint {tmp_path / 'wan'} holds Wan; this runs Qwen-Image (dtgen run --model wan runs it)"
     assert registry.checkpoint_problem("wan", str(tmp_path / "empty"), "no model_index.json there") == \
         f"--checkpoint {tmp_path / 'empty'}: no model_index.json there"
     assert registry.checkpoint_problem("wan", str(flux), "-") == (f"--checkpoint {flux}: a diffusers folder of "
@@ -88,7 +88,7 @@ def test_a_checkpoint_is_detected_by_its_layout(tmp_path):
 
 
 def test_the_server_chooses_the_model_from_the_checkpoint_or_model(tmp_path):
-    from examples.serve import choose_model
+    from dtgen.cli import choose_model
     qwen = _folder(tmp_path, "qwen", {"model_index.json": {"_class_name": "QwenImagePipeline"}})
     assert choose_model([])[0].name == "hunyuan-image3"
     assert choose_model(["--model", "qwen-image"])[0].name == "qwen-image"
@@ -96,14 +96,14 @@ def test_the_server_chooses_the_model_from_the_checkpoint_or_model(tmp_path):
     assert choose_model(["--checkpoint", str(qwen), "--model", "wan"]) == \
         (None, f"--model wan, but --checkpoint {qwen} holds qwen-image")
     assert choose_model(["--checkpoint", str(qwen)], only="hunyuan-image3")[1] == \
-        f"--checkpoint {qwen} holds qwen-image; this launcher serves hunyuan-image3 (use examples.serve)"
+        f"--checkpoint {qwen} holds qwen-image; this launcher serves hunyuan-image3 (use dtgen serve)"
 
 
 CLI_ONLY = ("--check", "--output", "--report", "--profile", "--prompt")   # what a server has no use for
 
 
 @pytest.mark.parametrize("launcher, model", [("serve", "hunyuan-image3"), ("serve", "wan"), ("serve", "qwen-image"),
-                                             ("hunyuan_serve", "hunyuan-image3")])
+                                             ("hunyuan_serve", "hunyuan-image3"), ("dtgen", "qwen-image")])
 def test_a_server_help_lists_no_cli_only_flags(launcher, model, capsys):
     """`--help` of a launcher lists the server's flags and the model's (plan, request
     defaults), none that only its CLI reads; the model's CLI does list those."""
@@ -111,7 +111,11 @@ def test_a_server_help_lists_no_cli_only_flags(launcher, model, capsys):
     import re
     flag = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
     with pytest.raises(SystemExit) as done:
-        importlib.import_module(f"examples.{launcher}").main(["--model", model, "--help"])
+        if launcher == "dtgen":
+            from dtgen.cli import main
+            main(["serve", "--model", model, "--help"])
+        else:
+            importlib.import_module(f"examples.{launcher}").main(["--model", model, "--help"])
     assert done.value.code == 0
     served = set(flag.findall(capsys.readouterr().out))
     assert {"--port", "--max-queued", "--deadline", "--plan", "--steps", "--seed"} <= served, sorted(served)
@@ -128,7 +132,7 @@ def test_reading_the_specs_loads_no_model_code():
             "and not m.endswith('.spec'))]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
-    code = ("import sys; from examples.serve import choose_model; spec, _ = choose_model(['--model', 'wan']); "
+    code = ("import sys; from dtgen.cli import choose_model; spec, _ = choose_model(['--model', 'wan']); "
             "spec.load('cli'); import models.wan.serving; "
             "print(sorted(m for m in sys.modules if m.startswith(('models.hunyuan_image3.', 'models.qwen_image.', "
             "'examples.hunyuan', 'examples.qwen')) and not m.endswith('.spec')))")

@@ -60,7 +60,7 @@ def _say(ctx, t0: float, text: str) -> None:
 def job(ctx, args) -> dict:
     torch._dynamo.config.cache_size_limit = 64
     dtype = parse_dtype(args.dtype, ctx.device)
-    if dtype == torch.float32:  # float32 means float32 (see examples/hunyuan_t2i.py)
+    if dtype == torch.float32:  # float32 means float32 (see models/hunyuan_image3/cli.py)
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
     ckpt = ensure_tiny_checkpoint()

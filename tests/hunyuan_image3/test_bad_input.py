@@ -209,7 +209,7 @@ def test_unknown_device_or_dtype():
     (["--no-vae-parallel"], "--no-vae-parallel splits the VAE decode over several ranks; this run has --world-size 1"),
 ])
 def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys, argv, message):
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -247,7 +247,7 @@ def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypa
     one line before anything loads."""
     from PIL import Image
 
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     from models.hunyuan_image3.tiny import tiny_config
     monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
     text = tmp_path / "notes.png"
@@ -271,7 +271,7 @@ def test_image_editing_mistakes_are_one_line(tiny_checkpoint, tmp_path, monkeypa
 def test_attention_fp8_over_the_kernels_head_size_is_one_line(tmp_path, capsys):
     """--attention-dtype fp8 with a head_dim over 128 (the config says it): refused before any
     rank starts (the model's own head size, read from config.json)."""
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     from models.hunyuan_image3.tiny import tiny_config
     big = tmp_path / "big-heads"
     big.mkdir()
@@ -293,7 +293,7 @@ DISTIL_CASE = Path(__file__).resolve().parents[3] / "shared" / "golden-taylor" /
                                                     "this checkpoint is CFG-distilled"),
 ])
 def test_distilled_checkpoint_mistakes_are_one_line(capsys, argv, message):
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     assert main(["--checkpoint", str(DISTIL_CASE), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -319,7 +319,7 @@ def test_distilled_config_and_weights_must_agree(tmp_path):
 def test_request_defaults_come_from_generation_config(tiny_checkpoint, tmp_path):
     """--steps, --guidance, --flow-shift not given: the checkpoint's generation_config.json
     (Instruct-Distil's 8 steps, say); given: the flags; no such file: 50, 5.0, 3.0."""
-    from examples.hunyuan_t2i import _fill_request_defaults, parse_args
+    from models.hunyuan_image3.cli import _fill_request_defaults, parse_args
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint, ckpt)
     args = parse_args(["--checkpoint", str(ckpt)])
@@ -361,7 +361,7 @@ def test_a_memory_budget_that_cannot_hold_the_weights_says_what_fp8_experts_take
     the bf16 bytes and the bytes with FP8 experts (e4m3 + their scales), which fit; with FP8
     experts on 80 GB: refused without an alternative (they are FP8 already). The model is built
     on meta only."""
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     base = ["--random-weights", "full", "--dtype", "bfloat16", "--prompt-tokens", "100"]
     assert main(base + ["--memory-budget", "96"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -166,7 +166,7 @@ def _compiled_report(tmp_path, *args) -> dict:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
 
     torch._dynamo.reset()
     counters.clear()

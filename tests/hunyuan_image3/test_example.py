@@ -4,7 +4,7 @@ import json
 import pytest
 from PIL import Image
 
-from examples.hunyuan_t2i import main
+from models.hunyuan_image3.cli import main
 
 REPORT_KEYS = {"plan", "world_size", "device", "timings_ms", "tokens_generated", "image_size", "phase_switch"}
 TIMING_KEYS = {"ar_prefill", "ar_decode_per_token", "denoise_step", "denoise_first_step", "vae_decode", "total"}

@@ -188,7 +188,7 @@ def test_the_cli_runs_it_under_ulysses_on_two_ranks(tiny_checkpoint, monkeypatch
     option: measured 0.37% of the velocity (the module docstring says why not 0), where a
     Ulysses core without FP8 would be ~3% away (the FP8 error itself); AR (TP2, no image rows)
     matches to float32 rounding (3.6e-07)."""
-    from examples.hunyuan_t2i import main
+    from models.hunyuan_image3.cli import main
     monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
     report = tmp_path / "r.json"
     assert main(["--world-size", "2", "--plan", "hybrid2", "--attention-dtype", "fp8", "--steps", "2",

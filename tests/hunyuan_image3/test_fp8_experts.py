@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from dtgen.checkpoint import CheckpointError
 from dtgen.plan import PlanError
 from dtgen.storage import StorageShard, planned_nbytes
-from examples.hunyuan_t2i import main
+from models.hunyuan_image3.cli import main
 from kernels.fp8_quant import FP8_DTYPE
 from models.hunyuan_image3 import loading
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline

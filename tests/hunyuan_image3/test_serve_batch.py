@@ -54,7 +54,7 @@ def test_same_bucket_jobs_run_as_one_batch_and_other_buckets_apart(tmp_path):
     (["--model", "wan", "--max-batch", "2"], "error: --max-batch 2: Wan's server runs one request at a time"),
 ])
 def test_bad_max_batch_is_one_line_naming_the_flag(argv, line, capsys):
-    from examples.serve import main
+    from dtgen.cli import serve_main as main
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(line) and len(err.splitlines()) == 1, err

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from examples.qwen_t2i import main
+from models.qwen_image.cli import main
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 
 

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from examples.wan_t2v import main
+from models.wan.cli import main
 from models.wan.tiny import ensure_tiny_checkpoint
 
 

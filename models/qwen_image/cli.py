@@ -1,0 +1,183 @@
+"""Qwen-Image text-to-image from a diffusers-format checkpoint.
+
+    dtgen run --model qwen-image                                     # tiny default, one process (CPU)
+    dtgen run --model qwen-image --world-size 2 --plan cfg2 --check  # 2 gloo ranks spawned here
+    torchrun --nproc-per-node 2 -m dtgen run --model qwen-image --world-size 2 --plan tp2 --checkpoint /path/to/Qwen-Image
+
+With no --checkpoint, a tiny random model is written once (diffusers layout) into the cache
+folder and loaded through the real loader. Writes the PNG, prints a timing table and, with
+--report, a JSON report. Plans: placements/qwen_image.py.
+
+`python -m examples.qwen_t2i` runs the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dtgen.compile import CompileOptions
+from dtgen.image_files import image_path_problem, save_image
+from dtgen.fp8 import add_fp8_flags, attention_head_problem
+from dtgen.harness import (add_run_flags, compile_problem, example_main,
+                           finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
+from dtgen.launch import RankContext
+from dtgen.layers.config import read_json
+from dtgen.requests import flag_line, parse_size
+from dtgen.serve.errors import RequestError
+from dtgen.step_cache import StepCacheError, parse_step_cache
+from models.qwen_image.model import load
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+from models.qwen_image.tiny import ensure_tiny_checkpoint
+from models.registry import checkpoint_problem
+from placements.qwen_image import PLANS, get_plan
+
+
+DEFAULT_PROMPT = "A red fox in fresh snow at golden hour, a sign that says 'dtgen'"
+RANK_PRELOAD = ("models.qwen_image.cli",)
+# The request fields' flags: `T2IRequest.check` names fields, the CLI names flags.
+FLAG_OF_FIELD = {"prompt": "--prompt", "width": "--image-size", "height": "--image-size", "steps": "--steps",
+                 "true_cfg_scale": "--true-cfg-scale", "seed": "--seed", "step_cache": "--step-cache"}
+
+
+def build_parser(prog: str = "dtgen run --model qwen-image", description: str = __doc__.split("\n")[0],
+                 cli: bool = True) -> argparse.ArgumentParser:
+    """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags, and a
+    --warmup of its own."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--checkpoint", help="diffusers-format Qwen-Image folder (default: the embedded tiny model)")
+    (p.add_argument if cli else lambda *a, **k: None)("--prompt", default=DEFAULT_PROMPT)
+    p.add_argument("--negative-prompt", default=" ")
+    p.add_argument("--image-size", default=None, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the tiny default)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
+    p.add_argument("--true-cfg-scale", type=float, default=4.0, help="<= 1: no CFG (the conditional branch alone)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
+                   help="with several ranks, split the VAE decode over all of them")
+    add_fp8_flags(p, "the MMDiT blocks' linears", "the MMDiT's joint attention")
+    server = add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
+    if server is not None:
+        server.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                            help="run one short request (2 steps) before /ready: first-call work out of requests")
+    return p
+
+
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
+    return finish_launch_args(args, lambda world: "single" if world == 1 else "cfg2")
+
+
+def parse_args(argv=None, prog: str = "dtgen run --model qwen-image") -> argparse.Namespace:
+    return finish_args(build_parser(prog).parse_args(argv))
+
+
+def request_from_args(args) -> T2IRequest:
+    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
+    return T2IRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
+                      steps=args.steps, true_cfg_scale=args.true_cfg_scale, seed=args.seed, step_cache=args.step_cache)
+
+
+def prepare(args) -> tuple[str | None, bool]:
+    tiny = args.checkpoint is None
+    if args.image_size is None:
+        args.image_size = "64x48" if tiny else "1024x1024"
+    if args.steps is None:
+        args.steps = 4 if tiny else 50
+    try:
+        args.width, args.height = parse_size(args.image_size, "--image-size", "1024x1024")
+        args.step_cache = parse_step_cache(args.step_cache)
+        request_from_args(args).check()
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or image_path_problem(args.output)
+    except StepCacheError as e:
+        return "--step-cache " + str(e).removeprefix("step cache "), tiny
+    except RequestError as e:
+        return flag_line(e, FLAG_OF_FIELD), tiny
+    except ValueError as e:
+        return str(e), tiny
+    if problem is None and not tiny:
+        problem = checkpoint_problem("qwen-image", args.checkpoint,
+                                     "no model_index.json there (expected a diffusers-format folder)")
+    if problem is None and tiny:
+        args.checkpoint = str(ensure_tiny_checkpoint())
+    if problem is None:
+        head_dim = read_json(Path(args.checkpoint) / "transformer" / "config.json").get("attention_head_dim", 128)
+        problem = attention_head_problem(args.attention_dtype, head_dim)
+    return problem, tiny
+
+
+def _fp8(args) -> dict:
+    return {"dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype}
+
+
+def build_pipeline(ctx: RankContext, args: argparse.Namespace):
+    """This rank's share of the model, loaded, and its pipeline (the example's and the server's):
+    (pipeline, loaded, device, dtype), as models.hunyuan_image3.cli.build_pipeline."""
+    device, dtype = rank_device(ctx, args)
+    ctx.progress("loading")
+    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, **_fp8(args))
+    group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
+    pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, group)
+    return pipe, loaded, device, dtype
+
+
+def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
+    pipe, loaded, device, dtype = build_pipeline(ctx, args)
+    result = pipe.generate(request_from_args(args), record=args.check)
+    out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "image": result.image, "device": str(device),
+           "dtype": str(dtype).replace("torch.", ""), "step_cache": result.record.get("step_cache"),
+           "weights_copied": loaded.controller.last_switch.weights_copied}
+    if ctx.rank == 0 and args.check:
+        with reference_threads(ctx, device):
+            ref_loaded = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, **_fp8(args))
+            ref = QwenImagePipeline(ref_loaded.model, ref_loaded.tokenizer, ref_loaded.controller, device).generate(
+                request_from_args(args), record=True)
+        out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
+                        "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
+                        "max_abs_diff_image": max_diff([result.image], [ref.image])}
+    return out
+
+
+def write_report(args, main: dict, tiny: bool) -> dict:
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_image(out, main["image"])
+    t = main["timings_ms"]
+    report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
+              "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
+              "request": {"width": args.width, "height": args.height, "steps": args.steps,
+                          "true_cfg_scale": args.true_cfg_scale, "seed": args.seed},
+              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
+              "timings_ms": t, "weights_copied": main["weights_copied"]}
+    for key in ("check", "step_cache"):
+        if main.get(key) is not None:
+            report[key] = main[key]
+    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
+            ("image", f"{args.width}x{args.height}, {args.steps} steps, true CFG {args.true_cfg_scale}"),
+            ("text encode", f"{t['encode']:9.1f} ms"), ("denoise", f"{t['denoise']:9.1f} ms"),
+            ("VAE decode", f"{t['decode']:9.1f} ms"), ("total", f"{t['total']:9.1f} ms")]
+    if "step_cache" in report:
+        rows.append(("full steps", str(report["step_cache"]["full_steps"])))
+    rows += [(f"check {k}", f"{v:.3e}") for k, v in report.get("check", {}).items()]
+    print(table(rows))
+    print(f"wrote {out}")
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv=None, prog: str = "dtgen run --model qwen-image") -> int:
+    return example_main(parse_args(argv, prog), prepare, run_rank, write_report, RANK_PRELOAD)
+
+
+# ---- served (`dtgen serve`, the registry's contract: dtgen/registry.py) ----------
+def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
+    """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
+    from models.qwen_image.serving import QwenServeAdapter
+    pipe = build_pipeline(ctx, args)[0]
+    return QwenServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup)
+
