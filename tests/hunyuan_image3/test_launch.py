@@ -36,9 +36,11 @@ def test_torchrun_failure_on_one_rank_ends_every_rank(tiny_checkpoint, tmp_path)
     proc, _ = _torchrun(tiny_checkpoint, tmp_path, "--plan", "hybrid2", *FAST, "--inject-failure", "1:denoise:1")
     err = proc.stderr
     assert proc.returncode != 0
-    assert "[rank 1] Traceback" in err and "[rank 1] InjectedFailure: --inject-failure: rank 1 fails" in err
+    # (the exception's class is named with its module: the command's, models.hunyuan_image3.cli)
+    assert "[rank 1] Traceback" in err and "InjectedFailure: --inject-failure: rank 1 fails" in err
+    assert any(line.startswith("[rank 1] ") and "InjectedFailure: --inject-failure" in line for line in err.splitlines())
     # The peer names the failure once, without a second traceback of its own.
-    assert "[rank 0] stopping: rank 1 failed: InjectedFailure" in err, err[-3000:]
+    assert "[rank 0] stopping: rank 1 failed: models.hunyuan_image3.cli.InjectedFailure" in err, err[-3000:]
     assert "[rank 0] Traceback" not in err
 
 

@@ -140,10 +140,10 @@ def test_forced_failure_ends_the_job_with_its_message(parity, tiny_checkpoint, t
     reader.join(5)
     text = "\n".join(line for _, line in lines)
     (_log_dir(tmp_path_factory) / "forced-failure.log").write_text(text)
-    failed_at = next((t for t, line in lines if "[rank 1] InjectedFailure" in line), None)
+    failed_at = next((t for t, line in lines if "InjectedFailure: --inject-failure" in line and line.startswith("[rank 1] ")), None)
     assert failed_at is not None, text[-6000:]
     assert rc != 0
-    assert "[rank 0] stopping: rank 1 failed: InjectedFailure" in text, text[-6000:]
+    assert "[rank 0] stopping: rank 1 failed: models.hunyuan_image3.cli.InjectedFailure" in text, text[-6000:]
     assert ended - failed_at < 30, f"the job took {ended - failed_at:.1f} s to end after the failure"
 
 
