@@ -102,10 +102,10 @@ def _options(args):
                         models=tuple((s.makes, s.title) for s in _registry().specs()))
 
 
-def choose_model(argv, only: str | None = None) -> tuple[ModelSpec | None, str | None]:
+def choose_model(argv, only: str | None = None, prog: str = "dtgen") -> tuple[ModelSpec | None, str | None]:
     """(the model's spec, or None) and (a one-line problem, or None) from --checkpoint / --model."""
     registry = _registry()
-    first = argparse.ArgumentParser(add_help=False)
+    first = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)   # the model's --check is no --checkpoint
     first.add_argument("--checkpoint")
     first.add_argument("--model", choices=registry.names())
     known, _ = first.parse_known_args(argv)
@@ -131,7 +131,7 @@ def serve_rank(ctx: RankContext, args) -> None:
 def serve_main(argv=None, prog: str = "dtgen serve", only: str | None = None) -> int:
     """`dtgen serve`: the model's server on every rank (`only`: a launcher of one model)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    spec, problem = choose_model(argv, only)
+    spec, problem = choose_model(argv, only, prog)
     if problem is not None:
         return refuse(problem)
     cli = spec.load("cli")
@@ -178,7 +178,7 @@ def run_main(argv=None) -> int:
         print(f"usage: dtgen run [--model {{{names}}}] [--checkpoint DIR] [the model's flags]\n\n"
               "One job of a model; `dtgen run --model M --help` lists the model's flags.")
         return 0
-    spec, problem = choose_model(argv)
+    spec, problem = choose_model(argv, prog="dtgen run")
     if problem is not None:
         return refuse(problem)
     if spec.cli is None:

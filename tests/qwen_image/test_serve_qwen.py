@@ -1,4 +1,4 @@
-"""The Qwen-Image server over real HTTP on 127.0.0.1 (`examples.serve --model qwen-image`: the
+"""The Qwen-Image server over real HTTP on 127.0.0.1 (`dtgen serve --model qwen-image`: the
 tiny default, one process, 2 steps): an image through /v1/images/generations and /v1/jobs,
 the same image as the pipeline run directly, one-line 422s naming the field, and the routes
 it does not serve."""
@@ -18,7 +18,7 @@ from tests.support.serve import call, running_server, wait_done  # noqa: E402
 def qwen(tmp_path_factory):
     log = tmp_path_factory.mktemp("qwen") / "server.log"
     with running_server(log, "--model", "qwen-image", "--steps", "2", "--ping", "0.2",
-                        module="examples.serve") as (base, _):
+                        module="dtgen serve") as (base, _):
         yield base
 
 

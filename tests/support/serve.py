@@ -53,11 +53,12 @@ def call(base: str, method: str, path: str, body=None, timeout: float = 120.0,
 
 @contextlib.contextmanager
 def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: str = "examples.hunyuan_serve"):
-    """`module` (a server) with `flags` on a free port, until /ready; yields (base, proc)."""
+    """`module` (a server: "examples.serve", or a command and its words, "dtgen serve") with
+    `flags` on a free port, until /ready; yields (base, proc)."""
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *flags],
+        proc = subprocess.Popen([sys.executable, "-m", *module.split(), "--port", str(port), *flags],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

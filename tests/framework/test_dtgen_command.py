@@ -1,0 +1,80 @@
+"""The `dtgen` command (dtgen/cli.py): `dtgen models`, `dtgen run` of every registered model on
+its tiny default, and its one-line refusals. (`dtgen serve` runs the Qwen-Image server's
+tests: tests/qwen_image/test_serve_qwen.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtgen.cli import main, model_rows
+from models import registry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _dtgen(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "dtgen", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_models_lists_every_registered_model_with_its_plans():
+    rows = {r["model"]: r for r in model_rows()}
+    assert list(rows) == registry.names()
+    for spec in registry.specs():
+        plans = spec.load("plans").PLANS
+        assert rows[spec.name]["plans"] == {name: plan.world_size for name, plan in plans.items()}
+        assert rows[spec.name]["makes"] == spec.makes and rows[spec.name]["checkpoint"] == spec.layout
+    out = _dtgen("models", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [r["model"] for r in json.loads(out.stdout)] == registry.names()
+
+
+@pytest.mark.parametrize("model, output, flags", [
+    ("qwen-image", "q.png", ("--steps", "2")),
+    ("wan", "w.mp4", ("--steps", "2")),
+    ("hunyuan-image3", "h.png", ("--steps", "2", "--max-new-tokens", "2", "--image-size", "256x256")),
+])
+def test_run_makes_each_models_output_from_its_tiny_default(model, output, flags, tmp_path):
+    """`--check` spelled out on the command line is the model's flag, never taken for the
+    model choice's --checkpoint (argparse's prefix matching)."""
+    out = _dtgen("run", "--model", model, "--output", str(tmp_path / output), "--report", str(tmp_path / "r.json"),
+                 *flags)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / output).stat().st_size > 0
+    assert json.loads((tmp_path / "r.json").read_text())["plan"] == "single"
+
+
+def test_run_takes_the_models_own_check_flag(tmp_path):
+    out = _dtgen("run", "--model", "qwen-image", "--steps", "1", "--check", "--output", str(tmp_path / "q.png"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "check max_abs_diff_latents" in out.stdout
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["bake"], "error: unknown command 'bake'; choose from run, serve, models"),
+    (["run", "--model", "flux"], None),   # argparse's own line: invalid choice, naming the choices
+    (["run", "--model", "wan", "--steps", "0"], "error: --steps must be >= 1 and <= 1000, got 0"),
+])
+def test_bad_commands_are_one_line(argv, line, capsys):
+    with pytest.raises(SystemExit) if line is None else _no_raise():
+        code = main(argv)
+        assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if line is None:
+        assert err[-1].startswith("dtgen run: error: argument --model: invalid choice: 'flux'"), err
+    else:
+        assert err == [line]
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
