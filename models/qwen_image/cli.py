@@ -13,17 +13,13 @@ folder and loaded through the real loader. Writes the PNG, prints a timing table
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
-from dtgen.compile import CompileOptions
+from dtgen import diffusion_command
+from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_parallel_problem
 from dtgen.image_files import image_path_problem, save_image
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
-from dtgen.harness import (add_run_flags, compile_problem, example_main,
-                           finish_launch_args, launch_problem, max_diff, rank_device, reference_threads, table)
+from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem
 from dtgen.launch import RankContext
 from dtgen.layers.config import read_json
 from dtgen.requests import flag_line, parse_size
@@ -45,8 +41,7 @@ FLAG_OF_FIELD = {"prompt": "--prompt", "width": "--image-size", "height": "--ima
 
 def build_parser(prog: str = "dtgen run --model qwen-image", description: str = __doc__.split("\n")[0],
                  cli: bool = True) -> argparse.ArgumentParser:
-    """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags, and a
-    --warmup of its own."""
+    """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Qwen-Image folder (default: the embedded tiny model)")
     (p.add_argument if cli else lambda *a, **k: None)("--prompt", default=DEFAULT_PROMPT)
@@ -56,13 +51,9 @@ def build_parser(prog: str = "dtgen run --model qwen-image", description: str = 
     p.add_argument("--true-cfg-scale", type=float, default=4.0, help="<= 1: no CFG (the conditional branch alone)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
-    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=True,
-                   help="with several ranks, split the VAE decode over all of them")
+    add_diffusion_flags(p)
     add_fp8_flags(p, "the MMDiT blocks' linears", "the MMDiT's joint attention")
-    server = add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
-    if server is not None:
-        server.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                            help="run one short request (2 steps) before /ready: first-call work out of requests")
+    add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
     return p
 
 
@@ -90,7 +81,8 @@ def prepare(args) -> tuple[str | None, bool]:
         args.width, args.height = parse_size(args.image_size, "--image-size", "1024x1024")
         args.step_cache = parse_step_cache(args.step_cache)
         request_from_args(args).check()
-        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or image_path_problem(args.output)
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or vae_parallel_problem(args) \
+            or image_path_problem(args.output)
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
     except RequestError as e:
@@ -108,66 +100,29 @@ def prepare(args) -> tuple[str | None, bool]:
     return problem, tiny
 
 
-def _fp8(args) -> dict:
-    return {"dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype}
+def _describe(args, main: dict) -> str:
+    return f"{args.width}x{args.height}, {args.steps} steps, true CFG {args.true_cfg_scale}"
+
+
+def _save(image, path: Path, args) -> None:
+    save_image(path, image)
+
+
+COMMAND = DiffusionCommand(makes="image", loader=load, pipeline=QwenImagePipeline, get_plan=get_plan,
+                           request_from_args=request_from_args, describe=_describe, save=_save)
 
 
 def build_pipeline(ctx: RankContext, args: argparse.Namespace):
-    """This rank's share of the model, loaded, and its pipeline (the example's and the server's):
-    (pipeline, loaded, device, dtype), as models.hunyuan_image3.cli.build_pipeline."""
-    device, dtype = rank_device(ctx, args)
-    ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device, **_fp8(args))
-    group = dist.group.WORLD if args.vae_parallel and ctx.world_size > 1 else None
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
-    pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, group)
-    return pipe, loaded, device, dtype
+    """This rank's pipeline (pipeline, loaded, device, dtype): the command's and the server's."""
+    return diffusion_command.build_pipeline(COMMAND, ctx, args)
 
 
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
-    pipe, loaded, device, dtype = build_pipeline(ctx, args)
-    result = pipe.generate(request_from_args(args), record=args.check)
-    out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "image": result.image, "device": str(device),
-           "dtype": str(dtype).replace("torch.", ""), "step_cache": result.record.get("step_cache"),
-           "weights_copied": loaded.controller.last_switch.weights_copied}
-    if ctx.rank == 0 and args.check:
-        with reference_threads(ctx, device):
-            ref_loaded = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, **_fp8(args))
-            ref = QwenImagePipeline(ref_loaded.model, ref_loaded.tokenizer, ref_loaded.controller, device).generate(
-                request_from_args(args), record=True)
-        out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
-                        "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
-                        "max_abs_diff_image": max_diff([result.image], [ref.image])}
-    return out
+    return diffusion_command.run_rank(COMMAND, ctx, args)
 
 
 def write_report(args, main: dict, tiny: bool) -> dict:
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_image(out, main["image"])
-    t = main["timings_ms"]
-    report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
-              "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
-              "request": {"width": args.width, "height": args.height, "steps": args.steps,
-                          "true_cfg_scale": args.true_cfg_scale, "seed": args.seed},
-              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
-              "timings_ms": t, "weights_copied": main["weights_copied"]}
-    for key in ("check", "step_cache"):
-        if main.get(key) is not None:
-            report[key] = main[key]
-    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
-            ("image", f"{args.width}x{args.height}, {args.steps} steps, true CFG {args.true_cfg_scale}"),
-            ("text encode", f"{t['encode']:9.1f} ms"), ("denoise", f"{t['denoise']:9.1f} ms"),
-            ("VAE decode", f"{t['decode']:9.1f} ms"), ("total", f"{t['total']:9.1f} ms")]
-    if "step_cache" in report:
-        rows.append(("full steps", str(report["step_cache"]["full_steps"])))
-    rows += [(f"check {k}", f"{v:.3e}") for k, v in report.get("check", {}).items()]
-    print(table(rows))
-    print(f"wrote {out}")
-    if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(json.dumps(report, indent=2))
-    return report
+    return diffusion_command.write_report(COMMAND, args, main, tiny)
 
 
 def main(argv=None, prog: str = "dtgen run --model qwen-image") -> int:
@@ -179,5 +134,5 @@ def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
     """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
     from models.qwen_image.serving import QwenServeAdapter
     pipe = build_pipeline(ctx, args)[0]
-    return QwenServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup)
+    return QwenServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup is not False)
 

@@ -15,23 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from dtgen.compile import CompileOptions, unique_graphs
+from dtgen import diffusion_command
+from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_parallel_problem
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
-from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
-                           example_main,
-                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, parse_injections,
-                           peak_memory, rank_device, reference_threads, rel_l2, table)
-from dtgen.host import GcPauses, settle_heap
+from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem, parse_injections
 from dtgen.launch import RankContext
 from dtgen.serve.errors import RequestError
-from dtgen.profiling import PhaseProfiler
 from dtgen.layers.flow_match import SAMPLERS
 from dtgen.requests import flag_line
 from dtgen.step_cache import StepCacheError, parse_step_cache
@@ -72,11 +65,7 @@ def build_parser(prog: str = "dtgen run --model wan", description: str = __doc__
                         "default: every step in full")
     add_fp8_flags(p, "the DiT blocks' linears", "the DiT self-attention")
     p.add_argument("--fps", type=int, default=16)
-    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
-                   help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
-    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
-                        "stay out of the figures (default: on with --compile or on GPU)")
+    add_diffusion_flags(p)
     server = add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
     if server is not None:
         server.add_argument("--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
@@ -122,10 +111,7 @@ def prepare(args) -> tuple[str | None, bool]:
     except StepCacheError as e:
         return "--step-cache " + str(e).removeprefix("step cache "), tiny
     try:
-        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
-        if problem is None and args.vae_parallel is not None and args.world_size == 1:
-            flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
-            problem = f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
+        problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or vae_parallel_problem(args)
         if problem is None and not tiny:
             problem = checkpoint_problem("wan", args.checkpoint,
                                          "no model_index.json there (expected a diffusers-format folder)")
@@ -147,163 +133,31 @@ def prepare(args) -> tuple[str | None, bool]:
     return problem, tiny
 
 
+def _describe(args, main: dict) -> str:
+    return f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
+
+
+def _save(frames: torch.Tensor, path: Path, args) -> None:
+    """[F, H, W, 3] uint8 -> H.264 MP4 (PyAV ships its own FFmpeg)."""
+    encode_mp4(frames, str(path), args.fps)
+
+
+COMMAND = DiffusionCommand(makes="video", loader=load, pipeline=WanT2VPipeline, get_plan=get_plan,
+                           request_from_args=request_from_args, describe=_describe, save=_save,
+                           profile_rows=PROFILE_ROWS)
+
+
 def build_pipeline(ctx: RankContext, args: argparse.Namespace):
-    """This rank's share of the model, loaded, and its pipeline (the example's and the server's):
-    (pipeline, loaded, device, dtype), as models.hunyuan_image3.cli.build_pipeline."""
-    device, dtype = rank_device(ctx, args)
-    ctx.progress("loading")
-    loaded = load(args.checkpoint, get_plan(args.plan), ctx.rank, ctx.world_size, dtype, device,
-                  dense_dtype=getattr(args, "dense_dtype", "model"),
-                  attention_dtype=getattr(args, "attention_dtype", "model"))
-    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
-    vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
-    pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, device, is_main=ctx.rank == 0,
-                          compile_options=options, vae_group=vae_group)
-    return pipe, loaded, device, dtype
+    """This rank's pipeline (pipeline, loaded, device, dtype): the command's and the server's."""
+    return diffusion_command.build_pipeline(COMMAND, ctx, args)
 
 
 def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
-    pipe, loaded, device, dtype = build_pipeline(ctx, args)
-    req = request_from_args(args)
-
-    def progress(phase, done, total):
-        ctx.progress(f"{phase} {done}/{total}")
-
-    warmup_ms = None
-    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
-        t0 = time.perf_counter()
-        pipe.generate(replace(req, steps=min(req.steps, 2)), progress=progress)
-        warmup_ms = (time.perf_counter() - t0) * 1e3
-    warm_graphs = unique_graphs()
-    settle_heap()   # keep the collector off what loading and compiling made (dtgen/host.py)
-    with GcPauses() as gc_pauses:
-        result = pipe.generate(req, progress=progress, record=args.check)
-    compile_report = compile_facts(pipe.compiler, warm_graphs) if args.compile else None
-    profile_summary = None
-    if args.profile:
-        profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control,
-                                 table_rows=PROFILE_ROWS)
-        profiled = pipe.generate(req, progress=progress, profiler=profiler)
-        profile_summary = profiler.write(profiled.timings_ms, compile_report)
-    out = {"rank": ctx.rank, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-           "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "compile": compile_report,
-           "tokens_per_step": result.record["tokens_per_step"], "profile": profile_summary,
-           "step_cache": result.record.get("step_cache")}
-    facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(), "storage_bytes": loaded.storage.nbytes,
-             "peak_memory_bytes": peak_memory(device), "gc": gc_pauses.as_dict()}
-    out["ranks"] = gather_rank_facts(ctx, facts, loaded.controller.topology.control)
-    if ctx.rank == 0:
-        out["video"] = result.video
-        if args.check:
-            with reference_threads(ctx, device):
-                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device,
-                                 dense_dtype=args.dense_dtype, attention_dtype=args.attention_dtype)
-                ref = WanT2VPipeline(reference.model, reference.tokenizer, reference.controller, device).generate(
-                    req, record=True)
-            out["check"] = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
-                            "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
-                            "max_abs_diff_video": max_diff([result.video], [ref.video]),
-                            "rel_l2_noise": rel_l2(result.record["noise"], ref.record["noise"])}
-            if args.step_cache is not None:   # the plan must take every decision one process takes
-                out["check"]["same_cache_decisions"] = _decisions(result.record["step_cache"]) == \
-                    _decisions(ref.record["step_cache"])
-    return out
-
-
-def _decisions(report: dict) -> list:
-    """What a step cache decided: the full steps, and per row where rows decide (first-block)."""
-    return [report["full_steps"], report.get("full_rows"),
-            [s.get("full_rows") for s in report.get("segments", [])]]
-
-
-def _steps_text(steps: list[int]) -> str:
-    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
-    runs = []
-    for s in steps:
-        if runs and s == runs[-1][1] + 1:
-            runs[-1][1] = s
-        else:
-            runs.append([s, s])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
-
-
-def write_video(frames: torch.Tensor, path: Path, fps: int) -> None:
-    """[F, H, W, 3] uint8 -> H.264 MP4 (PyAV ships its own FFmpeg)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    encode_mp4(frames, str(path), fps)
-
-
-def _cache_rows(report: dict) -> list[tuple[str, str]]:
-    cache = report.get("step_cache")
-    if cache is None:
-        return []
-    r = report["timings_ms"]
-    knobs = ", ".join(f"{k}={v}" for k, v in cache["config"].items() if k not in ("method", "mag_ratios"))
-    ms = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
-    rows = [("step cache", f"{cache['method']} ({knobs})"),
-            ("full steps", f"{len(cache['full_steps'])} of {cache['steps']}: {_steps_text(cache['full_steps'])}"),
-            ("reused steps", _steps_text(cache["cached_steps"])),
-            ("full / reused step", f"{ms(r['denoise_full_step'])} / {ms(r['denoise_cached_step'])}")]
-    rows_full = cache.get("full_rows")
-    if rows_full and any(len(set(row)) > 1 for row in rows_full):
-        rows.append(("rows differ", ", ".join(f"step {i}: " + "".join("F" if f else "c" for f in row)
-                                              for i, row in enumerate(rows_full) if len(set(row)) > 1)))
-    if "mag_ratios" in cache:
-        rows.append(("mag_ratios", "/".join(f"{x:.5f}" for x in cache["mag_ratios"])))
-    return rows
+    return diffusion_command.run_rank(COMMAND, ctx, args)
 
 
 def write_report(args, main: dict, tiny: bool) -> dict:
-    out = Path(args.output)
-    write_video(main["video"], out, args.fps)
-    t, ranks = main["timings_ms"], main["ranks"]
-    steps = t["denoise_step"]
-    switch = max((r["switch"] for r in ranks), key=lambda s: s["ms"])
-    report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
-              "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
-              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
-              "request": {"height": args.height, "width": args.width, "num_frames": args.num_frames,
-                          "steps": args.steps, "sampler": args.sampler, "shift": args.flow_shift},
-              "tokens_per_step": main["tokens_per_step"],
-              "timings_ms": {"encode": t["encode"], "denoise_step": sum(steps[1:]) / max(len(steps) - 1, 1),
-                             "denoise_first_step": steps[0], "decode": t["decode"], "total": t["total"],
-                             "denoise_steps": steps},
-              "warmup_ms": main["warmup_ms"], "phase_switch": switch,
-              "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
-              "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks]}
-    cache = main.get("step_cache")
-    if cache is not None:
-        report["step_cache"] = cache
-        report["timings_ms"]["denoise_full_step"] = t["denoise_full_step"]      # steps after the first
-        report["timings_ms"]["denoise_cached_step"] = t["denoise_cached_step"]
-    for key in ("check", "compile"):
-        if main.get(key) is not None:
-            report[key] = main[key]
-    r = report["timings_ms"]
-    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
-            ("video", f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"),
-            ("warm-up run", "off" if main["warmup_ms"] is None else f"{main['warmup_ms']:9.1f} ms (not in the figures)"),
-            ("text encode", f"{r['encode']:9.1f} ms"),
-            ("denoise", f"{r['denoise_step']:9.1f} ms/step ({args.steps} steps; the first {r['denoise_first_step']:.1f} ms)"),
-            ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}"),
-            *_cache_rows(report),
-            ("VAE decode", f"{r['decode']:9.1f} ms"),
-            ("total", f"{r['total']:9.1f} ms")]
-    if all(p is not None for p in report["peak_memory_bytes_per_rank"]):
-        rows.append(("memory / rank", ", ".join(f"{x['storage_bytes'] / 1e9:.1f} GB weights, "
-                                                f"{x['peak_memory_bytes'] / 1e9:.1f} GB peak" for x in ranks)))
-    if "compile" in report:
-        c = report["compile"]
-        rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
-                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
-    rows += [(f"check {k}", str(v) if isinstance(v, bool) else f"{v:.3e}") for k, v in report.get("check", {}).items()]
-    print(table(rows))
-    print(f"wrote {out}")
-    if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.report}")
-    return report
+    return diffusion_command.write_report(COMMAND, args, main, tiny)
 
 
 def main(argv=None, prog: str = "dtgen run --model wan") -> int:

@@ -1,4 +1,4 @@
-"""`python -m examples.qwen_t2i` end to end on its tiny default (a diffusers-format folder)."""
+"""`dtgen run --model qwen-image` end to end on its tiny default (a diffusers-format folder)."""
 import json
 
 import pytest
@@ -20,7 +20,7 @@ def test_two_rank_cfg2_with_check_writes_png_and_report(cache_env, tmp_path):
     assert main(["--world-size", "2", "--plan", "cfg2", "--steps", "2", "--check", "--output", str(image),
                  "--report", str(report)]) == 0
     r = json.loads(report.read_text())
-    assert r["plan"] == "cfg2" and r["world_size"] == 2 and r["weights_copied"] == 0
+    assert r["plan"] == "cfg2" and r["world_size"] == 2 and r["phase_switch"]["weights_copied"] == 0
     assert all(v <= 1e-5 for v in r["check"].values()), r["check"]
     assert Image.open(image).size == (64, 48)
 

@@ -1,0 +1,241 @@
+"""The command of an encode -> denoise -> decode model (Wan, Qwen-Image): its shared flags, its
+run on every rank and its report, written once.
+
+A model's command (models/<m>/cli.py, run by `dtgen run`) keeps what is its own: its request
+flags, `prepare` (the defaults that depend on the checkpoint, the request's check) and a
+`DiffusionCommand` naming its loader, pipeline, plans and how its output is described and
+saved. From that this module builds the pipeline on each rank, warms it up, runs the request
+(with `--check`: against the same request on one process; with `--profile`: once more under
+the profiler), gathers every rank's facts, and on rank 0 writes the output, prints the table
+and writes the JSON report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .compile import CompileOptions, unique_graphs
+from .harness import compile_facts, gather_rank_facts, max_diff, peak_memory, rank_device, reference_threads, rel_l2, table
+from .host import GcPauses, settle_heap
+from .launch import RankContext
+from .profiling import PhaseProfiler
+
+# The profile table's rows of a `DiffusionRun` pipeline's timings (dtgen.profiling.PhaseProfiler).
+PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
+                ("decode", "VAE decode", "ms"), ("total", "total", "ms"))
+
+
+@dataclass(frozen=True)
+class DiffusionCommand:
+    """What an encode -> denoise -> decode model's command supplies (the rest is this module's)."""
+
+    makes: str                      # "image" or "video": the result's attribute and the table's row
+    loader: Callable                # load(checkpoint, plan, rank, world_size, dtype, device, dense_dtype=, attention_dtype=)
+    pipeline: Callable              # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group)
+    get_plan: Callable              # the placements module's get_plan(name)
+    request_from_args: Callable     # args -> the request
+    describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
+    save: Callable[[torch.Tensor, Path, argparse.Namespace], None]   # rank 0's output -> the file
+    profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
+
+
+def add_diffusion_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every such command takes alike (the CLI's and the server's)."""
+    p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="with several ranks, split the VAE decode over all of them (default: on)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
+                        "stay out of the figures (default: on with --compile or on GPU; a server: on, before /ready)")
+
+
+def vae_parallel_problem(args: argparse.Namespace) -> str | None:
+    """--vae-parallel given on one rank: one line (it would be ignored)."""
+    if args.vae_parallel is not None and args.world_size == 1:
+        flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
+        return f"{flag} splits the VAE decode over several ranks; this run has --world-size 1"
+    return None
+
+
+def _load(command: DiffusionCommand, args, plan: str, rank: int, world_size: int, dtype, device):
+    return command.loader(args.checkpoint, command.get_plan(plan), rank, world_size, dtype, device,
+                          dense_dtype=args.dense_dtype, attention_dtype=args.attention_dtype)
+
+
+def build_pipeline(command: DiffusionCommand, ctx: RankContext, args: argparse.Namespace):
+    """This rank's share of the model, loaded, and its pipeline (the command's and the server's):
+    (pipeline, loaded, device, dtype)."""
+    device, dtype = rank_device(ctx, args)
+    ctx.progress("loading")
+    loaded = _load(command, args, args.plan, ctx.rank, ctx.world_size, dtype, device)
+    options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
+    vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
+    pipe = command.pipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, vae_group)
+    return pipe, loaded, device, dtype
+
+
+def cache_decisions(report: dict) -> list:
+    """What a step cache decided: the full steps, and per row where rows decide (first-block)."""
+    return [report["full_steps"], report.get("full_rows"),
+            [s.get("full_rows") for s in report.get("segments", [])]]
+
+
+def _check(command: DiffusionCommand, ctx, args, req, result, dtype, device) -> dict:
+    """Rank 0: this run against the same request on one process (`--check`)."""
+    with reference_threads(ctx, device):
+        reference = _load(command, args, "single", 0, 1, dtype, device)
+        ref = command.pipeline(reference.model, reference.tokenizer, reference.controller, device).generate(
+            req, record=True)
+    mine, theirs = getattr(result, command.makes), getattr(ref, command.makes)
+    check = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
+             "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
+             f"max_abs_diff_{command.makes}": max_diff([mine], [theirs]),
+             "rel_l2_noise": rel_l2(result.record["noise"], ref.record["noise"])}
+    if req.step_cache is not None:   # the plan must take every decision one process takes
+        check["same_cache_decisions"] = cache_decisions(result.record["step_cache"]) == \
+            cache_decisions(ref.record["step_cache"])
+    return check
+
+
+def run_rank(command: DiffusionCommand, ctx: RankContext, args: argparse.Namespace) -> dict:
+    """One request on this rank (warm-up, the timed run, --profile, --check); rank 0's dict
+    holds the output and everything the report needs."""
+    pipe, loaded, device, dtype = build_pipeline(command, ctx, args)
+    req = command.request_from_args(args)
+
+    def progress(phase, done, total):
+        ctx.progress(f"{phase} {done}/{total}")
+
+    warmup_ms = None
+    if args.warmup if args.warmup is not None else (args.compile or device.type == "cuda"):
+        t0 = time.perf_counter()
+        pipe.generate(replace(req, steps=min(req.steps, 2)), progress=progress)
+        warmup_ms = (time.perf_counter() - t0) * 1e3
+    warm_graphs = unique_graphs()
+    settle_heap()   # keep the collector off what loading and compiling made (dtgen/host.py)
+    with GcPauses() as gc_pauses:
+        result = pipe.generate(req, progress=progress, record=args.check)
+    compile_report = compile_facts(pipe.compiler, warm_graphs) if args.compile else None
+    profile_summary = None
+    if args.profile:
+        profiler = PhaseProfiler(args.profile, ctx.rank, group=loaded.controller.topology.control,
+                                 table_rows=command.profile_rows)
+        profiled = pipe.generate(req, progress=progress, profiler=profiler)
+        profile_summary = profiler.write(profiled.timings_ms, compile_report)
+    out = {"rank": ctx.rank, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+           "request": _request_fields(req), "timings_ms": result.timings_ms, "warmup_ms": warmup_ms,
+           "compile": compile_report, "tokens_per_step": result.record.get("tokens_per_step"),
+           "profile": profile_summary, "step_cache": result.record.get("step_cache")}
+    facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(), "storage_bytes": loaded.storage.nbytes,
+             "peak_memory_bytes": peak_memory(device), "gc": gc_pauses.as_dict()}
+    out["ranks"] = gather_rank_facts(ctx, facts, loaded.controller.topology.control)
+    if ctx.rank == 0:
+        out["output"] = getattr(result, command.makes)
+        if args.check:
+            out["check"] = _check(command, ctx, args, req, result, dtype, device)
+    return out
+
+
+def _request_fields(req) -> dict:
+    """The request as the report records it: every field but the prompts, JSON-ready."""
+    fields = {k: v for k, v in dataclasses.asdict(req).items() if k not in ("prompt", "negative_prompt")}
+    return json.loads(json.dumps(fields, default=str))   # (a step cache's config is a dataclass: a dict by now)
+
+
+def steps_text(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    runs = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs) or "none"
+
+
+def _cache_rows(report: dict) -> list[tuple[str, str]]:
+    cache = report.get("step_cache")
+    if cache is None:
+        return []
+    r = report["timings_ms"]
+    knobs = ", ".join(f"{k}={v}" for k, v in cache["config"].items() if k not in ("method", "mag_ratios"))
+    ms = lambda v: "-" if v is None else f"{v:.1f} ms"  # noqa: E731
+    rows = [("step cache", f"{cache['method']} ({knobs})"),
+            ("full steps", f"{len(cache['full_steps'])} of {cache['steps']}: {steps_text(cache['full_steps'])}"),
+            ("reused steps", steps_text(cache["cached_steps"])),
+            ("full / reused step", f"{ms(r['denoise_full_step'])} / {ms(r['denoise_cached_step'])}")]
+    rows_full = cache.get("full_rows")
+    if rows_full and any(len(set(row)) > 1 for row in rows_full):
+        rows.append(("rows differ", ", ".join(f"step {i}: " + "".join("F" if f else "c" for f in row)
+                                              for i, row in enumerate(rows_full) if len(set(row)) > 1)))
+    if "mag_ratios" in cache:
+        rows.append(("mag_ratios", "/".join(f"{x:.5f}" for x in cache["mag_ratios"])))
+    return rows
+
+
+def _report(args, main: dict, tiny: bool) -> dict:
+    t, ranks = main["timings_ms"], main["ranks"]
+    steps = t["denoise_step"]
+    report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
+              "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
+              "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
+              "request": main["request"], "tokens_per_step": main["tokens_per_step"],
+              "timings_ms": {"encode": t["encode"], "denoise_step": sum(steps[1:]) / max(len(steps) - 1, 1),
+                             "denoise_first_step": steps[0], "decode": t["decode"], "total": t["total"],
+                             "denoise_steps": steps},
+              "warmup_ms": main["warmup_ms"], "phase_switch": max((r["switch"] for r in ranks), key=lambda s: s["ms"]),
+              "storage_bytes_per_rank": [r["storage_bytes"] for r in ranks],
+              "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks]}
+    if main.get("step_cache") is not None:
+        report["step_cache"] = main["step_cache"]
+        report["timings_ms"]["denoise_full_step"] = t["denoise_full_step"]      # steps after the first
+        report["timings_ms"]["denoise_cached_step"] = t["denoise_cached_step"]
+    for key in ("check", "compile"):
+        if main.get(key) is not None:
+            report[key] = main[key]
+    return report
+
+
+def _rows(command: DiffusionCommand, args, main: dict, report: dict) -> list[tuple[str, str]]:
+    r, switch, ranks = report["timings_ms"], report["phase_switch"], main["ranks"]
+    warm = "off" if main["warmup_ms"] is None else f"{main['warmup_ms']:9.1f} ms (not in the figures)"
+    rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
+            (command.makes, command.describe(args, main)), ("warm-up run", warm),
+            ("text encode", f"{r['encode']:9.1f} ms"),
+            ("denoise", f"{r['denoise_step']:9.1f} ms/step ({len(r['denoise_steps'])} steps; the first "
+                        f"{r['denoise_first_step']:.1f} ms)"),
+            ("phase switch", f"{switch['ms']:9.2f} ms, weights copied {switch['weights_copied']}"),
+            *_cache_rows(report),
+            ("VAE decode", f"{r['decode']:9.1f} ms"),
+            ("total", f"{r['total']:9.1f} ms")]
+    if all(p is not None for p in report["peak_memory_bytes_per_rank"]):
+        rows.append(("memory / rank", ", ".join(f"{x['storage_bytes'] / 1e9:.1f} GB weights, "
+                                                f"{x['peak_memory_bytes'] / 1e9:.1f} GB peak" for x in ranks)))
+    if "compile" in report:
+        c = report["compile"]
+        rows.append(("compile", f"{c['graphs']} graphs, {c['graph_breaks']} breaks, "
+                                f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
+    rows += [(f"check {k}", str(v) if isinstance(v, bool) else f"{v:.3e}") for k, v in report.get("check", {}).items()]
+    return rows
+
+
+def write_report(command: DiffusionCommand, args, main: dict, tiny: bool) -> dict:
+    """Rank 0: the output file, the table on stdout, and the JSON report (--report)."""
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command.save(main["output"], out, args)
+    report = _report(args, main, tiny)
+    print(table(_rows(command, args, main, report)))
+    print(f"wrote {out}")
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.report}")
+    return report
