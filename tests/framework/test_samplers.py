@@ -244,7 +244,7 @@ def test_reset_replays_the_same_trajectory(name):
     (lambda: UniPCFlowSampler(10, 3.0, order=3), "order must be 1 or 2"),
     (lambda: make_sampler("unipc", 10, 3.0, num_train_timesteps=0), "num_train_timesteps"),
     (lambda: make_sampler("euler", 2, 3.0).step(torch.zeros(2, 3), torch.zeros(2, 4)), "shape"),
-    (lambda: DynamicShiftSampler(1, 4096, dict(QWEN_SCHEDULER)), "steps must be >= 2 with the scheduler's shift_terminal"),
+    (lambda: DynamicShiftSampler(1, 4096, dict(QWEN_SCHEDULER)), "steps must be >= 2 with the scheduler's shift_t"),
     (lambda: DynamicShiftSampler(0, 4096, dict(QWEN_SCHEDULER)), "steps must be an integer >= 1, got 0"),
     (lambda: DynamicShiftSampler(4, 4096, {**QWEN_SCHEDULER, "use_karras_sigmas": True}), "use_karras_sigmas"),
 ])

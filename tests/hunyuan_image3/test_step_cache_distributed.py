@@ -77,7 +77,8 @@ def _params():
         for case in CASES:
             for plan_name in PLANS_BY_WORLD[world]:
                 problem = _problem(case, plan_name)
-                marks = [pytest.mark.skip(reason=f"{case.name} cannot run under {plan_name}: {problem}")] if problem else []
+                reason = f"{case.name} cannot run under {plan_name}: {problem}"
+                marks = [pytest.mark.skip(reason=reason)] if problem else []
                 params.append(pytest.param(case, plan_name, id=f"{case.name}-{plan_name}", marks=marks))
     return params
 
