@@ -3,7 +3,8 @@
 Two ways to drive it, for two references:
 - the functions (HunyuanImage-3's official scheduler): `flow_match_sigmas(steps, shift)` then
   `euler_step(x, v, sigma, sigma_next)` per step, all in float32;
-- a sampler object (diffusers' schedulers, step-for-step equal): built for one (steps, shift),
+- a sampler object (diffusers' schedulers, bit for bit: sigmas, timesteps and every step):
+  built for one (steps, shift) (`DynamicShiftSampler`: steps, token count, scheduler config),
   its tables computed once, `step(model_output, sample)` advancing one step and keeping its
   own multistep history. Use:
 
@@ -140,29 +141,41 @@ class DynamicShiftSampler(FlowEulerSampler):
     """FlowMatchEulerDiscreteScheduler as a diffusers `scheduler_config.json` sets it up and
     QwenImagePipeline calls it: sigmas linspace(1, 1/steps), shifted by mu (which grows linearly
     with the image's token count: `use_dynamic_shifting`) or by the static `shift`, stretched to
-    end at `shift_terminal`. Its `step` is Euler's."""
+    end at `shift_terminal`. Its `step` is Euler's.
+
+    Bit for bit diffusers' tables: mu in `calculate_shift`'s order of float64 ops, then every
+    op in float32 as numpy does it there (a Python number rounded to float32 first, then a
+    true float32 division; torch's `number / tensor` would multiply by a rounded reciprocal
+    instead and move the first sigma off 1.0 by an ulp). One step with `shift_terminal` is
+    refused: the stretch divides 0 by 0 there (diffusers' schedule is NaN)."""
 
     def __init__(self, steps: int, image_seq_len: int, config: dict):
+        _check(steps, config.get("shift", 1.0), config.get("num_train_timesteps", 1000))
         for key in ("use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "invert_sigmas",
                     "stochastic_sampling"):
             if config.get(key):
                 raise ValueError(f"scheduler config: '{key}'=true is not supported")
+        if steps == 1 and config.get("shift_terminal"):
+            raise ValueError("steps must be >= 2 with the scheduler's shift_terminal "
+                             "(one step stretches 0 / 0: diffusers' schedule is NaN)")
         base, top = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)
         lo, hi = config.get("base_shift", 0.5), config.get("max_shift", 1.15)
-        mu = image_seq_len * (hi - lo) / (top - base) + lo - (hi - lo) / (top - base) * base   # calculate_shift
+        slope = (hi - lo) / (top - base)                      # calculate_shift, its order of ops
+        mu = image_seq_len * slope + (lo - slope * base)
         sigmas = _linspace(1.0, 1 / steps, steps).float()
+        f32 = lambda x: torch.tensor(x, dtype=torch.float32)   # noqa: E731  a Python number as numpy rounds it
         if config.get("use_dynamic_shifting", False):
             kind = config.get("time_shift_type", "exponential")
             if kind not in ("exponential", "linear"):
                 raise ValueError(f"scheduler config: time_shift_type={kind!r} is not supported")
-            m = math.exp(mu) if kind == "exponential" else mu
-            sigmas = m / (m + (1 / sigmas - 1))
+            m = f32(math.exp(mu) if kind == "exponential" else mu)
+            sigmas = m / (m + (f32(1) / sigmas - 1))           # m / (m + (1/t - 1) ** 1.0)
         else:
             sigmas = shift_sigmas(sigmas, config.get("shift", 1.0))
         if config.get("shift_terminal"):
             one_minus = 1 - sigmas
-            sigmas = 1 - one_minus / (one_minus[-1] / (1 - config["shift_terminal"]))
-        self.steps, self.mu = steps, mu
+            sigmas = 1 - one_minus / (one_minus[-1] / f32(1 - config["shift_terminal"]))
+        self.steps, self.shift, self.mu = steps, config.get("shift", 1.0), mu
         self._set_sigmas(sigmas, config.get("num_train_timesteps", 1000))
 
 

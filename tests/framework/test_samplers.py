@@ -1,18 +1,30 @@
-"""dtgen.layers.flow_match's samplers against diffusers' schedulers driven as WanPipeline drives them.
+"""dtgen.layers.flow_match's samplers against diffusers' schedulers driven as WanPipeline and
+QwenImagePipeline drive them, bit for bit: sigmas, timesteps and every step's sample.
 
-The reference is diffusers' UniPCMultistepScheduler as Wan's checkpoints configure it (and
-as diffusers' scripts/convert_wan_to_diffusers.py writes it), and FlowMatchEulerDiscreteScheduler(shift).
+The references are diffusers' UniPCMultistepScheduler as Wan's checkpoints configure it (and
+as diffusers' scripts/convert_wan_to_diffusers.py writes it), FlowMatchEulerDiscreteScheduler(shift),
+and FlowMatchEulerDiscreteScheduler with Qwen-Image's scheduler_config.json (dynamic shift, mu
+from the image token count, shift_terminal) set as QwenImagePipeline sets it: `retrieve_timesteps`
+with sigmas linspace(1, 1/steps) and mu from `calculate_shift`.
 Trajectories use a deterministic fake model with classifier-free guidance combined as WanPipeline
 does: noise_uncond + guidance_scale * (noise_pred - noise_uncond).
 """
+import numpy as np
 import pytest
 import torch
 
-from dtgen.layers.flow_match import FlowEulerSampler, UniPCFlowSampler, make_sampler
+from dtgen.layers.flow_match import DynamicShiftSampler, FlowEulerSampler, UniPCFlowSampler, make_sampler
+from models.qwen_image.tiny import tiny_configs
 
 SHIFTS = (3.0, 5.0)          # Wan: 3.0 for 480p, 5.0 for 720p
+TABLE_SHIFTS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0)
 STEPS = (1, 2, 3, 10, 50)
+TABLE_STEPS = (1, 2, 3, 4, 10, 20, 25, 30, 40, 50)
 GUIDANCE = 5.0
+QWEN_SCHEDULER = tiny_configs()["scheduler"]    # Qwen/Qwen-Image's scheduler_config.json
+# Image sizes (height, width) in pixels; Qwen-Image has 16 px a token (VAE 8 x patch 2).
+QWEN_SIZES = ((64, 48), (512, 512), (1024, 1024), (1328, 1328), (928, 1664), (1664, 928), (2048, 2048))
+QWEN_STEPS = (2, 3, 4, 8, 20, 28, 50)
 
 
 def _unipc_reference(shift, cuda_promotion=False, solver_order=2):
@@ -37,6 +49,26 @@ def _euler_reference(shift):
     return diffusers.FlowMatchEulerDiscreteScheduler(shift=shift)
 
 
+def _qwen_reference(config, steps, image_seq_len):
+    """The scheduler with `config` after QwenImagePipeline's own set-up for `steps` and the token
+    count: sigmas linspace(1, 1/steps), mu from calculate_shift, through retrieve_timesteps."""
+    diffusers = pytest.importorskip("diffusers")
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
+    ref = diffusers.FlowMatchEulerDiscreteScheduler.from_config(config)
+    mu = calculate_shift(image_seq_len, ref.config.get("base_image_seq_len", 256),
+                         ref.config.get("max_image_seq_len", 4096), ref.config.get("base_shift", 0.5),
+                         ref.config.get("max_shift", 1.15))
+    retrieve_timesteps(ref, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    return ref, mu
+
+
+def _assert_same_tables(mine, ref):
+    """sigmas and timesteps equal bit for bit, dtypes included."""
+    assert mine.sigmas.dtype == ref.sigmas.dtype and mine.timesteps.dtype == ref.timesteps.dtype
+    assert torch.equal(mine.sigmas, ref.sigmas), (mine.sigmas - ref.sigmas).abs().max()
+    assert torch.equal(mine.timesteps, ref.timesteps), (mine.timesteps - ref.timesteps).abs().max()
+
+
 def _fake_model(x, t):
     """(cond, uncond) flow velocities: fixed functions of the sample and the timestep."""
     s = t.float() / 1000
@@ -55,9 +87,12 @@ def _trajectory(step, timesteps, x, model_dtype):
     return out
 
 
-def _compare(ref, mine, steps, model_dtype=torch.float32, device="cpu"):
-    """Drive both from the same noise; every intermediate sample equal (dtype and values)."""
-    ref.set_timesteps(steps, device=device)
+def _compare(ref, mine, steps, model_dtype=torch.float32, device="cpu", set_timesteps=True):
+    """Drive both from the same noise; every intermediate sample equal (dtype and values): bit
+    for bit on CPU; on CUDA to 1e-6 (the bound test_cuda_matches_diffusers has been run with).
+    `set_timesteps` False: `ref` is already set up (on `device`)."""
+    if set_timesteps:
+        ref.set_timesteps(steps, device=device)
     ref.set_begin_index(0)
     assert torch.equal(mine.timesteps, ref.timesteps.cpu())
     x = torch.randn(2, 4, 3, 8, 8, generator=torch.Generator().manual_seed(0)).to(device)
@@ -65,7 +100,10 @@ def _compare(ref, mine, steps, model_dtype=torch.float32, device="cpu"):
     got = _trajectory(lambda v, x, t: mine.step(v, x), ref.timesteps, x, model_dtype)
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.device == w.device, (i, g.dtype, w.dtype)
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-6, msg=lambda m: f"step {i}: {m}")
+        if g.device.type == "cpu":
+            assert torch.equal(g, w), f"step {i}: max |diff| {float((g.float() - w.float()).abs().max())}"
+        else:
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-6, msg=lambda m: f"step {i}: {m}")
     return got
 
 
@@ -79,27 +117,60 @@ def test_wan_unipc_configuration():
     assert not (c.use_dynamic_shifting or c.shift_terminal or c.solver_p)
 
 
-@pytest.mark.parametrize("shift", SHIFTS)
-@pytest.mark.parametrize("steps", STEPS)
+@pytest.mark.parametrize("shift", TABLE_SHIFTS)
+@pytest.mark.parametrize("steps", TABLE_STEPS)
 def test_unipc_tables_match_diffusers(shift, steps):
     ref = _unipc_reference(shift)
     ref.set_timesteps(steps)
     mine = make_sampler("unipc", steps, shift)
-    assert mine.timesteps.dtype == ref.timesteps.dtype == torch.int64
-    assert torch.equal(mine.timesteps, ref.timesteps)
-    assert mine.sigmas.dtype == ref.sigmas.dtype == torch.float32
-    assert torch.equal(mine.sigmas, ref.sigmas)
+    assert mine.timesteps.dtype == torch.int64 and mine.sigmas.dtype == torch.float32
+    _assert_same_tables(mine, ref)
 
 
-@pytest.mark.parametrize("shift", SHIFTS)
-@pytest.mark.parametrize("steps", STEPS)
+@pytest.mark.parametrize("shift", TABLE_SHIFTS)
+@pytest.mark.parametrize("steps", TABLE_STEPS)
 def test_euler_tables_match_diffusers(shift, steps):
     ref = _euler_reference(shift)
     ref.set_timesteps(steps)
     mine = make_sampler("euler", steps, shift)
-    assert mine.timesteps.dtype == ref.timesteps.dtype == torch.float32
-    assert torch.equal(mine.timesteps, ref.timesteps)
-    assert torch.equal(mine.sigmas, ref.sigmas)
+    assert mine.timesteps.dtype == torch.float32 and mine.sigmas.dtype == torch.float32
+    _assert_same_tables(mine, ref)
+
+
+@pytest.mark.parametrize("size", QWEN_SIZES, ids=lambda hw: "x".join(map(str, hw)))
+@pytest.mark.parametrize("steps", QWEN_STEPS)
+def test_qwen_image_tables_match_diffusers(steps, size):
+    """Qwen-Image's dynamic shift: mu from the token count, shift_terminal 0.02. The first sigma is
+    exactly 1.0 (1000 * sigma is the timestep, which the model's embedding scales by 1000 again)."""
+    tokens = (size[0] // 16) * (size[1] // 16)
+    ref, mu = _qwen_reference(QWEN_SCHEDULER, steps, tokens)
+    mine = DynamicShiftSampler(steps, tokens, dict(QWEN_SCHEDULER))
+    assert mine.mu == mu
+    _assert_same_tables(mine, ref)
+    assert float(mine.sigmas[0]) == 1.0 and float(mine.timesteps[0]) == 1000.0
+
+
+@pytest.mark.parametrize("overrides", [
+    {"time_shift_type": "linear"},
+    {"shift_terminal": None},
+    {"use_dynamic_shifting": False, "shift": 3.0},
+    {"use_dynamic_shifting": False, "shift": 3.0, "shift_terminal": None},
+    {"base_shift": 0.3, "max_shift": 1.6, "base_image_seq_len": 64, "max_image_seq_len": 4096, "shift_terminal": 0.1},
+], ids=["linear", "no-terminal", "static", "static-no-terminal", "other-range"])
+@pytest.mark.parametrize("steps, tokens", [(2, 12), (4, 1024), (20, 6032), (50, 4096), (30, 16384)])
+def test_dynamic_shift_variants_match_diffusers(overrides, steps, tokens):
+    config = {**QWEN_SCHEDULER, **overrides}
+    ref, mu = _qwen_reference(config, steps, tokens)
+    mine = DynamicShiftSampler(steps, tokens, config)
+    assert mine.mu == mu
+    _assert_same_tables(mine, ref)
+
+
+def test_dynamic_shift_one_step_without_terminal_matches_diffusers():
+    """One step is fine without shift_terminal (with it, diffusers' stretch is 0 / 0: refused below)."""
+    config = {**QWEN_SCHEDULER, "shift_terminal": None}
+    ref, _ = _qwen_reference(config, 1, 4096)
+    _assert_same_tables(DynamicShiftSampler(1, 4096, config), ref)
 
 
 @pytest.mark.parametrize("shift", SHIFTS)
@@ -117,6 +188,16 @@ def test_unipc_first_order_matches_diffusers():
 @pytest.mark.parametrize("steps", (2, 10))
 def test_euler_cfg_trajectory_matches_diffusers(shift, steps):
     _compare(_euler_reference(shift), FlowEulerSampler(steps, shift), steps)
+
+
+@pytest.mark.parametrize("model_dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("steps, tokens", [(3, 12), (10, 4096)])
+def test_qwen_image_cfg_trajectory_matches_diffusers(steps, tokens, model_dtype):
+    """DynamicShiftSampler.step is diffusers' Euler step on Qwen-Image's schedule."""
+    ref, _ = _qwen_reference(QWEN_SCHEDULER, steps, tokens)
+    got = _compare(ref, DynamicShiftSampler(steps, tokens, dict(QWEN_SCHEDULER)), steps, model_dtype,
+                   set_timesteps=False)
+    assert got[-1].dtype == model_dtype
 
 
 def test_unipc_bf16_model_outputs_match_diffusers():
@@ -163,6 +244,9 @@ def test_reset_replays_the_same_trajectory(name):
     (lambda: UniPCFlowSampler(10, 3.0, order=3), "order must be 1 or 2"),
     (lambda: make_sampler("unipc", 10, 3.0, num_train_timesteps=0), "num_train_timesteps"),
     (lambda: make_sampler("euler", 2, 3.0).step(torch.zeros(2, 3), torch.zeros(2, 4)), "shape"),
+    (lambda: DynamicShiftSampler(1, 4096, dict(QWEN_SCHEDULER)), "steps must be >= 2 with the scheduler's shift_t"),
+    (lambda: DynamicShiftSampler(0, 4096, dict(QWEN_SCHEDULER)), "steps must be an integer >= 1, got 0"),
+    (lambda: DynamicShiftSampler(4, 4096, {**QWEN_SCHEDULER, "use_karras_sigmas": True}), "use_karras_sigmas"),
 ])
 def test_bad_input_is_refused_in_one_line(call, match):
     with pytest.raises(ValueError, match=match) as err:

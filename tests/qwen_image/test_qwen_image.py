@@ -119,19 +119,22 @@ def test_vae_decode_matches_diffusers(pipe, reference):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_sampler_matches_diffusers_scheduler(reference):
-    """Sigmas and timesteps of the dynamic shift (mu from the token count, shift_terminal 0.02),
-    to a float32 ulp or two (numpy's float32 order of operations there, torch's here)."""
+def test_sampler_matches_diffusers_scheduler(pipe, reference):
+    """The checkpoint's scheduler as QwenImagePipeline sets it up (sigmas linspace(1, 1/steps), mu
+    from the token count through calculate_shift, shift_terminal 0.02): mu, sigmas and timesteps
+    bit for bit, and the first sigma exactly 1.0. tests/framework/test_samplers.py covers more
+    sizes, step counts and the step itself."""
     import numpy as np
-    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
     c = reference.scheduler.config
-    for steps, tokens in ((3, 12), (50, 4096)):
-        ours = DynamicShiftSampler(steps, tokens, dict(c))
+    for steps, tokens in ((3, 12), (2, 256), (20, 1024), (50, 4096), (28, 6032)):
+        ours = DynamicShiftSampler(steps, tokens, pipe.model.cfgs.scheduler)
         mu = calculate_shift(tokens, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
-        reference.scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
-        assert ours.mu == pytest.approx(mu, rel=1e-12)
-        torch.testing.assert_close(ours.sigmas, reference.scheduler.sigmas, atol=0, rtol=3e-7)
-        torch.testing.assert_close(ours.timesteps, reference.scheduler.timesteps, atol=0, rtol=3e-7)
+        retrieve_timesteps(reference.scheduler, steps, "cpu", sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+        assert ours.mu == mu
+        assert torch.equal(ours.sigmas, reference.scheduler.sigmas), steps
+        assert torch.equal(ours.timesteps, reference.scheduler.timesteps), steps
+        assert float(ours.sigmas[0]) == 1.0
 
 
 def test_three_step_cfg_run_matches_diffusers(pipe, reference):
