@@ -38,6 +38,10 @@ class ShapeBuckets:
     text_rows: int = 0
     batch: tuple[str, ...] = ()
 
+    def fields(self, text_rows: bool = False) -> tuple[str, ...]:
+        """What each place of `key` holds: the size fields, "text_rows" (when counted), the batch fields."""
+        return (*self.sizes, *(("text_rows",) if text_rows else ()), *self.batch)
+
     def key(self, request, text_rows: int | None = None) -> tuple:
         """`request`'s bucket: its size fields, its prompt's bucketed rows (when given: the
         model's text is bucketed and the caller counted them), then the fields of `batch`."""

@@ -21,21 +21,26 @@ inside the call.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
-from dtgen.diffusion_run import DiffusionRun
+from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
+from dtgen.sequence import SlotHole
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered
-from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, run_step
+from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig, parse_step_cache
 
 from .model import QwenImageT2I
+from .spec import SPEC
 from .text_encoder import encode_prompt
 from .transformer import QwenImageTransformer, run_block
 
@@ -65,6 +70,16 @@ class T2IRequest:
         check_int("max_sequence_length", self.max_sequence_length, 1, 1024)
         check_step_cache(self.step_cache)
 
+    # What requests of one batch share beyond their size and steps (`SPEC.buckets.batch`):
+    # the step cache however it is written, and whether CFG is on (one call site or two).
+    @property
+    def step_cache_config(self) -> StepCacheConfig | None:
+        return parse_step_cache(self.step_cache)
+
+    @property
+    def guided(self) -> bool:
+        return self.true_cfg_scale > 1
+
 
 @dataclass
 class T2IResult:
@@ -86,6 +101,18 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
 
 
+def joint_text(texts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A call's text rows [B, L, D] from each row's prompt [1, L_b, D] (each encoded alone,
+    every row real), zero-padded at the tail to the longest, and each row's real length [B];
+    None where every row has the same length (nothing is padded: a single request's call)."""
+    lengths = [t.shape[1] for t in texts]
+    if len(set(lengths)) == 1:
+        return (texts[0] if len(texts) == 1 else torch.cat(texts)), None
+    longest = max(lengths)
+    text = torch.cat([F.pad(t, (0, 0, 0, longest - t.shape[1])) for t in texts])
+    return text, torch.tensor(lengths, device=text.device)
+
+
 def true_cfg(noise: torch.Tensor, scale: float) -> torch.Tensor:
     """QwenImagePipeline's true CFG of the rows [cond; uncond]: the guided prediction, rescaled
     per row to the conditional prediction's norm over channels."""
@@ -103,14 +130,35 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
     return dit.time_embedding(t, dtype)
 
 
-def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
-    """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
+def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid, text_rows=None) -> LocalInputs:
+    """`embed_split` of a call's rows; where their prompts differ in length (`text_rows` [B]:
+    each row's real text rows, the rest of its L rows zero padding, `joint_text`) each row
+    hides its padding from the joint attention: a per-row hole [text_rows[b], L) in the slots
+    (text at 0..L-1, the image after it), so each row attends as its prompt alone would
+    (diffusers' QwenImagePipeline masks a batch of prompts' padding the same way)."""
     local = embed_split(rt, dit, x, t, text, *grid)
+    if text_rows is None:
+        return local
+    return local._replace(meta=dataclasses.replace(local.meta, hole=SlotHole(text_rows, text.shape[1])))
+
+
+def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid, text_rows=None) -> torch.Tensor:
+    """The prediction [B, h*w, C*4] of a call's rows (one CFG branch each), spread over the
+    phase's SP ranks. `text_rows`: see `step_inputs`."""
+    local = step_inputs(rt, dit, x, t, text, grid, text_rows)
     img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
     return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
 
 
-class QwenImagePipeline:
+class QwenImagePipeline(DiffusionPipeline):
+    """Qwen-Image's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
+    (dtgen/denoise_loop.py): requests of one bucket (`SPEC.buckets`) run as rows of one batch,
+    one call per CFG branch (true CFG as QwenImagePipeline runs it), each row's prompt padded
+    to the call's longest and its padding masked (`step_inputs`)."""
+
+    buckets = SPEC.buckets
+    cfg_together = False
+
     def __init__(self, model: QwenImageT2I, tokenizer, controller, device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None):
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
@@ -121,7 +169,7 @@ class QwenImagePipeline:
         self.compiler = self.steps.compiler
         if self.steps.regions:
             model.transformer.run_block = self.steps.region(run_block)
-        pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
+        pieces = (dit_step, step_inputs, step_blocks, final_gathered, step_time)
         self._step, self._inputs, self._blocks, self._head, self._time = map(self.steps.step, pieces)
 
     @property
@@ -142,19 +190,21 @@ class QwenImagePipeline:
         C, h, w = self.model.transformer.cfg.in_channels // 4, grid[0] * 2, grid[1] * 2
         return pack(torch.randn((1, 1, C, h, w), generator=generator).reshape(1, C, 1, h, w))
 
-    def encode(self, req: T2IRequest, cfg: bool) -> list[torch.Tensor]:
-        prompts = [req.prompt, req.negative_prompt] if cfg else [req.prompt]
+    def encode(self, req: T2IRequest) -> list[torch.Tensor]:
+        """Each branch's prompt [1, L, hidden], encoded alone: the prompt, and the negative
+        prompt when CFG is on."""
+        prompts = [req.prompt, req.negative_prompt] if req.guided else [req.prompt]
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def denoiser_call(self, rt, x, t, text, grid) -> DenoiserCall:
-        """One branch's evaluation cut for a step cache: embed = this rank's image rows entering
-        block 0; blocks lo..hi-1 carry the text stream from the call's previous blocks; head =
-        final layer + SP gather."""
+    def denoiser_call(self, rt, x, t, text, grid, text_rows=None) -> DenoiserCall:
+        """One evaluation of a call's rows cut for a step cache: embed = this rank's image rows
+        entering block 0; blocks lo..hi-1 carry the text stream from the call's previous
+        blocks; head = final layer + SP gather. `text_rows`: see `step_inputs`."""
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid)
+            made["inputs"] = self._inputs(rt, dit, x, t, text, grid, text_rows)
             made["txt"] = (0, made["inputs"].inputs.txt)
             return made["inputs"].inputs.img
 
@@ -171,41 +221,49 @@ class QwenImagePipeline:
             return self._head(rt, dit, img, temb, rows)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
-                            rows=RowLayout(rt.seq, 1, rows))
+                            rows=RowLayout(rt.seq, 1, rows),
+                            predict=lambda: self._step(rt, dit, x, t, text, grid, text_rows))
 
     def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
         """[H, W, 3] uint8 on the main rank (None on the others)."""
         image = decode_uint8(self.model.vae, unpack(latents, *grid), self.vae_group, self.is_main)
         return None if image is None else image[0, 0]
 
-    @torch.no_grad()
+    # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
+    def segments(self, rt, timesteps: torch.Tensor, req: T2IRequest) -> list[Segment]:
+        """One MMDiT for every step; CFG on: both branches (no CFG: the conditional one alone,
+        on every rank of a CFG axis too)."""
+        return [Segment(self.model.transformer, 0, len(timesteps), 2 if req.guided else 1)]
+
+    def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
+        x = rows.latents.to(self.dtype)
+        timestep = (t.to(self.dtype) / 1000).expand(x.shape[0]).to(self.device)   # as diffusers: t / 1000
+        text, text_rows = joint_text([m.context[b] for m in rows.members for b in rows.branches])
+        return self.denoiser_call(rt, x, timestep, text, self.grid(rows.members[0].request), text_rows)
+
+    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
+        return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
+
+    # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
+    def check(self, req: T2IRequest) -> None:
+        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
+
+    def noise(self, req: T2IRequest, generator: torch.Generator) -> torch.Tensor:
+        return self.draw_noise(generator, self.grid(req))
+
+    def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
+        return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)
+
+    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
+        return self.decode(latents, self.grid(req))
+
+    def result(self, req: T2IRequest, image, latents: torch.Tensor, timings: dict, record: dict) -> T2IResult:
+        return T2IResult(image, latents, timings, record)
+
     def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,
                  record: bool = False, progress=None, profiler=None) -> T2IResult:
-        """`latents`: the packed initial noise (default: drawn from `req.seed` on the CPU);
-        `record`: keep every step's guided prediction in `result.record["noise"]`;
-        `profiler`: a `PhaseProfiler`."""
-        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
-        run = DiffusionRun(self.controller, self.device, req.steps, req.step_cache, record, progress, profiler)
-        cfg, grid = req.true_cfg_scale > 1, self.grid(req)
-        with run.phase("encode"):
-            texts = self.encode(req, cfg)
-        latents = run.initial_latents(latents, self.latent_shape(req), req.seed, lambda g: self.draw_noise(g, grid))
-        sampler = DynamicShiftSampler(req.steps, math.prod(grid), self.model.cfgs.scheduler)
-        caches = [make_step_cache(run.cache_config, req.steps) for _ in texts]   # one a branch
-        with run.phase("denoise", "denoise_step", req.steps) as rt:
-            split = cfg and rt.cfg_size == 2   # one branch a rank, the other's prediction by all-gather
-            branches = [rt.cfg_rank] if split else list(range(1 + cfg))
-
-            def predict(i: int, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-                x = latents.to(self.dtype)
-                timestep = (t.to(self.dtype) / 1000).expand(1).to(self.device)   # as diffusers: t / 1000
-                preds = [run_step(caches[b], i, self.denoiser_call(rt, x, timestep, texts[b], grid))
-                         if caches[b] is not None else self._step(rt, self.model.transformer, x, timestep, texts[b], grid)
-                         for b in branches]
-                noise = rt.gather_cfg(preds[0]) if split else torch.cat(preds)
-                return true_cfg(noise, req.true_cfg_scale) if cfg else noise
-
-            latents = run.denoise(sampler, latents, predict)
-            run.report_caches([(0, [caches[b] for b in branches], None)], rt.gather_cfg if split else None)
-        image = run.decode(lambda: self.decode(latents, grid), self.is_main, self.vae_group, decode)
-        return T2IResult(image, latents, run.finish(), run.kept)
+        """One request, the batch of one (`generate_batch`). `latents`: the packed initial
+        noise (default: drawn from `req.seed` on the CPU); `record`: keep every step's guided
+        prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
+        return self.generate_one(req, progress, decode=decode, latents=None if latents is None else [latents],
+                                 record=record, profiler=profiler)
