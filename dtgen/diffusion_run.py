@@ -18,6 +18,7 @@ others their results.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -107,6 +108,7 @@ class DiffusionPipeline:
 
     buckets: ShapeBuckets
     cfg_together: bool = False
+    result_type: type   # built as result_type(pixels, latents, timings, record)
 
     # ---- what the model supplies -------------------------------------------------------
     def check(self, request) -> None:
@@ -133,13 +135,24 @@ class DiffusionPipeline:
         raise NotImplementedError
 
     def result(self, request, pixels: torch.Tensor | None, latents: torch.Tensor, timings: dict, record: dict):
-        raise NotImplementedError
+        return self.result_type(pixels, latents, timings, record)
 
     # ---- the framework's ---------------------------------------------------------------
-    def generate_one(self, request, progress=None, **options):
+    def batch_key(self, request) -> tuple:
+        """What requests must share to run as one batch: the spec's bucket (`buckets.key`), the
+        step cache compared as its config (the same one however it is written)."""
+        return self.buckets.key(dataclasses.replace(request, step_cache=parse_step_cache(request.step_cache)))
+
+    def generate(self, request, progress=None, *, decode: bool = True, latents: torch.Tensor | None = None,
+                 record: bool = False, profiler=None):
         """One request: the batch of one (`generate_batch`). A `progress(phase, done, total)`
-        that raises at a step ends it with that exception."""
-        (result,) = self.generate_batch([request], per_member([progress or _quiet]), **options)
+        that raises at a step ends it with that exception. `decode=False` stops at the
+        denoised latents (diffusers' output_type="latent"); `latents`: the initial noise
+        (default: drawn from the request's seed); `record`: keep every step's guided
+        prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
+        (result,) = self.generate_batch([request], per_member([progress or _quiet]), decode=decode,
+                                        latents=None if latents is None else [latents], record=record,
+                                        profiler=profiler)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -194,7 +207,7 @@ class DiffusionPipeline:
 
     def _check_one_key(self, requests: list) -> None:
         """One line naming the first field the requests of a batch do not share."""
-        keys = [self.buckets.key(r) for r in requests]
+        keys = [self.batch_key(r) for r in requests]
         for key in keys[1:]:
             if key != keys[0]:
                 name = self.buckets.fields()[next(i for i, (a, b) in enumerate(zip(keys[0], key)) if a != b)]

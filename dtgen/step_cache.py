@@ -18,7 +18,9 @@ The framework owns the rest:
 - the state: one `StepCache` per request and call site (a CFG branch run on its own is a call
   site; rows of one call are extrapolated independently). A request builds new ones, so
   nothing survives into the next request (the official implementation keeps its cache on the
-  model object);
+  model object). Requests batched as rows of one call keep one each: `run_step_batch` runs
+  the call's pieces once for every row and each cache decides and updates for its request's
+  rows alone (`StepCache.run_rows`; a cache called on its own is the batch of one);
 - the report (`StepCache.report()`): which steps ran in full, which were reused, and how;
   `merged_report` joins a request's call sites, `concat_reports` the denoisers that run one
   after another (Wan2.2-A14B's two experts, each with caches of its own), `gather_rows` the

@@ -4,7 +4,7 @@ and how an image answer is encoded (HunyuanImage-3's too).
 Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
 encode before the first step and the VAE decode after the last, so a job's progress covers
 every phase. Its requests batch (`BatchingAdapter`, dtgen/serve/engine.py): `batch_key` is
-the pipeline's bucket as its spec declares it (`pipe.buckets`), `generate_batch` runs jobs of
+the pipeline's bucket as its spec declares it (`pipe.batch_key`), `generate_batch` runs jobs of
 one key as one batch (`pipe.generate_batch`, dtgen/diffusion_run.py), each job keeping its
 own progress, cancel and deadline. A subclass gives `pipe` (a `DiffusionPipeline`),
 `defaults` (a request with `steps`), `warmup`, its own `parse`, and `respond` (rank 0's
@@ -101,7 +101,7 @@ class DiffusionAdapter:
     def batch_key(self, job) -> tuple:
         """What jobs must share to run as one batch: the pipeline's bucket (its spec's
         `ShapeBuckets`: the output's size, the schedule, the step cache, CFG on or off)."""
-        return self.pipe.buckets.key(self.request_of(job))
+        return self.pipe.batch_key(self.request_of(job))
 
     def generate_batch(self, jobs: list, progress) -> list:
         """The jobs on this rank as one batch: per job its answer (rank 0; None elsewhere) or

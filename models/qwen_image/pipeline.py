@@ -6,6 +6,14 @@ the text encoder on the prompt (and the negative prompt when CFG is on), each al
 axis), with the text and image rows spread over the phase's SP ranks; `decode` runs the VAE,
 split over a spatial group when the caller gives one.
 
+Requests of one bucket (`SPEC.buckets`: size, steps, step cache, CFG on or off) run their
+denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): a call
+holds one branch of every member, each prompt encoded alone (its own length), the call's text
+zero-padded at the tail to its longest and each row's padding hidden from the joint attention
+by a per-row hole in the meta (dtgen/seq_split.py `padded_rows`), so every row attends as its
+prompt alone would;
+`generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
+
 True CFG is QwenImagePipeline's: comb = uncond + s (cond - uncond), rescaled per row to the
 conditional prediction's norm over channels. The sampler is its FlowMatchEulerDiscreteScheduler:
 sigmas linspace(1, 1/steps), shifted by mu, which grows linearly with the image's token
@@ -21,12 +29,10 @@ inside the call.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
@@ -35,9 +41,8 @@ from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
-from dtgen.sequence import SlotHole
-from dtgen.seq_split import LocalInputs, embed_split, final_gathered
-from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig, parse_step_cache
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows
+from dtgen.step_cache import DenoiserCall, RowLayout
 
 from .model import QwenImageT2I
 from .spec import SPEC
@@ -70,14 +75,9 @@ class T2IRequest:
         check_int("max_sequence_length", self.max_sequence_length, 1, 1024)
         check_step_cache(self.step_cache)
 
-    # What requests of one batch share beyond their size and steps (`SPEC.buckets.batch`):
-    # the step cache however it is written, and whether CFG is on (one call site or two).
-    @property
-    def step_cache_config(self) -> StepCacheConfig | None:
-        return parse_step_cache(self.step_cache)
-
     @property
     def guided(self) -> bool:
+        """CFG on (two call sites a step): what a batch shares beyond its size and steps."""
         return self.true_cfg_scale > 1
 
 
@@ -101,18 +101,6 @@ def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
 
 
-def joint_text(texts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A call's text rows [B, L, D] from each row's prompt [1, L_b, D] (each encoded alone,
-    every row real), zero-padded at the tail to the longest, and each row's real length [B];
-    None where every row has the same length (nothing is padded: a single request's call)."""
-    lengths = [t.shape[1] for t in texts]
-    if len(set(lengths)) == 1:
-        return (texts[0] if len(texts) == 1 else torch.cat(texts)), None
-    longest = max(lengths)
-    text = torch.cat([F.pad(t, (0, 0, 0, longest - t.shape[1])) for t in texts])
-    return text, torch.tensor(lengths, device=text.device)
-
-
 def true_cfg(noise: torch.Tensor, scale: float) -> torch.Tensor:
     """QwenImagePipeline's true CFG of the rows [cond; uncond]: the guided prediction, rescaled
     per row to the conditional prediction's norm over channels."""
@@ -130,22 +118,10 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
     return dit.time_embedding(t, dtype)
 
 
-def step_inputs(rt, dit: QwenImageTransformer, x, t, text, grid, text_rows=None) -> LocalInputs:
-    """`embed_split` of a call's rows; where their prompts differ in length (`text_rows` [B]:
-    each row's real text rows, the rest of its L rows zero padding, `joint_text`) each row
-    hides its padding from the joint attention: a per-row hole [text_rows[b], L) in the slots
-    (text at 0..L-1, the image after it), so each row attends as its prompt alone would
-    (diffusers' QwenImagePipeline masks a batch of prompts' padding the same way)."""
-    local = embed_split(rt, dit, x, t, text, *grid)
-    if text_rows is None:
-        return local
-    return local._replace(meta=dataclasses.replace(local.meta, hole=SlotHole(text_rows, text.shape[1])))
-
-
-def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid, text_rows=None) -> torch.Tensor:
+def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid, hole=None) -> torch.Tensor:
     """The prediction [B, h*w, C*4] of a call's rows (one CFG branch each), spread over the
-    phase's SP ranks. `text_rows`: see `step_inputs`."""
-    local = step_inputs(rt, dit, x, t, text, grid, text_rows)
+    phase's SP ranks. `hole`: each row's text padding (`padded_rows`)."""
+    local = embed_split(rt, dit, x, t, text, *grid, hole=hole)
     img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
     return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
 
@@ -154,10 +130,11 @@ class QwenImagePipeline(DiffusionPipeline):
     """Qwen-Image's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
     (dtgen/denoise_loop.py): requests of one bucket (`SPEC.buckets`) run as rows of one batch,
     one call per CFG branch (true CFG as QwenImagePipeline runs it), each row's prompt padded
-    to the call's longest and its padding masked (`step_inputs`)."""
+    to the call's longest and its padding masked (`padded_rows`)."""
 
     buckets = SPEC.buckets
     cfg_together = False
+    result_type = T2IResult
 
     def __init__(self, model: QwenImageT2I, tokenizer, controller, device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None):
@@ -169,7 +146,7 @@ class QwenImagePipeline(DiffusionPipeline):
         self.compiler = self.steps.compiler
         if self.steps.regions:
             model.transformer.run_block = self.steps.region(run_block)
-        pieces = (dit_step, step_inputs, step_blocks, final_gathered, step_time)
+        pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
         self._step, self._inputs, self._blocks, self._head, self._time = map(self.steps.step, pieces)
 
     @property
@@ -185,8 +162,9 @@ class QwenImagePipeline(DiffusionPipeline):
         """The packed latents [1, h*w, C*4] (what QwenImagePipeline takes as `latents`)."""
         return (1, math.prod(self.grid(req)), self.model.transformer.cfg.in_channels)
 
-    def draw_noise(self, generator: torch.Generator, grid) -> torch.Tensor:
+    def noise(self, req: T2IRequest, generator: torch.Generator) -> torch.Tensor:
         """diffusers' draw: [1, 1, C, H/8, W/8] normals, then packed (the same memory, as diffusers views it)."""
+        grid = self.grid(req)
         C, h, w = self.model.transformer.cfg.in_channels // 4, grid[0] * 2, grid[1] * 2
         return pack(torch.randn((1, 1, C, h, w), generator=generator).reshape(1, C, 1, h, w))
 
@@ -197,14 +175,14 @@ class QwenImagePipeline(DiffusionPipeline):
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def denoiser_call(self, rt, x, t, text, grid, text_rows=None) -> DenoiserCall:
+    def denoiser_call(self, rt, x, t, text, grid, hole=None) -> DenoiserCall:
         """One evaluation of a call's rows cut for a step cache: embed = this rank's image rows
         entering block 0; blocks lo..hi-1 carry the text stream from the call's previous
-        blocks; head = final layer + SP gather. `text_rows`: see `step_inputs`."""
+        blocks; head = final layer + SP gather. `hole`: each row's text padding (`padded_rows`)."""
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, grid, text_rows)
+            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid, hole=hole)
             made["txt"] = (0, made["inputs"].inputs.txt)
             return made["inputs"].inputs.img
 
@@ -222,11 +200,11 @@ class QwenImagePipeline(DiffusionPipeline):
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
                             rows=RowLayout(rt.seq, 1, rows),
-                            predict=lambda: self._step(rt, dit, x, t, text, grid, text_rows))
+                            predict=lambda: self._step(rt, dit, x, t, text, grid, hole))
 
-    def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
+    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
         """[H, W, 3] uint8 on the main rank (None on the others)."""
-        image = decode_uint8(self.model.vae, unpack(latents, *grid), self.vae_group, self.is_main)
+        image = decode_uint8(self.model.vae, unpack(latents, *self.grid(req)), self.vae_group, self.is_main)
         return None if image is None else image[0, 0]
 
     # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
@@ -238,8 +216,9 @@ class QwenImagePipeline(DiffusionPipeline):
     def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
         x = rows.latents.to(self.dtype)
         timestep = (t.to(self.dtype) / 1000).expand(x.shape[0]).to(self.device)   # as diffusers: t / 1000
-        text, text_rows = joint_text([m.context[b] for m in rows.members for b in rows.branches])
-        return self.denoiser_call(rt, x, timestep, text, self.grid(rows.members[0].request), text_rows)
+        # each row's prompt encoded alone: of its own length, padded to the call's longest
+        text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches])
+        return self.denoiser_call(rt, x, timestep, text, self.grid(rows.members[0].request), hole)
 
     def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
         return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
@@ -248,22 +227,6 @@ class QwenImagePipeline(DiffusionPipeline):
     def check(self, req: T2IRequest) -> None:
         req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
 
-    def noise(self, req: T2IRequest, generator: torch.Generator) -> torch.Tensor:
-        return self.draw_noise(generator, self.grid(req))
-
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)
 
-    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
-        return self.decode(latents, self.grid(req))
-
-    def result(self, req: T2IRequest, image, latents: torch.Tensor, timings: dict, record: dict) -> T2IResult:
-        return T2IResult(image, latents, timings, record)
-
-    def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,
-                 record: bool = False, progress=None, profiler=None) -> T2IResult:
-        """One request, the batch of one (`generate_batch`). `latents`: the packed initial
-        noise (default: drawn from `req.seed` on the CPU); `record`: keep every step's guided
-        prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
-        return self.generate_one(req, progress, decode=decode, latents=None if latents is None else [latents],
-                                 record=record, profiler=profiler)

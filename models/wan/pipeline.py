@@ -7,6 +7,11 @@ SP ranks; `decode` runs the VAE, split over a spatial group when the caller give
 A14B's two DiTs are both resident: the step's timestep picks one (`WanT2V.transformer_for`),
 an expert switch with nothing moved.
 
+Requests of one bucket (`SPEC.buckets`: size, schedule, step cache, CFG on or off) run their
+denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): each
+member's [cond, uncond] rows in the call, its own seed, prompts, guidance, UniPC history and
+step caches; `generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
+
 Sequence parallelism is data, declared by the DiT (`WanTransformer.seq_splits`) and applied by
 the framework (dtgen/seq_split.py): the patch tokens are padded at the tail to a multiple of
 the SP size and each rank keeps its chunk, RoPE rows alike; the attention meta marks the real
@@ -17,9 +22,9 @@ any SP degree works, the padding absorbs it.
 Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut into
 embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
 unpatchify), so first-block, TaylorSeer, MagCache and the official Taylor cache run on every
-plan; what they keep is the last block's output rows. One cache per call site (the CFG batch
-of 2 is one, with two rows; on a CFG axis each rank's branch is one) and per expert, made for
-the request and dropped with it. A request without one runs `dit_step` whole, as before.
+plan; what they keep is the last block's output rows. One cache per request, call site (the
+CFG batch of 2 is one, with two rows; on a CFG axis each rank's branch is one) and expert,
+made for the request and dropped with it. A request without one runs `dit_step` whole.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, nearest_valid
 from dtgen.serve.errors import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
-from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig, parse_step_cache
+from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig
 
 from .model import WanT2V
 from .spec import SPEC
@@ -119,16 +124,10 @@ class T2VRequest:
             raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
         check_step_cache(self.step_cache)
 
-    # What requests of one batch share beyond their schedule (`SPEC.buckets.batch`), read off
-    # the fields: the step cache however it is written, and whether each expert's steps run CFG.
-    @property
-    def step_cache_config(self) -> StepCacheConfig | None:
-        return parse_step_cache(self.step_cache)
-
     @property
     def guided(self) -> tuple[bool, bool]:
-        """(the high-noise expert's steps run CFG, the low-noise expert's do); Wan 2.1's one
-        DiT: the first."""
+        """What a batch shares beyond its schedule (`SPEC.buckets.batch`): (the high-noise
+        expert's steps run CFG, the low-noise expert's do); Wan 2.1's one DiT: the first."""
         low = self.guidance_scale if self.guidance_scale_2 is None else self.guidance_scale_2
         return self.guidance_scale > 1.0, low > 1.0
 
@@ -185,6 +184,7 @@ class WanT2VPipeline(DiffusionPipeline):
 
     buckets = SPEC.buckets
     cfg_together = True
+    result_type = T2VResult
 
     def __init__(self, model: WanT2V, tokenizer, controller, device: torch.device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None):
@@ -309,12 +309,3 @@ class WanT2VPipeline(DiffusionPipeline):
     def result(self, req: T2VRequest, video, latents: torch.Tensor, timings: dict, record: dict) -> T2VResult:
         record["tokens_per_step"] = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)
         return T2VResult(video, latents, timings, record)
-
-    def generate(self, req: T2VRequest, progress=None, decode: bool = True, latents: torch.Tensor | None = None,
-                 record: bool = False, profiler=None) -> T2VResult:
-        """One request, the batch of one (`generate_batch`). `decode=False` stops at the
-        denoised latents (diffusers' output_type="latent"); `latents`: the initial noise
-        (default: drawn from `req.seed`); `record`: keep every step's guided prediction in
-        `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
-        return self.generate_one(req, progress, decode=decode, latents=None if latents is None else [latents],
-                                 record=record, profiler=profiler)

@@ -77,9 +77,10 @@ def alone(pipe):
 
 
 def test_what_a_batch_shares_is_the_specs_bucket(pipe):
-    key = SPEC.buckets.key
-    assert SPEC.batches and len({key(r) for r in REQUESTS}) == 1
+    key = pipe.batch_key
+    assert pipe.buckets is SPEC.buckets and SPEC.batches and len({key(r) for r in REQUESTS}) == 1
     assert len({pipe.encode(r)[0].shape[1] for r in REQUESTS}) == 3   # three prompt lengths in one batch
+    assert key(with_(REQUESTS[0], step_cache="taylor")) == key(with_(REQUESTS[1], step_cache={"method": "taylor"}))
     for change in (dict(steps=4), dict(height=48), dict(step_cache="taylor"), dict(true_cfg_scale=1.0)):
         assert key(with_(REQUESTS[0], **change)) != key(REQUESTS[0]), change
 
@@ -150,12 +151,13 @@ def test_requests_without_cfg_batch_their_conditional_rows(pipe):
 
 # ---- every 2-rank plan, gloo CPU ranks ------------------------------------------------------
 def job_batched_through_plans(ctx, ckpt, plans):
-    """Per plan: three requests alone and batched (4 steps, a first-block cache on every other
-    plan); the largest latent difference relative to the scale, and whether the decisions agree."""
+    """Per plan: three requests alone and batched (4 steps, a first-block cache: its measures
+    sum over the SP ranks, its rows split over the CFG ranks); the largest latent difference
+    relative to the scale, and whether the decisions agree."""
     out = {}
-    for i, plan in enumerate(plans):
+    for plan in plans:
         pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
-        reqs = [with_(r, steps=CACHED_STEPS, step_cache=(None, CACHES["first-block"])[i % 2]) for r in REQUESTS]
+        reqs = [with_(r, steps=CACHED_STEPS, step_cache=CACHES["first-block"]) for r in REQUESTS]
         alone = [pipe.generate(r, decode=False) for r in reqs]
         together = pipe.generate_batch(reqs, quiet(3), decode=False)
         out[plan] = ([float((a.latents - b.latents).abs().max() / a.latents.abs().max())
@@ -192,8 +194,8 @@ def test_two_image_requests_run_their_denoise_steps_as_one_batch(pipe, alone):
     bodies = [{"prompt": r.prompt, "negative_prompt": r.negative_prompt, "seed": r.seed,
                "true_cfg_scale": r.true_cfg_scale} for r in REQUESTS[:2]]
     assert [adapter.parse(b) for b in bodies] == REQUESTS[:2]
-    answers, decoded, decode = {}, [], pipe.decode
-    pipe.decode = lambda latents, grid: decoded.append(latents) or decode(latents, grid)   # in batch order
+    answers, decoded, decode = {}, [], pipe.decode_latents
+    pipe.decode_latents = lambda req, latents: decoded.append(latents) or decode(req, latents)   # in batch order
     try:
         with serving(adapter, max_batch=2) as (base, board):
             def post(body):
@@ -209,7 +211,7 @@ def test_two_image_requests_run_their_denoise_steps_as_one_batch(pipe, alone):
                 t.join(120)
             assert [job.as_dict()["batch_size"] for job in jobs] == [2, 2], [job.as_dict() for job in jobs]
     finally:
-        del pipe.decode
+        del pipe.decode_latents
     by_seed = {r.seed: a for r, a in zip(REQUESTS, alone)}
     for job, latents in zip(jobs, decoded, strict=True):
         want = by_seed[job.request.seed]

@@ -73,9 +73,10 @@ def alone(pipe):
     return [pipe.generate(r, record=True) for r in REQUESTS]
 
 
-def test_what_a_batch_shares_is_the_specs_bucket():
-    key = SPEC.buckets.key
-    assert SPEC.batches and len({key(r) for r in REQUESTS}) == 1   # seeds, prompts, guidance: per row
+def test_what_a_batch_shares_is_the_specs_bucket(pipe):
+    key = pipe.batch_key
+    assert pipe.buckets is SPEC.buckets and SPEC.batches
+    assert len({key(r) for r in REQUESTS}) == 1   # seeds, prompts, guidance: per row
     cache = with_(REQUESTS[0], step_cache="first-block:threshold=0.05")
     assert key(cache) == key(with_(REQUESTS[1], step_cache={"method": "first-block", "threshold": 0.05}))
     for change in (dict(steps=4), dict(height=64), dict(num_frames=5), dict(shift=5.0), dict(sampler="euler"),
@@ -186,17 +187,19 @@ def test_a14b_experts_switch_inside_the_shared_loop(a14b, guidance_2, spec):
 
 
 # ---- every 2- and 4-rank plan, gloo CPU ranks ------------------------------------------------
-PLAN_CACHES = (None, "first-block:threshold=0.054")
+PLAN_CACHES = (None, CACHES["first-block"])
 
 
 def job_batched_through_plans(ctx, ckpt, plans):
-    """Per plan: two requests alone and batched (4 steps; a first-block cache on every other
-    plan, whose measures sum over the SP ranks and whose rows split over the CFG ranks); the
-    largest latent difference relative to the latents' scale, and whether the decisions agree."""
+    """Per plan: two requests alone and batched (4 steps; a first-block cache on every CFG plan,
+    where each rank decides its branch's rows and the report gathers both, and on every other
+    plan, where the measures sum over the SP ranks); the largest latent difference relative to
+    the latents' scale, and whether the decisions agree."""
     out = {}
     for i, plan in enumerate(plans):
         pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
-        reqs = [with_(r, steps=CACHED_STEPS, step_cache=PLAN_CACHES[i % 2]) for r in REQUESTS[:2]]
+        cache = PLAN_CACHES[1] if "cfg" in plan or i % 2 else None
+        reqs = [with_(r, steps=CACHED_STEPS, step_cache=cache) for r in REQUESTS[:2]]
         alone = [pipe.generate(r, decode=False) for r in reqs]
         together = pipe.generate_batch(reqs, quiet(2), decode=False)
         out[plan] = ([float((a.latents - b.latents).abs().max() / a.latents.abs().max())
