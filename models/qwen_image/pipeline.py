@@ -11,8 +11,7 @@ denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop
 holds one branch of every member, each prompt encoded alone (its own length), the call's text
 zero-padded at the tail to its longest and each row's padding hidden from the joint attention
 by a per-row hole in the meta (dtgen/seq_split.py `padded_rows`), so every row attends as its
-prompt alone would;
-`generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
+prompt alone would; `generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
 
 True CFG is QwenImagePipeline's: comb = uncond + s (cond - uncond), rescaled per row to the
 conditional prediction's norm over channels. The sampler is its FlowMatchEulerDiscreteScheduler:

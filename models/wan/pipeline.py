@@ -307,5 +307,6 @@ class WanT2VPipeline(DiffusionPipeline):
         return self.decode(latents)
 
     def result(self, req: T2VRequest, video, latents: torch.Tensor, timings: dict, record: dict) -> T2VResult:
-        record["tokens_per_step"] = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)
-        return T2VResult(video, latents, timings, record)
+        tokens = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)
+        record["tokens_per_step"] = tokens
+        return super().result(req, video, latents, timings, record)

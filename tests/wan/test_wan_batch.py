@@ -168,7 +168,8 @@ def a14b(tmp_path_factory):
     return _pipe(folder)
 
 
-@pytest.mark.parametrize("guidance_2, spec", [((3.0, 4.0), CACHES["taylorseer"]), ((1.0, 1.0), "first-block:threshold=0.05")],
+@pytest.mark.parametrize("guidance_2, spec", [((3.0, 4.0), CACHES["taylorseer"]),
+                                               ((1.0, 1.0), "first-block:threshold=0.05")],
                          ids=["guided", "unguided-low-noise"])
 def test_a14b_experts_switch_inside_the_shared_loop(a14b, guidance_2, spec):
     """Wan2.2-A14B, 4 steps: 2 on the high-noise expert, 2 on the low-noise one (unguided:
