@@ -263,3 +263,32 @@ def test_two_video_jobs_run_their_denoise_steps_as_one_batch(pipe):
     assert len(decoded) == 2
     for k, (got, want) in enumerate(zip(decoded, alone)):
         assert_close(got, want, f"job {k}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("regions", [False, True], ids=["whole-step", "regions"])
+def test_compiled_batch_on_gpu_matches_alone(wan_checkpoint, regions):
+    """One GPU, bf16, the step's pieces compiled (one graph each, or one block region): two
+    requests batched, without a cache and with TaylorSeer (its cached steps run the head alone),
+    give their compiled runs alone's latents to bf16 rounding (the bound of the compiled-vs-
+    eager test) and the same decisions, with no graph break."""
+    import torch._dynamo
+
+    from dtgen.compile import CompileOptions, graph_breaks
+    from models.wan.model import load
+    from models.wan.pipeline import WanT2VPipeline
+    from placements.wan import get_plan
+    torch._dynamo.reset()
+    loaded = load(wan_checkpoint, get_plan("single"), dtype=torch.bfloat16, device="cuda")
+    pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda",
+                          compile_options=CompileOptions(enabled=True, regions=regions))
+    for spec in (None, CACHES["taylorseer"]):
+        reqs = [with_(r, steps=CACHED_STEPS, step_cache=spec) for r in REQUESTS[:2]]
+        alone = [pipe.generate(r, decode=False) for r in reqs]
+        together = pipe.generate_batch(reqs, quiet(2), decode=False)
+        for k, (a, b) in enumerate(zip(alone, together)):
+            scale = float(a.latents.abs().max())
+            assert float((a.latents - b.latents).abs().max()) <= 0.05 * scale, (spec, k)
+            assert a.record.get("step_cache") == b.record.get("step_cache"), (spec, k)
+        assert float((together[0].latents - together[1].latents).abs().max()) > 0.1
+    assert graph_breaks() == {}
