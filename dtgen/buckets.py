@@ -30,13 +30,19 @@ class ShapeBuckets:
     text_rows: the prompt's rows pad to a multiple of this many under torch.compile (a run
         may set another); 0: the prompt is not padded to a bucket.
     batch: what requests must share, beyond their bucket, to run their denoise steps as rows
-        of one batch (the schedule, the guidance mode, the step cache); empty: the model runs
-        one request at a time (the server refuses --max-batch > 1).
+        of one batch (the schedule, the guidance mode, the step cache): attributes of the
+        request, its fields or properties read off them (Wan's `guided`: which experts' steps
+        run CFG); empty: the model runs one request at a time (the server refuses
+        --max-batch > 1).
     """
 
     sizes: tuple[str, ...]
     text_rows: int = 0
     batch: tuple[str, ...] = ()
+
+    def fields(self, text_rows: bool = False) -> tuple[str, ...]:
+        """What each place of `key` holds: the size fields, "text_rows" (when counted), the batch fields."""
+        return (*self.sizes, *(("text_rows",) if text_rows else ()), *self.batch)
 
     def key(self, request, text_rows: int | None = None) -> tuple:
         """`request`'s bucket: its size fields, its prompt's bucketed rows (when given: the

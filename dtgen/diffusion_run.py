@@ -1,58 +1,57 @@
-"""One request through an encode -> denoise -> decode pipeline (Wan, Qwen-Image): what every
-such `generate` does alike, written once.
+"""Requests through an encode -> denoise -> decode pipeline (Wan, Qwen-Image) as one batch:
+what every such pipeline does alike, written once. `generate` is the batch of one.
 
-The pipeline makes a `DiffusionRun` for the request and runs its phases through it:
-`phase(name)` activates the controller's phase, profiles it and times it into `timings` (ms,
-the device waited for, so a phase's time holds its work); `initial_latents` draws the noise
-on the CPU from the seed, or checks the caller's; `denoise` runs the sampler's steps on the
-model's prediction (each step timed, recorded when asked, reported to `progress`);
-`report_caches` merges what the request's step caches did; `decode` runs the VAE where an
-image is wanted; `finish` adds the per-step figures and the total. What is the model's own
-(its text encoder, its guidance, its latent layout, which call sites a step cache serves)
-stays in its pipeline.
+A pipeline subclasses `DiffusionPipeline` and supplies what is its own: the request's check,
+the text encoder (`encode`), the latent layout (`latent_shape`, `noise`), the sampler, the
+denoiser's segments, calls and guidance (`BatchDenoiser`, dtgen/denoise_loop.py), the VAE
+decode (`decode_latents`) and the result type; `buckets` (its spec's `ShapeBuckets`) says
+what the requests of one batch share. `generate_batch` runs the phases once for the batch:
+`encode` (each request's prompts alone: what it would encode alone), `denoise` (the loop,
+dtgen/denoise_loop.py: every member's rows in each step), `decode` (each member's latents).
+Each phase activates the controller's phase once, is profiled as one region and timed into
+every member's `timings` (ms, the device waited for: every member waited for all of it).
+
+`DiffusionRun` is one request's share: its clock, timings, record (`kept`), step times, its
+step cache's config and report. A request whose check fails leaves the batch before any work
+(one line naming its field); one that leaves at a step boundary gets its exception back; the
+others their results.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from .batching import BatchHook, BatchMembers, per_member
+from .buckets import ShapeBuckets
+from .denoise_loop import DenoiseMember, denoise
 from .profiling import NullProfiler
 from .step_cache import StepCache, concat_reports, merged_report, parse_step_cache
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _quiet(phase: str, done: int, total: int) -> None:
+    pass
+
+
 class DiffusionRun:
-    def __init__(self, controller, device: torch.device, steps: int, step_cache=None, record: bool = False,
-                 progress=None, profiler=None):
+    def __init__(self, device: torch.device, steps: int, step_cache=None, record: bool = False):
         """`step_cache`: the request's (a config, its text or dict form, None); `record`: keep
-        every step's prediction in `kept["noise"]`; `progress(phase, done, total)`: called
-        after every denoise step; `profiler`: a `PhaseProfiler`."""
-        self.controller, self.device, self.steps = controller, torch.device(device), steps
+        every step's guided prediction in `kept["noise"]`."""
+        self.device, self.steps = torch.device(device), steps
         self.cache_config = parse_step_cache(step_cache)   # a bad setting: one line, before any work
-        self.record, self.progress = record, progress
-        self.profiler = profiler or NullProfiler()
+        self.record = record
         self.timings: dict = {}
         self.kept: dict = {"noise": []}
         self.step_ms: list[float] = []
         self._start = time.perf_counter()
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    @contextmanager
-    def phase(self, name: str, region: str | None = None, units: int = 1, together: bool = True):
-        """The controller's phase `name` (yields its runtime), profiled as one region (`region`,
-        default the phase's name, of `units` steps) and timed into `timings[name]`.
-        `together`: every rank runs the phase (False: some skip it, the profiler waits for none)."""
-        start = time.perf_counter()
-        with self.controller.phase(name) as rt, self.profiler.phase(name, together=together), \
-                self.profiler.region(region or name, units=units):
-            yield rt
-            self._sync()
-        self.timings[name] = (time.perf_counter() - start) * 1e3
 
     def initial_latents(self, latents: torch.Tensor | None, shape: tuple[int, ...], seed: int,
                         draw: Callable[[torch.Generator], torch.Tensor] | None = None) -> torch.Tensor:
@@ -67,32 +66,17 @@ class DiffusionRun:
             raise ValueError(f"latents of shape {tuple(latents.shape)} do not fit the request; expected {tuple(shape)}")
         return latents.float().to(self.device)
 
-    def denoise(self, sampler, latents: torch.Tensor,
-                predict: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The sampler's steps from `latents`: `predict(i, t, latents)` is step i's (guided)
-        prediction. Returns the denoised latents."""
-        for i, t in enumerate(sampler.timesteps):
-            start = time.perf_counter()
-            noise = predict(i, t, latents)
-            if self.record:
-                self.kept["noise"].append(noise)
-            latents = sampler.step(noise, latents)
-            self._sync()
-            self.step_ms.append((time.perf_counter() - start) * 1e3)
-            if self.progress is not None:
-                self.progress("denoise", i + 1, self.steps)
-        return latents
-
-    def report_caches(self, segments: list[tuple[int, list[StepCache], str | None]], gather=None) -> None:
+    def report_caches(self, segments: list[tuple[int, list[StepCache | None], str | None, Callable | None]]) -> None:
         """`kept["step_cache"]`: which steps ran in full and which were reused, for the whole
         request (nothing without a step cache). `segments`: one per run of steps on one
         denoiser (Wan2.2-A14B's two experts), (its first step, this rank's caches of it, one
-        per call site, its name or None); `gather`: the CFG group's all-gather where the
-        branches run on separate ranks, so each cache reports every branch (a collective)."""
+        per call site, its name or None, `gather`): `gather` is the CFG group's all-gather
+        where the branches run on separate ranks, so each cache reports every branch (a
+        collective), else None."""
         if self.cache_config is None:
             return
         parts = []
-        for first, caches, name in segments:
+        for first, caches, name, gather in segments:
             for cache in caches if gather is not None else ():
                 cache.gather_rows(gather, self.device)
             report = merged_report(caches)
@@ -100,16 +84,6 @@ class DiffusionRun:
                 report["denoiser"] = name
             parts.append((first, report))
         self.kept["step_cache"] = concat_reports(parts, self.steps)
-
-    def decode(self, vae_decode: Callable[[], torch.Tensor | None], is_main: bool, vae_group=None,
-               wanted: bool = True) -> torch.Tensor | None:
-        """The decode phase: `vae_decode()` on the main rank, or on every rank of `vae_group`
-        (a split decode); None on the other ranks, and everywhere when not `wanted`."""
-        if not wanted:
-            self.timings["decode"] = 0.0
-            return None
-        with self.phase("decode", together=vae_group is not None):
-            return vae_decode() if is_main or vae_group is not None else None
 
     def finish(self) -> dict:
         """The timings, completed: every step's time, with a step cache the mean full step (the
@@ -124,3 +98,134 @@ class DiffusionRun:
                 self.timings[name] = sum(picked) / len(picked) if picked else None
         self.timings["total"] = (time.perf_counter() - self._start) * 1e3
         return self.timings
+
+
+class DiffusionPipeline:
+    """The phases of an encode -> denoise -> decode pipeline for a batch of requests (see the
+    module docstring). A subclass sets `controller`, `device`, `is_main`, `vae_group`,
+    `buckets` and `cfg_together`, and gives the methods below that raise NotImplementedError,
+    and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`)."""
+
+    buckets: ShapeBuckets
+    cfg_together: bool = False
+    result_type: type   # built as result_type(pixels, latents, timings, record)
+
+    # ---- what the model supplies -------------------------------------------------------
+    def check(self, request) -> None:
+        """`RequestError(field, message)` for the first field the model cannot take."""
+        raise NotImplementedError
+
+    def encode(self, request) -> Any:
+        """The request's text rows (a member's `context` in the denoise loop)."""
+        raise NotImplementedError
+
+    def latent_shape(self, request) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def noise(self, request, generator: torch.Generator) -> torch.Tensor:
+        """The initial noise drawn from `generator` (the reference pipeline's draw)."""
+        return torch.randn(self.latent_shape(request), generator=generator)
+
+    def sampler(self, request):
+        """A fresh sampler for the request (its own multistep history)."""
+        raise NotImplementedError
+
+    def decode_latents(self, request, latents: torch.Tensor) -> torch.Tensor | None:
+        """The denoised latents as pixels on the main rank (None on the others)."""
+        raise NotImplementedError
+
+    def result(self, request, pixels: torch.Tensor | None, latents: torch.Tensor, timings: dict, record: dict):
+        return self.result_type(pixels, latents, timings, record)
+
+    # ---- the framework's ---------------------------------------------------------------
+    def batch_key(self, request) -> tuple:
+        """What requests must share to run as one batch: the spec's bucket (`buckets.key`), the
+        step cache compared as its config (the same one however it is written)."""
+        return self.buckets.key(dataclasses.replace(request, step_cache=parse_step_cache(request.step_cache)))
+
+    def generate(self, request, progress=None, *, decode: bool = True, latents: torch.Tensor | None = None,
+                 record: bool = False, profiler=None):
+        """One request: the batch of one (`generate_batch`). A `progress(phase, done, total)`
+        that raises at a step ends it with that exception. `decode=False` stops at the
+        denoised latents (diffusers' output_type="latent"); `latents`: the initial noise
+        (default: drawn from the request's seed); `record`: keep every step's guided
+        prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
+        (result,) = self.generate_batch([request], per_member([progress or _quiet]), decode=decode,
+                                        latents=None if latents is None else [latents], record=record,
+                                        profiler=profiler)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @torch.no_grad()
+    def generate_batch(self, requests: list, hook: BatchHook, decode: bool = True,
+                       latents: list[torch.Tensor | None] | None = None, record: bool = False,
+                       profiler=None) -> list:
+        """`requests` of one batch key (`buckets.key`) as one batch: per request its result, or
+        the exception it left the batch with. `hook(phase, done, total, members)` at every
+        denoise step boundary (dtgen/batching.py); `decode=False` stops at the denoised
+        latents; `latents`: each request's initial noise (None: drawn from its seed);
+        `record`: keep every step's guided prediction; `profiler`: a `PhaseProfiler`."""
+        if latents is not None and len(latents) != len(requests):
+            raise ValueError(f"latents for {len(latents)} requests, {len(requests)} requests given")
+        batch = BatchMembers(len(requests), hook)
+        runs: dict[int, DiffusionRun] = {}
+        for k, req in enumerate(requests):
+            try:
+                self.check(req)
+                runs[k] = DiffusionRun(self.device, req.steps, req.step_cache, record)
+            except Exception as e:   # a bad request fails alone, before any work
+                batch.fail(k, e)
+        if not batch.active:
+            return [batch.left[k] for k in range(len(requests))]
+        self._check_one_key([requests[k] for k in batch.active])
+        profiler = profiler or NullProfiler()
+        with self._phase(profiler, runs, batch, "encode"):
+            contexts = {k: self.encode(requests[k]) for k in batch.active}
+        members = []
+        for k in batch.active:
+            req = requests[k]
+            start = runs[k].initial_latents(None if latents is None else latents[k], self.latent_shape(req), req.seed,
+                                            lambda g, req=req: self.noise(req, g))
+            members.append(DenoiseMember(k, req, runs[k], start, self.sampler(req), contexts[k]))
+        steps = members[0].request.steps
+        with self._phase(profiler, runs, batch, "denoise", "denoise_step", steps) as rt:
+            members = denoise(members, rt, self, batch, self.device)
+        pixels: dict[int, torch.Tensor | None] = {}
+        if not decode:
+            for m in members:
+                m.run.timings["decode"] = 0.0
+        else:
+            with self._phase(profiler, runs, batch, "decode", together=self.vae_group is not None):
+                for m in members:
+                    pixels[m.index] = (self.decode_latents(m.request, m.latents)
+                                       if self.is_main or self.vae_group is not None else None)
+        results: list = [batch.left.get(k) for k in range(len(requests))]
+        for m in members:
+            results[m.index] = self.result(m.request, pixels.get(m.index), m.latents, m.run.finish(), m.run.kept)
+        return results
+
+    def _check_one_key(self, requests: list) -> None:
+        """One line naming the first field the requests of a batch do not share."""
+        keys = [self.batch_key(r) for r in requests]
+        for key in keys[1:]:
+            if key != keys[0]:
+                name = self.buckets.fields()[next(i for i, (a, b) in enumerate(zip(keys[0], key)) if a != b)]
+                raise ValueError(f"{name}: the requests of one batch must share it (batch key: "
+                                 f"{', '.join(self.buckets.fields())})")
+
+    @contextmanager
+    def _phase(self, profiler, runs: dict[int, DiffusionRun], batch: BatchMembers, name: str,
+               region: str | None = None, units: int = 1, together: bool = True):
+        """The controller's phase `name` (yields its runtime), profiled as one region (`region`,
+        default the phase's name, of `units` steps) and timed into the timings of every member
+        still in the batch. `together`: every rank runs the phase (False: some skip it, the
+        profiler waits for none)."""
+        start = time.perf_counter()
+        with self.controller.phase(name) as rt, profiler.phase(name, together=together), \
+                profiler.region(region or name, units=units):
+            yield rt
+            _sync(self.device)
+        ms = (time.perf_counter() - start) * 1e3
+        for k in batch.active:
+            runs[k].timings[name] = ms

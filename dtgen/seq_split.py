@@ -17,13 +17,14 @@ from the `AttentionMeta` built here. Without SP (size 1) every split and gather 
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple, Sequence
 
 import torch
 
 from .attention import AttentionMeta
-from .sequence import SequenceLayout
+from .sequence import SequenceLayout, SlotHole
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,28 @@ def gather_output(seq: SequenceLayout, splits: SeqSplits, out: torch.Tensor, row
     return seq.gather(out, splits.output.dim, rows)
 
 
-def embed_split(rt, model, *args) -> LocalInputs:
+def embed_split(rt, model, *args, hole: SlotHole | None = None) -> LocalInputs:
     """`model.embed(*args)` split over the phase's SP ranks as `model.seq_splits` declares: a
-    step piece of its own (compiled like the others), for every model with `embed`."""
-    return split_inputs(rt.seq, model.seq_splits, model.embed(*args))
+    step piece of its own (compiled like the others), for every model with `embed`. `hole`:
+    slots no query may see (`padded_rows`: each batch row's padding of its first stream)."""
+    local = split_inputs(rt.seq, model.seq_splits, model.embed(*args))
+    return local if hole is None else local._replace(meta=dataclasses.replace(local.meta, hole=hole))
+
+
+def padded_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, SlotHole | None]:
+    """Batch rows of one stream of different lengths (each [1, L_b, ...]: a request's prompt,
+    every row real) as one [B, L, ...], zero-padded at the tail to the longest, and the hole
+    that hides each row's padding, slots [L_b, L), from every query: for the stream the
+    attention sees first (`SeqSplits.attention`), whose slots start at 0 on every plan (one
+    row each and every SP layout: `sequence_meta`). Each row then attends as it would alone
+    (diffusers masks a batch of prompts' padding the same way). No hole where every row has
+    one length: nothing is padded (a single request's call)."""
+    lengths = [x.shape[1] for x in rows]
+    if len(set(lengths)) == 1:
+        return (rows[0] if len(rows) == 1 else torch.cat(rows)), None
+    longest = max(lengths)
+    padded = torch.cat([torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, longest - x.shape[1])) for x in rows])
+    return padded, SlotHole(torch.tensor(lengths, device=padded.device), longest)
 
 
 def final_gathered(rt, model, h: torch.Tensor, temb: torch.Tensor, rows: int) -> torch.Tensor:

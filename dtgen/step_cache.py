@@ -18,7 +18,9 @@ The framework owns the rest:
 - the state: one `StepCache` per request and call site (a CFG branch run on its own is a call
   site; rows of one call are extrapolated independently). A request builds new ones, so
   nothing survives into the next request (the official implementation keeps its cache on the
-  model object);
+  model object). Requests batched as rows of one call keep one each: `run_step_batch` runs
+  the call's pieces once for every row and each cache decides and updates for its request's
+  rows alone (`StepCache.run_rows`; a cache called on its own is the batch of one);
 - the report (`StepCache.report()`): which steps ran in full, which were reused, and how;
   `merged_report` joins a request's call sites, `concat_reports` the denoisers that run one
   after another (Wan2.2-A14B's two experts, each with caches of its own), `gather_rows` the
@@ -330,6 +332,8 @@ class DenoiserCall:
     with h holding just the rows `rows` (indices into the call's batch), so that a first-block
     step where only some rows (CFG branches) run in full computes only those, as separate
     calls per branch would; without it such a step runs the blocks on every row.
+    `predict` (optional): the prediction alone as one call (one compiled graph), what a step
+    without a cache runs; without it, the full evaluation's prediction.
     """
 
     head: Callable[[torch.Tensor], torch.Tensor]
@@ -339,12 +343,27 @@ class DenoiserCall:
     num_blocks: int = 0
     rows: RowLayout | None = None
     row_blocks: Callable[[torch.Tensor, int, int, list[int]], torch.Tensor] | None = None
+    predict: Callable[[], torch.Tensor] | None = None
 
     def run_full(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.full is not None:
             return self.full()
         h = self.blocks(self.embed(), 0, self.num_blocks)
         return h, self.head(h)
+
+    def prediction(self) -> torch.Tensor:
+        """The whole evaluation's prediction, where no cache needs the blocks' output."""
+        return self.predict() if self.predict is not None else self.run_full()[1]
+
+
+def _split(x: torch.Tensor, rows: list[int] | None) -> list[torch.Tensor]:
+    """Each request's rows of a shared call's tensor (dim 0); `rows` None: one request owns all."""
+    return [x] if rows is None else list(x.split(rows))
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The requests' rows as one call's tensor (the one request's own tensor when alone)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 # ----------------------------------------------------------------------------------------
@@ -363,7 +382,12 @@ class StepPlan:
 
 class StepCache:
     """One request's cache at one call site. `__call__(step, call)` returns the prediction of
-    step `step` (steps come in order, 0 first); `report()` says what each step did."""
+    step `step` (steps come in order, 0 first); `report()` says what each step did.
+
+    A call may hold the rows of several requests (a batch of requests of one config), each
+    with its own cache: `run_rows(caches, step, call, rows)` runs the call's pieces once for
+    every row and each cache decides and keeps state for its request's rows alone, as if it
+    ran alone. A cache called on its own is the batch of one: there is one implementation."""
 
     method: str = ""
 
@@ -383,6 +407,14 @@ class StepCache:
         self._next += 1
 
     def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
+        return type(self).run_rows([self], step, call, None)
+
+    @classmethod
+    def run_rows(cls, caches: list["StepCache"], step: int, call: DenoiserCall,
+                 rows: list[int] | None) -> torch.Tensor:
+        """Step `step` of a call whose consecutive batch rows `rows[k]` are request k's, each
+        request with its cache `caches[k]` (all of this class and one config); `rows` None:
+        one cache owning every row. Returns the prediction of every row."""
         raise NotImplementedError
 
     def gather_rows(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
@@ -510,20 +542,24 @@ class TaylorCache(StepCache):
             out = out + d.to(self.out_dtype) * (distance ** i / math.factorial(i))
         return out
 
-    def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
-        self._advance(step)
-        p = self.plan[step]
-        self.full_steps.append(p.full)
+    @classmethod
+    def run_rows(cls, caches: list["TaylorCache"], step: int, call: DenoiserCall,
+                 rows: list[int] | None) -> torch.Tensor:
+        for cache in caches:
+            cache._advance(step)
+        p = caches[0].plan[step]   # one config, one plan: every request does the same at this step
+        for cache in caches:
+            cache.full_steps.append(p.full)
         if p.full:
             hidden, out = call.run_full()
             if p.update:
-                self.update(hidden, p.spacing, call.rows)
-            if step == self.steps - 1:
-                self.factors = [[] for _ in self.orders]   # as the official code: dropped after the last step
-            return out
-        out = call.head(self.predict(p.distance))
-        if step == self.steps - 1:
-            self.factors = [[] for _ in self.orders]
+                for cache, h in zip(caches, _split(hidden, rows)):
+                    cache.update(h, p.spacing, call.rows)
+        else:
+            out = call.head(_joined([cache.predict(p.distance) for cache in caches]))
+        if step == caches[0].steps - 1:
+            for cache in caches:   # as the official code: dropped after the last step
+                cache.factors = [[] for _ in cache.orders]
         return out
 
     def report(self) -> dict:
@@ -585,21 +621,24 @@ class MagCache(StepCache):
         self.residual: torch.Tensor | None = None
         self.ratios: list[list[float]] = []   # calibration, per step, per row: ||r_k|| / ||r_{k-1}||
 
-    def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
-        self._advance(step)
-        full = self.plan[step].full
-        self.full_steps.append(full)
+    @classmethod
+    def run_rows(cls, caches: list["MagCache"], step: int, call: DenoiserCall,
+                 rows: list[int] | None) -> torch.Tensor:
+        for cache in caches:
+            cache._advance(step)
+        full = caches[0].plan[step].full   # one config, one plan
+        for cache in caches:
+            cache.full_steps.append(full)
         h = call.embed()
         if not full:
-            return call.head(h + self.residual)
+            return call.head(h + _joined([cache.residual for cache in caches]))
         x = call.blocks(h, 0, call.num_blocks)
-        residual = x - h
-        if self.config.calibrate:
-            self.ratios.append([1.0] * x.shape[0] if self.residual is None
-                               else self._ratios(residual, self.residual, call.rows))
-        self.residual = residual
-        if step == self.steps - 1:
-            self.residual = None
+        last = step == caches[0].steps - 1
+        for cache, residual in zip(caches, _split(x - h, rows)):
+            if cache.config.calibrate:
+                cache.ratios.append([1.0] * residual.shape[0] if cache.residual is None
+                                    else cache._ratios(residual, cache.residual, call.rows))
+            cache.residual = None if last else residual
         return call.head(x)
 
     @staticmethod
@@ -667,46 +706,61 @@ class FirstBlockCache(StepCache):
         total = rows.sum(torch.stack(parts))
         return [(total[2 * i] / total[2 * i + 1]).to(x.dtype) for i, x in enumerate(xs)]
 
-    def __call__(self, step: int, call: DenoiserCall) -> torch.Tensor:
-        self._advance(step)
+    @classmethod
+    def run_rows(cls, caches: list["FirstBlockCache"], step: int, call: DenoiserCall,
+                 rows: list[int] | None) -> torch.Tensor:
+        """Each row decides alone (its measure, its residuals), so the requests' rows decide
+        as one call's rows would: the other blocks run once, on every row that needs them."""
+        for cache in caches:
+            cache._advance(step)
         h = call.embed()
         h1 = call.blocks(h, 0, 1)
         r = h1 - h
         B = r.shape[0]
-        if self.head_residual is None:
+        counts = [B] if rows is None else rows
+        # Every request of a call starts at step 0 together: all have residuals, or none.
+        first = caches[0].head_residual is None
+        if any((cache.head_residual is None) != first for cache in caches):
+            raise RuntimeError("first-block cache: the requests of one call are at different steps")
+        head = None if first else _joined([cache.head_residual for cache in caches])
+        tail = None if first else _joined([cache.tail_residual for cache in caches])
+        if first:
             rows_full, diffs = [True] * B, [None] * B
         else:
-            moved, before = self._row_means([r - self.head_residual, self.head_residual], call.rows)
+            moved, before = cls._row_means([r - head, head], call.rows)
             diffs = (moved / before).tolist()
-            rows_full = [d > self.config.threshold for d in diffs]
-        self.row_full.append(rows_full)
-        self.row_diff.append(diffs)
-        self.full_steps.append(any(rows_full))
-        last = step == self.steps - 1
+            rows_full = [d > caches[0].config.threshold for d in diffs]
+        lo = 0
+        for cache, n in zip(caches, counts):
+            cache.row_full.append(rows_full[lo:lo + n])
+            cache.row_diff.append(diffs[lo:lo + n])
+            cache.full_steps.append(any(rows_full[lo:lo + n]))
+            lo += n
         if not any(rows_full):
-            out = call.head(h1 + self.tail_residual)
+            out = call.head(h1 + tail)
         elif not all(rows_full) and call.row_blocks is not None:
             picked = [b for b, f in enumerate(rows_full) if f]
             index = torch.tensor(picked, device=h1.device)
             h1_picked = h1.index_select(0, index)
             x_picked = call.row_blocks(h1_picked, 1, call.num_blocks, picked)
-            x = (h1 + self.tail_residual).index_copy(0, index, x_picked)
-            self.head_residual = self.head_residual.index_copy(0, index, r.index_select(0, index))
-            self.tail_residual = self.tail_residual.index_copy(0, index, x_picked - h1_picked)
+            x = (h1 + tail).index_copy(0, index, x_picked)
+            head = head.index_copy(0, index, r.index_select(0, index))
+            tail = tail.index_copy(0, index, x_picked - h1_picked)
             out = call.head(x)
         else:
             x = call.blocks(h1, 1, call.num_blocks)
-            tail = x - h1
+            fresh = x - h1
             if all(rows_full):
-                self.head_residual, self.tail_residual = r, tail
+                head, tail = r, fresh
             else:
                 keep = torch.tensor(rows_full, device=x.device).view(B, *[1] * (x.dim() - 1))
-                x = torch.where(keep, x, h1 + self.tail_residual)
-                self.head_residual = torch.where(keep, r, self.head_residual)
-                self.tail_residual = torch.where(keep, tail, self.tail_residual)
+                x = torch.where(keep, x, h1 + tail)
+                head = torch.where(keep, r, head)
+                tail = torch.where(keep, fresh, tail)
             out = call.head(x)
-        if last:   # nothing outlives the request
-            self.head_residual = self.tail_residual = None
+        last = step == caches[0].steps - 1   # nothing outlives the request
+        for cache, h_res, t_res in zip(caches, _split(head, rows), _split(tail, rows)):
+            cache.head_residual, cache.tail_residual = (None, None) if last else (h_res, t_res)
         return out
 
     def gather_rows(self, gather: Callable[[torch.Tensor], torch.Tensor], device=None) -> None:
@@ -743,8 +797,30 @@ def make_step_cache(config: StepCacheConfig | None, steps: int) -> StepCache | N
 def run_step(cache: StepCache | None, step: int, call: DenoiserCall) -> torch.Tensor:
     """The prediction of one step: through the cache, or in full without one."""
     if cache is None:
-        return call.run_full()[1]
+        return call.prediction()
     return cache(step, call)
+
+
+def run_step_batch(caches: list[StepCache | None], step: int, call: DenoiserCall, rows: list[int]) -> torch.Tensor:
+    """The prediction of one step of a call shared by several requests (rows of one batch):
+    request k owns `rows[k]` consecutive batch rows (in order) and its own cache `caches[k]`
+    (one per request and call site, as ever; all None, or all of one config: what a batch
+    of requests must share). The call's pieces run once for every row (embed, the blocks,
+    the head, a first-block step's row subset), and each cache decides and keeps state for
+    its request's rows as if it ran alone (`StepCache.run_rows`). Returns every row's
+    prediction, in batch order. The batch of one is `run_step` on the call itself."""
+    if len(caches) != len(rows):
+        raise ValueError(f"{len(caches)} caches and {len(rows)} row counts: one each per request")
+    if len(caches) == 1:
+        return run_step(caches[0], step, call)
+    first = caches[0]
+    if first is None:
+        if any(c is not None for c in caches):
+            raise ValueError("the requests of one call must all have a step cache or none")
+        return call.prediction()
+    if any(c is None or c.config != first.config or c.steps != first.steps for c in caches):
+        raise ValueError("the requests of one call must share one step-cache config and step count")
+    return type(first).run_rows(caches, step, call, rows)
 
 
 def run_step_shared(caches: list[StepCache | None], step: int, call: DenoiserCall, rows: list[int],

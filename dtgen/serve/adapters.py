@@ -3,8 +3,12 @@ and how an image answer is encoded (HunyuanImage-3's too).
 
 Such a pipeline calls its progress hook after each denoise step only; `run` shows the text
 encode before the first step and the VAE decode after the last, so a job's progress covers
-every phase. A subclass gives `pipe` (with `generate(request, progress=...)`), `defaults`
-(a request with `steps`), `warmup`, and its own `parse` and answer.
+every phase. Its requests batch (`BatchingAdapter`, dtgen/serve/engine.py): `batch_key` is
+the pipeline's bucket as its spec declares it (`pipe.batch_key`), `generate_batch` runs jobs of
+one key as one batch (`pipe.generate_batch`, dtgen/diffusion_run.py), each job keeping its
+own progress, cancel and deadline. A subclass gives `pipe` (a `DiffusionPipeline`),
+`defaults` (a request with `steps`), `warmup`, its own `parse`, and `respond` (rank 0's
+answer of a job from the pipeline's result); `request_of` when its jobs wrap the request.
 """
 from __future__ import annotations
 
@@ -70,6 +74,15 @@ class DiffusionAdapter:
     def phases(self, request) -> tuple[str, ...]:
         return self.PHASES
 
+    def request_of(self, job):
+        """The pipeline's request of a job (the job itself, unless a subclass wraps it)."""
+        return job
+
+    def respond(self, job, result, batch: int) -> dict | None:
+        """Rank 0's answer of a job from the pipeline's result (None on the other ranks);
+        `batch`: the jobs whose denoise steps it shared, itself included."""
+        raise NotImplementedError
+
     def run(self, request, progress):
         """The pipeline's result for `request` on this rank, reporting every phase."""
         progress.show("encode", 0, 1)
@@ -81,10 +94,36 @@ class DiffusionAdapter:
 
         return self.pipe.generate(request, progress=hook)
 
-    def answer(self, result, **fields) -> dict:
-        """Rank 0's answer: the model's own `fields`, which denoise steps ran in full and which
+    def generate(self, job, progress) -> dict | None:
+        return self.respond(job, self.run(self.request_of(job), progress), 1)
+
+    # ---- batches: jobs whose denoise steps run as rows of one batch ------------------------
+    def batch_key(self, job) -> tuple:
+        """What jobs must share to run as one batch: the pipeline's bucket (its spec's
+        `ShapeBuckets`: the output's size, the schedule, the step cache, CFG on or off)."""
+        return self.pipe.batch_key(self.request_of(job))
+
+    def generate_batch(self, jobs: list, progress) -> list:
+        """The jobs on this rank as one batch: per job its answer (rank 0; None elsewhere) or
+        the exception it left the batch with (its cancel, its deadline, its error at a step)."""
+        for k in range(len(jobs)):
+            progress.show("encode", 0, 1, [k])
+
+        def hook(phase: str, done: int, total: int, members: list[int]) -> dict:
+            left = progress(phase, done, total, members)
+            if phase == "denoise" and done == total:
+                progress.show("decode", 0, 1, [m for m in members if m not in left])
+            return left
+
+        results = self.pipe.generate_batch([self.request_of(job) for job in jobs], hook)
+        return [r if isinstance(r, BaseException) else self.respond(job, r, len(jobs))
+                for job, r in zip(jobs, results)]
+
+    def answer(self, result, batch: int = 1, **fields) -> dict:
+        """Rank 0's answer: the model's own `fields`, the requests whose rows shared its denoise
+        steps (`denoise_batch`, itself included), which denoise steps ran in full and which
         the step cache reused (None: no cache), and each phase's time and the total (ms)."""
-        return {**fields, "step_cache": result.record.get("step_cache"),
+        return {**fields, "denoise_batch": batch, "step_cache": result.record.get("step_cache"),
                 "timings_ms": {k: round(result.timings_ms[k], 3) for k in (*self.PHASES, "total")}}
 
     def warm_up(self, progress) -> None:

@@ -6,6 +6,13 @@ the text encoder on the prompt (and the negative prompt when CFG is on), each al
 axis), with the text and image rows spread over the phase's SP ranks; `decode` runs the VAE,
 split over a spatial group when the caller gives one.
 
+Requests of one bucket (`SPEC.buckets`: size, steps, step cache, CFG on or off) run their
+denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): a call
+holds one branch of every member, each prompt encoded alone (its own length), the call's text
+zero-padded at the tail to its longest and each row's padding hidden from the joint attention
+by a per-row hole in the meta (dtgen/seq_split.py `padded_rows`), so every row attends as its
+prompt alone would; `generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
+
 True CFG is QwenImagePipeline's: comb = uncond + s (cond - uncond), rescaled per row to the
 conditional prediction's norm over channels. The sampler is its FlowMatchEulerDiscreteScheduler:
 sigmas linspace(1, 1/steps), shifted by mu, which grows linearly with the image's token
@@ -28,14 +35,16 @@ import torch
 
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
-from dtgen.diffusion_run import DiffusionRun
+from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
-from dtgen.seq_split import LocalInputs, embed_split, final_gathered
-from dtgen.step_cache import DenoiserCall, RowLayout, make_step_cache, run_step
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows
+from dtgen.step_cache import DenoiserCall, RowLayout
 
 from .model import QwenImageT2I
+from .spec import SPEC
 from .text_encoder import encode_prompt
 from .transformer import QwenImageTransformer, run_block
 
@@ -64,6 +73,11 @@ class T2IRequest:
         check_number("true_cfg_scale", self.true_cfg_scale, 0.0, 100.0)
         check_int("max_sequence_length", self.max_sequence_length, 1, 1024)
         check_step_cache(self.step_cache)
+
+    @property
+    def guided(self) -> bool:
+        """CFG on (two call sites a step): what a batch shares beyond its size and steps."""
+        return self.true_cfg_scale > 1
 
 
 @dataclass
@@ -103,14 +117,24 @@ def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
     return dit.time_embedding(t, dtype)
 
 
-def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid) -> torch.Tensor:
-    """One branch's prediction [1, h*w, C*4], its rows spread over the phase's SP ranks."""
-    local = embed_split(rt, dit, x, t, text, *grid)
+def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid, hole=None) -> torch.Tensor:
+    """The prediction [B, h*w, C*4] of a call's rows (one CFG branch each), spread over the
+    phase's SP ranks. `hole`: each row's text padding (`padded_rows`)."""
+    local = embed_split(rt, dit, x, t, text, *grid, hole=hole)
     img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
     return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
 
 
-class QwenImagePipeline:
+class QwenImagePipeline(DiffusionPipeline):
+    """Qwen-Image's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
+    (dtgen/denoise_loop.py): requests of one bucket (`SPEC.buckets`) run as rows of one batch,
+    one call per CFG branch (true CFG as QwenImagePipeline runs it), each row's prompt padded
+    to the call's longest and its padding masked (`padded_rows`)."""
+
+    buckets = SPEC.buckets
+    cfg_together = False
+    result_type = T2IResult
+
     def __init__(self, model: QwenImageT2I, tokenizer, controller, device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None):
         self.model, self.tokenizer, self.controller = model, tokenizer, controller
@@ -137,24 +161,27 @@ class QwenImagePipeline:
         """The packed latents [1, h*w, C*4] (what QwenImagePipeline takes as `latents`)."""
         return (1, math.prod(self.grid(req)), self.model.transformer.cfg.in_channels)
 
-    def draw_noise(self, generator: torch.Generator, grid) -> torch.Tensor:
+    def noise(self, req: T2IRequest, generator: torch.Generator) -> torch.Tensor:
         """diffusers' draw: [1, 1, C, H/8, W/8] normals, then packed (the same memory, as diffusers views it)."""
+        grid = self.grid(req)
         C, h, w = self.model.transformer.cfg.in_channels // 4, grid[0] * 2, grid[1] * 2
         return pack(torch.randn((1, 1, C, h, w), generator=generator).reshape(1, C, 1, h, w))
 
-    def encode(self, req: T2IRequest, cfg: bool) -> list[torch.Tensor]:
-        prompts = [req.prompt, req.negative_prompt] if cfg else [req.prompt]
+    def encode(self, req: T2IRequest) -> list[torch.Tensor]:
+        """Each branch's prompt [1, L, hidden], encoded alone: the prompt, and the negative
+        prompt when CFG is on."""
+        prompts = [req.prompt, req.negative_prompt] if req.guided else [req.prompt]
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def denoiser_call(self, rt, x, t, text, grid) -> DenoiserCall:
-        """One branch's evaluation cut for a step cache: embed = this rank's image rows entering
-        block 0; blocks lo..hi-1 carry the text stream from the call's previous blocks; head =
-        final layer + SP gather."""
+    def denoiser_call(self, rt, x, t, text, grid, hole=None) -> DenoiserCall:
+        """One evaluation of a call's rows cut for a step cache: embed = this rank's image rows
+        entering block 0; blocks lo..hi-1 carry the text stream from the call's previous
+        blocks; head = final layer + SP gather. `hole`: each row's text padding (`padded_rows`)."""
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid)
+            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid, hole=hole)
             made["txt"] = (0, made["inputs"].inputs.txt)
             return made["inputs"].inputs.img
 
@@ -171,41 +198,34 @@ class QwenImagePipeline:
             return self._head(rt, dit, img, temb, rows)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
-                            rows=RowLayout(rt.seq, 1, rows))
+                            rows=RowLayout(rt.seq, 1, rows),
+                            predict=lambda: self._step(rt, dit, x, t, text, grid, hole))
 
-    def decode(self, latents: torch.Tensor, grid) -> torch.Tensor | None:
+    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
         """[H, W, 3] uint8 on the main rank (None on the others)."""
-        image = decode_uint8(self.model.vae, unpack(latents, *grid), self.vae_group, self.is_main)
+        image = decode_uint8(self.model.vae, unpack(latents, *self.grid(req)), self.vae_group, self.is_main)
         return None if image is None else image[0, 0]
 
-    @torch.no_grad()
-    def generate(self, req: T2IRequest, latents: torch.Tensor | None = None, decode: bool = True,
-                 record: bool = False, progress=None, profiler=None) -> T2IResult:
-        """`latents`: the packed initial noise (default: drawn from `req.seed` on the CPU);
-        `record`: keep every step's guided prediction in `result.record["noise"]`;
-        `profiler`: a `PhaseProfiler`."""
+    # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
+    def segments(self, rt, timesteps: torch.Tensor, req: T2IRequest) -> list[Segment]:
+        """One MMDiT for every step; CFG on: both branches (no CFG: the conditional one alone,
+        on every rank of a CFG axis too)."""
+        return [Segment(self.model.transformer, 0, len(timesteps), 2 if req.guided else 1)]
+
+    def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
+        x = rows.latents.to(self.dtype)
+        timestep = (t.to(self.dtype) / 1000).expand(x.shape[0]).to(self.device)   # as diffusers: t / 1000
+        # each row's prompt encoded alone: of its own length, padded to the call's longest
+        text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches])
+        return self.denoiser_call(rt, x, timestep, text, self.grid(rows.members[0].request), hole)
+
+    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
+        return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
+
+    # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
+    def check(self, req: T2IRequest) -> None:
         req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
-        run = DiffusionRun(self.controller, self.device, req.steps, req.step_cache, record, progress, profiler)
-        cfg, grid = req.true_cfg_scale > 1, self.grid(req)
-        with run.phase("encode"):
-            texts = self.encode(req, cfg)
-        latents = run.initial_latents(latents, self.latent_shape(req), req.seed, lambda g: self.draw_noise(g, grid))
-        sampler = DynamicShiftSampler(req.steps, math.prod(grid), self.model.cfgs.scheduler)
-        caches = [make_step_cache(run.cache_config, req.steps) for _ in texts]   # one a branch
-        with run.phase("denoise", "denoise_step", req.steps) as rt:
-            split = cfg and rt.cfg_size == 2   # one branch a rank, the other's prediction by all-gather
-            branches = [rt.cfg_rank] if split else list(range(1 + cfg))
 
-            def predict(i: int, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-                x = latents.to(self.dtype)
-                timestep = (t.to(self.dtype) / 1000).expand(1).to(self.device)   # as diffusers: t / 1000
-                preds = [run_step(caches[b], i, self.denoiser_call(rt, x, timestep, texts[b], grid))
-                         if caches[b] is not None else self._step(rt, self.model.transformer, x, timestep, texts[b], grid)
-                         for b in branches]
-                noise = rt.gather_cfg(preds[0]) if split else torch.cat(preds)
-                return true_cfg(noise, req.true_cfg_scale) if cfg else noise
+    def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
+        return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)
 
-            latents = run.denoise(sampler, latents, predict)
-            run.report_caches([(0, [caches[b] for b in branches], None)], rt.gather_cfg if split else None)
-        image = run.decode(lambda: self.decode(latents, grid), self.is_main, self.vae_group, decode)
-        return T2IResult(image, latents, run.finish(), run.kept)

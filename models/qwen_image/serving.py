@@ -55,13 +55,12 @@ class QwenServeAdapter(DiffusionAdapter):
             values["width"], values["height"] = parse_size(fields["size"], "size", "1024x1024")
         return FIELDS.checked(replace(self.defaults, **values), self.multiple)
 
-    # ---- every rank -------------------------------------------------------------------
-    def generate(self, req: T2IRequest, progress) -> dict | None:
-        result = self.run(req, progress)
+    # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
+    def respond(self, req: T2IRequest, result, batch: int) -> dict | None:
         if self.rank != 0:
             return None
         # the HTTP side encodes it as the request asked (dtgen.serve.adapters.encode_answer)
-        return self.answer(result, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
+        return self.answer(result, batch, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

@@ -13,4 +13,7 @@ SPEC = ModelSpec(
     layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="models.qwen_image.cli",
     loader="models.qwen_image.model:load", plans="placements.qwen_image",
     request="models.qwen_image.pipeline:T2IRequest", tiny="models.qwen_image.tiny:ensure_tiny_checkpoint",
-    buckets=ShapeBuckets(sizes=("height", "width")))
+    # A batch shares its image size, the steps (one dynamic-shift schedule), the step cache and
+    # whether CFG is on; each member's prompts keep their own lengths (a call pads its rows'
+    # text to the longest and masks the padding per row), seeds and guidance.
+    buckets=ShapeBuckets(sizes=("height", "width"), batch=("steps", "step_cache", "guided")))

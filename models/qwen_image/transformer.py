@@ -12,8 +12,9 @@ No module here knows about process groups. Parameter names are diffusers' state-
     norm_out.linear (AdaLayerNormContinuous: scale, then shift), proj_out
 
 A dual-stream block: each stream is LayerNorm-modulated by its own `*_mod`, both streams'
-q, k, v go through ONE joint attention over [text rows, image rows] (bidirectional, no mask:
-QwenImagePipeline encodes each prompt alone, so no text row is padding), then each stream
+q, k, v go through ONE joint attention over [text rows, image rows] (bidirectional; a batch of
+prompts of different lengths hides each row's text padding through the meta's per-row hole,
+dtgen/seq_split.py `padded_rows`), then each stream
 has its own output projection, gate and MLP. The attention goes through `Attention.core`
 (the dtgen contract); under sequence parallelism each rank holds a chunk of the text rows
 and a chunk of the image rows, and the `AttentionMeta` says which rows these are.

@@ -7,6 +7,11 @@ SP ranks; `decode` runs the VAE, split over a spatial group when the caller give
 A14B's two DiTs are both resident: the step's timestep picks one (`WanT2V.transformer_for`),
 an expert switch with nothing moved.
 
+Requests of one bucket (`SPEC.buckets`: size, schedule, step cache, CFG on or off) run their
+denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): each
+member's [cond, uncond] rows in the call, its own seed, prompts, guidance, UniPC history and
+step caches; `generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
+
 Sequence parallelism is data, declared by the DiT (`WanTransformer.seq_splits`) and applied by
 the framework (dtgen/seq_split.py): the patch tokens are padded at the tail to a multiple of
 the SP size and each rank keeps its chunk, RoPE rows alike; the attention meta marks the real
@@ -17,9 +22,9 @@ any SP degree works, the padding absorbs it.
 Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut into
 embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
 unpatchify), so first-block, TaylorSeer, MagCache and the official Taylor cache run on every
-plan; what they keep is the last block's output rows. One cache per call site (the CFG batch
-of 2 is one, with two rows; on a CFG axis each rank's branch is one) and per expert, made for
-the request and dropped with it. A request without one runs `dit_step` whole, as before.
+plan; what they keep is the last block's output rows. One cache per request, call site (the
+CFG batch of 2 is one, with two rows; on a CFG axis each rank's branch is one) and expert,
+made for the request and dropped with it. A request without one runs `dit_step` whole.
 """
 from __future__ import annotations
 
@@ -32,15 +37,17 @@ from torch import nn
 
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
-from dtgen.diffusion_run import DiffusionRun
+from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, nearest_valid
 from dtgen.serve.errors import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
-from dtgen.step_cache import DenoiserCall, RowLayout, StepCache, StepCacheConfig, make_step_cache, run_step
+from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig
 
 from .model import WanT2V
+from .spec import SPEC
 from .transformer import WanTransformer, run_block
 
 MAX_FRAMES = 1001
@@ -117,6 +124,13 @@ class T2VRequest:
             raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
         check_step_cache(self.step_cache)
 
+    @property
+    def guided(self) -> tuple[bool, bool]:
+        """What a batch shares beyond its schedule (`SPEC.buckets.batch`): (the high-noise
+        expert's steps run CFG, the low-noise expert's do); Wan 2.1's one DiT: the first."""
+        low = self.guidance_scale if self.guidance_scale_2 is None else self.guidance_scale_2
+        return self.guidance_scale > 1.0, low > 1.0
+
 
 @dataclass
 class T2VResult:
@@ -163,7 +177,15 @@ def expert_segments(dits: list) -> list[tuple[object, int, int]]:
     return segments
 
 
-class WanT2VPipeline:
+class WanT2VPipeline(DiffusionPipeline):
+    """Wan's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
+    (dtgen/denoise_loop.py): requests of one bucket (`SPEC.buckets`) run as rows of one batch,
+    each member's [cond, uncond] rows together in one call."""
+
+    buckets = SPEC.buckets
+    cfg_together = True
+    result_type = T2VResult
+
     def __init__(self, model: WanT2V, tokenizer, controller, device: torch.device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None):
         """`vae_group`: a process group to split the VAE decode over (None: the main rank decodes)."""
@@ -204,25 +226,36 @@ class WanT2VPipeline:
         return encode_prompt_embeds(self.model.text_encoder, ids.to(self.device), mask.to(self.device), TEXT_LENGTH,
                                     dtype=self.dtype)
 
-    def predict(self, rt, dit: WanTransformer, latents: torch.Tensor, t: torch.Tensor, text: torch.Tensor,
-                guidance: float, cache: StepCache | None = None, step: int = 0) -> torch.Tensor:
-        """The guided prediction for one step, in the DiT's dtype (as WanPipeline combines it).
-        `cache`: this call site's step cache (`step`: the index among the steps it serves)."""
-        x = latents.to(self.dtype)
-        if rt.cfg_size == 2:   # this rank runs one branch; the other half arrives by all-gather
-            rows = text[rt.cfg_rank:rt.cfg_rank + 1]
-        elif guidance <= 1.0:  # no guidance: the conditional row alone (as WanPipeline)
-            return self._evaluate(rt, dit, x, t.expand(1).to(self.device), text[0:1], cache, step)
-        else:
-            rows, x = text, x.expand(2, *x.shape[1:])
-        out = rt.gather_cfg(self._evaluate(rt, dit, x, t.expand(x.shape[0]).to(self.device), rows, cache, step))
-        return classifier_free_guidance(out[0:1], out[1:2], guidance)
+    # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
+    def guidance(self, req: T2VRequest, dit: WanTransformer) -> float:
+        """The request's guidance on `dit`'s steps (Wan2.2-A14B's low-noise expert: guidance_scale_2)."""
+        if dit is self.model.transformer or req.guidance_scale_2 is None:
+            return req.guidance_scale
+        return req.guidance_scale_2
 
-    def _evaluate(self, rt, dit: WanTransformer, x: torch.Tensor, t: torch.Tensor, text: torch.Tensor,
-                  cache: StepCache | None, step: int) -> torch.Tensor:
-        if cache is None:   # no cache: the whole step, exactly as before caches existed
-            return self._step(rt, dit, x, t, text)
-        return run_step(cache, step, self.denoiser_call(rt, dit, x, t, text))
+    def segments(self, rt, timesteps: torch.Tensor, req: T2VRequest) -> list[Segment]:
+        """Wan2.2-A14B: the high-noise expert's steps, then the low-noise one's, each expert
+        with its own step caches counting its own steps from 0 (as diffusers' hooks on each
+        transformer do): a residual or a derivative of one expert's blocks says nothing about
+        the other's, so the first step after the switch runs in full. A step without guidance
+        runs the conditional row alone (as WanPipeline), except on a CFG axis, where each rank
+        runs its branch and the guidance combines them."""
+        names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
+        return [Segment(dit, first, n, 2 if rt.cfg_size == 2 or self.guidance(req, dit) > 1.0 else 1, names[id(dit)])
+                for dit, first, n in expert_segments([self.model.transformer_for(float(t)) for t in timesteps])]
+
+    def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
+        """One DiT evaluation on a call's rows: each member's latents and text rows, its CFG
+        branches as rows of the batch (Wan's text is always TEXT_LENGTH rows: nothing to pad)."""
+        x = rows.latents.to(self.dtype)
+        text = rows.take([m.context for m in rows.members])
+        return self.denoiser_call(rt, segment.denoiser, x, t.expand(x.shape[0]).to(self.device), text)
+
+    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
+        """The guided prediction in the DiT's dtype (as WanPipeline combines it)."""
+        if segment.branches == 1:
+            return branches
+        return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
 
     def denoiser_call(self, rt, dit: WanTransformer, x: torch.Tensor, t: torch.Tensor,
                       text: torch.Tensor) -> DenoiserCall:
@@ -254,49 +287,26 @@ class WanT2VPipeline:
             return self._head(rt, dit, h, temb, grid)
 
         return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
-                            rows=RowLayout(rt.seq, 1, math.prod(grid)), row_blocks=row_blocks)
+                            rows=RowLayout(rt.seq, 1, math.prod(grid)), row_blocks=row_blocks,
+                            predict=lambda: self._step(rt, dit, x, t, text))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
         """[F, H, W, 3] uint8 on the main rank (None on the others)."""
         video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
         return None if video is None else video[0]
 
-    @torch.no_grad()
-    def generate(self, req: T2VRequest, progress=None, decode: bool = True, latents: torch.Tensor | None = None,
-                 record: bool = False, profiler=None) -> T2VResult:
-        """`decode=False` stops at the denoised latents (diffusers' output_type="latent");
-        `latents`: the initial noise (default: drawn from `req.seed`); `record`: keep every
-        step's guided prediction in `result.record["noise"]`; `profiler`: a `PhaseProfiler`."""
+    # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
+    def check(self, req: T2VRequest) -> None:
         vae = self.model.vae.cfg
         req.check(vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
-        run = DiffusionRun(self.controller, self.device, req.steps, req.step_cache, record, progress, profiler)
-        with run.phase("encode"):
-            text = self.encode(req)
-        latents = run.initial_latents(latents, self.latent_shape(req), req.seed)
-        sampler = make_sampler(req.sampler, req.steps, req.shift)
-        # Wan2.2-A14B: the high-noise expert's steps, then the low-noise one's. Each expert gets
-        # its own step caches, new for this request, counting its own steps from 0 (as
-        # diffusers' hooks on each transformer do): a residual or a derivative of one expert's
-        # blocks says nothing about the other's, so the first step after the switch runs in full.
-        segments = expert_segments([self.model.transformer_for(float(t)) for t in sampler.timesteps])
-        step_caches = [make_step_cache(run.cache_config, n) for _, _, n in segments]
-        segment_of = [k for k, (_, _, n) in enumerate(segments) for _ in range(n)]
-        with run.phase("denoise", "denoise_step", req.steps) as rt:
-            def predict(i: int, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
-                k = segment_of[i]
-                dit, first, _ = segments[k]
-                guidance = req.guidance_scale if dit is self.model.transformer or req.guidance_scale_2 is None \
-                    else req.guidance_scale_2
-                return self.predict(rt, dit, latents, t, text, guidance, step_caches[k], i - first)
 
-            latents = run.denoise(sampler, latents, predict)
-            # One report for the request: with CFG branches on separate ranks, every branch's
-            # decisions (a collective over the CFG group); each expert's steps apart.
-            names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
-            run.report_caches([(first, [cache], names[id(dit)] if len(segments) > 1 else None)
-                               for (dit, first, _), cache in zip(segments, step_caches)],
-                              rt.gather_cfg if rt.cfg_size > 1 else None)
-        video = run.decode(lambda: self.decode(latents), self.is_main, self.vae_group, decode)
-        run.kept["tokens_per_step"] = math.prod(self.latent_shape(req)[2:]) // math.prod(
-            self.model.transformer.patch_size)
-        return T2VResult(video, latents, run.finish(), run.kept)
+    def sampler(self, req: T2VRequest):
+        return make_sampler(req.sampler, req.steps, req.shift)
+
+    def decode_latents(self, req: T2VRequest, latents: torch.Tensor) -> torch.Tensor | None:
+        return self.decode(latents)
+
+    def result(self, req: T2VRequest, video, latents: torch.Tensor, timings: dict, record: dict) -> T2VResult:
+        tokens = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)
+        record["tokens_per_step"] = tokens
+        return super().result(req, video, latents, timings, record)

@@ -119,16 +119,18 @@ class WanServeAdapter(DiffusionAdapter):
         req = FIELDS.checked(replace(self.defaults, **values), self.temporal, self.spatial, self.two_experts)
         return VideoJob(req, fps)
 
-    # ---- every rank -------------------------------------------------------------------
-    def generate(self, job: VideoJob, progress) -> dict | None:
-        result = self.run(job.request, progress)
+    # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
+    def request_of(self, job: VideoJob) -> T2VRequest:
+        return job.request
+
+    def respond(self, job: VideoJob, result, batch: int) -> dict | None:
         if self.rank != 0:
             return None
         buffer = io.BytesIO()
         encode_mp4(result.video, buffer, job.fps)
         r = job.request
-        return self.answer(result, video=buffer.getvalue(), size=f"{r.width}x{r.height}", num_frames=r.num_frames,
-                           fps=job.fps, seed=r.seed)
+        return self.answer(result, batch, video=buffer.getvalue(), size=f"{r.width}x{r.height}",
+                           num_frames=r.num_frames, fps=job.fps, seed=r.seed)
 
     def on_step(self, phase: str, done: int, total: int) -> None:
         self.injections.at(phase, done)

@@ -12,4 +12,10 @@ SPEC = ModelSpec(
     name="wan", title="Wan", makes="video", detect=is_checkpoint,
     layout="a diffusers folder, model_index.json naming WanPipeline", cli="models.wan.cli",
     loader="models.wan.model:load", plans="placements.wan", request="models.wan.pipeline:T2VRequest",
-    tiny="models.wan.tiny:ensure_tiny_checkpoint", buckets=ShapeBuckets(sizes=("num_frames", "height", "width")))
+    tiny="models.wan.tiny:ensure_tiny_checkpoint",
+    # A batch shares its video's size (every prompt is 512 text rows), the schedule (steps,
+    # sampler, shift: one set of timesteps, one expert switch), the step cache and which
+    # experts' steps run CFG (each member's rows of a call are then alike); the seed, the
+    # prompts and the guidance values are each member's own.
+    buckets=ShapeBuckets(sizes=("num_frames", "height", "width"),
+                         batch=("steps", "sampler", "shift", "step_cache", "guided")))

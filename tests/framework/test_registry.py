@@ -35,10 +35,13 @@ def test_every_spec_offers_what_its_callers_use():
                                                            "qwen-image": "image"}
     for spec in registry.specs():
         assert callable(spec.load("loader")), spec.name
-        # the bucket is named by fields of the model's request; only HunyuanImage-3 batches
-        fields = {f.name for f in dataclasses.fields(spec.load("request"))}
-        assert set(spec.buckets.sizes + spec.buckets.batch) <= fields, spec.name
-        assert spec.batches == (spec.name == "hunyuan-image3"), spec.name
+        # the bucket is named by the model's request: its fields, or properties read off them
+        # (CFG on or off); every model here batches
+        request = spec.load("request")
+        named = {f.name for f in dataclasses.fields(request)} | {
+            n for n in dir(request) if isinstance(getattr(request, n), property)}
+        assert set(spec.buckets.sizes + spec.buckets.batch) <= named, spec.name
+        assert spec.batches, spec.name
         cli = spec.load("cli")
         for name in ("build_parser", "finish_args", "prepare", "build_pipeline", "request_from_args",
                      "serve_adapter", "main"):
