@@ -13,4 +13,4 @@ SPEC = ModelSpec(
     layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="models.qwen_image.cli",
     loader="models.qwen_image.model:load", plans="placements.qwen_image",
     request="models.qwen_image.pipeline:T2IRequest", tiny="models.qwen_image.tiny:ensure_tiny_checkpoint",
-    buckets=ShapeBuckets(sizes=("height", "width")))
+    buckets=ShapeBuckets(sizes=("height", "width")), fields="models.qwen_image.serving:FIELDS")

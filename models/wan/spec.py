@@ -12,4 +12,5 @@ SPEC = ModelSpec(
     name="wan", title="Wan", makes="video", detect=is_checkpoint,
     layout="a diffusers folder, model_index.json naming WanPipeline", cli="models.wan.cli",
     loader="models.wan.model:load", plans="placements.wan", request="models.wan.pipeline:T2VRequest",
-    tiny="models.wan.tiny:ensure_tiny_checkpoint", buckets=ShapeBuckets(sizes=("num_frames", "height", "width")))
+    tiny="models.wan.tiny:ensure_tiny_checkpoint", buckets=ShapeBuckets(sizes=("num_frames", "height", "width")),
+    fields="models.wan.serving:FIELDS")
