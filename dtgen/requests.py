@@ -1,5 +1,6 @@
 """What every model's request check shares: the size string, number ranges, step caches, and
-the names a front end gives a field.
+the names a front end gives a field. A request's fields are declared with dtgen/schema.py,
+which checks their bounds with these.
 
 A model's request dataclass validates itself (`req.check(...)`, one per request type) and
 raises `RequestError(field, message)`: `field` is the request's attribute, `message` reads

@@ -400,7 +400,7 @@ def _default_text(spec: Spec, request: type | None) -> str:
     if spec.kind == "size" and request is not None:
         defaults = {f.name: f.default for f in dataclasses.fields(request)}
         return "`" + "x".join(str(defaults[a]) for a in spec.attrs) + "`"
-    if spec.default is MISSING:
+    if spec.required or spec.default is MISSING:
         return "required" if spec.required else "-"
     if spec.default is None:
         return "none"

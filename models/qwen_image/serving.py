@@ -7,8 +7,9 @@ Request fields (JSON, or form text), OpenAI's first:
   `output_format` and `output_compression` are the server's (dtgen.serve.adapters.take_image_output);
 - the model's own: `negative_prompt`, `seed`, `num_inference_steps`, `true_cfg_scale`
   (QwenImagePipeline's; <= 1: no CFG), `step_cache` (text, an object, or null for none).
-Fields not given take the server's defaults (the CLI's flags). Checked by `T2IRequest.check`,
-the CLI's own, before the job is queued.
+Each is declared once, in `T2IRequest` (OpenAI's in dtgen/schema.py); docs/requests.md lists
+them. Fields not given take the server's defaults (the CLI's flags). Checked by
+`T2IRequest.check`, the CLI's own, before the job is queued.
 """
 from __future__ import annotations
 

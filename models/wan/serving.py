@@ -11,8 +11,9 @@ Request fields (JSON or form text), OpenAI's videos API first:
   expert only), `flow_shift`, `sampler`, `seed`, `step_cache` (fewer full DiT evaluations,
   dtgen/step_cache.py: "first-block:threshold=0.05", {"method": "magcache", ...}, or null for
   none; default: the server's `--step-cache`).
-Fields not given take the server's defaults (the T2V example's flags). Checked before the
-job is queued by `T2VRequest.check`, the CLI's own.
+Each is declared once, in `T2VRequest` (the job's own, `seconds` and `fps`, below);
+docs/requests.md lists them. Fields not given take the server's defaults (the T2V example's
+flags). Checked before the job is queued by `T2VRequest.check`, the CLI's own.
 """
 from __future__ import annotations
 
