@@ -49,10 +49,10 @@ TYPE_NAMES = {"text": "string", "int": "integer", "number": "number", "choice": 
 
 @dataclass(frozen=True)
 class Spec:
-    """One field a user sets, by flag or JSON. `attrs`: the request attributes it sets (its
-    own name; a size's width and height; none for a field the front end keeps)."""
+    """One field a user sets, by flag or JSON, as declared. `attrs`: the request attributes it
+    sets (its own name; a size's width and height; none for a field the front end keeps)."""
     name: str | None
-    kind: str
+    kind: str                       # one of KINDS
     default: object = MISSING       # the request's default; MISSING: the request has none
     help: str = ""
     low: float | None = None
@@ -86,66 +86,54 @@ class Spec:
         return {"int": int, "number": float, "bool": bool}.get(self.kind, self.form or str)
 
 
-def _spec(name, default, kind, help, low, high, low_open, choices, empty_ok, unit, note, flag, flag_default,
-          metavar, json, required, routes, attrs, example="", auto=False, methods=None, model=None,
-          form=None) -> Spec:
+def _make(name: str | None, default, kind: str | None = None, empty_ok: bool | None = None,
+          required: bool | None = None, flag=True, json=True, choices: Iterable = (),
+          routes: Iterable[str] = ("generations", "edits"), methods: Iterable[str] | None = None, **options) -> Spec:
+    """A Spec from a declaration's keywords (Spec's fields), with what is read off the default:
+    the kind, whether a text may be blank, whether a JSON body must give it."""
     if kind is None:
         kind = ("choice" if choices else "bool" if isinstance(default, bool) else "int" if isinstance(default, int)
                 else "number" if isinstance(default, float) else "text" if default is MISSING or
                 isinstance(default, str) else None)
     if kind not in KINDS:
         raise ValueError(f"request field {name or ''}: give its kind (one of {', '.join(KINDS)}), got {kind!r}")
-    if empty_ok is None:
-        empty_ok = isinstance(default, str) and not default.strip()
-    if flag is not None and flag is not True and not str(flag).startswith("--"):
+    if flag not in (None, True) and not str(flag).startswith("--"):
         raise ValueError(f"request field {name or ''}: a flag starts with --, got {flag!r}")
-    return Spec(name, kind, default, help, low, high, low_open, tuple(choices), empty_ok, unit, note, flag,
-                flag_default, metavar, json, default is MISSING if required is None else required,
-                tuple(routes), attrs, example, auto, None if methods is None else tuple(methods), model, form)
+    return Spec(name, kind, default, flag=flag, json=json, choices=tuple(choices), routes=tuple(routes),
+                empty_ok=isinstance(default, str) and not default.strip() if empty_ok is None else empty_ok,
+                required=default is MISSING if required is None else required,
+                methods=None if methods is None else tuple(methods), **options)
 
 
-def request_field(default=MISSING, *, help: str = "", kind: str | None = None, low=None, high=None,
-                  low_open: bool = False, choices: Iterable = (), empty_ok: bool | None = None, unit: str = "",
-                  note: str = "", flag: str | bool | None = True, flag_default=SAME, metavar: str | None = None,
-                  json: str | bool | None = True, required: bool | None = None,
-                  routes: Iterable[str] = ("generations", "edits"), methods: Iterable[str] | None = None,
-                  model: str | None = None):
-    """A request dataclass field a user sets (see the module docstring).
+def request_field(default=MISSING, **options):
+    """A request dataclass field a user sets (see the module docstring); `options` are Spec's
+    fields.
 
     `kind` is read off the default where it can be (int, float, str, bool; "choice" with
     `choices`); else give it: "text", "int", "number", "choice", "bool", "step_cache", "any".
-    A number field whose default is None takes None too. `flag`/`json`: True names it after
-    the attribute (`--max-new-tokens`, `max_new_tokens`), a string names it, None leaves it
-    out. `flag_default`: the flag's default when a command fills the value in later (None:
-    "the checkpoint's", "4 on the tiny default"); `required`: in a JSON body (default: when
-    the request has no default). A text field is non-empty unless `empty_ok` (default: when
-    its default is blank)."""
-    spec = _spec(None, default, kind, help, low, high, low_open, choices, empty_ok, unit, note, flag, flag_default,
-                 metavar, json, required, routes, (), methods=methods, model=model)
-    return dataclasses.field(default=default, metadata={KEY: spec})
+    A number field whose default is None takes None too. `flag`/`json`: True (the default)
+    names it after the attribute (`--max-new-tokens`, `max_new_tokens`), a string names it,
+    None leaves it out. `flag_default`: the flag's default when a command fills the value in
+    later ("the checkpoint's", "4 on the tiny default"); `required`: in a JSON body (default:
+    when the request has no default). A text field is non-empty unless `empty_ok` (default:
+    when its default is blank)."""
+    return dataclasses.field(default=default, metadata={KEY: _make(None, default, **options)})
 
 
-def size_field(*, example: str, help: str = "", flag: str | None = "--image-size", json: str | None = "size",
-               auto: bool = False, flag_default=None, attrs: tuple[str, str] = ("width", "height"),
-               routes: Iterable[str] = ("generations", "edits")) -> Spec:
+def size_field(*, example: str, flag: str | None = "--image-size", json: str | None = "size",
+               flag_default=None, attrs: tuple[str, str] = ("width", "height"), **options) -> Spec:
     """A "WIDTHxHEIGHT" field standing for the request's width and height attributes: a class
     attribute of the request (its name is the attribute's). `example`: a size of the model
-    (for the message); `auto`: the server takes "auto" for its default size."""
-    return _spec(None, MISSING, "size", help, None, None, False, (), True, "", "", flag, flag_default, None, json,
-                 False, routes, tuple(attrs), example=example, auto=auto)
+    (for the message); `auto=True`: the server takes "auto" for its default size."""
+    return _make(None, MISSING, kind="size", required=False, flag=flag, json=json, flag_default=flag_default,
+                 attrs=tuple(attrs), example=example, **options)
 
 
-def extra_field(name: str, default=None, *, help: str = "", kind: str | None = None, low=None, high=None,
-                low_open: bool = False, choices: Iterable = (), empty_ok: bool | None = None, unit: str = "",
-                flag: str | bool | None = None, flag_default=SAME, metavar: str | None = None,
-                json: str | bool | None = True, required: bool = False,
-                routes: Iterable[str] = ("generations", "edits"), form: type | None = None) -> Spec:
+def extra_field(name: str, default=None, flag: str | None = None, **options) -> Spec:
     """A field a front end reads that is no request attribute (OpenAI's `n`, a video's `fps`):
     declared like `request_field`, kept by the front end (`check_value` checks it). No flag
     unless given one."""
-    spec = _spec(name, default, kind, help, low, high, low_open, choices, empty_ok, unit, "", flag, flag_default,
-                 metavar, json, required, routes, (), form=form)
-    return _named(spec, name)
+    return _named(_make(name, default, flag=flag, required=options.pop("required", False), **options), name)
 
 
 def _named(spec: Spec, name: str, attrs: tuple[str, ...] | None = None) -> Spec:
@@ -204,15 +192,14 @@ class Fields:
 
 # ---- names ------------------------------------------------------------------------------------
 def _names(fields, name_of) -> dict[str, str]:
-    """Attribute -> the front end's name: its own, else that of the field standing for it."""
+    """Attribute -> the front end's name: its own, else that of the field standing for it (a
+    size's, for width and height)."""
     out = {}
-    all_specs = specs(fields)
-    for spec in all_specs:
-        for attr in spec.attrs:
-            own = next((s for s in all_specs if s.attrs == (attr,)), None)
-            name = name_of(own) if own is not None and name_of(own) else name_of(spec)
-            if name:
-                out.setdefault(attr, name)
+    for composite in (False, True):
+        for spec in specs(fields):
+            if (len(spec.attrs) > 1) == composite and name_of(spec):
+                for attr in spec.attrs:
+                    out.setdefault(attr, name_of(spec))
     return out
 
 
