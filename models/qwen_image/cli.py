@@ -82,7 +82,9 @@ def prepare(args) -> tuple[str | None, bool]:
     if args.steps is None:
         args.steps = 4 if tiny else 50
     try:
-        request_from_args(args).check()
+        req = request_from_args(args)
+        req.check()
+        args.width, args.height, args.step_cache = req.width, req.height, req.step_cache   # parsed, for the report
         problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or image_path_problem(args.output)
     except RequestError as e:
         return flag_line(e, FLAG_OF_FIELD), tiny
@@ -136,18 +138,18 @@ def write_report(args, main: dict, tiny: bool) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_image(out, main["image"])
-    t, req = main["timings_ms"], request_from_args(args)
+    t = main["timings_ms"]
     report = {"plan": args.plan, "world_size": args.world_size, "device": main["device"], "dtype": main["dtype"],
               "torch": torch.__version__, "checkpoint": "tiny-default" if tiny else args.checkpoint,
-              "request": {"width": req.width, "height": req.height, "steps": req.steps,
-                          "true_cfg_scale": req.true_cfg_scale, "seed": req.seed},
+              "request": {"width": args.width, "height": args.height, "steps": args.steps,
+                          "true_cfg_scale": args.true_cfg_scale, "seed": args.seed},
               "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
               "timings_ms": t, "weights_copied": main["weights_copied"]}
     for key in ("check", "step_cache"):
         if main.get(key) is not None:
             report[key] = main[key]
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
-            ("image", f"{req.width}x{req.height}, {req.steps} steps, true CFG {req.true_cfg_scale}"),
+            ("image", f"{args.width}x{args.height}, {args.steps} steps, true CFG {args.true_cfg_scale}"),
             ("text encode", f"{t['encode']:9.1f} ms"), ("denoise", f"{t['denoise']:9.1f} ms"),
             ("VAE decode", f"{t['decode']:9.1f} ms"), ("total", f"{t['total']:9.1f} ms")]
     if "step_cache" in report:

@@ -98,7 +98,6 @@ def prepare(args) -> tuple[str | None, bool]:
         if getattr(args, key) is None:
             setattr(args, key, value)
     try:
-        schema.check_value(FPS, args.fps, "--fps")
         problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args)
         if problem is None and args.vae_parallel is not None and args.world_size == 1:
             flag = "--vae-parallel" if args.vae_parallel else "--no-vae-parallel"
@@ -114,9 +113,11 @@ def prepare(args) -> tuple[str | None, bool]:
                 args.flow_shift = json.loads(scheduler.read_text()).get("flow_shift", 3.0) if scheduler.exists() else 3.0
             cfgs = WanConfigs.from_folder(args.checkpoint)
             problem = attention_head_problem(args.attention_dtype, cfgs.transformer.attention_head_dim)
-            request_from_args(args).check(cfgs.vae.temporal_factor,
-                                          cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
-                                          cfgs.transformer_2 is not None)
+            req = request_from_args(args)
+            req.check(cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
+                      cfgs.transformer_2 is not None)
+            args.step_cache = req.step_cache    # parsed once, for the ranks and the report
+            schema.check_value(FPS, args.fps, "--fps")
     except RequestError as e:
         problem = flag_line(e, FLAG_OF_FIELD)
     except (KeyError, ValueError, OSError) as e:
@@ -181,7 +182,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                             "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),
                             "max_abs_diff_video": max_diff([result.video], [ref.video]),
                             "rel_l2_noise": rel_l2(result.record["noise"], ref.record["noise"])}
-            if req.step_cache is not None:   # the plan must take every decision one process takes
+            if args.step_cache is not None:   # the plan must take every decision one process takes
                 out["check"]["same_cache_decisions"] = _decisions(result.record["step_cache"]) == \
                     _decisions(ref.record["step_cache"])
     return out
