@@ -315,3 +315,14 @@ def test_the_docs_page_shows_the_tables_the_declarations_make(capsys):
             f"docs/requests.md: {name}'s table is stale; run python -m dtgen.schema --update docs/requests.md"
     assert schema.update_page(page) == page
     assert schema.main(["--model", "wan"]) == 0 and capsys.readouterr().out == blocks["wan"]
+
+
+def test_the_schema_is_core_the_server_builds_on_it():
+    """dtgen/schema.py imports nothing of dtgen.serve (the server imports the core); the
+    server's table is a `schema.Fields`."""
+    import ast
+    tree = ast.parse((ROOT / "dtgen" / "schema.py").read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
+        [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert "dtgen.requests" in imported and not [m for m in imported if m and m.startswith("dtgen.serve")]
+    assert isinstance(FIELDS, schema.Fields)
