@@ -21,7 +21,9 @@ What a spec's pieces must offer:
 - `plans` (a placements module): `PLANS`, name -> `dtgen.plan.Plan`;
 - `request`: the request dataclass; its `check(...)` raises `RequestError(field, message)`
   (dtgen/requests.py), the one check of the CLI and the server alike;
-- `tiny`: a function writing the tiny default checkpoint once and returning its folder.
+- `tiny`: a function writing the tiny default checkpoint once and returning its folder;
+- `fields` (optional, "module:attribute"): a `dtgen.schema.Fields`, the request's fields and
+  those its server adds (the server's table; the docs' option table lists them).
 `buckets` is data: the request fields that are the shapes a model buckets (dtgen/buckets.py).
 """
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ModelSpec:
     tiny: str                       # "module:function", the tiny default's folder
     buckets: ShapeBuckets           # the request fields its compiled shapes (and batches) are keyed on
     cli: str | None = None          # the model's command module (see the module docstring)
+    fields: str | None = None       # "module:attribute", its front ends' fields (dtgen/schema.py)
 
     def __post_init__(self):
         if self.makes not in ("image", "video"):
@@ -59,7 +62,7 @@ class ModelSpec:
         return bool(self.buckets.batch)
 
     def load(self, piece: str):
-        """The spec's piece ("loader", "cli", "plans", "request", "tiny"), imported now."""
+        """The spec's piece ("loader", "cli", "plans", "request", "tiny", "fields"), imported now."""
         target = getattr(self, piece)
         if target is None:
             raise ValueError(f"{self.title} has no {piece}")

@@ -1,5 +1,6 @@
 """What every model's request check shares: the size string, number ranges, step caches, and
-the names a front end gives a field.
+the names a front end gives a field. A request's fields are declared with dtgen/schema.py,
+which checks their bounds with these.
 
 A model's request dataclass validates itself (`req.check(...)`, one per request type) and
 raises `RequestError(field, message)`: `field` is the request's attribute, `message` reads
@@ -72,6 +73,12 @@ def check_side(field: str, value, multiple: int, high: int = MAX_SIDE) -> None:
     """An image side in px: an integer in [1, high] and a multiple of `multiple` (the VAE's
     factor x the patch size: whole tokens); the nearest valid sides named otherwise."""
     check_int(field, value, 1, high, note=" px")
+    check_multiple(field, value, multiple)
+
+
+def check_multiple(field: str, value: int, multiple: int) -> None:
+    """An image side (an integer, checked) that is a multiple of `multiple` px, the nearest
+    valid sides named otherwise."""
     if value < multiple or value % multiple:
         lo, hi = nearest_valid(value, multiple)
         raise RequestError(field, f"{value} must be a multiple of {multiple} (VAE x patch size); nearest valid: "

@@ -36,6 +36,7 @@ from dtgen.devices import parse_dtype
 from dtgen.image_files import image_path_problem, save_image
 from dtgen.launch import RankContext
 from dtgen.profiling import PhaseProfiler
+from dtgen import schema
 from dtgen.requests import flag_line
 from dtgen.serve.errors import RequestError
 from dtgen.fp8 import add_fp8_flags, attention_head_problem, check_attention_dtype
@@ -97,33 +98,11 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
     add("--prompts-file", default=None, help="one prompt per line (blank lines skipped), after any --prompt")
     add("--image", default=None, metavar="PATH",
                    help="edit this reference image (the Instruct template: the prompt says what to change)")
-    add("--system-prompt", default="", help="with --image: the system prompt before the user turn")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None,
-                   help="denoise steps (default: the checkpoint's generation_config.json diff_infer_steps, else 50)")
-    p.add_argument("--guidance", type=float, default=None,
-                   help="guidance scale: the CFG weight, or on a CFG-distilled checkpoint the embedded guidance "
-                        "(default: generation_config.json diff_guidance_scale, else 5.0)")
-    p.add_argument("--flow-shift", type=float, default=None,
-                   help="the flow-matching shift (default: generation_config.json flow_shift, else 3.0)")
-    p.add_argument("--image-size", default="auto",
-                   help="'auto' (the model picks the ratio among the sizes that fit) or WIDTHxHEIGHT from the table")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="AR tokens before the image (default: 16 on the tiny model, 0 on a checkpoint)")
-    p.add_argument("--ignore-eos", action="store_true", help="always decode --max-new-tokens tokens")
     add("--prompt-tokens", default=None, metavar="N[,M,...]",
                    help="benchmark prompts of these lengths (fixed ids), one request each, instead of --prompt")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-k", type=int, default=1024)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--cfg-mode", choices=("serial", "batch"), default=None,
-                   help="the two CFG branches one at a time ('serial', the default) or as a batch of 2; a "
-                        "CFG-distilled checkpoint runs one row and takes neither")
-    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]",
-                   help="compute fewer full denoise steps: 'taylor' (the official Taylor cache; knobs interval, "
-                        "order, first_enhance, first_enhance_steps, tailing_enhance, tailing_enhance_steps, "
-                        "low_freqs_order, high_freqs_order) or 'taylorseer' (diffusers'; interval, "
-                        "disable_before, disable_after, order, factors_dtype); e.g. taylor:interval=5,order=2")
+    # the request's fields (models/hunyuan_image3/requests.py T2IRequest), less the prompt (the
+    # flags above make one request a prompt) and, on a server, an edit's system prompt
+    schema.add_flags(p, T2IRequest, omit=("prompt",) + (() if cli else ("system_prompt",)))
     official = p.add_argument_group("the official command line's Taylor-cache flags (run_image_gen.py; the same "
                                     "cache as --step-cache taylor)")
     official.add_argument("--use-taylor-cache", action="store_true", help="the Taylor cache, at the defaults below")
@@ -278,13 +257,13 @@ def _requests(args) -> list[T2IRequest]:
 
 
 def request_from_args(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2IRequest:
-    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
-    return T2IRequest(prompt=prompt, seed=args.seed, steps=args.steps, guidance=args.guidance,
-                      flow_shift=args.flow_shift, image_size=args.image_size_hw,
-                      max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p, cfg_mode=args.cfg_mode or "serial", ignore_stop=args.ignore_eos,
-                      prompt_ids=prompt_ids, reference=getattr(args, "reference", None),
-                      system_prompt=args.system_prompt, step_cache=_step_cache(args))
+    """The request the flags say (a server's: the defaults of the fields a request leaves out):
+    the declared fields' flags (dtgen/schema.py), with what the command works out itself: the
+    prompt, the pipeline's "HxW" of --image-size, the step cache of --step-cache or the
+    official Taylor-cache flags, an edit's image."""
+    return schema.from_args(T2IRequest, args, prompt=prompt, prompt_ids=prompt_ids, image_size=args.image_size_hw,
+                            cfg_mode=args.cfg_mode or "serial", reference=getattr(args, "reference", None),
+                            step_cache=_step_cache(args))
 
 
 def _step_cache(args):
@@ -560,11 +539,9 @@ def _check_args(args, plan) -> str | None:
     return None
 
 
-# The request fields' flags: `T2IRequest.check` names fields, the CLI names flags.
-_FLAG_OF_FIELD = {"prompt": "--prompt", "seed": "--seed", "steps": "--steps", "guidance": "--guidance",
-                  "flow_shift": "--flow-shift", "image_size": "--image-size", "max_new_tokens": "--max-new-tokens",
-                  "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p", "cfg_mode": "--cfg-mode",
-                  "step_cache": "--step-cache"}
+# The request fields' flags (their declarations': dtgen/schema.py): `T2IRequest.check` names
+# fields, the CLI names flags.
+_FLAG_OF_FIELD = schema.flag_names(T2IRequest)
 
 
 def _request_problem(args, config: dict) -> str | None:

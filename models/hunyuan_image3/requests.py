@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from dtgen.batching import Progress
 from dtgen.profiling import NullProfiler
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_step_cache, parse_size
+from dtgen.requests import MAX_SEED, MAX_STEPS, parse_size
+from dtgen.schema import check_bounds, request_field
 from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
 from dtgen.timing import Timer
@@ -75,50 +76,67 @@ class Limits:
 
 @dataclass
 class T2IRequest:
-    prompt: str = "A photo of a red fox in fresh snow"
-    seed: int = 0
-    steps: int = 50
-    guidance: float = 5.0
-    flow_shift: float = 3.0
-    image_size: str = "auto"      # "auto" or the pipeline's "HxW" (a user's WIDTHxHEIGHT: `size_to_hw`)
-    max_new_tokens: int = 0       # AR tokens (CoT / recaption) before the image
-    temperature: float = 0.6
-    top_k: int = 1024
-    top_p: float = 0.95
+    """What one image (or edit) takes. The fields a user sets are declared once here
+    (dtgen/schema.py): the CLI's flags, the server's JSON fields and the docs' table come
+    from these declarations; the rest are set by code (benchmarks, warm-ups, an edit's image)."""
+    # the CLI's own --prompt flags make several requests a run (models/hunyuan_image3/cli.py)
+    prompt: str = request_field("A photo of a red fox in fresh snow", required=True, empty_ok=False,
+                                help="what the image shows (or, with an image, what to change in it)")
+    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
+    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
+                               help="denoise steps (default: the checkpoint's generation_config.json diff_infer_steps, "
+                                    "else 50)")
+    guidance: float = request_field(5.0, low=0.0, high=100.0, json="guidance_scale", flag_default=None,
+                                    help="guidance scale: the CFG weight, or on a CFG-distilled checkpoint the "
+                                         "embedded guidance (default: generation_config.json diff_guidance_scale, "
+                                         "else 5.0)")
+    flow_shift: float = request_field(3.0, low=0.0, high=100.0, low_open=True, json=None, flag_default=None,
+                                      help="the flow-matching shift (default: generation_config.json flow_shift, "
+                                           "else 3.0)")
+    # "auto" or the pipeline's "HxW"; what a user gives (--image-size, `size`) is WIDTHxHEIGHT,
+    # which the front ends turn into it with the model's table at hand (`size_to_hw`)
+    image_size: str = request_field("auto", json="size",
+                                    help="'auto' (the model picks the ratio among the sizes that fit) or "
+                                         "WIDTHxHEIGHT from the table")
+    max_new_tokens: int = request_field(0, low=0, flag_default=None,
+                                        help="AR tokens before the image (default: 16 on the tiny model, 0 on a "
+                                             "checkpoint)")
+    temperature: float = request_field(0.6, low=0.0, high=100.0, json=None, help="the AR tokens' sampling temperature")
+    top_k: int = request_field(1024, low=0, note="0: off", json=None, help="the AR tokens: sample among the k likeliest")
+    top_p: float = request_field(0.95, low=0.0, high=1.0, low_open=True, json=None,
+                                 help="the AR tokens: sample within this probability mass")
     stop_ids: tuple[int, ...] = ()  # besides <eos>
-    cfg_mode: str = "serial"      # "serial": one branch at a time; "batch": [cond, uncond] as B=2
+    # "serial": one branch at a time; "batch": [cond, uncond] as B=2
+    cfg_mode: str = request_field("serial", choices=("serial", "batch"), json=None, flag_default=None,
+                                  help="the two CFG branches one at a time ('serial', the default) or as a batch of "
+                                       "2; a CFG-distilled checkpoint runs one row and takes neither")
     forced_tokens: tuple[int, ...] | None = None  # replay these AR tokens instead of sampling
     prompt_ids: tuple[int, ...] | None = None     # token ids to use instead of encoding `prompt`
-    ignore_stop: bool = False                     # always decode max_new_tokens (fixed-length benchmarks)
+    # always decode max_new_tokens (fixed-length benchmarks)
+    ignore_stop: bool = request_field(False, flag="--ignore-eos", json=None, help="always decode --max-new-tokens tokens")
     forced_ratio: int | None = None               # skip the ratio choice
     # Image editing (the Instruct template): a reference image, uint8 [H, W, 3] RGB (see
     # cond_image.load_reference_image), and the system prompt written before the user turn.
     reference: torch.Tensor | None = None
-    system_prompt: str = ""
+    system_prompt: str = request_field("", routes=("edits",), help="with --image: the system prompt before the user turn")
     # Fewer full denoise steps (dtgen/step_cache.py): HunyuanImage-3 takes "taylor" (the
     # official Taylor cache) and "taylorseer"; None computes every step.
-    step_cache: StepCacheConfig | None = None
+    step_cache: StepCacheConfig | None = request_field(
+        None, kind="step_cache", methods=STEP_CACHES, model="HunyuanImage-3",
+        help="compute fewer full denoise steps: 'taylor' (the official Taylor cache; knobs interval, order, "
+             "first_enhance, first_enhance_steps, tailing_enhance, tailing_enhance_steps, low_freqs_order, "
+             "high_freqs_order) or 'taylorseer' (diffusers'; interval, disable_before, disable_after, order, "
+             "factors_dtype); e.g. taylor:interval=5,order=2")
 
     def check(self, limits: Limits, edit_prefix=None) -> None:
         """Raise `RequestError(field, message)` for the first bad field; then, with the
         tokenizer in `limits`, for a request whose sequences the model's positions cannot
         hold (`check_positions`; `edit_prefix(prompt_ids)`: an edit's InstructPrefix)."""
-        if self.prompt_ids is None and (not isinstance(self.prompt, str) or not self.prompt.strip()):
-            raise RequestError("prompt", "must be a non-empty string")
-        check_int("steps", self.steps, 1, MAX_STEPS)
-        check_int("seed", self.seed, 0, MAX_SEED)
-        check_int("max_new_tokens", self.max_new_tokens, 0)
-        check_int("top_k", self.top_k, 0, note=" (0: off)")
-        check_number("guidance", self.guidance, 0.0, 100.0)
-        check_number("flow_shift", self.flow_shift, 0.0, 100.0, low_ok=False)
-        check_number("temperature", self.temperature, 0.0, 100.0)
-        check_number("top_p", self.top_p, 0.0, 1.0, low_ok=False)
-        if self.cfg_mode not in ("serial", "batch"):
-            raise RequestError("cfg_mode", f"must be 'serial' or 'batch', got {self.cfg_mode!r}")
+        # token ids given: the prompt's text is not read
+        check_bounds(self, skip=("prompt",) if self.prompt_ids is not None else ())
         if limits.distilled and self.cfg_mode != "serial":
             raise RequestError("cfg_mode", "does not apply: this checkpoint is CFG-distilled (one row a step, "
                                            "the guidance embedded as a token)")
-        check_step_cache(self.step_cache, "HunyuanImage-3", STEP_CACHES)
         try:
             parse_image_size(self.image_size, limits.image_base_size)
         except ValueError as e:

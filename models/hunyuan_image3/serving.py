@@ -13,8 +13,9 @@ Fields not given take the server's defaults (the T2I example's flags). Any other
 refused by name. Validation is `T2IRequest.check` (the CLI's own) with the position budget
 of the whole request, before the job is queued.
 
-A new `T2IRequest` field reaches requests with one `FIELDS` entry (its JSON name, the
-request's attribute, its type) and its check in `T2IRequest.check`; nothing else here.
+A new `T2IRequest` field reaches requests with its declaration in the request
+(models/hunyuan_image3/requests.py, dtgen/schema.py): its JSON name, type and bounds;
+nothing else here.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from dtgen.buckets import pad_rows
 from dtgen.compile import unique_graphs
 from dtgen.harness import Injections
 from dtgen.requests import check_image_fields
+from dtgen.schema import OPENAI_IMAGE_FIELDS
 from dtgen.serve.errors import RequestError
-from dtgen.serve.fields import Field, FieldTable
+from dtgen.serve.fields import FieldTable
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
 from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix
 from models.hunyuan_image3.pipeline import HunyuanT2IPipeline, to_uint8
@@ -35,13 +37,8 @@ from models.hunyuan_image3.resolutions import resolution_table
 from models.hunyuan_image3.spec import BUCKETS
 
 
-FIELDS = FieldTable({
-    "prompt": Field("prompt", str), "seed": Field("seed", int), "num_inference_steps": Field("steps", int),
-    "guidance_scale": Field("guidance", float), "max_new_tokens": Field("max_new_tokens", int),
-    "size": Field("image_size", str), "step_cache": Field("step_cache", str),
-    "system_prompt": Field("system_prompt", str, ("edits",)),
-    "n": Field(None, int), "response_format": Field(None, str), "model": Field(None, str), "user": Field(None, str),
-})
+# The request's declared fields with a JSON name (T2IRequest) and OpenAI's that the adapter reads itself.
+FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
 
 
 class HunyuanServeAdapter:
@@ -67,14 +64,15 @@ class HunyuanServeAdapter:
         self.can_edit = self.edit_problem is None
 
     def defaults_dict(self) -> dict:
-        d = self.defaults
-        return {"size": hw_to_size(d.image_size), "num_inference_steps": d.steps, "seed": d.seed,
-                "guidance_scale": d.guidance, "max_new_tokens": d.max_new_tokens,
+        defaults = FIELDS.defaults(self.defaults)
+        # the request holds the pipeline's "HxW"; a user reads and gives WIDTHxHEIGHT
+        return {**defaults, "size": hw_to_size(defaults["size"]),
                 "sizes": [f"{w}x{h}" for h, w in resolution_table(self.pipe.cfg.image_base_size)]}
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def _values(self, fields: dict, route: str) -> dict:
         check_image_fields(fields, FIELDS.names(route))
+        FIELDS.check_types(fields)
         # a step cache: "taylor:interval=5" or {"method": "taylor", "interval": 5}; null: no cache
         values = FIELDS.values(fields)
         if "image_size" in values:

@@ -19,4 +19,4 @@ SPEC = ModelSpec(
     layout="the official folder, config.json at the top", cli="models.hunyuan_image3.cli",
     loader="models.hunyuan_image3.loading:load", plans="placements.hunyuan_image3",
     request="models.hunyuan_image3.requests:T2IRequest", tiny="models.hunyuan_image3.tiny:ensure_tiny_checkpoint",
-    buckets=BUCKETS)
+    buckets=BUCKETS, fields="models.hunyuan_image3.serving:FIELDS")

@@ -22,9 +22,9 @@ from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem
 from dtgen.launch import RankContext
 from dtgen.layers.config import read_json
-from dtgen.requests import flag_line, parse_size
+from dtgen import schema
+from dtgen.requests import flag_line
 from dtgen.serve.errors import RequestError
-from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.qwen_image.model import load
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 from models.qwen_image.tiny import ensure_tiny_checkpoint
@@ -34,9 +34,9 @@ from placements.qwen_image import PLANS, get_plan
 
 DEFAULT_PROMPT = "A red fox in fresh snow at golden hour, a sign that says 'dtgen'"
 RANK_PRELOAD = ("models.qwen_image.cli",)
-# The request fields' flags: `T2IRequest.check` names fields, the CLI names flags.
-FLAG_OF_FIELD = {"prompt": "--prompt", "width": "--image-size", "height": "--image-size", "steps": "--steps",
-                 "true_cfg_scale": "--true-cfg-scale", "seed": "--seed", "step_cache": "--step-cache"}
+# The request fields' flags (their declarations': dtgen/schema.py): `T2IRequest.check` names
+# fields, the CLI names flags.
+FLAG_OF_FIELD = schema.flag_names(T2IRequest)
 
 
 def build_parser(prog: str = "dtgen run --model qwen-image", description: str = __doc__.split("\n")[0],
@@ -44,13 +44,8 @@ def build_parser(prog: str = "dtgen run --model qwen-image", description: str = 
     """Every flag of a run; a server's (`cli=False`) has no prompt and no report flags."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Qwen-Image folder (default: the embedded tiny model)")
-    (p.add_argument if cli else lambda *a, **k: None)("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--negative-prompt", default=" ")
-    p.add_argument("--image-size", default=None, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the tiny default)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
-    p.add_argument("--true-cfg-scale", type=float, default=4.0, help="<= 1: no CFG (the conditional branch alone)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]", help="dtgen/step_cache.py")
+    # the request's fields (models/qwen_image/pipeline.py T2IRequest); a server's requests give their prompt
+    schema.add_flags(p, T2IRequest, omit=() if cli else ("prompt",), defaults={"prompt": DEFAULT_PROMPT})
     add_diffusion_flags(p)
     add_fp8_flags(p, "the MMDiT blocks' linears", "the MMDiT's joint attention")
     add_run_flags(p, PLANS, "outputs/qwen_t2i.png", cli, dict(prompt=DEFAULT_PROMPT), "Qwen-Image")
@@ -66,9 +61,9 @@ def parse_args(argv=None, prog: str = "dtgen run --model qwen-image") -> argpars
 
 
 def request_from_args(args) -> T2IRequest:
-    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
-    return T2IRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, width=args.width, height=args.height,
-                      steps=args.steps, true_cfg_scale=args.true_cfg_scale, seed=args.seed, step_cache=args.step_cache)
+    """The request the flags say (a server's: the defaults of the fields a request leaves out);
+    `RequestError` naming a field for a size or step cache that does not parse."""
+    return schema.from_args(T2IRequest, args)
 
 
 def prepare(args) -> tuple[str | None, bool]:
@@ -78,13 +73,11 @@ def prepare(args) -> tuple[str | None, bool]:
     if args.steps is None:
         args.steps = 4 if tiny else 50
     try:
-        args.width, args.height = parse_size(args.image_size, "--image-size", "1024x1024")
-        args.step_cache = parse_step_cache(args.step_cache)
-        request_from_args(args).check()
+        req = request_from_args(args)
+        req.check()
+        args.width, args.height, args.step_cache = req.width, req.height, req.step_cache   # parsed, for the report
         problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or vae_parallel_problem(args) \
             or image_path_problem(args.output)
-    except StepCacheError as e:
-        return "--step-cache " + str(e).removeprefix("step cache "), tiny
     except RequestError as e:
         return flag_line(e, FLAG_OF_FIELD), tiny
     except ValueError as e:

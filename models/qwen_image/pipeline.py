@@ -39,7 +39,8 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, check_text
+from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, check_multiple
+from dtgen.schema import check_bounds, request_field, size_field
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows
 from dtgen.step_cache import DenoiserCall, RowLayout
 
@@ -51,28 +52,35 @@ from .transformer import QwenImageTransformer, run_block
 
 @dataclass(frozen=True)
 class T2IRequest:
-    prompt: str
-    negative_prompt: str = " "      # the model card's; CFG needs one (QwenImagePipeline: none -> no CFG)
-    height: int = 1024
-    width: int = 1024
-    steps: int = 50
-    true_cfg_scale: float = 4.0     # <= 1: no CFG, the conditional branch alone
-    seed: int = 0
-    max_sequence_length: int = 512
-    step_cache: object = None       # dtgen/step_cache.py: a config, its text or dict form
+    """What one image takes, each field declared once (dtgen/schema.py): the CLI's flags, the
+    server's JSON fields and the docs' table come from these declarations."""
+    prompt: str = request_field(help="what the image shows")
+    # the model card's; CFG needs one (QwenImagePipeline: none -> no CFG)
+    negative_prompt: str = request_field(" ", help="what CFG steers away from (default: one space, the model "
+                                                   "card's: CFG needs a negative prompt)")
+    height: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
+                                help="pixels, a multiple of 16 (VAE x patch size)")
+    width: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
+                               help="pixels, a multiple of 16 (VAE x patch size)")
+    # one user field for width and height: --image-size, the server's `size` ("auto": its default)
+    size = size_field(example="1024x1024", auto=True, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the "
+                                                           "tiny default)")
+    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
+                               help="denoising steps (default: 50, or 4 on the tiny default)")
+    true_cfg_scale: float = request_field(4.0, low=0.0, high=100.0,
+                                          help="<= 1: no CFG (the conditional branch alone)")
+    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
+    max_sequence_length: int = request_field(512, low=1, high=1024, flag=None, json=None,
+                                             help="the prompt's text tokens at most")
+    # dtgen/step_cache.py: a config, its text or dict form
+    step_cache: object = request_field(None, kind="step_cache", help="dtgen/step_cache.py")
 
     def check(self, multiple: int = 16) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
         work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x patch)."""
-        check_text("prompt", self.prompt)
-        check_text("negative_prompt", self.negative_prompt, empty_ok=True)
+        check_bounds(self)
         for name in ("height", "width"):
-            check_side(name, getattr(self, name), multiple)
-        check_int("steps", self.steps, 1, MAX_STEPS)
-        check_int("seed", self.seed, 0, MAX_SEED)
-        check_number("true_cfg_scale", self.true_cfg_scale, 0.0, 100.0)
-        check_int("max_sequence_length", self.max_sequence_length, 1, 1024)
-        check_step_cache(self.step_cache)
+            check_multiple(name, getattr(self, name), multiple)
 
     @property
     def guided(self) -> bool:

@@ -7,24 +7,22 @@ Request fields (JSON, or form text), OpenAI's first:
   `output_format` and `output_compression` are the server's (dtgen.serve.adapters.take_image_output);
 - the model's own: `negative_prompt`, `seed`, `num_inference_steps`, `true_cfg_scale`
   (QwenImagePipeline's; <= 1: no CFG), `step_cache` (text, an object, or null for none).
-Fields not given take the server's defaults (the CLI's flags). Checked by `T2IRequest.check`,
-the CLI's own, before the job is queued.
+Each is declared once, in `T2IRequest` (OpenAI's in dtgen/schema.py); docs/requests.md lists
+them. Fields not given take the server's defaults (the CLI's flags). Checked by
+`T2IRequest.check`, the CLI's own, before the job is queued.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dtgen.requests import check_image_fields, parse_size
+from dtgen.requests import check_image_fields
+from dtgen.schema import OPENAI_IMAGE_FIELDS
 from dtgen.serve.adapters import DiffusionAdapter
-from dtgen.serve.fields import Field, FieldTable
+from dtgen.serve.fields import FieldTable
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 
-FIELDS = FieldTable({
-    "prompt": Field("prompt"), "negative_prompt": Field("negative_prompt"), "size": Field(None),
-    "seed": Field("seed", int), "num_inference_steps": Field("steps", int),
-    "true_cfg_scale": Field("true_cfg_scale", float), "step_cache": Field("step_cache"), "n": Field(None, int),
-    "response_format": Field(None), "model": Field(None), "user": Field(None)},
-    shared={"width": "size", "height": "size"})
+# The request's declared fields (T2IRequest) and OpenAI's that the adapter reads itself.
+FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
 
 
 class QwenServeAdapter(DiffusionAdapter):
@@ -42,18 +40,14 @@ class QwenServeAdapter(DiffusionAdapter):
         self.multiple = m.vae.cfg.spatial_factor * m.transformer.cfg.patch_size
 
     def defaults_dict(self) -> dict:
-        d = self.defaults
-        return {"size": f"{d.width}x{d.height}", "num_inference_steps": d.steps, "seed": d.seed,
-                "true_cfg_scale": d.true_cfg_scale}
+        return FIELDS.defaults(self.defaults)
 
     # ---- rank 0: fields -> request ----------------------------------------------------
     def parse(self, fields: dict, form: bool = False) -> T2IRequest:
         fields = FIELDS.read(fields, form)
         check_image_fields(fields, FIELDS.names())
-        values = FIELDS.values(fields)
-        if fields.get("size", "auto") != "auto":
-            values["width"], values["height"] = parse_size(fields["size"], "size", "1024x1024")
-        return FIELDS.checked(replace(self.defaults, **values), self.multiple)
+        FIELDS.check_types(fields)
+        return FIELDS.checked(replace(self.defaults, **FIELDS.values(fields)), self.multiple)
 
     # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
     def respond(self, req: T2IRequest, result, batch: int) -> dict | None:

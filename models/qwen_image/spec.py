@@ -16,4 +16,5 @@ SPEC = ModelSpec(
     # A batch shares its image size, the steps (one dynamic-shift schedule), the step cache and
     # whether CFG is on; each member's prompts keep their own lengths (a call pads its rows'
     # text to the longest and masks the padding per row), seeds and guidance.
-    buckets=ShapeBuckets(sizes=("height", "width"), batch=("steps", "step_cache", "guided")))
+    buckets=ShapeBuckets(sizes=("height", "width"), batch=("steps", "step_cache", "guided")),
+    fields="models.qwen_image.serving:FIELDS")

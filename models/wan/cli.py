@@ -25,13 +25,12 @@ from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem, parse_injections
 from dtgen.launch import RankContext
 from dtgen.serve.errors import RequestError
-from dtgen.layers.flow_match import SAMPLERS
+from dtgen import schema
 from dtgen.requests import flag_line
-from dtgen.step_cache import StepCacheError, parse_step_cache
 from models.registry import checkpoint_problem
 from models.wan.model import WanConfigs, load
 from models.wan.pipeline import PROFILE_ROWS, T2VRequest, WanT2VPipeline
-from models.wan.serving import encode_mp4
+from models.wan.serving import FPS, encode_mp4
 from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
 
@@ -45,26 +44,10 @@ def build_parser(prog: str = "dtgen run --model wan", description: str = __doc__
     without the flags only the CLI reads (the prompt, --check, --profile, --output, --report)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", help="diffusers-format Wan folder (default: the embedded tiny model)")
-    if cli:
-        p.add_argument("--prompt", default=DEFAULT_PROMPT)
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--height", type=int, default=None, help="pixels (default: 480, or 48 on the tiny default)")
-    p.add_argument("--width", type=int, default=None, help="pixels (default: 832, or 64 on the tiny default)")
-    p.add_argument("--num-frames", type=int, default=None, help="4k + 1 frames (default: 81, or 9 on the tiny default)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 4 on the tiny default)")
-    p.add_argument("--guidance", type=float, default=5.0)
-    p.add_argument("--guidance-2", type=float, default=None, help="Wan2.2-A14B: the low-noise expert's guidance")
-    p.add_argument("--flow-shift", type=float, default=None,
-                   help="the sampler's shift (default: the checkpoint's scheduler config, else 3.0)")
-    p.add_argument("--sampler", default="unipc", choices=sorted(SAMPLERS))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--step-cache", default=None, metavar="METHOD[:KNOB=VALUE,...]",
-                   help="fewer full DiT evaluations (dtgen/step_cache.py): first-block[:threshold=0.05], "
-                        "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
-                        "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
-                        "default: every step in full")
+    # the request's fields (models/wan/pipeline.py T2VRequest); a server's requests give their prompt
+    schema.add_flags(p, T2VRequest, omit=() if cli else ("prompt",), defaults={"prompt": DEFAULT_PROMPT})
     add_fp8_flags(p, "the DiT blocks' linears", "the DiT self-attention")
-    p.add_argument("--fps", type=int, default=16)
+    schema.add_flags(p, [FPS])
     add_diffusion_flags(p)
     server = add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
     if server is not None:
@@ -83,18 +66,15 @@ def parse_args(argv=None, prog: str = "dtgen run --model wan") -> argparse.Names
     return finish_args(build_parser(prog).parse_args(argv))
 
 
-# The request fields' flags: `T2VRequest.check` names fields, the CLI names flags.
-FLAG_OF_FIELD = {"height": "--height", "width": "--width", "num_frames": "--num-frames", "steps": "--steps",
-                 "guidance_scale": "--guidance", "guidance_scale_2": "--guidance-2", "shift": "--flow-shift",
-                 "sampler": "--sampler", "seed": "--seed", "step_cache": "--step-cache"}
+# The request fields' flags (their declarations': dtgen/schema.py): `T2VRequest.check` names
+# fields, the CLI names flags.
+FLAG_OF_FIELD = schema.flag_names(T2VRequest)
 
 
 def request_from_args(args) -> T2VRequest:
-    """The request the flags say (a server's: the defaults of the fields a request leaves out)."""
-    return T2VRequest(prompt=args.prompt, negative_prompt=args.negative_prompt, height=args.height, width=args.width,
-                      num_frames=args.num_frames, steps=args.steps, guidance_scale=args.guidance,
-                      guidance_scale_2=args.guidance_2, shift=args.flow_shift, sampler=args.sampler, seed=args.seed,
-                      step_cache=args.step_cache)
+    """The request the flags say (a server's: the defaults of the fields a request leaves out);
+    `RequestError` naming a field for a step cache that does not parse."""
+    return schema.from_args(T2VRequest, args)
 
 
 def prepare(args) -> tuple[str | None, bool]:
@@ -106,10 +86,6 @@ def prepare(args) -> tuple[str | None, bool]:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    try:
-        args.step_cache = parse_step_cache(args.step_cache)
-    except StepCacheError as e:
-        return "--step-cache " + str(e).removeprefix("step cache "), tiny
     try:
         problem = launch_problem(args, get_plan(args.plan)) or compile_problem(args) or vae_parallel_problem(args)
         if problem is None and not tiny:
@@ -123,9 +99,11 @@ def prepare(args) -> tuple[str | None, bool]:
                 args.flow_shift = json.loads(scheduler.read_text()).get("flow_shift", 3.0) if scheduler.exists() else 3.0
             cfgs = WanConfigs.from_folder(args.checkpoint)
             problem = attention_head_problem(args.attention_dtype, cfgs.transformer.attention_head_dim)
-            request_from_args(args).check(cfgs.vae.temporal_factor,
-                                          cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
-                                          cfgs.transformer_2 is not None)
+            req = request_from_args(args)
+            req.check(cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
+                      cfgs.transformer_2 is not None)
+            args.step_cache = req.step_cache    # parsed once, for the ranks and the report
+            schema.check_value(FPS, args.fps, "--fps")
     except RequestError as e:
         problem = flag_line(e, FLAG_OF_FIELD)
     except (KeyError, ValueError, OSError) as e:

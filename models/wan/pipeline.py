@@ -41,7 +41,8 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_STEPS, check_int, check_number, check_side, check_step_cache, nearest_valid
+from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, check_multiple, nearest_valid
+from dtgen.schema import check_bounds, request_field, size_field
 from dtgen.serve.errors import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
 from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig
@@ -84,45 +85,53 @@ def encode_prompt_embeds(encoder: nn.Module, input_ids: torch.Tensor, attention_
 
 @dataclass(frozen=True)
 class T2VRequest:
-    prompt: str
-    negative_prompt: str = ""
-    height: int = 480
-    width: int = 832
-    num_frames: int = 81
-    steps: int = 50
-    guidance_scale: float = 5.0
+    """What one video takes, each field declared once (dtgen/schema.py): the CLI's flags, the
+    server's JSON fields and the docs' table come from these declarations."""
+    prompt: str = request_field(help="what the video shows")
+    negative_prompt: str = request_field("", help="what CFG steers away from")
+    height: int = request_field(480, low=1, high=MAX_SIDE, unit="px", json=None, flag_default=None,
+                                help="pixels (default: 480, or 48 on the tiny default)")
+    width: int = request_field(832, low=1, high=MAX_SIDE, unit="px", json=None, flag_default=None,
+                               help="pixels (default: 832, or 64 on the tiny default)")
+    # the server's one field for width and height (the image servers' and the UI's convention)
+    size = size_field(example="832x480", flag=None, help="WIDTHxHEIGHT, multiples of the model's 16 px")
+    num_frames: int = request_field(81, low=1, high=MAX_FRAMES, flag_default=None,
+                                    help="4k + 1 frames (default: 81, or 9 on the tiny default)")
+    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
+                               help="denoising steps (default: 50, or 4 on the tiny default)")
+    guidance_scale: float = request_field(5.0, low=0.0, high=100.0, flag="--guidance", help="the CFG weight")
     # Wan2.2-A14B: the low-noise expert's guidance (None: the same as guidance_scale).
-    guidance_scale_2: float | None = None
-    shift: float = 3.0      # 3.0 at 480p, 5.0 at 720p (diffusers' WanPipeline docs)
-    sampler: str = "unipc"
-    seed: int = 0
+    guidance_scale_2: float | None = request_field(None, kind="number", low=0.0, high=100.0, flag="--guidance-2",
+                                                   help="Wan2.2-A14B: the low-noise expert's guidance")
+    # 3.0 at 480p, 5.0 at 720p (diffusers' WanPipeline docs)
+    shift: float = request_field(3.0, low=0.0, high=100.0, flag="--flow-shift", json="flow_shift", flag_default=None,
+                                 help="the sampler's shift (default: the checkpoint's scheduler config, else 3.0)")
+    sampler: str = request_field("unipc", choices=sorted(SAMPLERS), help="the flow-matching sampler")
+    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
     # Fewer full DiT evaluations (dtgen/step_cache.py): a config, or its text ("first-block:
     # threshold=0.05") or dict form; None runs every step in full.
-    step_cache: StepCacheConfig | str | dict | None = None
+    step_cache: StepCacheConfig | str | dict | None = request_field(
+        None, kind="step_cache",
+        help="fewer full DiT evaluations (dtgen/step_cache.py): first-block[:threshold=0.05], "
+             "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
+             "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
+             "default: every step in full")
 
     def check(self, temporal: int, spatial: int, two_experts: bool | None = None) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before
         any work: the CLI's and the server's one check. `temporal`, `spatial`: frames per
         latent frame, pixels per token side (VAE x patch); `two_experts`: whether the
         checkpoint has Wan2.2-A14B's second DiT (None: not known here)."""
-        check_int("steps", self.steps, 1, MAX_STEPS)
-        check_int("num_frames", self.num_frames, 1, MAX_FRAMES)
+        check_bounds(self)
         if (self.num_frames - 1) % temporal:
             lo, hi = nearest_valid(self.num_frames, temporal, 1)
             raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
                                              f"{temporal}k + 1); nearest valid: {lo} or {hi}")
         for name in ("height", "width"):
-            check_side(name, getattr(self, name), spatial)
-        check_int("seed", self.seed, 0, MAX_SEED)
-        for name in ("guidance_scale", "guidance_scale_2", "shift"):
-            if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), 0.0, 100.0)
+            check_multiple(name, getattr(self, name), spatial)
         if two_experts is False and self.guidance_scale_2 is not None:
             raise RequestError("guidance_scale_2", "applies to Wan2.2-A14B's low-noise expert; this checkpoint has "
                                                    "one transformer (Wan 2.1)")
-        if self.sampler not in SAMPLERS:
-            raise RequestError("sampler", f"must be one of {sorted(SAMPLERS)}, got {self.sampler!r}")
-        check_step_cache(self.step_cache)
 
     @property
     def guided(self) -> tuple[bool, bool]:

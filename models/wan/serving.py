@@ -11,8 +11,9 @@ Request fields (JSON or form text), OpenAI's videos API first:
   expert only), `flow_shift`, `sampler`, `seed`, `step_cache` (fewer full DiT evaluations,
   dtgen/step_cache.py: "first-block:threshold=0.05", {"method": "magcache", ...}, or null for
   none; default: the server's `--step-cache`).
-Fields not given take the server's defaults (the T2V example's flags). Checked before the
-job is queued by `T2VRequest.check`, the CLI's own.
+Each is declared once, in `T2VRequest` (the job's own, `seconds` and `fps`, below);
+docs/requests.md lists them. Fields not given take the server's defaults (the T2V example's
+flags). Checked before the job is queued by `T2VRequest.check`, the CLI's own.
 """
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from dtgen.harness import Injections
-from dtgen.requests import parse_size
+from dtgen.schema import MODEL_FIELD, check_value, extra_field
 from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.errors import RequestError
-from dtgen.serve.fields import Field, FieldTable
+from dtgen.serve.fields import FieldTable
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
 
 
@@ -36,14 +37,13 @@ class VideoJob:
     fps: int
 
 
-FIELDS = FieldTable({
-    "prompt": Field("prompt"), "negative_prompt": Field("negative_prompt"), "size": Field(None),
-    "num_frames": Field("num_frames", int), "seconds": Field(None, float), "fps": Field(None, int),
-    "num_inference_steps": Field("steps", int), "guidance_scale": Field("guidance_scale", float),
-    "guidance_scale_2": Field("guidance_scale_2", float), "flow_shift": Field("shift", float),
-    "sampler": Field("sampler"), "seed": Field("seed", int), "model": Field(None),
-    "step_cache": Field("step_cache", None)},   # text, an object or null: parse_step_cache checks it
-    shared={"width": "size", "height": "size"})
+# A video job's own fields (a VideoJob's, not the pipeline request's): the MP4's frame rate
+# (the CLI's --fps too), and OpenAI's length in seconds, which with it makes num_frames.
+FPS = extra_field("fps", 16, low=1, high=120, flag="--fps", help="frames per second of the MP4")
+SECONDS = extra_field("seconds", None, kind="number",
+                      help="OpenAI's video length: num_frames = seconds * fps + 1 (give it or num_frames)")
+# The request's declared fields (T2VRequest) and the job's.
+FIELDS = FieldTable(T2VRequest, (SECONDS, FPS, MODEL_FIELD))
 
 
 def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:
@@ -73,9 +73,7 @@ class WanServeAdapter(DiffusionAdapter):
         self.name = "Wan2.2-A14B" if self.two_experts else "Wan 2.1"
 
     def defaults_dict(self) -> dict:
-        d = self.defaults
-        return {"size": f"{d.width}x{d.height}", "num_frames": d.num_frames, "num_inference_steps": d.steps,
-                "seed": d.seed, "guidance_scale": d.guidance_scale, "fps": self.default_fps}
+        return FIELDS.defaults(self.defaults, fps=self.default_fps)
 
     def describe(self, job: VideoJob) -> dict:
         r = job.request
@@ -87,27 +85,11 @@ class WanServeAdapter(DiffusionAdapter):
         fields = FIELDS.read(fields, form)
         if "input_reference" in fields:
             raise RequestError("input_reference", "not supported: this server makes videos from text only")
-        unknown = sorted(set(fields) - set(FIELDS.names()))
-        if unknown:
-            raise RequestError(unknown[0], f"unknown field; accepted: {', '.join(FIELDS.names())}")
-        if not isinstance(fields.get("prompt"), str) or not fields["prompt"].strip():
-            raise RequestError("prompt", "is required" if "prompt" not in fields else "must be a non-empty string")
-        for name, value in fields.items():
-            kind = FIELDS.fields[name].type
-            if kind is None:
-                continue
-            ok = isinstance(value, str) if kind is str else (
-                isinstance(value, int) and not isinstance(value, bool) if kind is int else
-                isinstance(value, (int, float)) and not isinstance(value, bool) and value == value)
-            if not ok:
-                raise RequestError(name, f"must be {'a string' if kind is str else 'an integer' if kind is int else 'a number'}"
-                                         f", got {value!r}")
+        FIELDS.check_names(fields)
+        FIELDS.check_types(fields)
         values = FIELDS.values(fields)
-        if "size" in fields:
-            values["width"], values["height"] = parse_size(fields["size"], "size", "832x480")
         fps = fields.get("fps", self.default_fps)
-        if not 1 <= fps <= 120:
-            raise RequestError("fps", f"must be >= 1 and <= 120, got {fps}")
+        check_value(FPS, fps)
         if "seconds" in fields:
             if "num_frames" in fields:
                 raise RequestError("seconds", "give seconds or num_frames, not both")

@@ -18,4 +18,5 @@ SPEC = ModelSpec(
     # experts' steps run CFG (each member's rows of a call are then alike); the seed, the
     # prompts and the guidance values are each member's own.
     buckets=ShapeBuckets(sizes=("num_frames", "height", "width"),
-                         batch=("steps", "sampler", "shift", "step_cache", "guided")))
+                         batch=("steps", "sampler", "shift", "step_cache", "guided")),
+    fields="models.wan.serving:FIELDS")
