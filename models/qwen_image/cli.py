@@ -26,7 +26,7 @@ from dtgen import schema
 from dtgen.requests import flag_line
 from dtgen.serve.errors import RequestError
 from models.qwen_image.model import load
-from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from models.registry import checkpoint_problem
 from placements.qwen_image import PLANS, get_plan
@@ -88,8 +88,14 @@ def prepare(args) -> tuple[str | None, bool]:
     if problem is None and tiny:
         args.checkpoint = str(ensure_tiny_checkpoint())
     if problem is None:
-        head_dim = read_json(Path(args.checkpoint) / "transformer" / "config.json").get("attention_head_dim", 128)
+        folder = Path(args.checkpoint)
+        head_dim = read_json(folder / "transformer" / "config.json").get("attention_head_dim", 128)
         problem = attention_head_problem(args.attention_dtype, head_dim)
+        scheduler = folder / "scheduler" / "scheduler_config.json"
+        try:   # what only the checkpoint can say: the fewest steps its schedule takes
+            req.check(min_steps=fewest_steps(read_json(scheduler) if scheduler.is_file() else {}))
+        except RequestError as e:
+            problem = problem or flag_line(e, FLAG_OF_FIELD)
     return problem, tiny
 
 

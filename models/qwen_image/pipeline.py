@@ -39,7 +39,7 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, check_multiple
+from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple
 from dtgen.schema import check_bounds, request_field, size_field
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows
 from dtgen.step_cache import DenoiserCall, RowLayout
@@ -75,17 +75,26 @@ class T2IRequest:
     # dtgen/step_cache.py: a config, its text or dict form
     step_cache: object = request_field(None, kind="step_cache", help="dtgen/step_cache.py")
 
-    def check(self, multiple: int = 16) -> None:
+    def check(self, multiple: int = 16, min_steps: int = 1) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
-        work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x patch)."""
+        work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x
+        patch); `min_steps`: the fewest steps the checkpoint's schedule takes (`fewest_steps`)."""
         check_bounds(self)
         for name in ("height", "width"):
             check_multiple(name, getattr(self, name), multiple)
+        if self.steps < min_steps:
+            raise RequestError("steps", f"must be >= {min_steps} with this checkpoint's scheduler (its shift_terminal "
+                                        "stretch divides 0 by 0 at one step: diffusers' schedule is NaN)")
 
     @property
     def guided(self) -> bool:
         """CFG on (two call sites a step): what a batch shares beyond its size and steps."""
         return self.true_cfg_scale > 1
+
+
+def fewest_steps(scheduler_config: dict) -> int:
+    """The fewest steps a scheduler config's schedule takes (`DynamicShiftSampler`'s rule)."""
+    return 2 if scheduler_config.get("shift_terminal") else 1
 
 
 @dataclass
@@ -232,7 +241,8 @@ class QwenImagePipeline(DiffusionPipeline):
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     def check(self, req: T2IRequest) -> None:
-        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size)
+        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size,
+                  fewest_steps(self.model.cfgs.scheduler))
 
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)

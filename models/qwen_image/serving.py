@@ -19,7 +19,7 @@ from dtgen.requests import check_image_fields
 from dtgen.schema import OPENAI_IMAGE_FIELDS
 from dtgen.serve.adapters import DiffusionAdapter
 from dtgen.serve.fields import FieldTable
-from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
 
 # The request's declared fields (T2IRequest) and OpenAI's that the adapter reads itself.
 FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
@@ -38,6 +38,7 @@ class QwenServeAdapter(DiffusionAdapter):
         self.pipe, self.rank, self.defaults, self.warmup = pipe, rank, defaults, warmup
         m = pipe.model
         self.multiple = m.vae.cfg.spatial_factor * m.transformer.cfg.patch_size
+        self.min_steps = fewest_steps(m.cfgs.scheduler)
 
     def defaults_dict(self) -> dict:
         return FIELDS.defaults(self.defaults)
@@ -47,7 +48,7 @@ class QwenServeAdapter(DiffusionAdapter):
         fields = FIELDS.read(fields, form)
         check_image_fields(fields, FIELDS.names())
         FIELDS.check_types(fields)
-        return FIELDS.checked(replace(self.defaults, **FIELDS.values(fields)), self.multiple)
+        return FIELDS.checked(replace(self.defaults, **FIELDS.values(fields)), self.multiple, self.min_steps)
 
     # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
     def respond(self, req: T2IRequest, result, batch: int) -> dict | None:
