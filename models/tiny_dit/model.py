@@ -1,8 +1,7 @@
 """The docs' tiny DiT: plain modules, where its rows split under sequence parallelism, its
-step, the adapter `dtgen.build` reads, its loader and its request (what its spec names)."""
+denoiser call cut at its split points, the adapter `dtgen.build` reads and its loader."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -13,8 +12,8 @@ from dtgen.build import ModelAdapter, build
 from dtgen.checkpoint import CheckpointReader
 from dtgen.layers.embeddings import timestep_sinusoid
 from dtgen.layers.rope import apply_rope, rope_angles
-from dtgen.requests import MAX_SEED, check_int
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows, embed_split, final_gathered
+from dtgen.step_cache import DenoiserCall, RowLayout
 
 
 class Block(nn.Module):
@@ -51,24 +50,51 @@ class TinyDiT(nn.Module):
         super().__init__()
         self.proj_in, self.proj_out = nn.Linear(channels, dim), nn.Linear(dim, channels)
         self.blocks = nn.ModuleList(Block(dim, dim // heads) for _ in range(layers))
+        # Its one condition, learned (a class-conditional DiT of one class): CFG's conditional
+        # rows add it to the time rows, the null condition's rows do not.
+        self.label = nn.Parameter(torch.randn(dim))
 
-    def embed(self, x, t):      # x [B, S, channels], t [B] or [B, S]
+    def time(self, t, cond=None):   # t [B] or [B, S]; cond [B]: 1 conditional row, 0 null
+        temb = timestep_sinusoid(t if t.dim() == 2 else t[:, None], self.proj_in.out_features)
+        return temb if cond is None else temb + cond[:, None, None] * self.label
+
+    def embed(self, x, t, cond=None):      # x [B, S, channels]
         positions = torch.arange(x.shape[1], device=x.device)[:, None]
         angles = rope_angles(positions, [self.blocks[0].head_dim], 10000.0).repeat(1, 2)
-        temb = timestep_sinusoid(t if t.dim() == 2 else t[:, None], self.proj_in.out_features)
-        return TinyInputs(self.proj_in(x), temb, (angles.cos(), angles.sin()), x.shape[1])
+        return TinyInputs(self.proj_in(x), self.time(t, cond), (angles.cos(), angles.sin()), x.shape[1])
 
     def final_layer(self, h, temb):
         return self.proj_out(h + temb)
 
 
-def velocity(rt, dit: TinyDiT, x, t):
-    """Its pipeline's step: the blocks on this rank's rows (`rt`: the phase), all rows gathered."""
-    local = embed_split(rt, dit, x, t)
-    h = local.inputs.tokens
-    for block in dit.blocks:
-        h = block(h, local.inputs.temb, local.inputs.rope, local.meta)
-    return final_gathered(rt, dit, h, local.inputs.temb, local.inputs.rows)
+def denoiser_call(rt, dit: TinyDiT, x, t, cond=None) -> DenoiserCall:
+    """One evaluation on the phase `rt`, cut where a step cache may reuse it: embed (this
+    rank's rows of `seq_splits`), blocks lo..hi-1 on them, head (the last layer, every rank's
+    rows gathered). Without sequence parallelism the split and the gather are the identity."""
+    made = {}
+
+    def embed():
+        made["local"] = embed_split(rt, dit, x, t, cond)
+        return made["local"].inputs.tokens
+
+    def blocks(h, lo, hi):
+        local = made["local"]
+        for block in dit.blocks[lo:hi]:
+            h = block(h, local.inputs.temb, local.inputs.rope, local.meta)
+        return h
+
+    # A step that reuses the blocks' output embeds nothing: its time rows anew (one per batch
+    # row, as the pipeline's calls give: nothing to split).
+    def head(h):
+        return final_gathered(rt, dit, h, made["local"].inputs.temb if made else dit.time(t, cond), x.shape[1])
+
+    return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
+                        rows=RowLayout(rt.seq, 1, x.shape[1]))
+
+
+def velocity(rt, dit: TinyDiT, x, t, cond=None):
+    """The whole evaluation's prediction (what a step without a step cache runs)."""
+    return denoiser_call(rt, dit, x, t, cond).prediction()
 
 
 class TinyAdapter(ModelAdapter):
@@ -88,12 +114,3 @@ def load(checkpoint, plan, rank=0, world_size=1, dtype=torch.float32, device="cp
         if reader is not None:
             reader.close()
 
-
-@dataclass(frozen=True)
-class TinyRequest:
-    rows: int = 16
-    seed: int = 0
-
-    def check(self) -> None:    # the CLI's and the server's one check: RequestError(field, message)
-        check_int("rows", self.rows, 1, 4096)
-        check_int("seed", self.seed, 0, MAX_SEED)

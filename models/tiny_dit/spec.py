@@ -11,5 +11,7 @@ def is_checkpoint(folder: Path) -> bool:   # the checkpoint layout its loader re
 SPEC = ModelSpec(
     name="tiny-dit", title="TinyDiT", makes="image", detect=is_checkpoint,
     layout="a folder holding tiny_dit.safetensors", loader="models.tiny_dit.model:load",
-    plans="placements.tiny_dit", request="models.tiny_dit.model:TinyRequest",
-    tiny="models.tiny_dit.tiny:ensure_tiny_checkpoint", buckets=ShapeBuckets(sizes=("rows",)))
+    plans="placements.tiny_dit", request="models.tiny_dit.pipeline:TinyRequest",
+    tiny="models.tiny_dit.tiny:ensure_tiny_checkpoint",
+    # a batch's requests share their rows (the steps' shapes), schedule, CFG on or off, step cache
+    buckets=ShapeBuckets(sizes=("rows",), batch=("steps", "guided", "step_cache")))

@@ -17,4 +17,4 @@ def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
         with torch.random.fork_rng():
             torch.manual_seed(0)
             save_file(TinyDiT().state_dict(), str(folder / "tiny_dit.safetensors"))
-    return write_folder_once(Path(root or cache_root()) / "tiny-dit-v1", "tiny_dit.safetensors", write)
+    return write_folder_once(Path(root or cache_root()) / "tiny-dit-v2", "tiny_dit.safetensors", write)

@@ -36,4 +36,5 @@ def test_file_blocks_are_the_files(doc):
 
 
 def test_the_walkthrough_shows_the_tiny_dit_as_it_is():
-    assert set(_file_blocks(DOCS / "placements.md")) == {"models/tiny_dit/model.py", "models/tiny_dit/spec.py"}
+    assert set(_file_blocks(DOCS / "placements.md")) == {"models/tiny_dit/model.py", "models/tiny_dit/pipeline.py",
+                                                      "models/tiny_dit/spec.py"}
