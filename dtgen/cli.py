@@ -66,8 +66,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=None, metavar="N",
                    help="run up to N waiting requests of one denoise shape together, their denoise steps as rows "
                         "of one batch (each keeps its seed, guidance, cache, progress, cancel and deadline); "
-                        "models that batch (HunyuanImage-3; default: 4 on a GPU, 1 on the CPU, where a batch saves "
-                        "no time)")
+                        "for models whose spec names what a batch shares (`dtgen models` says which; default: 4 on a "
+                        "GPU, 1 on the CPU, where a batch saves no time)")
 
 
 def _server_problem(args, spec: ModelSpec) -> str | None:

@@ -130,7 +130,8 @@ def main(argv=None, prog: str = "dtgen run --model qwen-image") -> int:
 
 # ---- served (`dtgen serve`, the registry's contract: dtgen/registry.py) ----------
 def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
-    """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
+    """This rank's pipeline behind the server (requests of one bucket batch: --max-batch); the flags' request
+    holds the defaults."""
     from models.qwen_image.serving import QwenServeAdapter
     pipe = build_pipeline(ctx, args)[0]
     return QwenServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup is not False)

@@ -152,7 +152,8 @@ def serve_problem(args) -> str | None:
 
 
 def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
-    """This rank's pipeline behind the server (one request at a time); the flags' request holds the defaults."""
+    """This rank's pipeline behind the server (requests of one bucket batch: --max-batch); the flags' request
+    holds the defaults."""
     from models.wan.serving import WanServeAdapter
     pipe = build_pipeline(ctx, args)[0]
     return WanServeAdapter(pipe, ctx.rank, request_from_args(args), fps=args.fps, warmup=args.warmup is not False,
