@@ -65,7 +65,8 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
 
     import uvicorn
 
-    from .app import Metrics, create_app
+    from .app import create_app
+    from .metrics import Metrics
 
     board = JobBoard(options.max_queued)
     metrics = Metrics(board)
