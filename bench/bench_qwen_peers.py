@@ -34,8 +34,7 @@ from pathlib import Path
 
 import torch
 
-from dtgen.requests import parse_size
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError, parse_size
 
 BF16_FLOPS = 694e12
 VARIANTS = ("bf16", "dense-fp8", "attn-fp8", "fp8")

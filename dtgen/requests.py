@@ -10,12 +10,21 @@ wherever a user types one (the CLI, the server's `size`, the UI).
 """
 from __future__ import annotations
 
-from dtgen.serve.errors import RequestError
 from dtgen.step_cache import StepCacheError, parse_step_cache
 
 MAX_STEPS = 1000
 MAX_SEED = 2**63 - 1
 MAX_SIDE = 4096   # px: the largest image or video side a request may ask for
+
+
+class RequestError(ValueError):
+    """A user error in one field of a request: the CLI exits 2 with it, the server answers
+    422. `field` is the request's own name for it (the CLI maps it to its flag)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 def split_size(text) -> tuple[int, int] | None:

@@ -1,15 +1,11 @@
-"""The errors a server maps to HTTP statuses (and a CLI to its exit status)."""
+"""The errors a server maps to HTTP statuses. `RequestError` (422, and a CLI's exit status 2)
+is the core's (dtgen/requests.py: a request checks itself without the server); it is
+re-exported here, the same class."""
 from __future__ import annotations
 
+from dtgen.requests import RequestError
 
-class RequestError(ValueError):
-    """A user error in one field of a request: the CLI exits 2 with it, the server answers
-    422. `field` is the request's own name for it (the CLI maps it to its flag)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+__all__ = ["Cancelled", "RequestError"]
 
 
 class Cancelled(Exception):

@@ -11,9 +11,8 @@ shows; a new request field reaches a server with its declaration alone.
 from __future__ import annotations
 
 from dtgen import schema
-from dtgen.requests import renamed
+from dtgen.requests import RequestError, renamed
 
-from .errors import RequestError
 from .forms import coerce
 
 

@@ -10,7 +10,7 @@ import json
 from email import policy
 from email.parser import BytesParser
 
-from .errors import RequestError
+from dtgen.requests import RequestError
 
 
 class TooLarge(Exception):

@@ -102,8 +102,8 @@ def test_encode_image_formats_and_refusals():
 
 
 def test_the_servers_output_fields_are_read_and_checked_before_the_model_sees_the_rest():
+    from dtgen.requests import RequestError
     from dtgen.serve.adapters import ImageOutput, encode_answer, take_image_output
-    from dtgen.serve.errors import RequestError
     output, rest = take_image_output({"prompt": "x", "output_format": "JPEG", "output_compression": "70"}, form=True)
     assert output == ImageOutput("jpeg", 70) and rest == {"prompt": "x"}
     assert take_image_output({"prompt": "x"}, form=False) == (ImageOutput("png", None), {"prompt": "x"})

@@ -100,3 +100,16 @@ def test_no_import_circle_among_package_modules():
         if name not in state:
             visit(name, [name])
     assert circles == [], "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_the_core_never_imports_the_server():
+    # dtgen.serve needs fastapi and uvicorn (the `serve` extra); the core checks requests, runs
+    # pipelines and launches ranks without them. The server's RequestError is the core's.
+    from dtgen.requests import RequestError
+    from dtgen.serve.errors import RequestError as ServedRequestError
+    assert ServedRequestError is RequestError
+    files = {_module_name(p): p for p in (ROOT / "dtgen").rglob("*.py")}
+    core = {name: path for name, path in files.items() if not (name + ".").startswith("dtgen.serve.")}
+    found = sorted(f"{name} -> {dep}" for name, path in core.items() for dep in _imports(name, path, set(files))
+                   if (dep + ".").startswith("dtgen.serve."))
+    assert found == []

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from dtgen.buckets import ShapeBuckets, pad_rows
-from dtgen.requests import flag_line, parse_size, renamed
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError, flag_line, parse_size, renamed
 from models import registry
 
 ROOT = Path(__file__).resolve().parents[2]

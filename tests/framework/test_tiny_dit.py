@@ -10,7 +10,7 @@ import torch
 from dtgen.batching import per_member
 from dtgen.launch import RankPool
 from dtgen.registry import find
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from models import registry
 from models.tiny_dit.model import velocity
 from models.tiny_dit.pipeline import TinyPipeline, TinyRequest

@@ -138,7 +138,7 @@ def test_kept_caches_carry_nothing_from_one_request_to_the_next(tiny_checkpoint)
 def test_the_pipeline_runs_the_requests_own_check_before_any_work(tiny_checkpoint):
     """generate (and so generate_batch) checks every request with `T2IRequest.check`, the
     CLI's and the server's check: a bad field is its `RequestError`, no phase runs."""
-    from dtgen.serve.errors import RequestError
+    from dtgen.requests import RequestError
     from models.hunyuan_image3.requests import T2IRequest
     pipe = _tiny_pipe(tiny_checkpoint)
     pipe.run_ar_phases = None   # calling it would raise a TypeError, not the request's error

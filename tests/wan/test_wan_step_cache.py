@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from models.wan.pipeline import T2VRequest
 
 from .test_wan_pipeline import REQUEST, _diffusers_pipeline, _pipe

@@ -9,9 +9,10 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
+from dtgen.requests import RequestError
+
 from ..adapters import ImageOutput, encode_answer, take_image_output
 from ..engine import Engine, can_batch
-from ..errors import RequestError
 from ..forms import TooLarge, parse_body, read_body
 from ..jobs import SUCCEEDED, Job, JobBoard, QueueFull
 from ..metrics import Metrics
