@@ -36,7 +36,7 @@ def server(tmp_path_factory):
     # only the last test's request (12 new tokens) reaches.
     with running_server(log, "--world-size", "2", "--plan", "tp2", "--steps", "2", "--max-new-tokens", "4",
                         "--ignore-eos", "--ping", "0.2", "--max-queued", "4", "--max-upload-mb", "1",
-                        "--inject-failure", "1:ar:2,*:denoise:1:oom,1:ar:10:inside") as (base, proc):
+                        faults="1:ar:2,*:denoise:1:oom,1:ar:10:inside") as (base, proc):
         yield base, proc, log
 
 
@@ -54,7 +54,7 @@ def test_generation_failure_jobs_cancel_and_metrics(server):
     server, _, _ = server
     before = call(server, "GET", "/metrics")[1]
     assert call(server, "GET", "/health")[0] == 200
-    # The server runs with --inject-failure 1:ar:2: rank 1 raises once, after AR token 2. The
+    # The server runs with the fault 1:ar:2: rank 1 raises once, after AR token 2. The
     # job fails on both ranks at that step; the server goes on.
     status, body, _ = call(server, "POST", "/v1/images/generations", FOX)
     assert status == 500 and body["error"]["message"].startswith(

@@ -52,13 +52,16 @@ def call(base: str, method: str, path: str, body=None, timeout: float = 120.0,
 
 
 @contextlib.contextmanager
-def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: str = "examples.hunyuan_serve"):
+def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: str = "examples.hunyuan_serve",
+                   faults: str | None = None):
     """`module` (a server: "examples.serve", or a command and its words, "dtgen serve") with
-    `flags` on a free port, until /ready; yields (base, proc)."""
+    `flags` on a free port, until /ready; yields (base, proc). `faults`: failures forced on its
+    ranks (tests/support/faults.py), e.g. "1:ar:2"."""
     port = _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    run = ["-m", *module.split()] if faults is None else ["-m", "tests.support.faults", faults, *module.split()]
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", *module.split(), "--port", str(port), *flags],
+        proc = subprocess.Popen([sys.executable, *run, "--port", str(port), *flags],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
