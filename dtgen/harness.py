@@ -220,29 +220,12 @@ def compile_facts(compiler: StepCompiler, warm_graphs: int) -> dict:
     return out
 
 
-INJECT_MODES = ("", "hang", "inside", "oom")
-
-
-def parse_injections(text: str | None, phases: tuple[str, ...] = ("ar", "denoise")) -> list[tuple]:
-    """--inject-failure "RANK:PHASE:STEP[:MODE][,...]" -> [(rank or "*", phase, step, mode)];
-    ValueError (one line) for a bad item. RANK "*": every rank at once."""
-    if not text:
-        return []
-    out = []
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        if (len(parts) not in (3, 4) or not (parts[0].isdigit() or parts[0] == "*") or parts[1] not in phases
-                or not parts[2].isdigit() or (parts[3:] or [""])[0] not in INJECT_MODES):
-            raise ValueError(f"--inject-failure {text!r}: expected RANK:PHASE:STEP[:hang|:inside|:oom][,...], "
-                             f"RANK a number or *, PHASE {' or '.join(phases)}")
-        out.append((parts[0] if parts[0] == "*" else int(parts[0]), parts[1], int(parts[2]), (parts[3:] or [""])[0]))
-    return out
-
-
 class Injections:
-    """Failures forced for tests (`parse_injections`), each once, at the step where it is due:
-    `at(phase, done)` raises (mode ""), hangs ("hang"), or makes `layer`'s next forward raise
-    inside the next step ("inside": a RuntimeError, "oom": an out-of-memory error)."""
+    """Failures forced at given steps, (rank or "*", phase, step, mode) each, fired once where
+    due: `at(phase, done)` raises (mode ""), hangs ("hang"), or makes `layer`'s next forward
+    raise inside the next step ("inside": a RuntimeError, "oom": an out-of-memory error).
+    The tests force failures through tests/support/faults.py; this class stays while
+    models/wan/serving.py's adapter still takes such a list (always empty: no flag sets it)."""
 
     def __init__(self, specs: list[tuple], rank: int, layer: torch.nn.Module | None = None,
                  what: str = "injected failure", error: type = RuntimeError):

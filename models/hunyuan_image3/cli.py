@@ -31,7 +31,7 @@ from dtgen.host import GcPauses, process_age_s, settle_heap
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main, run_device_type,
                            finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
-                           Injections, parse_injections, rank_device, reference_threads, rel_l2, table)
+                           rank_device, reference_threads, rel_l2, table)
 from dtgen.devices import parse_dtype
 from dtgen.image_files import image_path_problem, save_image
 from dtgen.launch import RankContext
@@ -144,12 +144,6 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
                    help="the warm-up compiles these shapes instead of the first request's: prompt tokens "
                         "(<bos> included) and image size, each run with --max-new-tokens AR tokens "
                         "(e.g. 256:1024x1024,512:1024x1024; a server warms up its buckets before traffic)")
-    p.add_argument("--inject-failure", default=None, metavar="RANK:PHASE:STEP[:hang|:inside|:oom][,...]",
-                   help="testing the error path: raise on RANK (* every rank) after STEP of PHASE (ar, denoise) of "
-                        "the timed run (a server: of the first job that gets there; each item once, in order); "
-                        "':hang' hangs there instead, ':inside' "
-                        "raises inside the next step (from the last decoder layer, after the others' "
-                        "collectives), ':oom' raises an out-of-memory error there")
     p.add_argument("--prompt-bucket", type=int, default=None, metavar="N",
                    help="pad the AR prompt and the denoise text to a multiple of N rows (exact: no real row "
                         "attends to the padding), so that prompts of similar length share every compiled "
@@ -287,10 +281,6 @@ def _step_cache(args):
         raise ValueError(f"--step-cache {args.step_cache!r}: {e.knob}: {e.message}") from None
 
 
-class InjectedFailure(RuntimeError):
-    """Raised on purpose by --inject-failure (tests of the error path)."""
-
-
 def _first_denoise_step_clock(hook, ready_s: list[float]):
     """`hook`, which also notes the process age when a denoise step first completes: how long
     a process takes to be ready (loading, compiling or reading the compile cache, first AR)."""
@@ -301,16 +291,19 @@ def _first_denoise_step_clock(hook, ready_s: list[float]):
     return progress
 
 
-def _progress_hook(ctx: RankContext, inject: str | None, layer=None):
-    """progress(phase, done, total): tells the stall watch, and fails where --inject-failure
-    says (`layer`: the module whose next forward raises, for ':inside' and ':oom')."""
-    injections = Injections(parse_injections(inject), ctx.rank, layer, "--inject-failure", InjectedFailure)
-
+def _progress_hook(ctx: RankContext):
+    """progress(phase, done, total): tells the stall watch."""
     def progress(phase: str, done: int, total: int) -> None:
         ctx.progress(f"{phase} {done}/{total}")
-        injections.at(phase, done)
 
     return progress
+
+
+def request_progress(ctx: RankContext):
+    """The progress hook of each timed request (the warm-up has `_progress_hook` alone): a
+    seam of its own because the error-path tests wrap it to fail a rank at a step of the
+    requests, never of the warm-up (tests/support/faults.py)."""
+    return _progress_hook(ctx)
 
 
 def build_pipeline(ctx: RankContext, args: argparse.Namespace):
@@ -353,10 +346,10 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         shapes = _warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size)
         if shapes:
-            pipe.warm_up(shapes, requests[0], progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
+            pipe.warm_up(shapes, requests[0], progress=_first_denoise_step_clock(_progress_hook(ctx), ready_s))
         else:
             pipe.generate(warmup_request(requests[0]),
-                          progress=_first_denoise_step_clock(_progress_hook(ctx, None), ready_s))
+                          progress=_first_denoise_step_clock(_progress_hook(ctx), ready_s))
         warmup_ms = (time.perf_counter() - t0) * 1e3
     warm_graphs = unique_graphs()
     # What compiling and loading made lives as long as the process: keep the collector off it,
@@ -366,7 +359,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
     with GcPauses() as gc_pauses:
         for req in requests:
             graphs, compile_s = unique_graphs(), pipe.compiler.compile_s
-            hook = _progress_hook(ctx, args.inject_failure, loaded.model.model.layers[-1])
+            hook = request_progress(ctx)
             res = pipe.generate(req, progress=_first_denoise_step_clock(hook, ready_s))
             results.append(res)
             per_request.append({
@@ -535,7 +528,6 @@ def _check_args(args, plan) -> str | None:
         return "--system-prompt belongs to image editing: give --image too"
     if args.image is not None and args.prompt_tokens is not None:
         return "--image edits with a text prompt: give --prompt, not --prompt-tokens"
-    parse_injections(args.inject_failure)  # raises ValueError naming a bad item
     return None
 
 
@@ -626,7 +618,6 @@ def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
     from models.hunyuan_image3.serving import HunyuanServeAdapter
     pipe, loaded, _, _ = build_pipeline(ctx, args)
     return HunyuanServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup is not False,
-                               inject_failure=parse_injections(args.inject_failure),
                                warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size),
                                warmup_batch=max_batch)
 

@@ -24,7 +24,6 @@ from dataclasses import replace
 from dtgen.batching import per_member
 from dtgen.buckets import pad_rows
 from dtgen.compile import unique_graphs
-from dtgen.harness import Injections
 from dtgen.requests import check_image_fields
 from dtgen.schema import OPENAI_IMAGE_FIELDS
 from dtgen.serve.errors import RequestError
@@ -44,19 +43,17 @@ FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
 class HunyuanServeAdapter:
     """`defaults`: the request every field not given comes from. `warmup_shapes`: (prompt
     tokens, "HxW") to compile ahead of traffic (`pipe.warm_up`); None warms up with one
-    short request of the defaults' shape. `inject_failure` (tests): `parse_injections`'
-    list: each raises once, where it is due (inside a step: from the last decoder layer)."""
+    short request of the defaults' shape."""
 
     kind = "image"
     name = "HunyuanImage-3"
 
     def __init__(self, pipe: HunyuanT2IPipeline, rank: int, defaults: T2IRequest,
                  warmup_shapes: list[tuple[int, str]] | None = None, warmup: bool = True,
-                 inject_failure: list[tuple] | None = None, warmup_batch: int = 1):
+                 warmup_batch: int = 1):
         self.pipe, self.rank, self.defaults = pipe, rank, defaults
         self.warmup_shapes, self.warmup = warmup_shapes, warmup
         self.warmup_batch = warmup_batch   # a compiled pipeline also warms up batches of 2..warmup_batch
-        self.injections = Injections(inject_failure or [], rank, pipe.model.model.layers[-1])
         m = pipe.model
         self.edit_problem = ("the model was loaded without the vision tower and the VAE encoder (the checkpoint "
                              "has none, or --no-edits)" if m.vision_model is None or m.vae.encoder is None else
@@ -217,4 +214,4 @@ class HunyuanServeAdapter:
         self.pipe.release_caches()
 
     def on_step(self, phase: str, done: int, total: int) -> None:
-        self.injections.at(phase, done)
+        """Nothing of its own to do at a step boundary."""

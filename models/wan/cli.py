@@ -22,7 +22,7 @@ import torch
 from dtgen import diffusion_command
 from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_parallel_problem
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
-from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem, parse_injections
+from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem
 from dtgen.launch import RankContext
 from dtgen.serve.errors import RequestError
 from dtgen import schema
@@ -49,12 +49,7 @@ def build_parser(prog: str = "dtgen run --model wan", description: str = __doc__
     add_fp8_flags(p, "the DiT blocks' linears", "the DiT self-attention")
     schema.add_flags(p, [FPS])
     add_diffusion_flags(p)
-    server = add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
-    if server is not None:
-        server.add_argument("--inject-failure", default=None, metavar="RANK:denoise:STEP[:inside|:oom][,...]",
-                            help="testing the error path: raise on RANK after STEP of PHASE (denoise) of the first "
-                                 "job that gets there; ':inside' raises inside the next step (from the last block), "
-                                 "':oom' an out-of-memory error")
+    add_run_flags(p, PLANS, "outputs/wan_t2v.mp4", cli, dict(prompt=DEFAULT_PROMPT), "Wan")
     return p
 
 
@@ -143,19 +138,10 @@ def main(argv=None, prog: str = "dtgen run --model wan") -> int:
 
 
 # ---- served (`dtgen serve`, the registry's contract: dtgen/registry.py) ----------
-def serve_problem(args) -> str | None:
-    try:
-        parse_injections(args.inject_failure, ("denoise",))
-    except ValueError as e:
-        return str(e)
-    return None
-
-
 def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
     """This rank's pipeline behind the server (requests of one bucket batch: --max-batch); the flags' request
     holds the defaults."""
     from models.wan.serving import WanServeAdapter
     pipe = build_pipeline(ctx, args)[0]
-    return WanServeAdapter(pipe, ctx.rank, request_from_args(args), fps=args.fps, warmup=args.warmup is not False,
-                           inject_failure=parse_injections(args.inject_failure, ("denoise",)))
+    return WanServeAdapter(pipe, ctx.rank, request_from_args(args), fps=args.fps, warmup=args.warmup is not False)
 

@@ -124,6 +124,8 @@ def test_a_server_help_lists_no_cli_only_flags(launcher, model, capsys):
     assert not served & set(CLI_ONLY), sorted(served & set(CLI_ONLY))
     cli = set(flag.findall(registry.spec(model).load("cli").build_parser(cli=True).format_help()))
     assert set(CLI_ONLY) <= cli, sorted(set(CLI_ONLY) - cli)
+    # failures are forced by the tests' own hook (tests/support/faults.py), never by a flag
+    assert "--inject-failure" not in served | cli
 
 
 def test_reading_the_specs_loads_no_model_code():

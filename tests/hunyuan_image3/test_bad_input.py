@@ -160,7 +160,6 @@ def test_unknown_device_or_dtype():
     (["--seed", "-1"], "--seed must be >= 0"),
     (["--prompt", " "], "--prompt must be a non-empty string"),
     (["--checkpoint", "/nonexistent/ckpt"], "--checkpoint /nonexistent/ckpt: no config.json there"),
-    (["--inject-failure", "1:vae"], "--inject-failure '1:vae': expected RANK:PHASE:STEP[:hang|:inside|:oom][,...]"),
     (["--prompt-tokens", "40,x"], "--prompt-tokens '40,x': 'x' is not a length of at least 1"),
     (["--prompt-tokens", "0"], "--prompt-tokens '0': '0' is not a length of at least 1"),
     (["--prompt-tokens", "40", "--prompt", "a fox"], "--prompt-tokens makes its own prompts"),

@@ -22,31 +22,34 @@ ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--steps", "2", "--max-new-tokens", "2", "--image-size", "256x256", "--no-vae-parallel"]
 
 
-def _torchrun(tiny_checkpoint, tmp_path, *args, timeout=240):
+def _torchrun(tiny_checkpoint, tmp_path, *args, timeout=240, faults=None):
+    """The CLI on 2 torchrun ranks; `faults`: failures forced on them (tests/support/faults.py)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", DTGEN_CACHE=str(tiny_checkpoint.parent), OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = str(ROOT)
+    run = ["-m", "examples.hunyuan_t2i"] if faults is None else ["-m", "tests.support.faults", faults,
+                                                                 "examples.hunyuan_t2i"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "examples.hunyuan_t2i", "--output", str(tmp_path / "i.png"), *args]
+           *run, "--output", str(tmp_path / "i.png"), *args]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return proc, time.monotonic() - start
 
 
 def test_torchrun_failure_on_one_rank_ends_every_rank(tiny_checkpoint, tmp_path):
-    proc, _ = _torchrun(tiny_checkpoint, tmp_path, "--plan", "hybrid2", *FAST, "--inject-failure", "1:denoise:1")
+    proc, _ = _torchrun(tiny_checkpoint, tmp_path, "--plan", "hybrid2", *FAST, faults="1:denoise:1")
     err = proc.stderr
     assert proc.returncode != 0
-    # (the exception's class is named with its module: the command's, models.hunyuan_image3.cli)
-    assert "[rank 1] Traceback" in err and "InjectedFailure: --inject-failure: rank 1 fails" in err
-    assert any(line.startswith("[rank 1] ") and "InjectedFailure: --inject-failure" in line for line in err.splitlines())
+    # (the exception's class is named with its module: tests.support.faults)
+    assert "[rank 1] Traceback" in err and "InjectedFailure: injected failure: rank 1 fails" in err
+    assert any(line.startswith("[rank 1] ") and "InjectedFailure: injected failure" in line for line in err.splitlines())
     # The peer names the failure once, without a second traceback of its own.
-    assert "[rank 0] stopping: rank 1 failed: models.hunyuan_image3.cli.InjectedFailure" in err, err[-3000:]
+    assert "[rank 0] stopping: rank 1 failed: tests.support.faults.InjectedFailure" in err, err[-3000:]
     assert "[rank 0] Traceback" not in err
 
 
 def test_torchrun_stall_prints_stacks_and_ends_the_job(tiny_checkpoint, tmp_path):
     proc, seconds = _torchrun(tiny_checkpoint, tmp_path, "--plan", "hybrid2", *FAST, "--stall-timeout", "4",
-                              "--inject-failure", "1:ar:1:hang")
+                              faults="1:ar:1:hang")
     err = proc.stderr
     assert proc.returncode != 0
     assert "[rank 1] no progress for" in err and "(last: ar 1/2)" in err, err[-3000:]

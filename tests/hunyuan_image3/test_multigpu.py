@@ -116,9 +116,9 @@ def test_compiled_plan_matches_eager_and_one_process(parity, dtype, plan):
 def test_forced_failure_ends_the_job_with_its_message(parity, tiny_checkpoint, tmp_path_factory):
     """Rank 1 raises during the AR decode of the timed (compiled, CUDA-graphed) run; rank 0 is
     then blocked on a collective inside the graph. Both must be gone within 30 s."""
-    cmd = _torchrun("-m", "examples.hunyuan_t2i", "--plan", "hybrid2", "--compile", "--steps", "2",
-                    "--prompt", PROMPT, "--max-new-tokens", "6", "--ignore-eos", "--image-size", "256x256",
-                    "--inject-failure", "1:ar:3", "--output", str(tmp_path_factory.mktemp("fail") / "i.png"))
+    cmd = _torchrun("-m", "tests.support.faults", "1:ar:3", "examples.hunyuan_t2i", "--plan", "hybrid2", "--compile",
+                    "--steps", "2", "--prompt", PROMPT, "--max-new-tokens", "6", "--ignore-eos", "--image-size",
+                    "256x256", "--output", str(tmp_path_factory.mktemp("fail") / "i.png"))
     proc = subprocess.Popen(cmd, env=_env(tiny_checkpoint), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     lines: list[tuple[float, str]] = []
@@ -140,10 +140,10 @@ def test_forced_failure_ends_the_job_with_its_message(parity, tiny_checkpoint, t
     reader.join(5)
     text = "\n".join(line for _, line in lines)
     (_log_dir(tmp_path_factory) / "forced-failure.log").write_text(text)
-    failed_at = next((t for t, line in lines if "InjectedFailure: --inject-failure" in line and line.startswith("[rank 1] ")), None)
+    failed_at = next((t for t, line in lines if "InjectedFailure: injected failure" in line and line.startswith("[rank 1] ")), None)
     assert failed_at is not None, text[-6000:]
     assert rc != 0
-    assert "[rank 0] stopping: rank 1 failed: models.hunyuan_image3.cli.InjectedFailure" in text, text[-6000:]
+    assert "[rank 0] stopping: rank 1 failed: tests.support.faults.InjectedFailure" in text, text[-6000:]
     assert ended - failed_at < 30, f"the job took {ended - failed_at:.1f} s to end after the failure"
 
 

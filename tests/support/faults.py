@@ -4,19 +4,22 @@ it starts. The product has no such switch; only tests install this.
 
     python -m tests.support.faults SPEC MODULE [ARGS...]
 
-runs `MODULE.main(ARGS)` (a server such as examples.serve, or a model's CLI) with SPEC armed.
+runs what `python -m MODULE ARGS` runs (`dtgen serve ...`, `dtgen run ...`, examples.X) with
+SPEC armed.
 SPEC is RANK:PHASE:STEP[:MODE][,...]; each item fires once, on RANK (* every rank) after STEP
 of PHASE: it raises there (no MODE), hangs there ("hang": a stall watch must notice), or makes
 the model's last block raise inside the next step ("inside": a RuntimeError, "oom": an
 out-of-memory error), after the collectives of the blocks before it.
 - A server fails in its adapter's step hook (`ServeAdapter.on_step`, which every rank calls
   before the ranks agree to go on), in the first job that gets there; warm-ups never call it.
-- A CLI fails in its timed requests' progress hook (the CLI module's `request_progress`), not
-  in its warm-up, raising `InjectedFailure`; "inside" and "oom" need a server.
+- A CLI fails in its timed requests' progress hook (`request_progress` of the model's CLI
+  module, the model the command line names), not in its warm-up, raising `InjectedFailure`;
+  "inside" and "oom" need a server.
 
 How the ranks get it: under torchrun every rank runs this module. Spawned ranks fork from a
 server process that imports this module first (`dtgen.launch.FORKSERVER_PRELOAD`), and the
-import arms it from the environment this module's `main` sets (`SPEC_ENV`, `MODULE_ENV`).
+import arms it from the environment this module's `main` sets (`SPEC_ENV`, `MODULE_ENV`: the
+model's CLI module).
 """
 from __future__ import annotations
 
@@ -141,11 +144,25 @@ def _arm_cli(cli, faults: list[tuple]) -> None:
 
 
 def install(spec: str, module: str | None = None) -> None:
-    """Arm `spec` in this process: its servers and, when given, the CLI `module`."""
+    """Arm `spec` in this process: its servers and, when given, the model's CLI `module`."""
     faults = parse(spec)
     _arm_servers(faults)
     if module:
         _arm_cli(importlib.import_module(module), faults)
+
+
+def _entry(module: str):
+    """The module whose `main` `python -m MODULE` runs: MODULE, or a package's __main__."""
+    found = importlib.import_module(module)
+    return found if hasattr(found, "main") else importlib.import_module(module + ".__main__")
+
+
+def _cli_module(args: list[str]) -> str | None:
+    """The CLI module of the model the command line runs (--checkpoint's, --model's, or the
+    registry's default), as `dtgen run` and `dtgen serve` choose it."""
+    from dtgen.cli import choose_model
+    spec, _ = choose_model(args)
+    return spec.cli if spec is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,17 +171,23 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m tests.support.faults RANK:PHASE:STEP[:MODE][,...] MODULE [ARGS...]", file=sys.stderr)
         return 2
     spec, module, args = argv[0], argv[1], argv[2:]
+    cli = _cli_module(args)
     from dtgen import launch
-    os.environ[SPEC_ENV], os.environ[MODULE_ENV] = spec, module
+    os.environ[SPEC_ENV] = spec
+    if cli is not None:
+        os.environ[MODULE_ENV] = cli
     launch.FORKSERVER_PRELOAD.append("tests.support.faults")
-    install(spec, module)
-    return importlib.import_module(module).main(args)
+    install(spec, cli)
+    return _entry(module).main(args)
 
 
-if os.environ.get(SPEC_ENV):   # a spawned rank's fork server, or a rank torchrun started
+if os.environ.get(SPEC_ENV):   # a spawned rank's fork server, or a rank re-importing the main module
     install(os.environ[SPEC_ENV], os.environ.get(MODULE_ENV))
 
 
 if __name__ == "__main__":
+    # Run as the module itself, not as __main__, so that what it arms (InjectedFailure in a
+    # traceback) is named tests.support.faults wherever it fires.
     from dtgen.launch import exit_process
-    exit_process(main())
+    from tests.support import faults
+    exit_process(faults.main())
