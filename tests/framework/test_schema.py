@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtgen import schema
-from dtgen.requests import MAX_SIDE, MAX_STEPS, check_int, check_number, flag_line
+from dtgen.requests import MAX_SIDE, MAX_STEPS, RequestError, check_int, check_number, flag_line
 from dtgen.schema import extra_field, request_field, size_field
-from dtgen.serve.errors import RequestError
 from dtgen.serve.fields import FieldTable
 
 ROOT = Path(__file__).resolve().parents[2]
