@@ -300,9 +300,9 @@ def _progress_hook(ctx: RankContext):
 
 
 def request_progress(ctx: RankContext):
-    """The progress hook of each timed request (the warm-up has `_progress_hook` alone): a
-    seam of its own because the error-path tests wrap it to fail a rank at a step of the
-    requests, never of the warm-up (tests/support/faults.py)."""
+    """The progress hook of each timed request (the warm-up and the profiled run report
+    through `_progress_hook` alone): a seam of its own because the error-path tests wrap it
+    to fail a rank at a step of the requests, never of a warm-up (tests/support/faults.py)."""
     return _progress_hook(ctx)
 
 
@@ -378,7 +378,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
         # The same request (fewer denoise steps at most): its AR tokens make the denoise
         # sequence, so any other token count would compile new denoise graphs in here.
         profiled = pipe.generate(replace(requests[0], steps=args.profile_steps or args.steps), profiler,
-                                 progress=_progress_hook(ctx, None))
+                                 progress=_progress_hook(ctx))
         profile_summary = profiler.write(profiled.timings_ms, compile_report)
     out = {"rank": ctx.rank, "timings_ms": result.timings_ms, "warmup_ms": warmup_ms, "tokens": result.tokens,
            "step_cache": (result.record.get("step_cache") or [None])[0],
