@@ -83,8 +83,8 @@ def _server_problem(args, spec: ModelSpec) -> str | None:
         return f"--max-batch must be >= 1, got {args.max_batch}"
     if not spec.batches:
         if args.max_batch is not None and args.max_batch > 1:
-            return (f"--max-batch {args.max_batch}: {spec.title}'s server runs one request at a time (its denoise "
-                    "steps are not batched across requests yet); use --max-batch 1")
+            return (f"--max-batch {args.max_batch}: {spec.title}'s server runs one request at a time (its spec "
+                    "names nothing a batch shares); use --max-batch 1")
         args.max_batch = 1
     return None
 

@@ -220,43 +220,6 @@ def compile_facts(compiler: StepCompiler, warm_graphs: int) -> dict:
     return out
 
 
-class Injections:
-    """Failures forced at given steps, (rank or "*", phase, step, mode) each, fired once where
-    due: `at(phase, done)` raises (mode ""), hangs ("hang"), or makes `layer`'s next forward
-    raise inside the next step ("inside": a RuntimeError, "oom": an out-of-memory error).
-    The tests force failures through tests/support/faults.py; this class stays while
-    models/wan/serving.py's adapter still takes such a list (always empty: no flag sets it)."""
-
-    def __init__(self, specs: list[tuple], rank: int, layer: torch.nn.Module | None = None,
-                 what: str = "injected failure", error: type = RuntimeError):
-        self.specs, self.rank, self.layer, self.what, self.error = list(specs), rank, layer, what, error
-
-    def at(self, phase: str, done: int) -> None:
-        for i, (rank, p, step, mode) in enumerate(self.specs):
-            if (rank == "*" or rank == self.rank) and (p, step) == (phase, done):
-                del self.specs[i]
-                break
-        else:
-            return
-        while mode == "hang":  # a stall watch must notice, report and end the job
-            time.sleep(1.0)
-        what = f"{self.what}: rank {self.rank} fails"
-        if mode == "":
-            raise self.error(f"{what} after {phase} step {done}")
-        error = (torch.OutOfMemoryError(f"{what} (out of memory) inside the step after {phase} step {done}")
-                 if mode == "oom" else self.error(f"{what} inside the step after {phase} step {done}"))
-        raise_inside(self.layer, error)
-
-
-def raise_inside(module: torch.nn.Module, error: BaseException) -> None:
-    """Make `module`'s next forward raise `error`, once: a failure INSIDE a step (after the
-    collectives of the layers before it), for tests of the error paths."""
-    def hook(*_):
-        handle.remove()
-        raise error
-    handle = module.register_forward_pre_hook(hook)
-
-
 # ---- numbers and the table ----------------------------------------------------------------------
 def peak_memory(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

@@ -74,6 +74,9 @@ class DiffusionAdapter:
     def phases(self, request) -> tuple[str, ...]:
         return self.PHASES
 
+    def on_step(self, phase: str, done: int, total: int) -> None:
+        """Nothing of its own to do at a step boundary (`ServeAdapter.on_step`)."""
+
     def request_of(self, job):
         """The pipeline's request of a job (the job itself, unless a subclass wraps it)."""
         return job

@@ -38,7 +38,7 @@ from dtgen.launch import RankContext
 from dtgen.profiling import PhaseProfiler
 from dtgen import schema
 from dtgen.requests import flag_line
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.fp8 import add_fp8_flags, attention_head_problem, check_attention_dtype
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config

@@ -17,7 +17,7 @@ from dtgen.batching import Progress
 from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, parse_size
 from dtgen.schema import check_bounds, request_field
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
 from dtgen.timing import Timer
 from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence, build_instruct_diffusion_sequence

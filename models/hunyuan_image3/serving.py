@@ -26,7 +26,7 @@ from dtgen.buckets import pad_rows
 from dtgen.compile import unique_graphs
 from dtgen.requests import check_image_fields
 from dtgen.schema import OPENAI_IMAGE_FIELDS
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.serve.fields import FieldTable
 from models.hunyuan_image3.cond_image import load_reference_bytes, reference_tensor, vae_bucket
 from models.hunyuan_image3.instruct import ConditionShape, instruct_prefix

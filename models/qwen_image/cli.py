@@ -24,7 +24,7 @@ from dtgen.launch import RankContext
 from dtgen.layers.config import read_json
 from dtgen import schema
 from dtgen.requests import flag_line
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from models.qwen_image.model import load
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
 from models.qwen_image.tiny import ensure_tiny_checkpoint

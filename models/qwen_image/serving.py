@@ -56,6 +56,3 @@ class QwenServeAdapter(DiffusionAdapter):
             return None
         # the HTTP side encodes it as the request asked (dtgen.serve.adapters.encode_answer)
         return self.answer(result, batch, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
-
-    def on_step(self, phase: str, done: int, total: int) -> None:
-        """No failures to inject here (the Wan and HunyuanImage-3 servers test that path)."""

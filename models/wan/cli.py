@@ -24,7 +24,7 @@ from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_p
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem
 from dtgen.launch import RankContext
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen import schema
 from dtgen.requests import flag_line
 from models.registry import checkpoint_problem

@@ -43,7 +43,7 @@ from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sam
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, check_multiple, nearest_valid
 from dtgen.schema import check_bounds, request_field, size_field
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.seq_split import LocalInputs, embed_split, final_gathered, split_input
 from dtgen.step_cache import DenoiserCall, RowLayout, StepCacheConfig
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dtgen.harness import Injections
 from dtgen.schema import MODEL_FIELD, check_value, extra_field
 from dtgen.serve.adapters import DiffusionAdapter
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.serve.fields import FieldTable
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
 
@@ -62,11 +61,9 @@ class WanServeAdapter(DiffusionAdapter):
     kind = "video"
     name = "Wan"
 
-    def __init__(self, pipe: WanT2VPipeline, rank: int, defaults: T2VRequest, fps: int = 16, warmup: bool = True,
-                 inject_failure: list[tuple] | None = None):
+    def __init__(self, pipe: WanT2VPipeline, rank: int, defaults: T2VRequest, fps: int = 16, warmup: bool = True):
         self.pipe, self.rank, self.defaults, self.default_fps = pipe, rank, defaults, fps
         self.warmup = warmup
-        self.injections = Injections(inject_failure or [], rank, pipe.model.transformer.blocks[-1])
         vae = pipe.model.vae.cfg
         self.temporal, self.spatial = vae.temporal_factor, vae.spatial_factor * pipe.model.transformer.patch_size[1]
         self.two_experts = pipe.model.transformer_2 is not None
@@ -114,5 +111,3 @@ class WanServeAdapter(DiffusionAdapter):
         return self.answer(result, batch, video=buffer.getvalue(), size=f"{r.width}x{r.height}",
                            num_frames=r.num_frames, fps=job.fps, seed=r.seed)
 
-    def on_step(self, phase: str, done: int, total: int) -> None:
-        self.injections.at(phase, done)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from dtgen.launch import RankFailure, run_on_ranks
 from dtgen.serve.engine import Engine, RankLink
-from dtgen.serve.errors import RequestError
+from dtgen.requests import RequestError
 from dtgen.serve.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobBoard, QueueFull
 from dtgen.serve.server import control_link
 

@@ -51,13 +51,27 @@ def test_same_bucket_jobs_run_as_one_batch_and_other_buckets_apart(tmp_path):
 
 @pytest.mark.parametrize("argv, line", [
     (["--max-batch", "0"], "error: --max-batch must be >= 1, got 0"),
-    (["--model", "wan", "--max-batch", "2"], "error: --max-batch 2: Wan's server runs one request at a time"),
 ])
 def test_bad_max_batch_is_one_line_naming_the_flag(argv, line, capsys):
     from dtgen.cli import serve_main as main
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(line) and len(err.splitlines()) == 1, err
+
+
+def test_a_model_whose_spec_names_no_batch_refuses_max_batch_over_one():
+    """Every listed model batches; a spec whose buckets name nothing a batch shares runs one
+    request at a time, and --max-batch > 1 is then one line naming the flag."""
+    from types import SimpleNamespace
+
+    from dtgen.cli import _server_problem
+    args = SimpleNamespace(port=8000, max_queued=16, ping=1.0, end_timeout=10.0, max_upload_mb=32.0, deadline=None,
+                           max_batch=2)
+    assert _server_problem(args, SimpleNamespace(batches=False, title="TinyDiT")) == \
+        "--max-batch 2: TinyDiT's server runs one request at a time (its spec names nothing a batch shares); " \
+        "use --max-batch 1"
+    args.max_batch = None
+    assert _server_problem(args, SimpleNamespace(batches=False, title="TinyDiT")) is None and args.max_batch == 1
 
 
 def test_the_batch_key_is_the_specs_bucket():
