@@ -32,5 +32,9 @@ test-gpu:
 test-gpu2:
 	$(GPU_PY) -m pytest -q -m multigpu --durations=0 tests
 
+# The benchmark suites, one line each (bench/suites.py); run one with `python -m bench SUITE`.
+bench:
+	$(GPU_PY) -m bench --list
+
 clean:
 	rm -rf $(VENV) outputs .cache
