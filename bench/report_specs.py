@@ -17,68 +17,68 @@ T2I_2LAYERS = ("python -m examples.hunyuan_t2i --random-weights full --layers 2 
                "--ignore-eos --image-size 1024x1024")
 
 # ---- the runs -----------------------------------------------------------------------------------
-S1, S1B = "h200-2026-11-29", "h200-2026-11-29-session2"
-X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-session2", "h200x2-2026-11-30-session3",
-                  "h200x2-2026-12-01-session4")
-S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-session6", "h200-2026-12-01-session7",
-                          "h200x2-2026-12-01-session7", "h200-2026-12-01-session8", "h200-2026-12-01-session9")
+S1, S1B = "h200-2026-11-29", "h200-2026-11-29-layers"
+X1, X2, X3, X4 = ("h200x2-2026-11-30", "h200x2-2026-11-30-plans", "h200x2-2026-11-30-regions",
+                  "h200x2-2026-12-01-regions")
+S5, S6, S7, X7, S8, S9 = ("h200-2026-12-01-moe", "h200-2026-12-01-fp8-experts", "h200-2026-12-01-regions-ti2i",
+                          "h200x2-2026-12-01-fp8-decode", "h200-2026-12-01-wan", "h200-2026-12-01-moe-targets")
 SERVE = "cpu-2026-12-01-serve/bench_serve.json"
 SERVE_LOAD = "cpu-2026-12-02-serve-load-trim/bench_serve.json"
-S10 = "h200-2026-12-01-session10"
+S10 = "h200-2026-12-01-step-cache"
 STEP_CACHE_T2I, STEP_CACHE_DISTIL = f"{S10}/step_cache_t2i_ti2i.json", f"{S10}/step_cache_distil.json"
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
 WAN_CACHE, SECOND_REQUEST = f"{S10}/bench_wan_cache.json", f"{S10}/second_request.json"
 CPU_COMPILE = "compile-cpu-2026-11-30.json"
-S11 = "h200-2026-12-02-session11"
+S11 = "h200-2026-12-02"
 S11_DECODE, S11_PEERS = f"{S11}/decode_kernels.json", f"{S11}/bench_peers.json"
 S11_FP8_ATTENTION, S11_MEMORY = f"{S11}/bench_fp8_attention.json", f"{S11}/memory_vae_probe.json"
-S11_LEVERS, S11_DENSE_FP8 = f"{S11}/call_b_bench_memory.json", f"{S11}/call_b_t2i_dense_fp8.json"
-S11_BATCH, S11_PARITY = f"{S11}/call_b_bench_batch.json", f"{S11}/batch_parity.json"
-S11_STEP = f"{S11}/call_b_decode_step.json"
-S14 = "h200-2026-12-02-session14"
-S14_DECODE_BEFORE = f"{S14}/decode_fp8.json"
-S14_DECODE_BF16, S14_DECODE_FP8 = f"{S14}/call2_decode_bf16.json", f"{S14}/call2_decode_dense_fp8.json"
-S14_GEMV, S14_QWEN_PEERS = f"{S14}/call2_bench_decode_gemv.json", f"{S14}/call2_qwen_peers.json"
-S15 = "h200-2026-12-02-session15"
-S15_DECODE_DEFAULT, S15_DECODE_SWEPT = f"{S15}/call1_decode_dense_fp8.json", f"{S15}/call4_decode_dense_fp8.json"
-S15_T2I_BF16, S15_T2I_FP8 = f"{S15}/call1_t2i_bf16.json", f"{S15}/call1_t2i_dense_fp8.json"
-S15_PEERS_BEFORE = f"{S15}/call1_qwen_peers.json"
-S15_PEERS_BIAS = [f"{S15}/call2_qwen_peers_{i}.json" for i in (1, 2)]
-S15_PEERS_ROPE = [f"{S15}/call3_qwen_peers_{i}.json" for i in (1, 2, 3)]
-S15_PROLOGUE_SWEEP, S15_PROLOGUE = f"{S15}/call2_prologue.json", f"{S15}/call3_prologue.json"
-S15_GEMV, S15_SERVE = f"{S15}/call3_bench_decode_gemv.json", f"{S15}/call4_bench_serve.json"
-S15_SERVE_CPU = ["cpu-2026-12-02-session15-serve-overhead/before_wakeup.json",
-                 "cpu-2026-12-02-session15-serve-overhead/after_wakeup.json"]
-S16 = "cpu-2026-12-02-session16"
-S16_PNG, S16_VAE_FLOPS = f"{S16}/bench_image_files.json", f"{S16}/vae_flops.json"
+S11_LEVERS, S11_DENSE_FP8 = f"{S11}/levers-batch/bench_memory.json", f"{S11}/levers-batch/t2i_dense_fp8.json"
+S11_BATCH, S11_PARITY = f"{S11}/levers-batch/bench_batch.json", f"{S11}/batch_parity.json"
+S11_STEP = f"{S11}/levers-batch/decode_step.json"
+S14 = "h200-2026-12-02-decode-kernels"
+S14_DECODE_BEFORE = f"{S14}/before-small-kernels/decode_fp8.json"
+S14_DECODE_BF16, S14_DECODE_FP8 = f"{S14}/small-kernels/decode_bf16.json", f"{S14}/small-kernels/decode_dense_fp8.json"
+S14_GEMV, S14_QWEN_PEERS = f"{S14}/small-kernels/bench_decode_gemv.json", f"{S14}/small-kernels/qwen_peers.json"
+S15 = "h200-2026-12-02-qwen-peers"
+S15_DECODE_DEFAULT, S15_DECODE_SWEPT = f"{S15}/gemv-default/decode_dense_fp8.json", f"{S15}/gemv-swept/decode_dense_fp8.json"
+S15_T2I_BF16, S15_T2I_FP8 = f"{S15}/gemv-default/t2i_bf16.json", f"{S15}/gemv-default/t2i_dense_fp8.json"
+S15_PEERS_BEFORE = f"{S15}/gemv-default/qwen_peers.json"
+S15_PEERS_BIAS = [f"{S15}/bias-in-gemm/qwen_peers_{i}.json" for i in (1, 2)]
+S15_PEERS_ROPE = [f"{S15}/rope-real/qwen_peers_{i}.json" for i in (1, 2, 3)]
+S15_PROLOGUE_SWEEP, S15_PROLOGUE = f"{S15}/bias-in-gemm/prologue.json", f"{S15}/rope-real/prologue.json"
+S15_GEMV, S15_SERVE = f"{S15}/rope-real/bench_decode_gemv.json", f"{S15}/gemv-swept/bench_serve.json"
+S15_SERVE_CPU = ["cpu-2026-12-02-serve-wakeup/before_wakeup.json",
+                 "cpu-2026-12-02-serve-wakeup/after_wakeup.json"]
+S16 = "cpu-2026-12-02-png"
+S16_PNG, S16_VAE_FLOPS = f"{S16}/bench_image_files.json", "cpu-2026-12-02-vae/vae_flops.json"
 S16_SERVE_CPU = f"{S16}/bench_serve_overhead.json"
-S17 = "h200-2026-12-03-session17"
-S17_DECODE, S17_T2I = f"{S17}/call1_decode_dense_fp8.json", f"{S17}/call1_t2i_dense_fp8.json"
-S17_MEMORY, S17_VAE_CONV = f"{S17}/call1_bench_memory.json", f"{S17}/call1_vae_conv_probe.json"
-S17_SERVE, S17_PNG = f"{S17}/call2_bench_serve.json", f"{S17}/call2_bench_image_files.json"
-S17_MEMORY_MEASURED, S17_QWEN_FP8 = f"{S17}/call2_bench_memory.json", f"{S17}/call2_qwen_peers_1.json"
-S17_WAN_PEERS = f"{S17}/call2_wan_peers.json"
-S18 = "h200-2026-12-03-session18"
-S18_DECODE1, S18_MEMORY1, S18_VAE1 = (f"{S18}/call1_decode_dense_fp8.json", f"{S18}/call1_bench_memory.json",
-                                     f"{S18}/call1_bench_vae_suite.json")
-S18_DECODE2, S18_MEMORY2 = f"{S18}/call2_decode_dense_fp8.json", f"{S18}/call2_bench_memory.json"
-S18_TI2I3 = f"{S18}/call3_ti2i_dense_fp8.json"
-S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/call0_bench_memory.json", f"{S18}/call0_ti2i_dense_fp8.json",
-                                    f"{S18}/call0_bench_vae_suite.json")
-S19 = "h200-2026-12-03-session19"
-S19_ATT1, S19_ATT2, S19_ATT3 = (f"{S19}/call1_bench_fp8_attention_sweep.json",
-                                f"{S19}/call2_bench_fp8_attention_sweep.json",
-                                f"{S19}/call3_bench_fp8_attention_sweep.json")
-S19_WAN_PEERS = f"{S19}/call3_wan_peers.json"
-S19_DECODE_PDL = (f"{S19}/call4_decode_dense_fp8_pdl1_34.json", f"{S19}/call4_decode_dense_fp8_pdl0_80.json",
-                  f"{S19}/call4_decode_dense_fp8_pdl1_112.json")
-S19_T2I5, S19_TI2I5 = f"{S19}/call5_t2i_attn_fp8.json", f"{S19}/call5_ti2i_attn_fp8.json"
-S20 = "h200-2026-12-03-session20"
-S20_DECODE2, S20_DECODE3 = f"{S20}/call2_decode_dense_fp8.json", f"{S20}/call3_decode_dense_fp8.json"
-S20_T2I5, S20_TI2I5 = f"{S20}/call5_t2i_cfg_batch.json", f"{S20}/call5_ti2i_cfg_batch.json"
-S20_ATT6 = f"{S20}/call6_bench_fp8_attention_sweep.json"
-S20_WAN7, S20_ATT7 = f"{S20}/call7_wan_peers.json", f"{S20}/call7_bench_fp8_attention_14b.json"
-S20_SASS = "cpu-2026-12-03-session20/fp8_attention_sass.json"
+S17 = "h200-2026-12-03"
+S17_DECODE, S17_T2I = f"{S17}/lm-head-fp8/decode_dense_fp8.json", f"{S17}/lm-head-fp8/t2i_dense_fp8.json"
+S17_MEMORY, S17_VAE_CONV = f"{S17}/lm-head-fp8/bench_memory.json", f"{S17}/lm-head-fp8/vae_conv_probe.json"
+S17_SERVE, S17_PNG = f"{S17}/serve-peers/bench_serve.json", f"{S17}/serve-peers/bench_image_files.json"
+S17_MEMORY_MEASURED, S17_QWEN_FP8 = f"{S17}/serve-peers/bench_memory.json", f"{S17}/serve-peers/qwen_peers_1.json"
+S17_WAN_PEERS = f"{S17}/serve-peers/wan_peers.json"
+S18 = "h200-2026-12-03-keep-ar"
+S18_DECODE1, S18_MEMORY1, S18_VAE1 = (f"{S18}/fusions/decode_dense_fp8.json", f"{S18}/fusions/bench_memory.json",
+                                     f"{S18}/fusions/bench_vae_suite.json")
+S18_DECODE2, S18_MEMORY2 = f"{S18}/fusions-reverted/decode_dense_fp8.json", f"{S18}/fusions-reverted/bench_memory.json"
+S18_TI2I3 = f"{S18}/ti2i-lean/ti2i_dense_fp8.json"
+S18_MEMORY0, S18_TI2I0, S18_VAE0 = (f"{S18}/kv-policy/bench_memory.json", f"{S18}/kv-policy/ti2i_dense_fp8.json",
+                                    f"{S18}/kv-policy/bench_vae_suite.json")
+S19 = "h200-2026-12-03-fp8-attention"
+S19_ATT1, S19_ATT2, S19_ATT3 = (f"{S19}/sweep-first-kernel/bench_fp8_attention_sweep.json",
+                                f"{S19}/sweep/bench_fp8_attention_sweep.json",
+                                f"{S19}/default-tiles/bench_fp8_attention_sweep.json")
+S19_WAN_PEERS = f"{S19}/default-tiles/wan_peers.json"
+S19_DECODE_PDL = (f"{S19}/decode-pdl/decode_dense_fp8_pdl1_34.json", f"{S19}/decode-pdl/decode_dense_fp8_pdl0_80.json",
+                  f"{S19}/decode-pdl/decode_dense_fp8_pdl1_112.json")
+S19_T2I5, S19_TI2I5 = f"{S19}/hy-attention-fp8/t2i_attn_fp8.json", f"{S19}/hy-attention-fp8/ti2i_attn_fp8.json"
+S20 = "h200-2026-12-03-side-stream-cfg"
+S20_DECODE2, S20_DECODE3 = f"{S20}/side-stream-sunk/decode_dense_fp8.json", f"{S20}/side-stream-first/decode_dense_fp8.json"
+S20_T2I5, S20_TI2I5 = f"{S20}/cfg-batch/t2i_cfg_batch.json", f"{S20}/cfg-batch/ti2i_cfg_batch.json"
+S20_ATT6 = f"{S20}/lazy-rescale/bench_fp8_attention_sweep.json"
+S20_WAN7, S20_ATT7 = f"{S20}/long-key-tiles/wan_peers.json", f"{S20}/long-key-tiles/bench_fp8_attention_14b.json"
+S20_SASS = "cpu-2026-12-03-attention-sass/fp8_attention_sass.json"
 _S15_SCRIPT = "OUT=$OUT bash bench/run_gpu_session14.sh"
 S15_CALL1 = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
              f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_S15_SCRIPT} tests,decode,peers,t2i')
@@ -187,11 +187,11 @@ RUNS: dict[str, RunInfo] = {
                        "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
                        "--compile", software=GPU_IMAGE),
     S16_SERVE_CPU: RunInfo("python -m bench.bench_serve --overhead-requests 5 --requests 0 --out "
-                           "bench/results/cpu-2026-12-02-session16/bench_serve_overhead.json", software=CPU_STACK),
-    S16_PNG: RunInfo("python -m bench.bench_image_files --out bench/results/cpu-2026-12-02-session16/bench_image_files.json",
+                           "bench/results/cpu-2026-12-02-png/bench_serve_overhead.json", software=CPU_STACK),
+    S16_PNG: RunInfo("python -m bench.bench_image_files --out bench/results/cpu-2026-12-02-png/bench_image_files.json",
                      software=CPU_STACK),
     S16_VAE_FLOPS: RunInfo("python -m bench.probes.vae_flops --sizes 1024 --out "
-                           "bench/results/cpu-2026-12-02-session16/vae_flops.json", software=CPU_STACK),
+                           "bench/results/cpu-2026-12-02-vae/vae_flops.json", software=CPU_STACK),
     **{f: RunInfo(f"python -m bench.bench_serve --overhead-requests {n} --requests 0 --out bench_serve.json",
                   software=CPU_STACK) for f, n in zip(S15_SERVE_CPU, (2, 3))},
     # one H200, 2026-12-03, session 17 (issue 29): call 1, bench/run_gpu_session14.sh's stages
@@ -277,7 +277,7 @@ RUNS: dict[str, RunInfo] = {
                       "regions --variants bf16,attn-fp8 --profile 12", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     S20_ATT7: RunInfo("python -m bench.bench_fp8_attention --shapes 14B --iters 5", software=GPU_IMAGE),
     S20_SASS: RunInfo("TRITON_INTERPRET=0 PYTHONPATH=<a triton 3.6.0 wheel unpacked> python -m "
-                      "bench.probes.fp8_attention_sass --out bench/results/cpu-2026-12-03-session20/fp8_attention_sass.json",
+                      "bench.probes.fp8_attention_sass --out bench/results/cpu-2026-12-03-attention-sass/fp8_attention_sass.json",
                       gpu="none: compiled for sm_90 on the CPU", software="triton 3.6.0 (the GPU machines' version)"),
     # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
@@ -553,7 +553,7 @@ TABLES = [
             "so that blocks' residuals move as trained ones do), noise and prompt embeddings; every step ends on "
             "a device sync in both. Both decide for each CFG branch at each step; all 100 decisions agree. The "
             "uncached runs (5 steps) give the full step's cost without a cache."),
-    Table("s10-second-request", ["`single`, 16 layers, compiled regions, 10 steps", "prompt tokens",
+    Table("second-request", ["`single`, 16 layers, compiled regions, 10 steps", "prompt tokens",
                                  "cached steps, mean (min-max)", "first step", "SM clock, power", "new allocations"], [
         Row([f"request {i}", Value(f"requests[{i}].prompt_tokens"),
              Join([Value(f"requests[{i}].cached_step_ms.mean", "{:.1f}"),
@@ -594,7 +594,7 @@ TABLES = [
         Row(["tiny default, `--compile`, one H200", Value("compile.graphs"), Value("compile.graph_breaks"),
              Value("compile.recompiles_after_warmup"), ms("timings_ms.denoise_step")], file=f"{S8}/wan_tiny.json"),
     ]),
-    Table("x2-s2", ["run", "figure", "measured", "target"], [
+    Table("x2-targets", ["run", "figure", "measured", "target"], [
         Row(["`tp2`, 32 layers", "AR decode", Value("@[2].ar_decode_ms_per_token", "**{:.2f} ms/token** (256 tokens)"),
              goal("<= 6 ms/token", Value("@[2].ar_decode_ms_per_token"), 6.0)], file=TABLE),
         Row(["`tp2`, 32 layers", "DiT step (mean of 10; the first, whole-sequence step)",
@@ -632,7 +632,7 @@ TABLES = [
              ""], file=TABLE),
     ], note="Targets: issue 9's. For reference, the seed's figures on 4 x H200 (its report, not measured here): "
             "46.3 ms/token and 285.1 ms/step."),
-    Table("x2-s2-profile", ["`tp2`, 32 layers, rank 0, per unit", "wall", "compute", "NCCL alone",
+    Table("x2-tp2-profile", ["`tp2`, 32 layers, rank 0, per unit", "wall", "compute", "NCCL alone",
                             "waiting for the other rank", "idle", "compute + NCCL"], [
         Row(["AR decode, per token", ms("profile.regions.ar[region=ar_decode].per_unit_ms.wall_ms", fmt="{:.2f} ms"),
              ms("profile.regions.ar[region=ar_decode].per_unit_ms.compute_ms", fmt="{:.2f} ms"),
@@ -652,7 +652,7 @@ TABLES = [
                    Value("profile.regions.denoise[region=denoise_step].per_unit_ms.communication_ms")],
                   "{:.1f} ms")], file=TP2_32),
     ], note="One more run after the timed one, under the profiler (`--profile`, 3 denoise steps)."),
-    Table("x2-s2-kernels", ["`tp2`, 32 layers, rank 0", "per token (AR) or per step (denoise)", "per call"], [
+    Table("x2-tp2-kernels", ["`tp2`, 32 layers, rank 0", "per token (AR) or per step (denoise)", "per call"], [
         Row(["AR: decode MoE stage 1 (`_decode_gate_up_kernel`)", kernel(TP2_32, "ar", "_decode_gate_up", 256),
              per_call_us(TP2_32, "ar", "_decode_gate_up")]),
         Row(["AR: decode MoE stage 2 (`_decode_down_kernel`)", kernel(TP2_32, "ar", "_decode_down", 256),
@@ -710,7 +710,7 @@ TABLES = [
             "**{:.2f}x**" if mode == "regions" else "{:.2f}x"), "", "", "", ""], file=CPU_COMPILE)
         for mode, label in (("regions", "regions"), ("whole", "whole steps"))
     ], note="Target (issue 10): regions' compile time at 16 layers within 1.15x of 2 layers."),
-    Table("x2-s3-regions", ["what", "target", "measured"], [
+    Table("x2-regions-1130", ["what", "target", "measured"], [
         Row(["cold compile, all phases", goal("<= 90 s", Runs([(f"{X3}/tp2_32_regions.json", "compile.compile_s"),
                                                               (f"{X3}/earlier_tp2_32_regions.json", "compile.compile_s")]),
                                               90.0),
@@ -733,7 +733,7 @@ TABLES = [
                   ["; denoise ", " vs ", " ms/step, AR ", " vs "], suffix=" ms/token")],
             file=f"{X3}/tp2_32_regions_warm.json"),
     ]),
-    Table("x2-s4-regions", ["what", "target", "measured"], [
+    Table("x2-regions-1201", ["what", "target", "measured"], [
         Row(["cold compile, all phases", goal("<= 90 s", Value("compile.compile_s"), 90.0),
              Join([Value("compile.compile_s", "**{:.1f} s**"),
                                                          Value("compile.ops_traced", "{} ops traced")], ", ")],
@@ -752,7 +752,7 @@ TABLES = [
                   ["; AR ", " vs ", " ms/token, denoise ", " vs "], suffix=" ms/step")],
             file=f"{X4}/tp2_32_regions.json"),
     ]),
-    Table("s7-single16", ["plan `single`, 16 layers, `--compile --compile-regions`", "cold process", "warm process"], [
+    Table("single16-regions", ["plan `single`, 16 layers, `--compile --compile-regions`", "cold process", "warm process"], [
         Row(["process start to the first denoise step done", Value("first_denoise_step_done_s", "{:.1f} s",
                                                                    f"{S7}/single_16_regions.json"),
              Value("first_denoise_step_done_s", "**{:.1f} s**", f"{S7}/single_16_regions_warm.json")]),
@@ -776,7 +776,7 @@ TABLES = [
             ("new graphs", lambda i, f: Value(f"requests[{i}].new_graphs", file=f)))
     ], note="The cached-step mean is recomputed from each request's stored mean of all 10 steps and its first "
             "step: (10 x mean - first) / 9."),
-    Table("s7-startup4", ["plan `single`, 4 layers, warm cache", "value"], [
+    Table("startup4", ["plan `single`, 4 layers, warm cache", "value"], [
         Row(["process start to the first denoise step done", Value("first_denoise_step_done_s", "{:.1f} s")],
             file=f"{S7}/startup_4layers_warm.json"),
         Row(["compile (4 FX-graph and 4 AOTAutograd cache hits)", Value("compile.compile_s", "{:.1f} s")],
@@ -830,7 +830,7 @@ TABLES = [
                                                           "{:.2f} ms"),
              ms("floor_ms", f"{S1B}/bench_decode.json", "{:.2f} ms")]),
     ]),
-    Table("s5-moe", ["one TP2 rank: T=2674, 64 experts, top-8, 2 micros of 768", "before (CUTLASS `grouped_mm`)",
+    Table("moe-fused-gemm", ["one TP2 rank: T=2674, 64 experts, top-8, 2 micros of 768", "before (CUTLASS `grouped_mm`)",
                      "fused Triton kernels", "target"], [
         Row(["bf16 gate/up (+ gather + activation)",
              Join([Value("fused.cutlass_gate_up_with_gather_and_act.us", "{:.0f} us"),
@@ -877,7 +877,7 @@ B6, F6 = f"{S6}/t2i_2layers_bf16.json", f"{S6}/t2i_2layers_fp8_channels.json"
 L6, D6, G6 = f"{S6}/bench_layers.json", f"{S6}/bench_moe_decode.json", f"{S6}/bench_grouped_gemm.json"
 M6 = f"{S6}/bench_moe.json"
 TABLES += [
-    Table("s6-fp8", ["what (session 6)", "bf16 experts", "FP8 experts", "target"], [
+    Table("fp8-experts", ["what (session 6)", "bf16 experts", "FP8 experts", "target"], [
         Row(["T2I, full width, 2 layers, 1024x1024, compiled: denoise step", ms("timings_ms.denoise_step", B6),
              Join([ms("timings_ms.denoise_step", F6, "**{:.1f} ms**"),
                    Calc(lambda a, b: a / b - 1, [Value("timings_ms.denoise_step", file=F6),
@@ -940,7 +940,7 @@ def both_gemms(entries, fmt="{:.0f}"):
 
 
 TABLES += [
-    Table("s9-targets", ["issue 11's target (one H200)", "before session 9", "session 9", "target", "verdict"], [
+    Table("moe-targets", ["issue 11's target (one H200)", "before session 9", "session 9", "target", "verdict"], [
         Row(["bf16 grouped GEMMs, T=2674, default tiles: gate/up / down (TFLOP/s)",
              Join([fused(f"{S6}/bench_grouped_gemm.json", "fused", "gate_up"),
                    fused(f"{S6}/bench_grouped_gemm.json", "fused", "down")], suffix=" (session 6)"),
@@ -1005,7 +1005,7 @@ TABLES += [
     ], note="Where a figure was measured in several runs of the same code, the median and the range; a verdict "
             "reads the median. The bf16 layer and multi-micro rows time one path twice per run (`auto` is "
             "`fused`), both count. Session 7's decode figures are its swept best, the defaults from then on."),
-    Table("s9-decode-bytes", ["decode MoE, one micro, 8 routings, CUDA graph (session 9)", "T", "measured",
+    Table("moe-decode-bytes", ["decode MoE, one micro, 8 routings, CUDA graph (session 9)", "T", "measured",
                               "bytes read", "floor at 4.3 TB/s", "achieved", "stored `gbps` (bf16 bytes)"], [
         Row([Text(label), Text(str(t)), Value(decode_row(None, v, t) + ".us", "{:.1f} us"),
              recomputed_decode(S9M, v, t, "mb", "{:.0f} MB"), recomputed_decode(S9M, v, t, "floor_us", "{:.1f} us"),
@@ -1020,7 +1020,7 @@ TABLES += [
             "H200; the datasheet's 4.8 is not reachable). The stored `floor_us` and `gbps` of these files counted "
             "bf16 bytes for every row, hence FP8 \"bandwidths\" above the HBM peak; bench_moe now writes the "
             "recomputed form."),
-    Table("s9-decode-kernels", ["FP8 channels, T=1, per call, under the CUDA graph", "stage 1 (gate/up)",
+    Table("moe-decode-kernels", ["FP8 channels, T=1, per call, under the CUDA graph", "stage 1 (gate/up)",
                                 "stage 2 (down)", "finalize", "kernels", "the op"], [
         Row([Text(name), Value(decode_row(None, "decode_triton_fp8_channels", 1) + ".kernel_us._decode_gate_up_kernel",
                                "{:.1f} us"),
@@ -1065,7 +1065,7 @@ def attn(op, variant, batch, key, fmt, note=None):
 
 
 TABLES += [
-    Table("s7-decode", ["decode MoE, one micro, 8 routings, CUDA graph (session 7)", "T=1", "T=2", "T=8", "T=16"], [
+    Table("moe-decode-stage1-fp16", ["decode MoE, one micro, 8 routings, CUDA graph (session 7)", "T=1", "T=2", "T=8", "T=16"], [
         Row([Text(label)] + [Value(decode_row(None, v, t) + ".us", "{:.1f}" if t < 8 else "{:.0f}") for t in (1, 2, 8, 16)],
             file=X7D)
         for v, label in (("decode_triton", "bf16"), ("decode_triton_fp8_channels", "FP8 channels, stage 1 in bf16 "
@@ -1097,7 +1097,7 @@ TABLES += [
         Row(["weights / peak", "", Join([rank0_gb("storage_bytes_per_rank", TC),
                                          rank0_gb("peak_memory_bytes_per_rank", TC)])]),
     ]),
-    Table("s14-serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
+    Table("serve-load", ["concurrency", "requests", "each answered", "jobs", "images", "images/min", "p50",
                              "p99", "server RSS: last sample / max / idle after the level"], [
         Row([str(c), Value(f"{L}.requests"), Value(f"{L}.every_request_answered", lambda v: "yes" if v else "**no**"),
              Join([Value(f"{L}.server_accepted"), Value(f"{L}.server_finished")], " accepted, ", suffix=" ended"),
@@ -1126,7 +1126,7 @@ TABLES += [
     ], note="Recomputed here from the stored per-request values: the stored `outside_generate_ms` (a difference of "
             "medians of different requests) and `overhead` (against the in-process run, slower for a reason not "
             "found) are not used."),
-    Table("layers-s2", ["layer (one rank's shapes, no communication)", "eager", "compiled", "compiled + CUDA graph",
+    Table("layers", ["layer (one rank's shapes, no communication)", "eager", "compiled", "compiled + CUDA graph",
                         "floor", "target"], [
         Row(["AR decode, TP4 micro (8 q / 2 KV heads, KV 1500, experts 768, shared 768)",
              Value("ar_decode_layer.eager_us", "{:.0f} us"), Value("ar_decode_layer.compiled_us", "{:.0f} us"),
@@ -1161,7 +1161,7 @@ TABLES += [
                  "Triton grouped-GEMM templates {:.0f}"),
                  Value("denoise_layer.top_kernels_us[^_ZN7cutlass][1]", "CUTLASS {:.0f}", OP)], " against ")]),
     ]),
-    Table("gg-s2", ["GEMM (one TP2 rank, T=2674, 64 experts, top-8)", "CUTLASS (`torch._grouped_mm`)",
+    Table("grouped-gemm-layouts", ["GEMM (one TP2 rank, T=2674, 64 experts, top-8)", "CUTLASS (`torch._grouped_mm`)",
                     "inductor Triton template (max-autotune)"], [
         Row([Text(label), Join([Value(f"{key}.us", "{:.0f} us"), Value(f"{key}.tflops", "{:.0f} TFLOP/s")], ", "),
              Join([Value(f"{key}_max_autotune.us", "{:.0f} us"), Value(f"{key}_max_autotune.tflops", "{:.0f} TFLOP/s")],
@@ -1227,7 +1227,7 @@ STATIC_SPLITS = (1, 2, 4, 5, 8, 16, 32, 64)   # the keys of the sweep in `kernel
 BALANCED = Value("kernel.balanced_us.median")
 
 TABLES += [
-    Table("s11-split-kv", ["decode attention: 8 requests (one 16k, seven 1k), 32 q / 8 KV heads, d 128, bf16, "
+    Table("split-kv", ["decode attention: 8 requests (one 16k, seven 1k), 32 q / 8 KV heads, d 128, bf16, "
                            "CUDA graph", "per call", "balanced's speed-up over it", "target (issue 30)"], [
         Row([Join([Value("kernel.balanced_programs_per_kv_head")], prefix="**balanced split-KV** (",
                   suffix=" programs per KV head)"), timed("kernel.balanced_us", "{:.2f}"), "-", ""], file=S11_DECODE),
@@ -1256,7 +1256,7 @@ TABLES += [
     ], note="Each op replayed from a CUDA graph; a figure is the median of its timings, with their range. The "
             "best static split is the fastest median of the sweep, recomputed here from the sweep's stored "
             "medians; the issue's target is against the heuristic's count."),
-    Table("s11-prologue", ["fused prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, bf16, "
+    Table("prologue", ["fused prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, bf16, "
                            "CUDA graph", "fused", "separate ops, eager", "separate ops, compiled",
                            "fused vs eager", "fused vs compiled", "target (issue 30)"], [
         Row([Join([Value(f"prologue.{shape}.batch"), Value(f"prologue.{shape}.rows")], ", S=", prefix=f"{shape} (B=",
@@ -1299,7 +1299,7 @@ def _fastest_within_bound(*values):
 
 
 TABLES += [
-    Table("s11-wan-peers", ["model", "mode", "dtgen variant", "dtgen", "diffusers (bf16)", "dtgen / diffusers",
+    Table("wan-peers-1202", ["model", "mode", "dtgen variant", "dtgen", "diffusers (bf16)", "dtgen / diffusers",
                             "rel. L2 vs dtgen bf16", "target (issue 29)"], [
         Row([model, mode, f"**{variant}**" if variant == "bf16" else variant,
              Value(peer(model, mode, "dtgen", variant, "ms"), "{:.1f} ms"),
@@ -1355,7 +1355,7 @@ def _fp8_attention_cells(shape, run):
 
 
 TABLES += [
-    Table("s11-fp8-attention", ["Wan self-attention, 32760 tokens, d 128, batch 1",
+    Table("fp8-attention-1202", ["Wan self-attention, 32760 tokens, d 128, batch 1",
                                 "1.3B (12 heads)", "TFLOP/s", "rel. L2 vs fp32", "over the best SDPA",
                                 "14B (40 heads)", "TFLOP/s", "rel. L2 vs fp32", "over the best SDPA"], [
         Row([label] + _fp8_attention_cells("1.3B", run) + _fp8_attention_cells("14B", run), file=S11_FP8_ATTENTION)
@@ -1379,7 +1379,7 @@ def _site(request, where):
 
 
 TABLES += [
-    Table("s11-memory", ["HunyuanImage-3, 32 layers, FP8 experts, compiled regions, 1024x1024, 10 steps",
+    Table("memory-before", ["HunyuanImage-3, 32 layers, FP8 experts, compiled regions, 1024x1024, 10 steps",
                          "T2I", "TI2I edit", "target (issue 29)"], [
         Row(["allocated before the request (weights and what stays resident)",
              Value("t2i.before_gb", "{:.1f} GB"), Value("ti2i.before_gb", "{:.1f} GB"), ""], file=S11_MEMORY),
@@ -1411,7 +1411,7 @@ TABLES += [
             "replayed from the start of the request: the most live at once, grouped by the first project frame "
             "of each block's allocation. \"Every other site\" is the most-allocated figure less the five sites "
             "listed (the JSON lists the rest by site)."),
-    Table("s11-vae", ["VAE decode, 1024x1024, one H200, alone", "each timed call",
+    Table("vae-before", ["VAE decode, 1024x1024, one H200, alone", "each timed call",
                       "median and range", "bf16 / fp32", "target (issue 29)"], [
         Row([f"{dtype} weights and activations", Value(f"vae_ms.{dtype}", "{:.1f}"),
              Runs([(S11_MEMORY, f"vae_ms.{dtype}[{i}]") for i in range(3)], "{:.1f}", " ms"),
@@ -1458,7 +1458,7 @@ DENSE_PEAK = Value("peak_memory_bytes_per_rank[0]", scale=1e-9)
 DENSE_WEIGHTS = Value("storage_bytes_per_rank[0]", scale=1e-9)
 
 TABLES += [
-    Table("s11-levers", ["run", "memory levers", "peak (measured)", "projected peak", "peak over the weights",
+    Table("memory-levers", ["run", "memory levers", "peak (measured)", "projected peak", "peak over the weights",
                          "a T2I process's peak", "AR decode / token", "DiT full step", "VAE decode",
                          "condition encode", "<= 92 GB (issue 29)"], [
         _lever_row(run, config, label) for run in ("t2i", "ti2i") for config, label in LEVER_CONFIGS
@@ -1509,7 +1509,7 @@ HEADLINE = [  # label, target text, run, timings key, target, format, the dense 
 ]
 
 TABLES += [
-    Table("s11-issue29", ["issue 29 target (one H200)", "target", "no lever", "every lever",
+    Table("hy-targets-levers", ["issue 29 target (one H200)", "target", "no lever", "every lever",
                           "every lever and dense FP8 (T2I CLI)"], [
         Row([label, target_text, _levers(run, "baseline", f"timings_ms.{key}", target, fmt),
              _levers(run, "all", f"timings_ms.{key}", target, fmt),
@@ -1537,7 +1537,7 @@ TABLES += [
 BATCH_MODES = (("one_at_a_time", "4 requests, one at a time"), ("batched", "**4 requests batched** (one denoise batch)"))
 
 TABLES += [
-    Table("s11-batch", ["HunyuanImage-3, 32 layers, 4 same-bucket 1024x1024 requests, 10 steps, serial CFG",
+    Table("dit-batch", ["HunyuanImage-3, 32 layers, 4 same-bucket 1024x1024 requests, 10 steps, serial CFG",
                         "wall time", "images/min", "denoise ms/step", "peak allocated", "target (issue 30)"], [
         Row([label, Value(f"summary.{mode}.seconds.median", "{:.2f} s"),
              Value(f"summary.{mode}.images_per_min.median", "{:.2f}"),
@@ -1564,7 +1564,7 @@ TABLES += [
 PARITY_CONFIGS = ((0, "float32, eager"), (5, "bf16, eager"), (10, "bf16, compiled regions"))   # first row of each
 
 TABLES += [
-    Table("s11-batch-parity", ["denoise batched (4 requests) vs each alone, CUDA, 2 layers at full width, 3 steps",
+    Table("dit-batch-parity", ["denoise batched (4 requests) vs each alone, CUDA, 2 layers at full width, 3 steps",
                                "first-step velocity rel. L2 (requests 0-3)", "final latents rel. L2 (requests 0-3)",
                                "control: the same request alone with CFG as one batch, final latents rel. L2"], [
         Row([Join([Value(f"rows[{first}].dtype"), Value(f"rows[{first}].compiled", "compiled {}")], ", ",
@@ -1586,7 +1586,7 @@ STEP_TIMINGS = (("batch8_ms", "**8 requests batched** (lengths: see below)"),
                 ("one_request_sdpa_longest_ms", "one request at the longest length, the old masked-SDPA path"))
 
 TABLES += [
-    Table("s11-decode-step", ["HunyuanImage-3 decode step, 32 layers, FP8 experts, compiled regions + CUDA graph",
+    Table("decode-batch-step", ["HunyuanImage-3 decode step, 32 layers, FP8 experts, compiled regions + CUDA graph",
                               "per step", "8 requests / this", "target (issue 30)"], [
         Row([label, timed(f"step.{key}", "{:.2f}", " ms"),
              "-" if key == "batch8_ms" else
@@ -1640,7 +1640,7 @@ GEMV_VARIANTS = (("cublas_bf16", "cuBLAS bf16 (F.linear)"), ("gemv_bf16", "decod
                  ("gemv_fp8", "FP8: decode GEMV, x quantized inside"))
 
 TABLES += [
-    Table("s14-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, regions + CUDA graph, after 1251 "
+    Table("decode-small-kernels", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, regions + CUDA graph, after 1251 "
                          "prompt tokens", "step (token read one step late, as run_ar)", "each token waited for",
                          "launches alone", "device", "launches", "experts / dense / attention / other",
                          "floor (bytes at 4.3 TB/s)"], [
@@ -1653,7 +1653,7 @@ TABLES += [
             "for each token before the next launch; that is the \"each token waited for\" column there (run_ar reads "
             "each token one step late, now the bench's step). Four runs of 8 tokens each: the median and the range. "
             "The floor counts the bytes of the dtype that runs (FP8 experts; bf16 or FP8 dense)."),
-    Table("s14-gemv", ["one dense linear of the decode step, M = 1, one H200, us per call (CUDA-graph replays, "
+    Table("decode-gemv", ["one dense linear of the decode step, M = 1, one H200, us per call (CUDA-graph replays, "
                        "weights cycled past L2)"] + list(GEMV_SHAPES), [
         Row([label] + [Join([Value(f"shapes.{shape}.rows.1.{v}.us.median", "{:.1f}"),
                              Value(f"shapes.{shape}.rows.1.{v}.weight_GBps", "{:.0f} GB/s")], " (", suffix=")")
@@ -1664,7 +1664,7 @@ TABLES += [
             "quantized inside it runs at ~1.3 TB/s; in it every program computes the row's amax and quantizes x "
             "before and while it streams the weight (the suspected cause, not profiled): fp8_linear now quantizes x "
             "with torch ops (fused upstream by inductor) and passes it in e4m3."),
-    Table("s14-qwen-peers", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
+    Table("qwen-peers-first", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
                              "dtgen", "diffusers", "dtgen / diffusers (target <= 1.0)", "rel L2"], [
         Row([mode, Value(f"modes.{mode}.dtgen.ms", "{:.1f} ms"), Value(f"modes.{mode}.diffusers.ms", "{:.1f} ms"),
              Join([Value(f"modes.{mode}.ratio_dtgen_over_diffusers", "{:.3f}"),
@@ -1693,7 +1693,7 @@ GEMV_SWEEP_KEYS = (("QKV / gate_up 6144x4096", "qkv N=6144 K=4096"), ("O 4096x40
 SERVE_PER_REQUEST = "overhead.per_request"
 
 TABLES += [
-    Table("s15-qwen-peers", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
+    Table("qwen-peers-bias-rope", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, bf16, one H200",
                              "dtgen", "diffusers", "dtgen / diffusers", "target (issue 31)", "rel L2"], [
         Row([label, _peers_runs(files, f"modes.{mode}.dtgen.ms", "{:.1f}", " ms"),
              _peers_runs(files, f"modes.{mode}.diffusers.ms", "{:.1f}", " ms"),
@@ -1714,7 +1714,7 @@ TABLES += [
             "GPU call for each group of rows). The verdict is on the median ratio. The target is on the compiled "
             "(regions) forward; eager is shown for reference (its second run's dtgen time, 206 ms, is an outlier "
             "of that run)."),
-    Table("s15-decode", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
+    Table("decode-gemv-configs", ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, dense linears in FP8, regions + CUDA "
                          "graph, after 1251 prompt tokens", "step (token read one step late, as run_ar)",
                          "each token waited for", "launches alone", "device", "launches",
                          "experts / dense / attention / other", "floor (bytes at 4.3 TB/s)"], [
@@ -1723,7 +1723,7 @@ TABLES += [
     ], note="bench_decode on one H200, random weights, the triton decode impl, x quantized by torch ops (fused "
             "upstream by inductor) and the GEMV streaming the e4m3 weight. Four runs of 8 tokens each: the median "
             "and the range. The lm_head stays bf16 (cuBLAS, ~265 us a token). Target (issue 29): 5.0 ms."),
-    Table("s15-gemv-sweep", ["decode GEMV at M = 1, x already e4m3 (fp8) or bf16, one H200",
+    Table("decode-gemv-sweep", ["decode GEMV at M = 1, x already e4m3 (fp8) or bf16, one H200",
                              "fp8: default config", "fp8: the sweep's best", "bf16: default", "bf16: the sweep's best"], [
         Row([label, Value(f'sweep.results["{key} fp8 M=1"].default_us', "{:.1f} us"),
              Value(f'sweep.results["{key} fp8 M=1"].best.us', "{:.1f} us"),
@@ -1732,7 +1732,7 @@ TABLES += [
         for label, key in GEMV_SWEEP_KEYS
     ], note="bench_decode_gemv --sweep: each candidate config (kernels/decode_gemv.py's GemvConfig) timed by "
             "CUDA-graph replays with the weights cycled past L2; the best of each shape is now in GEMV_CONFIGS."),
-    Table("s15-prologue", ["fused attention prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, "
+    Table("prologue-prefill", ["fused attention prologue (split + RoPE + QK RMSNorm + KV write), 8 KV heads x 4, d 128, "
                            "bf16, CUDA graph", "fused", "separate ops, compiled", "fused vs compiled",
                            "target (issue 30)"], [
         Row([f"{name} (B={b}, S={s_})", timed(f"prologue.{name}.fused_us", "{:.2f}"),
@@ -1750,7 +1750,7 @@ TABLES += [
             "in the sweep) and one row at decode. The compiled separate ops are inductor's fusion of the same torch "
             "ops, as the compiled regions run them; they measured 41.0 us at prefill in session 11, 48.1 and 38.2 "
             "us in this session's two runs."),
-    Table("s15-serve-overhead", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
+    Table("serve-overhead-1202", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
                                  "tokens, one request at a time, one H200", "ms"], [
         Row(["the CLI in one process, each request's total", Join([Value(f"{SERVE_PER_REQUEST}.in_process_ms",
                                                                           lambda v: ", ".join(f"{x:.0f}" for x in v))])],
@@ -1775,7 +1775,7 @@ TABLES += [
 
 
 TABLES += [
-    Table("s15-serve-cpu", ["tiny model, one CPU process, 256x256, 2 steps, one request at a time",
+    Table("serve-overhead-cpu", ["tiny model, one CPU process, 256x256, 2 steps, one request at a time",
                             "outside the server's pipeline (client wait - its total inside): median of the requests "
                             "(range)",
                             "of it the answer's PNG (median)"], [
@@ -1798,7 +1798,7 @@ VAE_RATES = (("plain fp32 (no tensor cores; datasheet 67 TFLOP/s)", "fp32 (datas
              ("TF32 tensor cores (datasheet, dense: 494.7 TFLOP/s)", "tf32 (datasheet, dense)"),
              ("bf16 tensor cores (measured GEMM rate: 694 TFLOP/s)", "bf16 (measured GEMM rate, bench/floors.py)"))
 TABLES += [
-    Table("s16-png", ["1024x1024 RGB, one PNG, this 2-core machine", "Pillow's writer (default): each call (ms)",
+    Table("png-cpu", ["1024x1024 RGB, one PNG, this 2-core machine", "Pillow's writer (default): each call (ms)",
                       "median (range)", "dtgen/image_files.py: each call (ms)", "median (range)", "Pillow / dtgen",
                       "bytes: Pillow / dtgen"], [
         Row([label, Value(f"images.{name}.pillow.ms", "{:.1f}"),
@@ -1815,7 +1815,7 @@ TABLES += [
     ], note="5 timed calls per encoder and image after one warm-up, in one process. Both files hold the same "
             "pixels (the JSON's `reads_back_exact`). Not run on the GPU host (16 cores; the writer uses up to 8 "
             "threads): staged in `bench/run_gpu_session14.sh serve`."),
-    Table("s16-vae-floor", ["HunyuanImage-3 VAE decode, 1024x1024 (4 frames decoded, the last kept)",
+    Table("vae-floor", ["HunyuanImage-3 VAE decode, 1024x1024 (4 frames decoded, the last kept)",
                             "TFLOP", "floor at that rate", "can the 150 ms target (issue 29) be met at this rate?"], [
         Row(["what `vae.decode` asks of its convolutions now (3T frame-taps at T = 4)",
              Value("runs[0].flops_now", "{:.1f}", scale=1e-12), "", ""], file=S16_VAE_FLOPS),
@@ -1840,7 +1840,7 @@ S17_DECODE_HEADER = ["HunyuanImage-3 AR decode step, 32 layers, FP8 experts, den
 
 
 def _s17_decode_row(label: str, file: str, cublas_lm_head: bool) -> Row:
-    """s15-decode's row, with the dense linears' bytes, the decode GEMV's and cuBLAS's time a step
+    """decode-gemv-configs's row, with the dense linears' bytes, the decode GEMV's and cuBLAS's time a step
     (from the step's 12 listed kernels) and the issue-29 target."""
     row = _decode_row(label, file, late_read=True)
     kernels = "impls.triton.kernels"
@@ -1926,7 +1926,7 @@ def _conv(shape, dtype, variant, key):
 
 
 TABLES += [
-    Table("s17-decode", S17_DECODE_HEADER, [
+    Table("decode-lm-head-fp8", S17_DECODE_HEADER, [
         _s17_decode_row("session 15 (call 4): the lm_head in bf16 (cuBLAS)", S15_DECODE_SWEPT, cublas_lm_head=True),
         _s17_decode_row("**session 17: the lm_head in FP8 too** (the decode GEMV)", S17_DECODE, cublas_lm_head=False),
         Row(["session 17, the CLI's T2I in the same call: AR decode per token (its request's timer, 256 tokens)",
@@ -1936,7 +1936,7 @@ TABLES += [
             "runs of 8 tokens each: the median and the range. The kernels' times are a step's (the profiler's "
             "mean over its steps; the JSON lists the 12 longest kernels); the dense bytes are the QKV, O, shared-MLP and lm_head weights a step "
             "reads, in the dtype that runs. The verdicts are on the step's median (the CLI: its one request)."),
-    Table("s17-dit-profile", ["HunyuanImage-3 T2I CLI, 32 layers, FP8 experts, dense linears in FP8, compiled, "
+    Table("dit-profile", ["HunyuanImage-3 T2I CLI, 32 layers, FP8 experts, dense linears in FP8, compiled, "
                               "1024x1024, serial CFG", "ms", "launches", "share of the 40 listed kernels",
                               "target (issue 29)"], [
         Row(["DiT step: a full step of the timed request (the mean of its later steps)",
@@ -1973,7 +1973,7 @@ TABLES += [
             "share is of the 40 listed kernels' total. The groups are sums of the listed kernels named in each "
             "label, computed here; \"everything else\" is the listed total less the groups. The full step is the "
             "timed request's (10 steps, unprofiled)."),
-    Table("s17-memory", ["bench_memory `lean`: release KV, bf16 VAE, VAE chunks (no MoE chunks); dense linears "
+    Table("memory-lean", ["bench_memory `lean`: release KV, bf16 VAE, VAE chunks (no MoE chunks); dense linears "
                          "(and the lm_head) in FP8", "peak (measured)", "projected peak: <= 92 GB (issue 29)",
                          "a T2I process's peak: <= 92 GB", "peak over the weights",
                          "phase peaks, measured: condition / AR / denoise / VAE", "condition encode",
@@ -2006,7 +2006,7 @@ TABLES += [
             "(the projected one less the editing modules' planned bytes). Peak over the weights: the JSON's, the "
             "projected peak less every resident weight, the fp32 VAE's among them but not the bf16 copy's: for a "
             "process that loads the bf16 VAE alone it is low by the difference of the two copies."),
-    Table("s17-vae-conv", ["the VAE's 3x3x3 convolution over 4 frames (one of a level's), one H200: ms, the median "
+    Table("vae-conv", ["the VAE's 3x3x3 convolution over 4 frames (one of a level's), one H200: ms, the median "
                            "of 10 calls"] + [f"{d}: {lv}" for d in ("fp32 (TF32)", "bf16") for _, lv in VAE_LEVELS]
           + ["largest rel. difference vs conv3d of its dtype: fp32 / bf16"], [
         Row([label] + [Join([Value(_conv(shape, dtype, variant, "median_ms"), "{:.2f}"),
@@ -2061,7 +2061,7 @@ def _fastest_within(model: str, file: str, fmt: str = "{:.3f}") -> Calc:
 
 
 TABLES += [
-    Table("s17-serve-overhead", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
+    Table("serve-overhead-1203", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
                                  "tokens, one request at a time, one H200", "ms"], [
         Row(["the CLI in one process, each request's total (the pipeline)",
              Value(f"{SERVE_PER_REQUEST}.in_process_ms", "{:.0f}")], file=S17_SERVE),
@@ -2093,10 +2093,10 @@ TABLES += [
             "overhead is the median of the per-request differences and, as a share, the median of each difference "
             "over that request's CLI time (with its PNG write in the second comparison); the verdict is on the "
             "share."),
-    Table("s17-png", ["1024x1024 RGB, one PNG, the GPU host's CPU", "cores / the writer's threads",
+    Table("png-h200-host", ["1024x1024 RGB, one PNG, the GPU host's CPU", "cores / the writer's threads",
                       "Pillow's writer (default): each call (ms)", "median (range)",
                       "dtgen/image_files.py: each call (ms)", "median (range)", "Pillow / dtgen",
-                      "dtgen on 2 cores (`s16-png`)"], [
+                      "dtgen on 2 cores (`png-cpu`)"], [
         Row([label, Join([Value("cpus"), Value("threads")], " / "), Value(f"images.{name}.pillow.ms", "{:.1f}"),
              _png_median(S17_PNG, name, "pillow"), Value(f"images.{name}.dtgen.ms", "{:.1f}"),
              _png_median(S17_PNG, name, "dtgen"), Value(f"images.{name}.pillow_over_dtgen", "{:.2f}x"),
@@ -2106,9 +2106,9 @@ TABLES += [
     ], note="bench_image_files on the H200 host, in the same call, before bench_serve: 5 timed calls per encoder and "
             "image after one warm-up, in one process; both files hold the same pixels (the JSON's "
             "`reads_back_exact`). The last column is session 16's run on a 2-core machine (2 threads)."),
-    Table("s17-memory-measured", ["bench_memory `lean` as in `s17-memory`, the VAE loaded in bf16 alone (what a user's "
+    Table("memory-lean-measured", ["bench_memory `lean` as in `memory-lean`, the VAE loaded in bf16 alone (what a user's "
                                   "process holds)", "peak (measured): <= 92 GB (issue 29)",
-                                  "call 1's projection (`s17-memory`)", "peak over the weights",
+                                  "call 1's projection (`memory-lean`)", "peak over the weights",
                                   "phase peaks, measured: condition / AR / denoise / VAE", "condition encode",
                                   "AR decode / token", "DiT full step", "VAE decode"], [
         Row(["T2I", _cell_with_verdict(Value(_memory("t2i", "peak_bytes"), "{:.2f} GB", scale=1e-9), PEAK_TARGET),
@@ -2149,7 +2149,7 @@ TABLES += [
             "peaks are measured, not projected. The T2I run's process also holds the editing modules (the vision "
             "tower, the VAE encoder); the second row subtracts their planned bytes (all resident weights less a T2I "
             "process's). Call 1's projection: its measured peak less the fp32 VAE it also held."),
-    Table("s17-qwen-fp8", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, one region per "
+    Table("qwen-fp8", ["Qwen-Image MMDiT, one forward, 1024x1024 + 256 text rows, 60 layers, one region per "
                            "block compiled, one H200", "ms", "over diffusers (bf16)",
                            "rel. L2 (dtgen bf16: vs diffusers; an FP8 variant: vs dtgen bf16)", "target (issue 31)"], [
         Row(["diffusers 0.42.1 `QwenImageTransformer2DModel`, bf16", Value("modes.regions.diffusers.ms", "{:.1f} ms"),
@@ -2173,8 +2173,8 @@ TABLES += [
             "compile_repeated_blocks(fullgraph=True) against dtgen's block region. One run: each figure the median of "
             "10 calls after 3 warm-ups. Each FP8 variant is timed against the same diffusers bf16 figure. The floor "
             "is a bf16 one: FP8 GEMMs have a higher peak rate, so an FP8 variant may run under it."),
-    Table("s17-wan-peers", ["model (compiled: one region per block)", "dtgen variant", "dtgen", "diffusers (bf16)",
-                            "dtgen / diffusers", "session 11 (`s11-wan-peers`): dtgen / diffusers",
+    Table("wan-peers-compiled-quant", ["model (compiled: one region per block)", "dtgen variant", "dtgen", "diffusers (bf16)",
+                            "dtgen / diffusers", "session 11 (`wan-peers-1202`): dtgen / diffusers",
                             "rel. L2 vs dtgen bf16", "target (issue 29)"], [
         Row([model, f"**{variant}**" if variant == "bf16" else variant,
              Value(peer(model, "regions", "dtgen", variant, "ms"), "{:.1f} ms"),
@@ -2196,7 +2196,7 @@ TABLES += [
     ] + [
         Row(["timed forwards per figure (the median shown), after one warm-up call", "", "", "", Value("iters"), "",
              "", ""], file=S17_WAN_PEERS),
-    ], note="As `s11-wan-peers` (bench/bench_peers.py), compiled regions only: one process, one run; each figure the "
+    ], note="As `wan-peers-1202` (bench/bench_peers.py), compiled regions only: one process, one run; each figure the "
             "median of that many forwards (CUDA events). Same weights (random) and inputs in both: 480x832 x 81 "
             "frames (32760 tokens), 512 text rows, batch 1, bf16; 1.3B is Wan2.1 1.3B at its 30 blocks, 14B-8 the "
             "14B width at 8 blocks. dense-fp8: the blocks' linears in e4m3 (per-channel scales); attn-fp8: the "
@@ -2236,7 +2236,7 @@ def _short_kernel(name: str) -> str:
 
 
 TABLES += [
-    Table("s18-kv-policy", ["bench_memory, 32 layers, dense FP8, bf16 VAE, VAE chunks 4: KV-cache policy, request "
+    Table("kv-policy", ["bench_memory, 32 layers, dense FP8, bf16 VAE, VAE chunks 4: KV-cache policy, request "
                             "(two in a row)", "peak (measured): <= 92 GB", "AR decode / token: <= 5.0 (T2I) / "
                             "6.0 (TI2I)", "condition encode: <= 200", "DiT full step: <= 280 (T2I) / 350 (TI2I)",
                             "VAE decode", "request total"], [
@@ -2248,7 +2248,7 @@ TABLES += [
             "1251 prompt tokens (T2I), 256 AR tokens, 4 denoise steps, serial CFG. Each config's two requests run "
             "in a row from an empty pool: the first records the CUDA-graph decode under either policy, the second "
             "does again under `release` and not under `keep-ar`. One run of each request: its own timings."),
-    Table("s18-ti2i-condition", ["the CLI's TI2I edit, one H200: the condition encode's kernels (the profiled "
+    Table("ti2i-condition", ["the CLI's TI2I edit, one H200: the condition encode's kernels (the profiled "
                                  "request; the VAE in fp32, TF32 convolutions)", "ms", "launches"], [
         Row(["the condition region: wall / compute / idle",
              Join([Value(f"profile.regions.condition[region=condition_encode].{k}", "{:.1f}")
@@ -2261,7 +2261,7 @@ TABLES += [
             "condition phase's ten costliest kernels. This run kept the checkpoint's fp32 VAE (no --vae-dtype): "
             "cuDNN's TF32 convolutions, its NCHW/NHWC conversions and the GroupNorm passes (`bn_fw_inf`, Welford) "
             "are the VAE encoder's; the vision tower is the `nvjet`/SDPA rows further down the JSON's list."),
-    Table("s18-vae-suite0", ["bench_vae --suite, the 1024x1024 decode alone, one H200", "ms (median)",
+    Table("vae-suite", ["bench_vae --suite, the 1024x1024 decode alone, one H200", "ms (median)",
                              "first call", "peak", "rel. L2 vs the fp32 reference"], [
         Row([label, Value(f"results.{name}.ms", "{:.1f}"), Value(f"results.{name}.first_call_s", "{:.1f} s"),
              Value(f"results.{name}.peak_gib", "{:.1f} GiB"), Value(f"results.{name}.rel_l2", "{:.2g}")],
@@ -2322,17 +2322,17 @@ S18_VAE_ROWS = (("bf16_fast_eager", "decode, NCDHW (the path before; the referen
                 ("enc_bf16_cl_chunks4_eager", "encode, **channels-last, `--vae-chunks 4`** (what `lean` runs now)"))
 
 TABLES += [
-    Table("s18-decode", S17_DECODE_HEADER, [
+    Table("decode-fusions", S17_DECODE_HEADER, [
         _s17_decode_row("session 17 (call 1)", S17_DECODE, cublas_lm_head=False),
         _s17_decode_row("session 18 call 1: the shared expert folded into the routed decode kernels, the split-KV "
                         "merge and the router's top-k each in their first kernel (**reverted**)", S18_DECODE1,
                         cublas_lm_head=False),
         _s17_decode_row("**session 18 call 2: main, the fusions reverted** (the decode code of session 17's row)", S18_DECODE2,
                         cublas_lm_head=False),
-    ], note="bench_decode as `s17-decode`: four runs of 8 tokens each, the median and the range; the kernels a step "
+    ], note="bench_decode as `decode-lm-head-fp8`: four runs of 8 tokens each, the median and the range; the kernels a step "
             "from the profiler (12 listed). Call 2 runs the same decode code as session 17: the two rows are two "
             "machines' figures for one code."),
-    Table("s18-decode-fusions", ["the decode step's kernels a step (us, the profiler's; 32 layers)",
+    Table("decode-fusion-kernels", ["the decode step's kernels a step (us, the profiler's; 32 layers)",
                                  "call 1: fused (reverted)", "launches", "call 2: separate (main)", "launches"], [
         Row([label, _kernel_us(S18_DECODE1, *fused), _launches(S18_DECODE1, fused[0]),
              _kernel_us(S18_DECODE2, *separate),
@@ -2343,7 +2343,7 @@ TABLES += [
             "or routes alone after the others have ended (a serial tail on one SM); the folded shared expert streamed at ~1.9 TB/s in the gate/up "
             "kernel (416 us more for 0.8 GB) where the routed experts stream at ~3.5. Reverted; the fold's "
             "first version also failed to compile its unfolded kernels on triton 3.6 (call 1's GPU tests)."),
-    Table("s18-lean-ar", ["bench_memory `lean_ar` (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype bfloat16 "
+    Table("memory-lean-ar", ["bench_memory `lean_ar` (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype bfloat16 "
                           "--vae-chunks 4`; the bf16 VAE now channels-last), main at call 2, three requests in a "
                           "row", "peak (measured): <= 92 GB", "AR decode / token: <= 5.0 (T2I) / 6.0 (TI2I)",
                           "condition encode: <= 200", "DiT full step: <= 280 (T2I) / 350 (TI2I)", "VAE decode",
@@ -2363,10 +2363,10 @@ TABLES += [
     ] + [
         Row(["TI2I condition encode, every run of the channels-last encoder (call 1: 2 requests, call 2: 3)", "", "",
              _cell_with_verdict(_cond_runs(), 200.0), "", "", ""]),
-    ], note="As `s18-kv-policy`, call 2 (three requests of each kind in a row; the first records the decode graph). "
+    ], note="As `kv-policy`, call 2 (three requests of each kind in a row; the first records the decode graph). "
             "The condition encode ran the same code in call 1 (whose decode kernels were the reverted fusions, "
             "which the encode does not run): its last row takes all five runs, the median against the target."),
-    Table("s18-vae-cl", ["bench_vae --suite --only-bf16, the official VAE's shapes at 1024x1024, one H200",
+    Table("vae-channels-last", ["bench_vae --suite --only-bf16, the official VAE's shapes at 1024x1024, one H200",
                          "ms (median)", "peak (first call)", "rel. L2 vs its reference", "speed-up vs its reference"], [
         Row([label, Value(f"results.{name}.ms", "{:.1f}"), Value(f"results.{name}.peak_gib", "{:.1f} GiB"),
              Value(f"results.{name}.rel_l2", "{:.3f}"),
@@ -2377,12 +2377,12 @@ TABLES += [
             "bf16/fp16 VAE on CUDA: `--vae-layout auto`): the activation stays channels_last_3d, 3x3x3 "
             "convolutions run as one 2-D convolution per time tap over channels_last frames, GroupNorm reads the "
             "strided map, depth-to-space writes channels-last. The rel. L2 is against the NCDHW bf16 path (both "
-            "bf16: rounding order; the NCDHW bf16 decode is 1.2% from fp32, `s18-vae-suite0`). The compiled "
+            "bf16: rounding order; the NCDHW bf16 decode is 1.2% from fp32, `vae-suite`). The compiled "
             "variant's first call took 95.8 s (the JSON), so the pipeline does not compile the VAE."),
 ]
 
 TABLES += [
-    Table("s18-ti2i-cli", ["the CLI's edit with the lean levers (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype "
+    Table("ti2i-lean", ["the CLI's edit with the lean levers (`--dense-dtype fp8 --kv-caches keep-ar --vae-dtype "
                            "bfloat16 --vae-chunks 4`; the VAE channels-last by `--vae-layout auto`), one H200, two "
                            "requests after its warm-up", "condition encode: <= 200", "AR decode / token: <= 6.0",
                            "DiT full step: <= 350", "VAE decode", "request total"], [
@@ -2446,14 +2446,14 @@ def _att_runs(runs):
 S19_DEFAULT_RUNS = ((S19_ATT2, S19_DEFAULT), (S19_ATT3, "fp8-kernel"))
 
 TABLES += [
-    Table("s19-fp8-attention", ["FP8 attention (INT8 QK, FP8 PV), head_dim 128, one H200, ms a call",
+    Table("fp8-attention", ["FP8 attention (INT8 QK, FP8 PV), head_dim 128, one H200, ms a call",
                                 "Wan 1.3B: 12 heads, 32760 x 32760", "Wan 14B: 40 heads, 32760 x 32760",
                                 "HunyuanImage-3 T2I denoise: 32 / 8 heads (GQA), 4098 x 5606",
                                 "HunyuanImage-3 edit denoise: 32 / 8 heads, 4098 x 9702"], [
         Row(["SDPA bf16, cuDNN (call 2)"] + _att(S19_ATT2, "sdpa-cudnn_attention")),
         Row(["SDPA bf16, cuDNN (call 3)"] + _att(S19_ATT3, "sdpa-cudnn_attention")),
         Row(["SDPA bf16 as dispatched (GQA: enable_gqa) (call 3)"] + _att(S19_ATT3, "sdpa-dispatched")),
-        Row(["session 11's kernel, the quantization compiled (`s11-fp8-attention`)"]
+        Row(["session 11's kernel, the quantization compiled (`fp8-attention-1202`)"]
             + _att(S11_FP8_ATTENTION, "fp8-pv-fp8-cq")),
         Row(["**this session's kernel alone, default tiles** (64 query rows, 128 keys a step, one warpgroup, 3 "
              "stages, TMA; calls 2 and 3)"] + _att_runs(S19_DEFAULT_RUNS), file=S19_ATT3),
@@ -2486,10 +2486,10 @@ TABLES += [
             "sweep, call 3's `fp8-kernel`): the median and the range over them (14B: call 2 only). The kernel "
             "alone is timed on operands quantized beforehand; \"quantization compiled\" adds `quantize_qkv` under "
             "torch.compile before the op. Call 1 ran the first version, whose bit-trick path did not compile on "
-            "triton 3.6 (its dot lacked out_dtype=int32; `call1_tests.log`): its I2F rows are superseded by "
+            "triton 3.6 (its dot lacked out_dtype=int32; `sweep-first-kernel/tests.log`): its I2F rows are superseded by "
             "call 2's."),
-    Table("s19-wan-peers", ["Wan (compiled: one region per block), one H200", "dtgen variant", "dtgen",
-                            "diffusers (bf16)", "dtgen / diffusers", "session 17 (`s17-wan-peers`)",
+    Table("wan-peers-fp8-kernel", ["Wan (compiled: one region per block), one H200", "dtgen variant", "dtgen",
+                            "diffusers (bf16)", "dtgen / diffusers", "session 17 (`wan-peers-compiled-quant`)",
                             "rel. L2 vs dtgen bf16", "target (issue 29)"], [
         Row(_wan_peer_cells(model, variant, S17_WAN_PEERS) + [_peer_target(model, "regions", variant)],
             file=S19_WAN_PEERS)
@@ -2506,19 +2506,19 @@ TABLES += [
                                                for k in ("ratio_vs_diffusers", "rel_l2_vs_dtgen_bf16")]),
                   PEER_TARGETS[model])])
         for model in ("1.3B", "14B-8")
-    ], note="As `s17-wan-peers` (bench/bench_peers.py, one process, each figure the median of 3 forwards), with "
+    ], note="As `wan-peers-compiled-quant` (bench/bench_peers.py, one process, each figure the median of 3 forwards), with "
             "this session's FP8 attention kernel (default tiles); dense-fp8 alone was not run (session 17: 0.994 / "
             "0.870, 2.53% / 3.35%). The session-17 column's fastest within 3% picks among its four variants."),
-    Table("s19-hy-attention", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, compiled, one H200",
+    Table("hy-fp8-attention", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, compiled, one H200",
                                "`--attention-dtype fp8` (call 5)", "without (the same levers, an earlier call)",
                                "target (issue 29)"], [
         Row(["edit, request 1: DiT full step",
              Value("requests[0].timings_ms.denoise_full_step", "{:.1f} ms", file=S19_TI2I5),
-             Value("requests[0].timings_ms.denoise_full_step", "{:.1f} ms (`s18-ti2i-cli`)", file=S18_TI2I3),
+             Value("requests[0].timings_ms.denoise_full_step", "{:.1f} ms (`ti2i-lean`)", file=S18_TI2I3),
              goal("<= 350", Value("requests[0].timings_ms.denoise_full_step", file=S19_TI2I5), 350.0)]),
         Row(["edit, request 2: DiT full step",
              Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms", file=S19_TI2I5),
-             Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms (`s18-ti2i-cli`)", file=S18_TI2I3),
+             Value("requests[1].timings_ms.denoise_full_step", "{:.1f} ms (`ti2i-lean`)", file=S18_TI2I3),
              goal("<= 350", Value("requests[1].timings_ms.denoise_full_step", file=S19_TI2I5), 350.0)]),
         Row(["edit, requests 1 / 2: condition encode",
              _two_requests("condition_encode", S19_TI2I5, "{:.1f}"),
@@ -2531,7 +2531,7 @@ TABLES += [
              Value("peak_memory_bytes_per_rank[0]", "{:.2f} GB", scale=1e-9, file=S18_TI2I3), "<= 92"]),
         Row(["T2I (the VAE in the checkpoint's dtype, KV caches kept): DiT full step",
              Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S19_T2I5),
-             Value("timings_ms.denoise_full_step", "{:.1f} ms (`s17-dit-profile`)", file=S17_T2I),
+             Value("timings_ms.denoise_full_step", "{:.1f} ms (`dit-profile`)", file=S17_T2I),
              goal("<= 280", Value("timings_ms.denoise_full_step", file=S19_T2I5), 280.0)]),
         Row(["T2I: AR decode a token", Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S19_T2I5),
              Value("timings_ms.ar_decode_per_token", "{:.2f} ms", file=S17_T2I),
@@ -2542,7 +2542,7 @@ TABLES += [
             "(the same command, which also profiled a request after the timed one). FP8 attention runs the image "
             "rows (and an edit's condition rows) over their key prefix; its quantization (`quantize_qkv`) runs "
             "inside the compiled layer region."),
-    Table("s19-decode-pdl", ["the AR decode step (bench_decode, dense FP8) with the decode GEMVs launched by "
+    Table("decode-pdl", ["the AR decode step (bench_decode, dense FP8) with the decode GEMVs launched by "
                              "programmatic dependent launch, one H200, call 4", "PDL", "step", "device",
                              "decode GEMV a step", "target (issue 29)"], [
         Row([f"run {i + 1}", Value("decode_pdl", "{}", file=f),
@@ -2572,7 +2572,7 @@ def _s20_att(run, key="ms", fmt="{:.2f} ms"):
 
 
 TABLES += [
-    Table("s20-decode-side-stream", ["the AR decode step (bench_decode, dense FP8), HunyuanImage-3's shared expert "
+    Table("decode-side-stream", ["the AR decode step (bench_decode, dense FP8), HunyuanImage-3's shared expert "
                                      "on a side stream (beside) or in line, one H200", "step", "device (kernel time "
                                      "summed over both streams)", "launches", "target (issue 29)"], [
         Row([label, Runs([(f, f'impls["{key}"].step_ms.runs[{r}]') for r in range(4)], "{:.3f}", " ms"),
@@ -2582,10 +2582,10 @@ TABLES += [
         for f, key, label in S20_DECODE_ROWS
     ], note="One process a call runs beside, in line, beside (`--shared-expert beside,inline,beside`); each row four "
             "runs of 8 tokens, the median and the range. Call 2 keeps its third run (its first, 5.432 ms, is in "
-            "`call2_logs.tgz`); call 3's third run failed to record its CUDA graph (a second recording of the "
+            "`side-stream-sunk/logs.tgz`); call 3's third run failed to record its CUDA graph (a second recording of the "
             "side stream in one process), so it has none. Beside, the side branch is a Triton quantization, the "
             "gate/up GEMV, SiLU and multiply, a quantization and the down GEMV (eager, on the side stream)."),
-    Table("s20-cfg-batch", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, FP8 attention, compiled, one H200",
+    Table("cfg-batch", ["HunyuanImage-3 CLI, 32 layers, FP8 experts, dense FP8, FP8 attention, compiled, one H200",
                             "`--cfg-mode batch` (call 5)", "serial CFG, the default (session 19 call 5)",
                             "target (issue 29)"], [
         Row(["T2I: DiT full step", Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S20_T2I5),
@@ -2612,8 +2612,8 @@ TABLES += [
              goal("<= 92", Value("peak_memory_bytes_per_rank[0]", scale=1e-9, file=S20_TI2I5), 92.0)]),
     ], note="One run each, the same commands but for `--cfg-mode batch` (the two CFG branches as one batch of 2 "
             "rows through every layer). The condition encode runs no CFG: its two figures differ by run "
-            "(session 18's five runs: 183.5-231.3 ms, `s18-lean-ar`)."),
-    Table("s20-attention-lazy", ["the FP8 attention kernel alone, one H200, call 6 (ms a call)",
+            "(session 18's five runs: 183.5-231.3 ms, `memory-lean-ar`)."),
+    Table("fp8-attention-lazy", ["the FP8 attention kernel alone, one H200, call 6 (ms a call)",
                                  "Wan 1.3B: 12 heads, 32760 x 32760", "HunyuanImage-3 T2I denoise: 32 / 8 heads, "
                                  "4098 x 5606"], [
         Row(["SDPA bf16, cuDNN"] + _s20_att("sdpa-cudnn_attention")),
@@ -2630,10 +2630,10 @@ TABLES += [
         Row(["rel. L2 vs fp32 SDPA math: default / lazy tau = 2"]
             + [Join([Value(fp8_run(shape, r, "rel_l2_vs_fp32"), "{:.2%}", file=S20_ATT6)
                      for r in ("fp8-kernel", "sweep-m64-n128-w4-s3-tma-lazy2")], " / ") for shape in S20_ATT_SHAPES]),
-    ], note="bench/bench_fp8_attention.py --sweep, as `s19-fp8-attention` (each figure the median of 10 calls). The "
+    ], note="bench/bench_fp8_attention.py --sweep, as `fp8-attention` (each figure the median of 10 calls). The "
             "lazy rescale (commit 3e083ca, reverted) rescaled acc and the row sums only when some row's max grew by "
             "more than tau (log2) and made P as P * 448 / 2^tau; a step that skips the rescale saves each thread "
-            "its 64 multiplies of acc (of the ~600 instructions a step, `s20-attention-sass`), but the "
+            "its 64 multiplies of acc (of the ~600 instructions a step, `fp8-attention-sass`), but the "
             "block-wide max needs a shared-memory round and a barrier every "
             "iteration, which cost more."),
 ]
@@ -2666,7 +2666,7 @@ def _s29_peaks(run):
 
 
 TABLES += [
-    Table("s20-attention-sass", ["the FP8 attention kernel compiled for sm_90 (head_dim 128, TMA), its main loop "
+    Table("fp8-attention-sass", ["the FP8 attention kernel compiled for sm_90 (head_dim 128, TMA), its main loop "
                                  "(one step over 128 keys)", "registers a thread (local bytes)",
                                  "instructions a warp a step", "of them: FADD / FFMA / FMUL / IMAD / MUFU / F2FP"], [
         Row([label, Join([Value(f"tiles.{name}.registers", "{}"), Value(f"tiles.{name}.local_bytes", "{}")], " (",
@@ -2680,8 +2680,8 @@ TABLES += [
             "(scale and shift), FADD (row sum) and FMUL (the accumulator's rescale), and most IMADs set the "
             "integer accumulator's start bits; F2FP packs P into e4m3 two at a time. The tensor cores' share of a "
             "step: 4.2 MFLOP, ~510 clocks of an SM at 8192 8-bit FLOP a clock."),
-    Table("s20-wan", ["Wan (compiled: one region per block), one H200, call 7", "dtgen variant", "dtgen",
-                      "diffusers (bf16)", "dtgen / diffusers", "session 19 (`s19-wan-peers`)", "rel. L2 vs dtgen bf16",
+    Table("wan-peers-long-keys", ["Wan (compiled: one region per block), one H200, call 7", "dtgen variant", "dtgen",
+                      "diffusers (bf16)", "dtgen / diffusers", "session 19 (`wan-peers-fp8-kernel`)", "rel. L2 vs dtgen bf16",
                       "kernels of one profiled forward: attention / GEMMs / inductor's fused kernels / other",
                       "target (issue 29)"], [
         Row(_wan_peer_cells(model, variant, S19_WAN_PEERS) + [
@@ -2701,54 +2701,54 @@ TABLES += [
              Value(fp8_run("14B", "fp8-kernel", "speedup_vs_best_sdpa"), "{:.2f}x faster"),
              Value(fp8_run("14B", S19_DEFAULT, "ms"), "{:.2f} ms (default tiles)", file=S19_ATT2),
              Value(fp8_run("14B", "fp8-kernel", "rel_l2_vs_fp32"), "{:.2%} (vs fp32)"), "", ""], file=S20_ATT7),
-    ], note="As `s19-wan-peers` (bench/bench_peers.py, one process, each figure the median of 3 forwards), with FP8 "
+    ], note="As `wan-peers-fp8-kernel` (bench/bench_peers.py, one process, each figure the median of 3 forwards), with FP8 "
             "attention at its new long-key tiles (three programs an SM from 16384 keys). `--profile 12`: one more "
             "forward of each row under torch.profiler, its kernel time by kind (attention: the SDPA or FP8 "
             "attention kernels, self- and cross-attention; GEMMs: cuBLAS; inductor's: norms, modulation, RoPE, "
             "residuals and FP8 attention's Q/K/V quantization)."),
-    Table("s20-issue29", ["issue 29 target (one H200, 32 layers, FP8 experts, dense FP8, compiled regions)", "target",
+    Table("hy-targets-h200", ["issue 29 target (one H200, 32 layers, FP8 experts, dense FP8, compiled regions)", "target",
                           "every run on main's code", "verdict (the median)", "where it stops (the table that shows it)"], [
         Row(["T2I AR decode a token, bench_decode (the median of each run)", "<= 5.0 ms",
              _s29_runs(S29_DECODE_BENCH, "{:.3f}"), Verdict(_s29_runs(S29_DECODE_BENCH), 5.0),
              "kernels 4.93-4.96 ms a step, floor 3.02 ms of bytes; the routed experts stream at 3.5-3.8 TB/s, the "
              "dense GEMVs (12-25 MB each) at 2.3-2.8; three fusions, PDL and a side stream measured and dropped "
-             "(`s18-decode`, `s18-decode-fusions`, `s19-decode-pdl`, `s20-decode-side-stream`)"]),
+             "(`decode-fusions`, `decode-fusion-kernels`, `decode-pdl`, `decode-side-stream`)"]),
         Row(["T2I AR decode a token, the CLI", "<= 5.0 ms", _s29_runs(S29_DECODE_CLI),
              Verdict(_s29_runs(S29_DECODE_CLI), 5.0), "as above"]),
         Row(["T2I DiT full step, serial CFG (the default), without / with `--attention-dtype fp8`", "<= 280 ms", _s29_runs(S29_T2I_DIT, "{:.1f}"),
              Verdict(_s29_runs(S29_T2I_DIT), 280.0),
              "the routed experts' grouped GEMMs are 52% of the kernels at 842-868 TFLOP/s (whole tiles 919-998: "
              "the Triton kernels' ceiling), cuDNN's attention 22%, cuBLAS's FP8 GEMMs 11% "
-             "(`s17-dit-profile`, `s9-targets`)"]),
+             "(`dit-profile`, `moe-targets`)"]),
         Row(["... with `--cfg-mode batch`", "<= 280 ms", Value("timings_ms.denoise_full_step", "{:.1f} ms", file=S20_T2I5),
-             Verdict(Value("timings_ms.denoise_full_step", file=S20_T2I5), 280.0), "(`s20-cfg-batch`)"]),
+             Verdict(Value("timings_ms.denoise_full_step", file=S20_T2I5), 280.0), "(`cfg-batch`)"]),
         Row(["TI2I DiT full step, serial CFG, without / with `--attention-dtype fp8`", "<= 350 ms", _s29_runs(S29_TI2I_DIT, "{:.1f}"),
              Verdict(_s29_runs(S29_TI2I_DIT), 350.0), "as the T2I step, over a longer key prefix "
-             "(`s18-ti2i-cli`, `s19-hy-attention`)"]),
+             "(`ti2i-lean`, `hy-fp8-attention`)"]),
         Row(["... with `--cfg-mode batch`", "<= 350 ms", _s29_runs(S29_TI2I_DIT_BATCH, "{:.1f}"),
-             Verdict(_s29_runs(S29_TI2I_DIT_BATCH), 350.0), "its peak 93.12 GB (`s20-cfg-batch`)"]),
+             Verdict(_s29_runs(S29_TI2I_DIT_BATCH), 350.0), "its peak 93.12 GB (`cfg-batch`)"]),
         Row(["peak memory, T2I (`--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4`)", "<= 92 GB",
-             _s29_peaks("t2i"), Verdict(_s29_peaks("t2i"), PEAK_TARGET), "`s18-lean-ar`"]),
+             _s29_peaks("t2i"), Verdict(_s29_peaks("t2i"), PEAK_TARGET), "`memory-lean-ar`"]),
         Row(["peak memory, TI2I (the same levers)", "<= 92 GB", _s29_peaks("ti2i"),
-             Verdict(_s29_peaks("ti2i"), PEAK_TARGET), "`s18-lean-ar`; `--cfg-mode batch` 93.12 GB (`s20-cfg-batch`)"]),
+             Verdict(_s29_peaks("ti2i"), PEAK_TARGET), "`memory-lean-ar`; `--cfg-mode batch` 93.12 GB (`cfg-batch`)"]),
         Row(["TI2I condition encode", "<= 200 ms", _s29_runs(S29_COND, "{:.1f}"), Verdict(_s29_runs(S29_COND), 200.0),
-             "`s18-lean-ar`, `s19-hy-attention`, `s20-cfg-batch`"]),
+             "`memory-lean-ar`, `hy-fp8-attention`, `cfg-batch`"]),
         Row(["TI2I AR decode a token", "<= 6.0 ms", _s29_runs(S29_TI2I_AR), Verdict(_s29_runs(S29_TI2I_AR), 6.0),
-             "the 6.12 ms is a process's first request, which records the decode graph (`s18-lean-ar`)"]),
+             "the 6.12 ms is a process's first request, which records the decode graph (`memory-lean-ar`)"]),
         Row(["Wan 1.3B, 30 blocks, compiled: dtgen / diffusers (FP8 attention, 2.81% from bf16)", "<= 0.75",
              Value(peer("1.3B", "regions", "dtgen", "attn-fp8", "ratio_vs_diffusers"), "{:.3f}", file=S20_WAN7),
              Verdict(Value(peer("1.3B", "regions", "dtgen", "attn-fp8", "ratio_vs_diffusers"), file=S20_WAN7), 0.75),
              "attention is 64% of the profiled forward's kernels (FP8: 1.39x faster than the bf16 run's cuDNN), "
              "cuBLAS's bf16 GEMMs 25% (82 TFLOP by our count: ~810 TFLOP/s); dense FP8 did not pay at this width "
-             "(`s17-wan-peers`); the kernel's softmax and MMAs barely overlap (docs/design.md) (`s20-wan`, "
-             "`s20-attention-lazy`)"]),
+             "(`wan-peers-compiled-quant`); the kernel's softmax and MMAs barely overlap (docs/design.md) (`wan-peers-long-keys`, "
+             "`fp8-attention-lazy`)"]),
         Row(["Wan 14B width, 8 blocks: the fastest within 3% relative L2 of bf16 (bf16 itself)", "<= 0.70",
              Runs([(S19_WAN_PEERS, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers")),
                    (S20_WAN7, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers"))], "{:.3f}"),
              Verdict(Runs([(S19_WAN_PEERS, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers")),
                            (S20_WAN7, peer("14B-8", "regions", "dtgen", "bf16", "ratio_vs_diffusers"))]), 0.70),
-             Join(["each FP8 option alone is over 3% at this width: attention 4.45% (0.830, `s20-wan`), dense 3.35% "
-                   "(0.870, `s17-wan-peers`); P's e4m3 rounding is the attention's error (`s19-fp8-attention`); its "
+             Join(["each FP8 option alone is over 3% at this width: attention 4.45% (0.830, `wan-peers-long-keys`), dense 3.35% "
+                   "(0.870, `wan-peers-compiled-quant`); P's e4m3 rounding is the attention's error (`fp8-attention`); its "
                    "FP16-PV form (",
                    Value(fp8_run("14B", "fp8-pv-fp16", "rel_l2_vs_fp32"), "{:.2%}", file=S20_ATT7),
                    " from fp32) is no faster than cuDNN at 14B: ",
@@ -2762,8 +2762,8 @@ TABLES += [
                          "datasheet rate (not exact)", file=S16_VAE_FLOPS),
                    Value('runs[0].floor_ms_of_needed["fp32 (datasheet, no tensor cores)"]', "{:.0f} ms in exact "
                          "float32", file=S16_VAE_FLOPS)], "; ", prefix="floor "),
-             "below its floor", "the convolutions' FLOPs (`s16-vae-floor`); bf16 decode "
-             "171.4 ms compiled, 222.0 eager (`s18-vae-cl`)"]),
+             "below its floor", "the convolutions' FLOPs (`vae-floor`); bf16 decode "
+             "171.4 ms compiled, 222.0 eager (`vae-channels-last`)"]),
     ], note="Each figure's runs are every measurement of main's code for that figure (the sessions' tables name "
             "them; code since changed only in what those runs do not time); a verdict reads the median. The "
             "decode bench rows are each run's own median of four; the DiT, AR and encode rows one request each."),
