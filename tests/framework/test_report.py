@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import (Calc, ReportError, Row, RunInfo, Runs, Sources, Table, Text, Value, Verdict, check,
-                          lookup, render_doc, render_table)
+from bench.report import Sources, check, lookup, render_doc, render_table
+from bench.report_cells import Calc, ReportError, Row, RunInfo, Runs, Table, Text, Value, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -106,4 +106,16 @@ def test_a_file_without_its_command_or_a_missing_marker_is_refused(tmp_path):
 def test_check_command_line_passes_on_the_committed_doc():
     run = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_specs_are_one_module_a_suite_and_import_without_the_renderer():
+    """bench/specs/<suite>.py for each suite of `python -m bench`; the specs need the cells
+    (bench/report_cells.py), never bench/report.py, which imports them."""
+    code = ("import sys, bench.specs; from bench.suites import SUITES; "
+            "assert 'bench.report' not in sys.modules, 'bench.specs imported bench.report'; "
+            "mods = {m.__name__.rsplit('.', 1)[1].replace('_', '-') for m in bench.specs.SUITES}; "
+            "assert mods == {s.name for s in SUITES}, mods; "
+            "assert sum(len(m.TABLES) for m in bench.specs.SUITES) == len(bench.specs.TABLES) > 0")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
