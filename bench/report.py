@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -134,8 +135,9 @@ def lookup(data, path: str, where: str = ""):
 class Sources:
     """The JSON files a render reads (parsed once) and the runs that made them."""
 
-    def __init__(self, runs: dict[str, RunInfo], root: Path = RESULTS):
+    def __init__(self, runs: dict[str, RunInfo], root: Path = RESULTS, reruns: dict | None = None):
         self.runs, self.root, self._data = runs, root, {}
+        self.reruns = reruns or {}   # bench.runner.rerun_index(): the runner's step that runs a file's command
 
     def get(self, file: str, path: str):
         if file not in self._data:
@@ -157,7 +159,24 @@ class Sources:
         gpu = run.gpu or _gpu_of(file, data)
         software = run.software or _software_of(data)
         parts = [p for p in (date.group(0) if date else None, gpu, software) if p]
+        step = self.reruns.get(_measured(run.command))
+        if step:
+            parts.append(f"rerun: `python -m bench run-all {step}`")
         return f"`{run.command}` ({'; '.join(parts)})"
+
+
+def _measured(command: str):
+    from bench.runner import measured
+    try:
+        return measured(shlex.split(command))
+    except ValueError:   # a command with an unclosed quote is no step's
+        return None
+
+
+def _sources() -> Sources:
+    from bench.runner import rerun_index
+    from bench.specs import RUNS
+    return Sources(RUNS, reruns=rerun_index())
 
 
 def _gpu_of(file: str, data: dict) -> str:
@@ -235,9 +254,9 @@ def render_doc(text: str, tables: list[Table], src: Sources) -> str:
 
 def check(doc: Path = DOC) -> str | None:
     """None when the doc is what the specs render, else a one-line summary of the difference."""
-    from bench.specs import RUNS, TABLES
+    from bench.specs import TABLES
     text = doc.read_text()
-    rendered = render_doc(text, TABLES, Sources(RUNS))
+    rendered = render_doc(text, TABLES, _sources())
     if rendered == text:
         return None
     old = {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
@@ -264,9 +283,9 @@ def main(argv=None) -> int:
                 return 1
             print(f"{args.doc}: every table is what bench/results/ holds")
             return 0
-        from bench.specs import RUNS, TABLES
+        from bench.specs import TABLES
         text = args.doc.read_text()
-        rendered = render_doc(text, TABLES, Sources(RUNS))
+        rendered = render_doc(text, TABLES, _sources())
         args.doc.write_text(rendered)
         print(f"wrote {args.doc} ({len(TABLES)} tables)")
         return 0

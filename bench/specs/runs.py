@@ -86,59 +86,15 @@ WAN_PEERS_LONG_KEYS = f"{SIDE_STREAM_CFG}/long-key-tiles/wan_peers.json"
 ATTENTION_14B_LONG_KEYS = f"{SIDE_STREAM_CFG}/long-key-tiles/bench_fp8_attention_14b.json"
 ATTENTION_SASS = "cpu-2026-12-03-attention-sass/fp8_attention_sass.json"
 
-_OLD_RUNNER = "OUT=$OUT bash bench/run_gpu_session14.sh"
-RUNNER_GEMV_DEFAULT = (f'TESTS="tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_fp8_dense.py" DECODE_KINDS=fp8 '
-             f'PEERS_MODES=regions PEERS_ARGS="--kernels 15" T2I_KINDS=bf16,fp8 {_OLD_RUNNER} tests,decode,peers,t2i')
-RUNNER_BIAS_IN_GEMM = (f'PROLOGUE_ROWS=1,2,4,8,16,32 PROLOGUE_WARPS=4,8,16 PEERS_RUNS=2 PEERS_MODES=eager,regions '
-             f'PEERS_ARGS="--kernels 12" T2I_KINDS=bf16 {_OLD_RUNNER} tests,prologue,peers,t2i,serve')
-RUNNER_ROPE_REAL = (f'PEERS_RUNS=3 PEERS_MODES=regions PEERS_ARGS="--kernels 12" NO_ROUTER=1 '
-             f'GEMV_ARGS="--sweep --rows 1 --sweep-budget-s 50" {_OLD_RUNNER} tests,peers,prologue,micro,serve')
-RUNNER_GEMV_SWEPT = f'DECODE_KINDS=fp8 SERVE_REQUESTS=3 {_OLD_RUNNER} tests,decode,serve'
-RUNNER_LM_HEAD_FP8 = ('TESTS="tests/qwen_image/test_qwen_fp8.py tests/wan/test_fp8_attention.py tests/wan/test_wan_pipeline.py '
-             'tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_decode_gemv.py" TESTS_LIMIT=200 DECODE_KINDS=fp8 '
-             'T2I_KINDS=fp8 T2I_ARGS="--profile /tmp/prof --profile-steps 2 --profile-top 40" T2I_LIMIT=170 '
-             f'MEMORY_LIMIT=190 VAE_LIMIT=100 NO_VAE_SUITE=1 {_OLD_RUNNER} tests,decode,t2i,memory,vae')
-RUNNER_KV_POLICY = ('MEMORY_CONFIGS=lean,lean_ar MEMORY_ARGS="--repeats 2" MEMORY_LIMIT=280 TI2I_ARGS="--profile /tmp/prof '
-             '--profile-steps 2 --profile-top 40" TI2I_LIMIT=200 NO_VAE_PROBE=1 VAE_LIMIT=200 '
-             f'{_OLD_RUNNER} memory,ti2i,vae')
-_FUSION_TESTS = ("tests/hunyuan_image3/test_moe_decode_shared.py tests/hunyuan_image3/test_decode_kernels.py "
-               "tests/hunyuan_image3/test_moe_router.py tests/hunyuan_image3/test_moe_kernels.py "
-               "tests/hunyuan_image3/test_fp8_dense.py tests/framework/test_moe_grouped_gemm.py "
-               "tests/framework/test_decode_gemv.py tests/hunyuan_image3/test_vae_channels_last.py")
 _VAE_CL_VARIANTS = ("bf16_fast_eager,bf16_cl_eager,bf16_cl_cached_eager,bf16_fast_chunks4_eager,bf16_cl_chunks4_eager,"
-                     "enc_bf16_fast_eager,enc_bf16_cl_eager,enc_bf16_fast_chunks4_eager,enc_bf16_cl_chunks4_eager,"
-                     "bf16_cl_compiled")
-RUNNER_FUSIONS = (f'TESTS="{_FUSION_TESTS}" TESTS_LIMIT=170 DECODE_KINDS=fp8 MEMORY_CONFIGS=lean_ar MEMORY_ARGS="--repeats 2" '
-             f'MEMORY_LIMIT=150 NO_VAE_PROBE=1 VAE_LIMIT=150 VAE_SUITE_ARGS="--only-bf16 --variants {_VAE_CL_VARIANTS}" '
-             f'{_OLD_RUNNER} tests,decode,memory,vae')
-RUNNER_FUSIONS_REVERTED = ('TESTS="tests/hunyuan_image3/test_vae_channels_last.py tests/hunyuan_image3/test_moe_kernels.py '
-             'tests/hunyuan_image3/test_decode_kernels.py tests/hunyuan_image3/test_moe_router.py" TESTS_LIMIT=120 '
-             f'DECODE_KINDS=fp8 MEMORY_CONFIGS=lean_ar MEMORY_ARGS="--repeats 3" MEMORY_LIMIT=200 {_OLD_RUNNER} '
-             'tests,decode,memory')
-RUNNER_TI2I_LEAN = ('TI2I_ARGS="--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4" '
-             f'TI2I_LIMIT=150 {_OLD_RUNNER} ti2i')
-RUNNER_SERVE_PEERS = ('SERVE_REQUESTS=5 SERVE_LIMIT=240 PEERS_MODES=regions PEERS_ARGS="--variants bf16,dense-fp8,attn-fp8,fp8" '
-             f'PEERS_LIMIT=100 MEMORY_LIMIT=100 WAN_LIMIT=170 {_OLD_RUNNER} serve,memory,peers,wanpeers')
-
-RUNNER_DEFAULT_TILES = ("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py; python -m bench.bench_fp8_attention "
-                    "--shapes 1.3B,hy-t2i,hy-ti2i --sweep --iters 10 --out $OUT/bench_fp8_attention_sweep2.json; "
-                    "WAN_LIMIT=230 WAN_VARIANTS=bf16,attn-fp8,fp8 OUT=$OUT bash bench/run_gpu_session14.sh wanpeers")
-RUNNER_HY_ATTENTION_FP8 = ('T2I_KINDS=fp8 T2I_ARGS="--attention-dtype fp8" T2I_LIMIT=200 TI2I_ARGS="--prompt redder --prompt redder '
-             '--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --attention-dtype fp8" TI2I_LIMIT=200 '
-             f'{_OLD_RUNNER} ti2i,t2i')
-
-RUNNER_SIDE_STREAM = ('TESTS="tests/hunyuan_image3/test_shared_beside.py ..." DECODE_KINDS=fp8 DECODE_ARGS="--shared-expert '
-              f'beside,inline,beside" DECODE_LIMIT=200 {_OLD_RUNNER} tests,decode')
-RUNNER_CFG_BATCH = ('T2I_KINDS=fp8 T2I_ARGS="--attention-dtype fp8 --cfg-mode batch" T2I_LIMIT=230 TI2I_ARGS="--prompt redder '
-             '--prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --attention-dtype fp8 --cfg-mode '
-             f'batch" TI2I_LIMIT=230 {_OLD_RUNNER} t2i,ti2i')
-
-# bench_decode's dense-FP8 stage of bench/run_gpu_session14.sh
+                    "enc_bf16_fast_eager,enc_bf16_cl_eager,enc_bf16_fast_chunks4_eager,enc_bf16_cl_chunks4_eager,"
+                    "bf16_cl_compiled")
+# bench_decode's dense-FP8 run, as the GPU runner's decode step runs it
 DECODE_FP8_CMD = ("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
                   "--tokens 64 --kernels 12")
 
 RUNS: dict[str, RunInfo] = {
-    # one H200, 2026-12-02, session 11 (issues 29 and 30): each JSON's own `command`
+    # one H200, 2026-12-02
     H1202_DECODE_KERNELS: RunInfo("python -m bench.bench_decode_batch --parts kernel,prologue --out /root/out/kernels.json",
                         software=GPU_IMAGE),
     H1202_WAN_PEERS: RunInfo("python -m bench.bench_peers --models 1.3B,14B-8 --modes eager,regions --variants "
@@ -149,7 +105,7 @@ RUNS: dict[str, RunInfo] = {
     H1202_MEMORY_PROBE: RunInfo("python -m bench.probes.memory_vae_probe --out $OUT"),
     H1202_LEVERS: RunInfo("python -m bench.bench_memory --configs baseline,all_fp32_vae,all --runs t2i,ti2i "
                         "--out /root/out/bench_memory.json", software=GPU_IMAGE),
-    # an examples.hunyuan_t2i report holds no command: this is bench/run_gpu_session11.sh's step t2i_dense_fp8
+    # an examples.hunyuan_t2i report holds no command: this is the GPU runner's step t2i_dense_fp8
     H1202_T2I_DENSE_FP8: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --dense-dtype fp8 "
                            "--compile --prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 "
                            "--steps 10 --kv-caches release --vae-dtype bfloat16 --vae-chunks 4 "
@@ -160,37 +116,36 @@ RUNS: dict[str, RunInfo] = {
                         software=GPU_IMAGE),
     H1202_DECODE_STEP: RunInfo("python -m bench.bench_decode_batch --parts step --repeats 5 --step-iters 10 "
                       "--out /root/out/decode_step.json", software=GPU_IMAGE),
-    # one H200, 2026-12-02, session 14 (issue 29: the decode step's small kernels; issue 31: Qwen vs diffusers)
+    # one H200, 2026-12-02
     DECODE_BEFORE_SMALL_KERNELS: RunInfo("python -m bench.bench_decode --layers 32 --moe-dtype fp8 --decode-impls triton,sdpa "
                                "--tokens 64 --kernels 40 --out $OUT/decode_fp8.json"),
-    DECODE_SMALL_KERNELS_BF16: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh decode: python -m bench.bench_decode "
+    DECODE_SMALL_KERNELS_BF16: RunInfo("python -m bench.bench_decode "
                              "--layers 32 --moe-dtype fp8 --decode-impls triton --tokens 64 --kernels 12"),
-    DECODE_SMALL_KERNELS_FP8: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh decode: python -m bench.bench_decode "
+    DECODE_SMALL_KERNELS_FP8: RunInfo("python -m bench.bench_decode "
                             "--layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12"),
-    GEMV_1202: RunInfo("OUT=$OUT bash bench/run_gpu_session14.sh micro: python -m bench.bench_decode_gemv"),
-    QWEN_PEERS_FIRST: RunInfo("PEERS_MODES=eager,regions OUT=$OUT bash bench/run_gpu_session14.sh peers: "
-                            "python -m bench.bench_qwen_peers --modes eager,regions (diffusers 0.42.1 carried)"),
-    # one H200, 2026-12-02, session 15 (issues 29, 30, 31): bench/run_gpu_session14.sh's stages
-    DECODE_GEMV_DEFAULT: RunInfo(f"{RUNNER_GEMV_DEFAULT}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
+    GEMV_1202: RunInfo("python -m bench.bench_decode_gemv"),
+    QWEN_PEERS_FIRST: RunInfo("python -m bench.bench_qwen_peers --modes eager,regions (diffusers 0.42.1 carried)"),
+    # one H200, 2026-12-02
+    DECODE_GEMV_DEFAULT: RunInfo("python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
                                 "--dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
-    DECODE_GEMV_SWEPT: RunInfo(f"{RUNNER_GEMV_SWEPT}: python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
+    DECODE_GEMV_SWEPT: RunInfo("python -m bench.bench_decode --layers 32 --moe-dtype fp8 "
                               "--dense-dtype fp8 --decode-impls triton --tokens 64 --kernels 12", software=GPU_IMAGE),
-    **{f: RunInfo(f"{RUNNER_GEMV_DEFAULT}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    **{f: RunInfo(f"python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                   f"--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10{extra}",
                   software=GPU_IMAGE)
        for f, extra in ((T2I_GEMV_DEFAULT_BF16, ""), (T2I_GEMV_DEFAULT_FP8, " --dense-dtype fp8"))},
-    QWEN_PEERS_BIAS_OUTSIDE: RunInfo(f"{RUNNER_GEMV_DEFAULT}: python -m bench.bench_qwen_peers --modes regions --kernels 15",
+    QWEN_PEERS_BIAS_OUTSIDE: RunInfo("python -m bench.bench_qwen_peers --modes regions --kernels 15",
                               software=f"{GPU_IMAGE}, diffusers 0.42.1"),
-    **{f: RunInfo(f"{RUNNER_BIAS_IN_GEMM}: python -m bench.bench_qwen_peers --modes eager,regions --kernels 12",
+    **{f: RunInfo("python -m bench.bench_qwen_peers --modes eager,regions --kernels 12",
                   software=f"{GPU_IMAGE}, diffusers 0.42.1") for f in QWEN_PEERS_BIAS_IN_GEMM},
-    **{f: RunInfo(f"{RUNNER_ROPE_REAL}: python -m bench.bench_qwen_peers --modes regions --kernels 12",
+    **{f: RunInfo("python -m bench.bench_qwen_peers --modes regions --kernels 12",
                   software=f"{GPU_IMAGE}, diffusers 0.42.1") for f in QWEN_PEERS_ROPE_REAL},
-    PROLOGUE_SWEEP: RunInfo(f"{RUNNER_BIAS_IN_GEMM}: python -m bench.bench_decode_batch --parts prologue --prologue-rows "
+    PROLOGUE_SWEEP: RunInfo("python -m bench.bench_decode_batch --parts prologue --prologue-rows "
                                 "1,2,4,8,16,32 --prologue-warps 4,8,16", software=GPU_IMAGE),
-    PROLOGUE_PREFILL: RunInfo(f"{RUNNER_ROPE_REAL}: python -m bench.bench_decode_batch --parts prologue", software=GPU_IMAGE),
-    GEMV_SWEEP: RunInfo(f"{RUNNER_ROPE_REAL}: python -m bench.bench_decode_gemv --sweep --rows 1 --sweep-budget-s 50",
+    PROLOGUE_PREFILL: RunInfo("python -m bench.bench_decode_batch --parts prologue", software=GPU_IMAGE),
+    GEMV_SWEEP: RunInfo("python -m bench.bench_decode_gemv --sweep --rows 1 --sweep-budget-s 50",
                       software=GPU_IMAGE),
-    SERVE_OVERHEAD_1202: RunInfo(f"{RUNNER_GEMV_SWEPT}: python -m bench.bench_serve --overhead-requests 3 --requests 0 --steps 10 "
+    SERVE_OVERHEAD_1202: RunInfo("python -m bench.bench_serve --overhead-requests 3 --requests 0 --steps 10 "
                        "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
                        "--compile", software=GPU_IMAGE),
     SERVE_PNG_CPU: RunInfo("python -m bench.bench_serve --overhead-requests 5 --requests 0 --out "
@@ -201,92 +156,91 @@ RUNS: dict[str, RunInfo] = {
                            "bench/results/cpu-2026-12-02-vae/vae_flops.json", software=CPU_STACK),
     **{f: RunInfo(f"python -m bench.bench_serve --overhead-requests {n} --requests 0 --out bench_serve.json",
                   software=CPU_STACK) for f, n in zip(SERVE_WAKEUP_CPU, (2, 3))},
-    # one H200, 2026-12-03, session 17 (issue 29): call 1, bench/run_gpu_session14.sh's stages
-    DECODE_LM_HEAD_FP8: RunInfo(f"{RUNNER_LM_HEAD_FP8}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
-    # an examples.hunyuan_t2i report holds no command: the script's t2i step
-    T2I_LM_HEAD_FP8: RunInfo(f"{RUNNER_LM_HEAD_FP8}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    # one H200, 2026-12-03
+    DECODE_LM_HEAD_FP8: RunInfo(DECODE_FP8_CMD, software=GPU_IMAGE),
+    # an examples.hunyuan_t2i report holds no command: the GPU runner's t2i step
+    T2I_LM_HEAD_FP8: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                      "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
                      "--profile /tmp/prof --profile-steps 2 --profile-top 40 --dense-dtype fp8 "
                      "--report $OUT/t2i_dense_fp8.json --output /tmp/t2i_dense_fp8.png", software=GPU_IMAGE),
-    MEMORY_LEAN: RunInfo(f"{RUNNER_LM_HEAD_FP8}: python -m bench.bench_memory --configs lean --dense-dtype fp8",
+    MEMORY_LEAN: RunInfo("python -m bench.bench_memory --configs lean --dense-dtype fp8",
                         software=GPU_IMAGE),
-    VAE_CONV: RunInfo(f"{RUNNER_LM_HEAD_FP8}: python -m bench.probes.vae_conv_probe --out $OUT/vae_conv_probe.json",
+    VAE_CONV: RunInfo("python -m bench.probes.vae_conv_probe --out $OUT/vae_conv_probe.json",
                           software=GPU_IMAGE),
-    # one H200, 2026-12-03, session 17 (issues 29, 30, 31): call 2, bench/run_gpu_session14.sh's stages
-    PNG_H200_HOST: RunInfo(f"{RUNNER_SERVE_PEERS}: python -m bench.bench_image_files --out $OUT/bench_image_files.json",
+    # one H200, 2026-12-03
+    PNG_H200_HOST: RunInfo("python -m bench.bench_image_files --out $OUT/bench_image_files.json",
                      gpu="the 1 x H200 host's CPU", software=GPU_IMAGE),
-    SERVE_OVERHEAD_1203: RunInfo(f"{RUNNER_SERVE_PEERS}: python -m bench.bench_serve --overhead-requests 5 --requests 0 --steps 10 "
+    SERVE_OVERHEAD_1203: RunInfo("python -m bench.bench_serve --overhead-requests 5 --requests 0 --steps 10 "
                        "--max-new-tokens 256 --size 1024x1024 --timeout 300 -- --random-weights full --moe-dtype fp8 "
                        "--compile", software=GPU_IMAGE),
-    MEMORY_LEAN_MEASURED: RunInfo(f"{RUNNER_SERVE_PEERS}: python -m bench.bench_memory --configs lean --dense-dtype fp8",
+    MEMORY_LEAN_MEASURED: RunInfo("python -m bench.bench_memory --configs lean --dense-dtype fp8",
                                  software=GPU_IMAGE),
-    QWEN_FP8: RunInfo(f"{RUNNER_SERVE_PEERS}: python -m bench.bench_qwen_peers --modes regions --variants "
+    QWEN_FP8: RunInfo("python -m bench.bench_qwen_peers --modes regions --variants "
                           "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
-    WAN_PEERS_COMPILED_QUANT: RunInfo(f"{RUNNER_SERVE_PEERS}: python -m bench.bench_peers --models 1.3B,14B-8 --modes regions --variants "
+    WAN_PEERS_COMPILED_QUANT: RunInfo("python -m bench.bench_peers --models 1.3B,14B-8 --modes regions --variants "
                            "bf16,dense-fp8,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
-    # one H200, 2026-12-03, session 18 (issue 29): call 0, bench/run_gpu_session14.sh's stages
-    MEMORY_KV_POLICY: RunInfo(f"{RUNNER_KV_POLICY}: python -m bench.bench_memory --configs lean,lean_ar --dense-dtype fp8 "
+    # one H200, 2026-12-03
+    MEMORY_KV_POLICY: RunInfo("python -m bench.bench_memory --configs lean,lean_ar --dense-dtype fp8 "
                          "--repeats 2", software=GPU_IMAGE),
-    TI2I_KV_POLICY: RunInfo(f"{RUNNER_KV_POLICY}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    TI2I_KV_POLICY: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--profile /tmp/prof --profile-steps 2 --profile-top 40 --report $OUT/ti2i_dense_fp8.json "
                        "--output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
-    DECODE_FUSIONS: RunInfo(f"{RUNNER_FUSIONS}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
-    MEMORY_FUSIONS: RunInfo(f"{RUNNER_FUSIONS}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 2",
+    DECODE_FUSIONS: RunInfo(DECODE_FP8_CMD, software=GPU_IMAGE),
+    MEMORY_FUSIONS: RunInfo("python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 2",
                          software=GPU_IMAGE),
-    VAE_SUITE_FUSIONS: RunInfo(f"{RUNNER_FUSIONS}: python -m bench.bench_vae --suite --only-bf16 --variants {_VAE_CL_VARIANTS}",
+    VAE_SUITE_FUSIONS: RunInfo(f"python -m bench.bench_vae --suite --only-bf16 --variants {_VAE_CL_VARIANTS}",
                       software=GPU_IMAGE),
-    DECODE_FUSIONS_REVERTED: RunInfo(f"{RUNNER_FUSIONS_REVERTED}: {DECODE_FP8_CMD}", software=GPU_IMAGE),
-    MEMORY_FUSIONS_REVERTED: RunInfo(f"{RUNNER_FUSIONS_REVERTED}: python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 3",
+    DECODE_FUSIONS_REVERTED: RunInfo(DECODE_FP8_CMD, software=GPU_IMAGE),
+    MEMORY_FUSIONS_REVERTED: RunInfo("python -m bench.bench_memory --configs lean_ar --dense-dtype fp8 --repeats 3",
                          software=GPU_IMAGE),
-    TI2I_LEAN: RunInfo(f"{RUNNER_TI2I_LEAN}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    TI2I_LEAN: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
                        "--report $OUT/ti2i_dense_fp8.json --output /tmp/ti2i_dense_fp8.png", software=GPU_IMAGE),
-    VAE_SUITE_KV_POLICY: RunInfo(f"{RUNNER_KV_POLICY}: python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
+    VAE_SUITE_KV_POLICY: RunInfo("python -m bench.bench_vae --suite --out $OUT/bench_vae_suite.json",
                       software=GPU_IMAGE),
-    # one H200, 2026-12-03, session 19: the sweeps' JSON hold their commands; the CLI's reports do not
+    # one H200, 2026-12-03
     ATTENTION_SWEEP_FIRST: RunInfo("python -m bench.bench_fp8_attention --sweep --iters 10 --out "
                       "$OUT/bench_fp8_attention_sweep.json", software=GPU_IMAGE),
     ATTENTION_SWEEP: RunInfo("python -m bench.bench_fp8_attention --sweep --iters 10 --out "
                       "$OUT/bench_fp8_attention_sweep.json", software=GPU_IMAGE),
-    ATTENTION_DEFAULT_TILES: RunInfo(RUNNER_DEFAULT_TILES, software=GPU_IMAGE),
-    WAN_PEERS_FP8_KERNEL: RunInfo(f"{RUNNER_DEFAULT_TILES}: python -m bench.bench_peers --models 1.3B,14B-8 --modes regions "
+    ATTENTION_DEFAULT_TILES: RunInfo("python -m bench.bench_fp8_attention --shapes 1.3B,hy-t2i,hy-ti2i --sweep --iters 10 "
+                                     "--out $OUT/bench_fp8_attention_sweep2.json", software=GPU_IMAGE),
+    WAN_PEERS_FP8_KERNEL: RunInfo("python -m bench.bench_peers --models 1.3B,14B-8 --modes regions "
                            "--variants bf16,attn-fp8,fp8", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     **{f: RunInfo(f"for pdl in 1 0 1; do DTGEN_DECODE_PDL=$pdl {DECODE_FP8_CMD}; done (the PDL commit 4e2578b, "
                   "reverted in 3e793c6)", software=GPU_IMAGE) for f in DECODE_PDL},
-    T2I_ATTENTION_FP8: RunInfo(f"{RUNNER_HY_ATTENTION_FP8}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    T2I_ATTENTION_FP8: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                       "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
                       "--attention-dtype fp8 --dense-dtype fp8 --report $OUT/t2i_dense_fp8.json", software=GPU_IMAGE),
-    TI2I_ATTENTION_FP8: RunInfo(f"{RUNNER_HY_ATTENTION_FP8}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    TI2I_ATTENTION_FP8: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
                        "--attention-dtype fp8 --report $OUT/ti2i_dense_fp8.json", software=GPU_IMAGE),
-    # one H200, 2026-12-03, session 20 (the README in its folder says which code each call ran)
-    **{f: RunInfo(f"{RUNNER_SIDE_STREAM}: {DECODE_FP8_CMD} --shared-expert beside,inline,beside (the side-stream commit "
+    # one H200, 2026-12-03
+    **{f: RunInfo(f"{DECODE_FP8_CMD} --shared-expert beside,inline,beside (the side-stream commit "
                   f"f694790, {what}; reverted in ffe0a5b)", software=GPU_IMAGE)
        for f, what in ((DECODE_SIDE_STREAM_SUNK, "its side op sunk by inductor to the join"),
                        (DECODE_SIDE_STREAM_FIRST, "the side op first, the join after the routed experts"))},
-    T2I_CFG_BATCH: RunInfo(f"{RUNNER_CFG_BATCH}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    T2I_CFG_BATCH: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                       "--prompt-tokens 1251 --max-new-tokens 256 --ignore-eos --image-size 1024x1024 --steps 10 "
                       "--attention-dtype fp8 --cfg-mode batch --dense-dtype fp8 --report $OUT/t2i_dense_fp8.json",
                       software=GPU_IMAGE),
-    TI2I_CFG_BATCH: RunInfo(f"{RUNNER_CFG_BATCH}: python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
+    TI2I_CFG_BATCH: RunInfo("python -m examples.hunyuan_t2i --random-weights full --moe-dtype fp8 --compile "
                        "--dense-dtype fp8 --image /tmp/ti2i_ref.png --max-new-tokens 256 --ignore-eos --steps 10 "
                        "--prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 "
                        "--attention-dtype fp8 --cfg-mode batch --report $OUT/ti2i_dense_fp8.json", software=GPU_IMAGE),
     ATTENTION_LAZY: RunInfo("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py; python -m bench.bench_fp8_attention "
                       "--shapes 1.3B,hy-t2i --sweep --iters 10 (the lazy-rescale commit 3e083ca, reverted after it)",
                       software=GPU_IMAGE),
-    WAN_PEERS_LONG_KEYS: RunInfo("python -m pytest -q -m gpu tests/wan/test_fp8_attention.py; python -m bench.bench_fp8_attention "
-                      "--shapes 14B --iters 5; WAN_MODELS=1.3B,14B-8 WAN_VARIANTS=bf16,attn-fp8 WAN_ARGS=\"--profile 12\" "
-                      f"WAN_LIMIT=250 {_OLD_RUNNER} wanpeers: python -m bench.bench_peers --models 1.3B,14B-8 --modes "
-                      "regions --variants bf16,attn-fp8 --profile 12", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
+    WAN_PEERS_LONG_KEYS: RunInfo("python -m bench.bench_peers --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8 "
+                                 "--profile 12", software=f"{GPU_IMAGE}, diffusers 0.42.1"),
     ATTENTION_14B_LONG_KEYS: RunInfo("python -m bench.bench_fp8_attention --shapes 14B --iters 5", software=GPU_IMAGE),
     ATTENTION_SASS: RunInfo("TRITON_INTERPRET=0 PYTHONPATH=<a triton 3.6.0 wheel unpacked> python -m "
                       "bench.probes.fp8_attention_sass --out bench/results/cpu-2026-12-03-attention-sass/fp8_attention_sass.json",
                       gpu="none: compiled for sm_90 on the CPU", software="triton 3.6.0 (the GPU machines' version)"),
-    # one H200, 2026-12-01, session 10 (issue 28): the step caches end to end
+    # one H200, 2026-12-01
     STEP_CACHE_T2I: RunInfo("python -m bench.bench_step_cache --model t2i --out step_cache_t2i_ti2i.json"),
     STEP_CACHE_DISTIL: RunInfo("python -m bench.bench_step_cache --model distil --out step_cache_distil.json"),
     STEP_CACHE_DEVIATION: RunInfo("python -m bench.bench_step_cache --deviation --out "
@@ -294,7 +248,8 @@ RUNS: dict[str, RunInfo] = {
     WAN_CACHE: RunInfo("python -m bench.bench_wan_cache --out bench_wan_cache.json (diffusers 0.42.1 carried)"),
     SECOND_REQUEST: RunInfo("python -m bench.second_request --out second_request.json --profile",
                             software=GPU_IMAGE),
-    # one H200, 2026-11-29 (bash bench/run_gpu.sh)
+    # one H200, 2026-11-29. The runners these entries name (bench/run_gpu2.sh, bench/run_gpu_fp8.sh) are in git
+    # history: bench/run_gpu.sh, one runner for every suite, replaced them; a command stays as it was run.
     f"{H1129}/bench_layers.json": RunInfo("python -m bench.bench_layers --profile"),
     f"{H1129}/bench_moe.json": RunInfo("python -m bench.bench_moe"),
     f"{H1129}/bench_attention.json": RunInfo("python -m bench.bench_attention"),
@@ -309,8 +264,8 @@ RUNS: dict[str, RunInfo] = {
     f"{H1129_LAYERS}/bench_decode_host_sampling.json": RunInfo("python -m bench.bench_decode (before: sampling on the host)"),
     f"{H1129_LAYERS}/t2i_full_2layers_compiled.json": RunInfo(
         f"{T2I_2LAYERS} --max-new-tokens 128 --steps 4 --compile --profile", software=GPU_IMAGE),
-    # two H200s, 2026-11-30 (bash bench/run_gpu2.sh)
-    f"{X2_1130}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32 (session 1)"),
+    # two H200s, 2026-11-30
+    f"{X2_1130}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32 (its first version)"),
     f"{X2_PLANS}/table.json": RunInfo("python -m bench.gpu2_table outputs/gpu2 (over the reports of tp2-32 and cmp16)",
                                 software=GPU_IMAGE),
     f"{X2_PLANS}/tp2_32.json": RunInfo("bash bench/run_gpu2.sh tp2-32"),

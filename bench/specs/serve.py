@@ -121,7 +121,7 @@ TABLES = [
                             ("smooth", "a smooth image with a little noise"))
     ], note="5 timed calls per encoder and image after one warm-up, in one process. Both files hold the same "
             "pixels (the JSON's `reads_back_exact`). Not run on the GPU host (16 cores; the writer uses up to 8 "
-            "threads): staged in `bench/run_gpu_session14.sh serve`."),
+            "threads): `bash bench/run_gpu.sh serve:png` runs it there."),
     Table("serve-overhead-1203", ["HunyuanImage-3, 32 layers, FP8 experts, compiled, 1024x1024, 10 steps, 256 AR "
                                  "tokens, one request at a time, one H200", "ms"], [
         Row(["the CLI in one process, each request's total (the pipeline)",

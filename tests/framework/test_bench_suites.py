@@ -64,3 +64,42 @@ def test_a_part_runs_as_its_script_does_and_its_exit_status_comes_back(tmp_path,
     assert main(["vae", "flops", "--sizes", "64", "--out", str(out)]) == 0
     assert out.is_file() and '"command": "python -m bench.probes.vae_flops --sizes 64' in out.read_text()
     assert main(["vae", "flops", "--sizes"]) == 2   # argparse's refusal
+
+
+def test_the_runner_lists_the_steps_it_would_run_in_order(tmp_path, capsys):
+    assert main(["run-all", "decode,kernels:moe", "--out", str(tmp_path), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["decode_dense_fp8", "decode_batch", "moe"]
+    assert "-m bench.bench_decode --layers 32" in lines[0] and f"--out {tmp_path}/decode_dense_fp8.json" in lines[0]
+    assert "-m bench.bench_decode_batch --parts step" in lines[1]
+
+
+def test_the_runner_refuses_a_step_a_suite_does_not_have(capsys):
+    assert main(["run-all", "kernels:nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'nope'" in err and "moe, grouped-gemm" not in err and "moe, grouped_gemm" in err
+    assert main(["run-all", "decode", "--with", "moe=--iters 1"]) == 2   # a flag for a step not selected
+
+
+def test_every_step_runs_a_part_of_its_suite_and_names_one_step():
+    names = [st.name for s in SUITES for st in s.steps]
+    assert len(names) == len(set(names))   # --with and --limit name a step alone
+    for s in SUITES:
+        assert s.steps, s.name
+        assert {st.part for st in s.steps} <= {p.name for p in s.parts}, s.name
+
+
+def test_a_steps_extra_flags_go_before_the_flags_it_passes_on(tmp_path):
+    from bench.runner import command
+    serve = suites.suite("serve")
+    step = next(st for st in serve.steps if st.name == "serve_overhead")
+    cmd = command(serve, step, tmp_path, "--seed 3")
+    assert cmd[cmd.index("--seed"):cmd.index("--seed") + 3] == ["--seed", "3", "--"]
+
+
+def test_a_step_runs_in_its_own_process_and_one_past_its_limit_is_ended(tmp_path):
+    assert main(["run-all", "vae:vae_flops", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "vae_flops.json").is_file() and (tmp_path / "vae_flops.log").is_file()
+    assert main(["run-all", "vae:vae_flops", "--out", str(tmp_path), "--limit", "vae_flops=0.2"]) == 1
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert [line.split(" ")[:2] for line in summary] == [["vae_flops", "rc=0"], ["vae_flops", "rc=124"]]

@@ -119,3 +119,14 @@ def test_the_specs_are_one_module_a_suite_and_import_without_the_renderer():
             "assert sum(len(m.TABLES) for m in bench.specs.SUITES) == len(bench.specs.TABLES) > 0")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_file_whose_command_a_runner_step_runs_names_that_step(tmp_path):
+    from bench.runner import rerun_index
+    runs = {"run/r0.json": RunInfo("python -m bench.bench_moe --out /tmp/m.json"),
+            "run/r1.json": RunInfo("python -m bench.bench_moe --part decode"),
+            "run/r2.json": RunInfo("bash a_script.sh 'unclosed")}
+    src = _sources(tmp_path, runs)
+    src.reruns = rerun_index()
+    assert src.describe("run/r0.json").endswith("; rerun: `python -m bench run-all kernels:moe`)")
+    assert "rerun" not in src.describe("run/r1.json") and "rerun" not in src.describe("run/r2.json")
