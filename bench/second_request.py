@@ -1,4 +1,4 @@
-"""Why a later request of a bucket runs slower than the first (issue 27), on one GPU.
+"""Why a later request of a bucket runs slower than the first, on one GPU.
 
     python -m bench.second_request --out $OUT/second_request.json [--layers 16] [--profile] [-- more example flags]
 
