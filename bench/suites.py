@@ -241,6 +241,9 @@ def help_text(s: Suite, flags: bool = True) -> str:
         lines.append(f"  {p.name:{width}}  {p.what} (python -m {p.module}{fixed})")
         if flags:
             lines += [f"  {'':{width}}    {line}" for line in _usage(p).splitlines()]
+    if s.steps:
+        lines += ["", f"on a GPU machine, bash bench/run_gpu.sh {s.name} runs its steps ({s.name}:STEP one of them; "
+                  f"{PROG} {RUN_ALL} {s.name} --list: their commands): {', '.join(st.name for st in s.steps)}"]
     return "\n".join(lines)
 
 
