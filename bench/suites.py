@@ -93,12 +93,13 @@ SUITES: tuple[Suite, ...] = (
           ), default="cli", steps=(
               Step("t2i", "cli", f"{HY_REQUEST} --prompt-tokens 1251 --image-size 1024x1024 --report {{out}}/t2i.json "
                    "--output {out}/t2i.png", 230),
-              Step("ti2i", "cli", f"{HY_REQUEST} --image {{ref_image}} --prompt redder --prompt redder --kv-caches keep-ar "
-                   "--vae-dtype bfloat16 --vae-chunks 4 --report {out}/ti2i.json --output {out}/ti2i.png", 230),
+              Step("ti2i", "cli", f"{HY_REQUEST} --image {{ref_image}} --prompt redder --prompt redder "
+                   "--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --report {out}/ti2i.json "
+                   "--output {out}/ti2i.png", 230),
               # two GPUs, the released 32 layers in bf16 on plan tp2, then both 2-rank plans at 16 layers
-              *(Step(f"t2i_{plan}_{layers}", "cli", f"--world-size 2 --plan {plan} --layers {layers} {TWO_GPU_REQUEST} "
-                     f"--report {{out}}/t2i_{plan}_{layers}.json --output {{out}}/t2i_{plan}_{layers}.png", limit, gpus=2)
-                for plan, layers, limit in (("tp2", 32, 560), ("tp2", 16, 280), ("hybrid2", 16, 280))),
+              *(Step(f"t2i_{plan}_{n}", "cli", f"--world-size 2 --plan {plan} --layers {n} {TWO_GPU_REQUEST} "
+                     f"--report {{out}}/t2i_{plan}_{n}.json --output {{out}}/t2i_{plan}_{n}.png", limit, gpus=2)
+                for plan, n, limit in (("tp2", 32, 560), ("tp2", 16, 280), ("hybrid2", 16, 280))),
           )),
     Suite("memory", "One HunyuanImage-3 request's memory, phase by phase, with each memory lever on and off", (
         Part("levers", "bench.bench_memory", "peak and timings of T2I and TI2I per lever configuration"),
@@ -226,7 +227,9 @@ def _usage(part: Part) -> str:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         run_module(part.module, [*part.args, "--help"])
     lines = out.getvalue().split("\n\n")[0].strip().splitlines()
-    return "\n".join(lines if len(lines) <= USAGE_LINES else lines[:USAGE_LINES] + ["    ... (PART --help: every flag)"])
+    if len(lines) > USAGE_LINES:
+        lines = lines[:USAGE_LINES] + ["    ... (PART --help: every flag)"]
+    return "\n".join(lines)
 
 
 def help_text(s: Suite, flags: bool = True) -> str:
