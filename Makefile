@@ -32,5 +32,10 @@ test-gpu:
 test-gpu2:
 	$(GPU_PY) -m pytest -q -m multigpu --durations=0 tests
 
+# The benchmark suites, one line each (bench/suites.py); run one with `python -m bench SUITE`, their
+# steps on a GPU machine with `bash bench/run_gpu.sh SUITE[,SUITE...]`.
+bench:
+	$(GPU_PY) -m bench --list
+
 clean:
 	rm -rf $(VENV) outputs .cache

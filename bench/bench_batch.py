@@ -4,7 +4,7 @@ rows of one batch (`HunyuanT2IPipeline.generate_batch`), against the same 4 one 
     python -m bench.bench_batch --out bench/results/h200-.../bench_batch.json      # one H200
     python -m bench.bench_batch --tiny --out bench/results/cpu-.../bench_batch.json  # tiny, on the CPU
 
-The issue's target: images/min of 4 concurrent 1024x1024 requests, one bucket, >= 2.5x one
+The target: images/min of 4 concurrent 1024x1024 requests, one bucket, >= 2.5x one
 at a time. Random weights at the released shapes (`--layers`, 32), FP8 experts (channels),
 compiled with one region per layer (as bench/bench_step_cache.py loads them); 4 prompts of
 different lengths in one 256-row bucket (different RoPE positions and padding per row),

@@ -7,8 +7,8 @@ against every step in full, in one process per model.
 
 Random weights at the released shapes (`--layers`, 32; `--model distil`: Instruct-Distil's
 config, cfg_distilled + use_meanflow), FP8 experts (channels), compiled with one region per
-layer; 1251 prompt tokens and 256 forced AR tokens, 1024x1024 (the shapes of the issue's
-figures). TI2I: a random 1024x1024 reference and a system prompt that makes the edit's
+layer; 1251 prompt tokens and 256 forced AR tokens, 1024x1024 (the shapes of the step caches'
+targets). TI2I: a random 1024x1024 reference and a system prompt that makes the edit's
 prefill ~6.3k rows, as in the seed's TI2I measurement. Every shape is warmed up first (its
 full, KV-cached and cached-step graphs), then each run repeats `--repeats` times (the
 uncached 50-step baselines once: 20 s and more each). The JSON holds every repeat; the

@@ -1,6 +1,6 @@
-"""The table of `bench/run_gpu2.sh`'s reports (markdown, for docs/performance.md).
+"""The table of a folder of the CLI's reports on several GPUs (markdown, for docs/performance.md).
 
-    python -m bench.gpu2_table outputs/gpu2 [--json bench/results/....json]
+    python -m bench.gpu2_table outputs/bench [--json bench/results/....json]   # after bash bench/run_gpu.sh e2e
 
 One row per example report (`*.json` written with --report): AR decode ms/token, DiT ms
 per step (the mean over all steps, and the first, whole-sequence step), the share of

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels a GPU call carries in .whl/ (the GPU image has torch, triton, transformers, no
 # diffusers, no server stack, and no internet): diffusers for the peer benches and their tests,
-# FastAPI + uvicorn + prometheus_client for bench_serve's server. bench/run_gpu_session14.sh
+# FastAPI + uvicorn + prometheus_client for bench_serve's server. bench/run_gpu.sh
 # installs them with --no-deps into /tmp/site. The image runs Python 3.12: the two compiled
 # wheels are fetched for it. Run from the repository root with the project's .venv.
 set -eu

@@ -1,4 +1,4 @@
-"""The lines a model adds beyond its plain modules: issue 31's measure (Qwen-Image <= 300).
+"""The lines a model adds beyond its plain modules: the measure of the Qwen-Image target (<= 300).
 
     python -m bench.model_lines [--out bench/results/cpu-2026-12-02-model-lines.json]
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# model -> (role, files): the roles of the issue's measure, each file once.
+# model -> (role, files): the roles the measure counts, each file once.
 COUNTED = {
     "qwen-image": (("loader", ("models/qwen_image/model.py",)),
                    ("server adapter", ("models/qwen_image/serving.py",)),
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, f in m["files"].items():
             print(f"  {f['lines']:5d}  {path}  ({f['role']})")
     if args.out:
-        report = {"what": "code lines a model adds beyond its plain modules (issue 31): not blank, not "
+        report = {"what": "code lines a model adds beyond its plain modules: not blank, not "
                           "comment-only, not docstrings",
                   "command": "python -m bench.model_lines " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "models": models}

@@ -1,8 +1,8 @@
-"""Why a later request of a bucket runs slower than the first (issue 27), on one GPU.
+"""Why a later request of a bucket runs slower than the first, on one GPU.
 
     python -m bench.second_request --out $OUT/second_request.json [--layers 16] [--profile] [-- more example flags]
 
-`bench/results/h200-2026-12-01-session7/single_16_regions*.json`: plan `single`, 16 layers,
+`bench/results/h200-2026-12-01-regions-ti2i/single_16_regions*.json`: plan `single`, 16 layers,
 `--compile --compile-regions`, prompts of 1251 and 1200 tokens (one bucket). The first
 request's cached denoise steps ran ~259 ms, the second's ~290 (warm process) and ~315 (cold
 process), with 0 new graphs; the first (whole-sequence) step did not move, and on 2 x H200

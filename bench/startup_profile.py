@@ -53,6 +53,8 @@ def parse_args(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--model", choices=registry.names(), default=registry.default().name,
                    help="whose example to start (the registry's name)")
     if "--" not in args:
+        if {"-h", "--help"} & set(args):
+            p.parse_args(args)   # prints the help and exits
         p.error("the example's arguments follow `--`")
     split = args.index("--")
     return p.parse_args(args[:split]), args[split + 1:]

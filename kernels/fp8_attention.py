@@ -110,7 +110,7 @@ DEFAULT_TILES = (AttentionTiles(num_stages=1, tma=False) if INTERPRETED else
                  AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=3))
 # Long key sequences (Wan's 32760 keys at 480p): 2 stages and at most 168 registers a thread (no
 # spills) let three programs share an SM: 7.96 / 8.08 ms against 8.21-8.36 at Wan 1.3B's shape
-# (sessions 19 and 20, `s20-attention-lazy`); at HunyuanImage-3's 5606 / 9702 keys the default's
+# (docs/performance.md, `fp8-attention` and `fp8-attention-lazy`); at HunyuanImage-3's 5606 / 9702 keys the default's
 # deeper pipeline is faster (0.56-0.60 against 0.63-0.68 ms; 0.92 against 0.94).
 LONG_KEYS = 16384
 LONG_KEY_TILES = AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=2, maxnreg=168)

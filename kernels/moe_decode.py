@@ -70,7 +70,7 @@ DEFAULT_DECODE_CONFIG = DecodeConfig()
 #   conversion bound (session 7: channels T=1 44.6 -> 39.2 us, the same error against bf16);
 # - stage 2 converting e4m3 through float16 (one instruction per pair) before bf16, and
 #   stage 1 with more bytes in flight (256-wide H tiles, 4 stages): channels T=1/16
-#   38.2/172.7 -> 30.8/152.6 us (bench/results/h200-2026-12-01-session9/).
+#   38.2/172.7 -> 30.8/152.6 us (bench/results/h200-2026-12-01-moe-targets/).
 # Block scales need tiles inside one 128 block along each GEMM's K (block_h and block_i2
 # divide 128), so their stage 1 deepens its pipeline instead.
 FP8_CHANNELS_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=256, stage1_stages=4, fp8_dot_f16=True,

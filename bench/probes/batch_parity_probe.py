@@ -1,4 +1,4 @@
-"""Session-11 probe (one H200): are batched denoise steps equal to the same requests alone on
+"""A probe (one H200, 2026-12-02): are batched denoise steps equal to the same requests alone on
 CUDA? 4 requests of one bucket (bench_batch's), full width, --layers layers, in float32 (where
 the difference must be rounding: ~1e-5) and bf16, eager and compiled regions; the first step's
 velocity and the final latents, batched against alone (relative L2 per request)."""

@@ -1,4 +1,4 @@
-"""Session-11 probe (one H200): where the peak over the weights goes in the 32-layer T2I/TI2I
+"""A probe (one H200, 2026-12-02): where the peak over the weights goes in the 32-layer T2I/TI2I
 run, and where the fp32 VAE decode spends its time. Prints tables; writes JSON to --out."""
 from __future__ import annotations
 

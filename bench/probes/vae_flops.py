@@ -31,7 +31,7 @@ from bench.floors import DENSE_BF16_TFLOPS, FP32_DATASHEET_TFLOPS, TF32_DATASHEE
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig, VAEConv3d
 
-TARGET_MS = 150.0   # issue 29: the VAE decode 1024x1024 on one GPU, golden-exact in float32
+TARGET_MS = 150.0   # the target: the VAE decode 1024x1024 on one GPU, golden-exact in float32
 
 
 def conv_flops(layers: list[dict]) -> tuple[float, float]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import (Calc, ReportError, Row, RunInfo, Runs, Sources, Table, Text, Value, Verdict, check,
-                          lookup, render_doc, render_table)
+from bench.report import Sources, check, lookup, render_doc, render_table
+from bench.report_cells import Calc, ReportError, Row, RunInfo, Runs, Table, Text, Value, Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -107,3 +107,26 @@ def test_check_command_line_passes_on_the_committed_doc():
     run = subprocess.run([sys.executable, "-m", "bench.report", "--check"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_the_specs_are_one_module_a_suite_and_import_without_the_renderer():
+    """bench/specs/<suite>.py for each suite of `python -m bench`; the specs need the cells
+    (bench/report_cells.py), never bench/report.py, which imports them."""
+    code = ("import sys, bench.specs; from bench.suites import SUITES; "
+            "assert 'bench.report' not in sys.modules, 'bench.specs imported bench.report'; "
+            "mods = {m.__name__.rsplit('.', 1)[1].replace('_', '-') for m in bench.specs.SUITES}; "
+            "assert mods == {s.name for s in SUITES}, mods; "
+            "assert sum(len(m.TABLES) for m in bench.specs.SUITES) == len(bench.specs.TABLES) > 0")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_file_whose_command_a_runner_step_runs_names_that_step(tmp_path):
+    from bench.runner import rerun_index
+    runs = {"run/r0.json": RunInfo("python -m bench.bench_moe --out /tmp/m.json"),
+            "run/r1.json": RunInfo("python -m bench.bench_moe --part decode"),
+            "run/r2.json": RunInfo("bash a_script.sh 'unclosed")}
+    src = _sources(tmp_path, runs)
+    src.reruns = rerun_index()
+    assert src.describe("run/r0.json").endswith("; rerun: `python -m bench run-all kernels:moe`)")
+    assert "rerun" not in src.describe("run/r1.json") and "rerun" not in src.describe("run/r2.json")
