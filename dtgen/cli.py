@@ -6,6 +6,7 @@
     dtgen run --checkpoint /path/to/Wan2.1-T2V-14B-Diffusers --height 480 --width 832
     torchrun --nproc-per-node 4 -m dtgen run --checkpoint /path/to/HunyuanImage-3 --world-size 4 --plan hybrid
     dtgen serve --model qwen-image --port 8000      # the HTTP server (images; video jobs for Wan)
+    dtgen bench                                      # the benchmark suites (python -m bench)
     torchrun --nproc-per-node 2 -m dtgen serve --checkpoint /path/to/HunyuanImage-3 --world-size 2 \\
         --plan tp2 --compile --warmup-shapes 256:1024x1024 --port 8000
 
@@ -30,6 +31,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 from dtgen.harness import refuse
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks
@@ -38,7 +40,8 @@ from dtgen.registry import ModelSpec
 MODEL_REGISTRY = "models.registry"
 COMMANDS = {"run": "one job of a model (`dtgen run --model M --help`: its flags)",
             "serve": "serve a model over HTTP (`dtgen serve --model M --help`)",
-            "models": "list the models, their plans and checkpoint layouts"}
+            "models": "list the models, their plans and checkpoint layouts",
+            "bench": "the benchmark suites of a source checkout (`dtgen bench` lists them)"}
 
 
 def _registry():
@@ -215,6 +218,17 @@ def models_main(argv=None) -> int:
     return 0
 
 
+def bench_main(argv=None) -> int:
+    """`dtgen bench SUITE ...`: `python -m bench` of the checkout this dtgen runs from (bench/ is
+    the repository's, not an installed package)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "bench" / "suites.py").is_file():
+        return refuse(f"dtgen bench runs the suites of a source checkout (bench/ beside dtgen/); {root} has none")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("bench.suites").main(list(argv or []))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -224,7 +238,7 @@ def main(argv=None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         return refuse(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}")
-    return {"run": run_main, "serve": serve_main, "models": models_main}[command](rest)
+    return {"run": run_main, "serve": serve_main, "models": models_main, "bench": bench_main}[command](rest)
 
 
 def console() -> None:

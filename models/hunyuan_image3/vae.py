@@ -22,7 +22,7 @@ handle those too; the upsamplers' depth-to-space is per position and splits free
 Channels-last path (`HunyuanVAE.set_channels_last`, the pipeline's choice for a bf16 / fp16
 VAE on CUDA): the activation is kept channels_last_3d ([B, C, T, H, W] stored as B, T, H, W,
 C) from the first convolution to the last. Why: an H200 probe of one 4-frame conv (table
-s17-vae-conv in docs/performance.md) ran bf16 2-D convs over channels_last frames 25-35%
+`vae-conv` in docs/performance.md) ran bf16 2-D convs over channels_last frames 25-35%
 faster than F.conv3d on NCDHW, and an fp32 in-request profile spent ~21 ms in cuDNN's
 nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels want channels last) besides
 ~150 ms of convolutions. In that layout every frame is a channels_last 2-D image and the
@@ -186,7 +186,7 @@ class VAEConv3d(nn.Conv3d):
         copy of the weight, [kT, O, kH, kW, C] in memory). Kept when `cache_cl_weights` (and
         remade only if the weight tensor is replaced, e.g. a phase binding another view), else
         made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, their copy 1.7 ms a
-        decode on an H200 (222.0 against 220.3 ms, docs/performance.md `s18-vae-cl`), a second
+        decode on an H200 (222.0 against 220.3 ms, docs/performance.md `vae-channels-last`), a second
         resident copy 1.7 GB."""
         w = self.weight
         compiling = torch.compiler.is_compiling()
@@ -802,7 +802,7 @@ class HunyuanVAE(nn.Module):
         (made now, once; remade only if the weight tensor is replaced), a second resident
         copy of the VAE's conv weights (1.7 GB for the released decoder in bf16, 0.8 GB for the
         encoder); else the kernels are made per conv call (1.7 ms a decode on an H200:
-        bench_vae's bf16_cl_eager against bf16_cl_cached_eager, `s18-vae-cl`). Not for a split decode
+        bench_vae's bf16_cl_eager against bf16_cl_cached_eager, `vae-channels-last`). Not for a split decode
         (parallel_vae swaps the convs for halo ones; leave `decoder` False there)."""
         parts = [m for m, on in ((self.decoder, decoder), (self.encoder, encoder)) if on and m is not None]
         for part in parts:

@@ -57,7 +57,7 @@ def test_run_takes_the_models_own_check_flag(tmp_path):
 
 
 @pytest.mark.parametrize("argv, line", [
-    (["bake"], "error: unknown command 'bake'; choose from run, serve, models"),
+    (["bake"], "error: unknown command 'bake'; choose from run, serve, models, bench"),
     (["run", "--model", "flux"], None),   # argparse's own line: invalid choice, naming the choices
     (["run", "--model", "wan", "--steps", "0"], "error: --steps must be >= 1 and <= 1000, got 0"),
     # the tiny Qwen-Image's scheduler stretches its schedule to a shift_terminal: NaN at one step
@@ -82,3 +82,10 @@ class _no_raise:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_bench_lists_the_suites_of_the_checkout(capsys):
+    from bench.suites import SUITES
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(suite.name in out for suite in SUITES), out

@@ -33,7 +33,7 @@ JOB = Path(__file__).resolve().with_name("multigpu_job.py")   # the job torchrun
 # "+regions": the plan with regional compilation (--compile-regions)
 PLANS = ["tp2", "hybrid2", "hybrid2-cfg", "tp2+regions"]
 # Bounds from every measured run (2 x H200: bench/results/h200x2-2026-11-30*/multigpu-*.json
-# and h200x2-2026-12-01-session4/tp2+regions-*.json, all four plans, compiled and eager):
+# and h200x2-2026-12-01-regions/tp2+regions-*.json, all four plans, compiled and eager):
 # float32: the parallel plans regroup sums, inductor reorders float32 math; measured
 # 5.0e-7..2.2e-6 relative to the largest value: bound 1e-4 (45x the largest).
 # bfloat16, relative to the largest value: the reference is the plain single-process model
