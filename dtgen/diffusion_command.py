@@ -46,6 +46,17 @@ class DiffusionCommand:
     save: Callable[[torch.Tensor, Path, argparse.Namespace], None]   # rank 0's output -> the file
     profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
 
+    # The registry's command pieces (dtgen/registry.py), bound to this model: a command module
+    # takes them as they are (bound methods pickle, so spawned ranks receive `run_rank`).
+    def build_pipeline(self, ctx: RankContext, args: argparse.Namespace):
+        return build_pipeline(self, ctx, args)
+
+    def run_rank(self, ctx: RankContext, args: argparse.Namespace) -> dict:
+        return run_rank(self, ctx, args)
+
+    def write_report(self, args: argparse.Namespace, main: dict, tiny: bool) -> dict:
+        return write_report(self, args, main, tiny)
+
 
 def add_diffusion_flags(p: argparse.ArgumentParser) -> None:
     """The flags every such command takes alike (the CLI's and the server's)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from dtgen import diffusion_command
 from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_parallel_problem
 from dtgen.image_files import image_path_problem, save_image
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
@@ -110,18 +109,8 @@ def _save(image, path: Path, args) -> None:
 COMMAND = DiffusionCommand(makes="image", loader=load, pipeline=QwenImagePipeline, get_plan=get_plan,
                            request_from_args=request_from_args, describe=_describe, save=_save)
 
-
-def build_pipeline(ctx: RankContext, args: argparse.Namespace):
-    """This rank's pipeline (pipeline, loaded, device, dtype): the command's and the server's."""
-    return diffusion_command.build_pipeline(COMMAND, ctx, args)
-
-
-def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
-    return diffusion_command.run_rank(COMMAND, ctx, args)
-
-
-def write_report(args, main: dict, tiny: bool) -> dict:
-    return diffusion_command.write_report(COMMAND, args, main, tiny)
+# this rank's pipeline (the command's and the server's), one request on every rank, rank 0's report
+build_pipeline, run_rank, write_report = COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report
 
 
 def main(argv=None, prog: str = "dtgen run --model qwen-image") -> int:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from dtgen import diffusion_command
 from dtgen.diffusion_command import DiffusionCommand, add_diffusion_flags, vae_parallel_problem
 from dtgen.fp8 import add_fp8_flags, attention_head_problem
 from dtgen.harness import add_run_flags, compile_problem, example_main, finish_launch_args, launch_problem
@@ -119,18 +118,8 @@ COMMAND = DiffusionCommand(makes="video", loader=load, pipeline=WanT2VPipeline, 
                            request_from_args=request_from_args, describe=_describe, save=_save,
                            profile_rows=PROFILE_ROWS)
 
-
-def build_pipeline(ctx: RankContext, args: argparse.Namespace):
-    """This rank's pipeline (pipeline, loaded, device, dtype): the command's and the server's."""
-    return diffusion_command.build_pipeline(COMMAND, ctx, args)
-
-
-def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
-    return diffusion_command.run_rank(COMMAND, ctx, args)
-
-
-def write_report(args, main: dict, tiny: bool) -> dict:
-    return diffusion_command.write_report(COMMAND, args, main, tiny)
+# this rank's pipeline (the command's and the server's), one request on every rank, rank 0's report
+build_pipeline, run_rank, write_report = COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report
 
 
 def main(argv=None, prog: str = "dtgen run --model wan") -> int:
