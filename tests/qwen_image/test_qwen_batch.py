@@ -12,6 +12,7 @@ concurrent /v1/images/generations requests of one bucket run as one batch.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import threading
 
@@ -25,6 +26,7 @@ from models.qwen_image.pipeline import T2IRequest
 from models.qwen_image.spec import SPEC
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from placements.qwen_image import PLANS
+from tests.support.batching import assert_rel_close, quiet
 
 from .test_qwen_image_plans import _pipe
 
@@ -43,17 +45,12 @@ CACHES = {"first-block": "first-block:threshold=1.08", "taylor": "taylor:interva
 CACHED_STEPS = 4
 
 
-def quiet(n: int):
-    return per_member([lambda *a: None] * n)
-
-
-def with_(req: T2IRequest, **change) -> T2IRequest:
-    return T2IRequest(**{**req.__dict__, **change})
+def with_(req, **change):
+    return dataclasses.replace(req, **change)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, where: str = "") -> None:
-    diff, scale = float((got - want).abs().max()), float(want.abs().max())
-    assert diff <= RTOL * scale, f"{where}: {diff} > {RTOL} x {scale}"
+    assert_rel_close(got, want, RTOL, where)
 
 
 def decisions(report: dict):

@@ -10,6 +10,8 @@ and HTTP routes, two video jobs of one bucket run their denoise steps as one bat
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -19,6 +21,7 @@ from dtgen.serve.errors import Cancelled
 from models.wan.pipeline import T2VRequest
 from models.wan.spec import SPEC
 from placements.wan import PLANS
+from tests.support.batching import assert_rel_close, quiet
 
 from .test_wan_pipeline import _pipe
 
@@ -39,17 +42,12 @@ CACHES = {"first-block": "first-block:threshold=0.054", "taylor": "taylor:interv
 CACHED_STEPS = 4
 
 
-def quiet(n: int):
-    return per_member([lambda *a: None] * n)
-
-
-def with_(req: T2VRequest, **change) -> T2VRequest:
-    return T2VRequest(**{**req.__dict__, **change})
+def with_(req, **change):
+    return dataclasses.replace(req, **change)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, where: str = "") -> None:
-    diff, scale = float((got - want).abs().max()), float(want.abs().max())
-    assert diff <= RTOL * scale, f"{where}: {diff} > {RTOL} x {scale}"
+    assert_rel_close(got, want, RTOL, where)
 
 
 def decisions(report: dict):
