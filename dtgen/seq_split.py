@@ -106,7 +106,13 @@ def embed_split(rt, model, *args, hole: SlotHole | None = None) -> LocalInputs:
     """`model.embed(*args)` split over the phase's SP ranks as `model.seq_splits` declares: a
     step piece of its own (compiled like the others), for every model with `embed`. `hole`:
     slots no query may see (`padded_rows`: each batch row's padding of its first stream)."""
-    local = split_inputs(rt.seq, model.seq_splits, model.embed(*args))
+    return with_hole(split_inputs(rt.seq, model.seq_splits, model.embed(*args)), hole)
+
+
+def with_hole(local: LocalInputs, hole: SlotHole | None) -> LocalInputs:
+    """`local` with its attention meta's `hole` set (None: as it is). A compiled step piece
+    returns its inputs without one and the caller adds it: torch 2.11's dynamo fails to return
+    a dataclass it rebuilt inside the graph (an AssertionError in its side-effect codegen)."""
     return local if hole is None else local._replace(meta=dataclasses.replace(local.meta, hole=hole))
 
 

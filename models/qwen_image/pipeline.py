@@ -41,7 +41,7 @@ from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidanc
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple
 from dtgen.schema import check_bounds, request_field, size_field
-from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows
+from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows, with_hole
 from dtgen.step_cache import DenoiserCall, RowLayout
 
 from .model import QwenImageT2I
@@ -198,7 +198,7 @@ class QwenImagePipeline(DiffusionPipeline):
         dit, rows, made = self.model.transformer, math.prod(grid), {}
 
         def embed():
-            made["inputs"] = self._inputs(rt, dit, x, t, text, *grid, hole=hole)
+            made["inputs"] = with_hole(self._inputs(rt, dit, x, t, text, *grid), hole)   # hole: outside the graph
             made["txt"] = (0, made["inputs"].inputs.txt)
             return made["inputs"].inputs.img
 
