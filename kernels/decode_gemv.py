@@ -193,7 +193,7 @@ DEFAULT_CONFIGS: dict[tuple[str, str], GemvConfig] = {
 }
 # Per-shape overrides, (N, K, kind, rows class) -> GemvConfig, from `bench.bench_decode_gemv
 # --sweep` on the target GPU (it prints entries to paste here). One H200, M = 1, the
-# HunyuanImage-3 decode shapes, e4m3 x passed in quantized as fp8_linear does (session 15:
+# HunyuanImage-3 decode shapes, e4m3 x passed in quantized as fp8_linear does (
 # `bench/results/h200-2026-12-02-qwen-peers/rope-real/bench_decode_gemv.json`; best / default us:
 # QKV and gate_up 6144x4096 fp8 9.3 / 10.2, bf16 14.8 / 17.1; O 4096x4096 fp8 7.4 / 8.8,
 # bf16 10.8 / 13.5; down 4096x3072 fp8 6.4 / 7.0, bf16 8.6 / 10.9; lm_head 133120x4096 fp8

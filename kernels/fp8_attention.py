@@ -103,8 +103,8 @@ class AttentionTiles:
         return None
 
 
-# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's shapes (one H200, session 19,
-# call 2): 64 query rows a program, one warpgroup, 3 stages: two programs fit an SM (registers
+# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's shapes (one H200, table
+# `fp8-attention`): 64 query rows a program, one warpgroup, 3 stages: two programs fit an SM (registers
 # and shared memory), and one's softmax runs while the other's tensor-core work does.
 DEFAULT_TILES = (AttentionTiles(num_stages=1, tma=False) if INTERPRETED else
                  AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=3))

@@ -67,7 +67,7 @@ class DecodeConfig:
 DEFAULT_DECODE_CONFIG = DecodeConfig()
 # e4m3 weights, swept apart per recipe (bench_moe --part decode) on an H200:
 # - converting e4m3 to float16 for stage 1's dot (not to bf16) took stage 1 off its
-#   conversion bound (session 7: channels T=1 44.6 -> 39.2 us, the same error against bf16);
+#   conversion bound (channels T=1 44.6 -> 39.2 us, the same error against bf16);
 # - stage 2 converting e4m3 through float16 (one instruction per pair) before bf16, and
 #   stage 1 with more bytes in flight (256-wide H tiles, 4 stages): channels T=1/16
 #   38.2/172.7 -> 30.8/152.6 us (bench/results/h200-2026-12-01-moe-targets/).
@@ -234,7 +234,7 @@ def decode_config_for(w_gate_up_scale: torch.Tensor | None, x_dtype: torch.dtype
         return DEFAULT_DECODE_CONFIG
     if w_gate_up_scale.dim() == 4:
         return FP8_BLOCKS_DECODE_CONFIG
-    if x_dtype.itemsize > 2:  # float32 x tiles: the 128-wide H tiles of session 7 (shared memory)
+    if x_dtype.itemsize > 2:  # float32 x tiles: 128-wide H tiles (shared memory)
         return replace(FP8_CHANNELS_DECODE_CONFIG, block_h=128, stage1_stages=3)
     return FP8_CHANNELS_DECODE_CONFIG
 
