@@ -108,7 +108,8 @@ def _options(args):
 def choose_model(argv, only: str | None = None, prog: str = "dtgen") -> tuple[ModelSpec | None, str | None]:
     """(the model's spec, or None) and (a one-line problem, or None) from --checkpoint / --model."""
     registry = _registry()
-    first = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)   # the model's --check is no --checkpoint
+    # no abbreviations: a model's own --check is not this parser's --checkpoint
+    first = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
     first.add_argument("--checkpoint")
     first.add_argument("--model", choices=registry.names())
     known, _ = first.parse_known_args(argv)
