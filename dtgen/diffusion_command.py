@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from .compile import CompileOptions, unique_graphs
-from .harness import compile_facts, gather_rank_facts, max_diff, peak_memory, rank_device, reference_threads, rel_l2, table
+from .harness import (compile_facts, gather_rank_facts, max_diff, peak_memory, rank_device, reference_threads, rel_l2,
+                      table)
 from .host import GcPauses, settle_heap
 from .launch import RankContext
 from .profiling import PhaseProfiler
@@ -38,8 +39,10 @@ class DiffusionCommand:
     """What an encode -> denoise -> decode model's command supplies (the rest is this module's)."""
 
     makes: str                      # "image" or "video": the result's attribute and the table's row
-    loader: Callable                # load(checkpoint, plan, rank, world_size, dtype, device, dense_dtype=, attention_dtype=)
-    pipeline: Callable              # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group)
+    # load(checkpoint, plan, rank, world_size, dtype, device, dense_dtype=, attention_dtype=)
+    loader: Callable
+    # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group)
+    pipeline: Callable
     get_plan: Callable              # the placements module's get_plan(name)
     request_from_args: Callable     # args -> the request
     describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
@@ -88,7 +91,8 @@ def build_pipeline(command: DiffusionCommand, ctx: RankContext, args: argparse.N
     loaded = _load(command, args, args.plan, ctx.rank, ctx.world_size, dtype, device)
     options = CompileOptions(enabled=args.compile, backend=args.compile_backend, regions=args.compile_mode == "regions")
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
-    pipe = command.pipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options, vae_group)
+    pipe = command.pipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options,
+                            vae_group)
     return pipe, loaded, device, dtype
 
 
@@ -144,8 +148,9 @@ def run_rank(command: DiffusionCommand, ctx: RankContext, args: argparse.Namespa
            "request": _request_fields(req), "timings_ms": result.timings_ms, "warmup_ms": warmup_ms,
            "compile": compile_report, "tokens_per_step": result.record.get("tokens_per_step"),
            "profile": profile_summary, "step_cache": result.record.get("step_cache")}
-    facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(), "storage_bytes": loaded.storage.nbytes,
-             "peak_memory_bytes": peak_memory(device), "gc": gc_pauses.as_dict()}
+    facts = {"rank": ctx.rank, "switch": loaded.controller.last_switch.as_dict(),
+             "storage_bytes": loaded.storage.nbytes, "peak_memory_bytes": peak_memory(device),
+             "gc": gc_pauses.as_dict()}
     out["ranks"] = gather_rank_facts(ctx, facts, loaded.controller.topology.control)
     if ctx.rank == 0:
         out["output"] = getattr(result, command.makes)
