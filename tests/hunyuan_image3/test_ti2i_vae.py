@@ -179,8 +179,11 @@ def test_row_chunked_encode_matches_golden_and_the_whole_encode(case, monkeypatc
     whole = _encoded(case)
     _check(g, "cond_vae_posterior_mean", chunked.mean)
     _check(g, "cond_vae_latent", chunked.latent)
-    torch.testing.assert_close(chunked.mean, whole.mean, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(chunked.logvar, whole.logvar, rtol=1e-5, atol=1e-5)
+    # float32 summation order: the slabs' convolutions and group norms sum in another order.
+    # Measured: 1.48e-5 at most on an AMD EPYC CPU (oneDNN's kernels there), under 1e-5
+    # elsewhere; the mean reaches 8.6, so 3e-5 is 3.5e-6 of its scale, a few float32 ulps.
+    torch.testing.assert_close(chunked.mean, whole.mean, rtol=1e-5, atol=3e-5)
+    torch.testing.assert_close(chunked.logvar, whole.logvar, rtol=1e-5, atol=3e-5)
 
 
 @pytest.mark.parametrize("case", _cases())
