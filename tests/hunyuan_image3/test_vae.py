@@ -222,11 +222,14 @@ def test_bf16_decode_stays_near_golden(case):
     import copy
     vae, g, _ = _load_case(case)
     vae16 = copy.deepcopy(vae).to(torch.bfloat16)
-    pairs = [("vae_latent_in", "vae_decoded")] + ([NONSQUARE_KEYS] if set(NONSQUARE_KEYS) <= set(g) else [])
-    for latent_key, image_key in pairs:
+    # Each decode path once in bf16 (whole maps on the square case, row chunks on the
+    # non-square one): a bf16 convolution on a CPU without bf16 units takes ~30 s a decode here,
+    # and the chunked decode equals the whole one exactly in float32 (test above).
+    runs = [("vae_latent_in", "vae_decoded", 1)]
+    runs += [(*NONSQUARE_KEYS, 4)] if set(NONSQUARE_KEYS) <= set(g) else [("vae_latent_in", "vae_decoded", 4)]
+    for latent_key, image_key, chunks in runs:
         want = g[image_key].double()
-        for chunks in (1, 4):
-            got = vae16.decode(g[latent_key].to(torch.bfloat16), row_chunks=chunks).double()
-            rel = float((got - want).norm() / want.norm())
-            worst = float((got - want).abs().max())
-            assert rel < 0.02 and worst < 0.06, (image_key, chunks, rel, worst)
+        got = vae16.decode(g[latent_key].to(torch.bfloat16), row_chunks=chunks).double()
+        rel = float((got - want).norm() / want.norm())
+        worst = float((got - want).abs().max())
+        assert rel < 0.02 and worst < 0.06, (image_key, chunks, rel, worst)
