@@ -1,12 +1,12 @@
 """Every JSON the page reads (its path under bench/results/) and the command that reproduces it: `RUNS`.
 
-A command is `python -m bench SUITE PART ARGS` (bench/suites.py; `dtgen bench` is the same), or
-`python -m bench run-all SUITE:STEP` where a step of the GPU runner runs exactly it.
+A command is `python -m bench SUITE PART ARGS` (bench/suites.py; `dtgen bench` is the same) with the
+flags that ran, or for two GPUs `python -m bench run-all SUITE:STEP`, the GPU runner's step that starts
+the ranks under torchrun with them.
 """
 from __future__ import annotations
 
 from bench.report_cells import RunInfo
-from bench.suites import HY_REQUEST
 
 GPU_IMAGE = "torch 2.11.0+cu130, triton 3.6.0"
 WITH_DIFFUSERS = f"{GPU_IMAGE}, diffusers 0.42.1"
@@ -52,30 +52,37 @@ WAN_CACHE_DEVIATION = "cpu-2026-12-01-wan-cache/deviation.json"
 QWEN_BF16 = tuple(f"h200-2026-12-02-qwen-peers/rope-real/qwen_peers_{i}.json" for i in (1, 2, 3))
 QWEN_FP8 = "h200-2026-12-03/serve-peers/qwen_peers_1.json"
 
-T2I_CMD = f"python -m bench e2e cli {HY_REQUEST} --prompt-tokens 1251 --image-size 1024x1024 --report t2i.json"
-TI2I_CMD = (f"python -m bench e2e cli {HY_REQUEST} --image ref.png --prompt redder --prompt redder "
-            "--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --report ti2i.json")
+# one request at the released shapes (random weights): FP8 experts, dense linears and attention, compiled regions
+HY_REQUEST = ("python -m bench e2e cli --random-weights full --moe-dtype fp8 --dense-dtype fp8 --attention-dtype fp8 "
+              "--compile --max-new-tokens 256 --ignore-eos --steps 10")
+T2I_CMD = f"{HY_REQUEST} --prompt-tokens 1251 --image-size 1024x1024 --report t2i.json"
+TI2I_CMD = (f"{HY_REQUEST} --image ref.png --prompt redder --prompt redder --kv-caches keep-ar --vae-dtype bfloat16 "
+            "--vae-chunks 4 --report ti2i.json")
 MOE = "python -m bench kernels moe"
 
 RUNS: dict[str, RunInfo] = {
-    DECODE: RunInfo("python -m bench run-all decode:decode_dense_fp8", software=GPU_IMAGE),
-    T2I: RunInfo("python -m bench run-all e2e:t2i", software=GPU_IMAGE),
-    TI2I: RunInfo("python -m bench run-all e2e:ti2i", software=GPU_IMAGE),
+    DECODE: RunInfo("python -m bench decode step --layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
+                    "--tokens 64 --kernels 12 --out decode.json", software=GPU_IMAGE),
+    T2I: RunInfo(T2I_CMD, software=GPU_IMAGE),
+    TI2I: RunInfo(TI2I_CMD, software=GPU_IMAGE),
     T2I_CFG_BATCH: RunInfo(f"{T2I_CMD} --cfg-mode batch", software=GPU_IMAGE),
     TI2I_CFG_BATCH: RunInfo(f"{TI2I_CMD} --cfg-mode batch", software=GPU_IMAGE),
-    MEMORY: RunInfo("python -m bench run-all memory:memory_lean_ar", software=GPU_IMAGE),
-    STEP_CACHE: RunInfo("python -m bench run-all step-cache:step_cache_t2i"),
-    DISTIL: RunInfo("python -m bench run-all step-cache:step_cache_distil"),
+    MEMORY: RunInfo("python -m bench memory levers --configs lean_ar --dense-dtype fp8 --repeats 3 --out memory.json",
+                    software=GPU_IMAGE),
+    STEP_CACHE: RunInfo("python -m bench step-cache hunyuan --model t2i --out step_cache_t2i.json"),
+    DISTIL: RunInfo("python -m bench step-cache hunyuan --model distil --out step_cache_distil.json"),
     VAE_SUITE: RunInfo("python -m bench vae decode --suite --only-bf16 --variants bf16_fast_eager,bf16_cl_eager,"
                        "bf16_fast_chunks4_eager,bf16_cl_chunks4_eager --out vae_suite.json", software=GPU_IMAGE),
-    VAE_FLOPS: RunInfo("python -m bench run-all vae:vae_flops", software=CPU_STACK),
-    SERVE: RunInfo("python -m bench run-all serve:serve_overhead", software=GPU_IMAGE),
+    VAE_FLOPS: RunInfo("python -m bench vae flops --sizes 1024 --out vae_flops.json", software=CPU_STACK),
+    SERVE: RunInfo("python -m bench serve server --overhead-requests 5 --requests 0 --steps 10 --max-new-tokens 256 "
+                   "--size 1024x1024 --timeout 300 --out serve.json -- --random-weights full --moe-dtype fp8 --compile",
+                   software=GPU_IMAGE),
     ATTENTION: RunInfo("python -m bench kernels fp8-attention --shapes 1.3B,hy-t2i,hy-ti2i --sweep --iters 10 "
                        "--out fp8_attention.json", software=GPU_IMAGE),
     ATTENTION_14B: RunInfo("python -m bench kernels fp8-attention --shapes 14B --iters 5 --out fp8_attention_14b.json",
                            software=GPU_IMAGE),
-    SPLIT_KV: RunInfo("python -m bench run-all kernels:split_kv", software=GPU_IMAGE),
-    PROLOGUE: RunInfo("python -m bench run-all kernels:prologue", software=GPU_IMAGE),
+    SPLIT_KV: RunInfo("python -m bench kernels split-kv --out split_kv.json", software=GPU_IMAGE),
+    PROLOGUE: RunInfo("python -m bench kernels prologue --out prologue.json", software=GPU_IMAGE),
     GROUPED_GEMM[0]: RunInfo("python -m bench kernels grouped-gemm --flatten --out grouped_gemm.json"),
     GROUPED_GEMM[1]: RunInfo("python -m bench kernels grouped-gemm --flatten --sweep --out grouped_gemm_sweep.json"),
     MOE_DECODE[0]: RunInfo(f"{MOE} --decode-tokens 1 16 --out moe.json"),
@@ -88,17 +95,20 @@ RUNS: dict[str, RunInfo] = {
     REGIONS_COLD: RunInfo("python -m bench run-all e2e:t2i_tp2_32 (an empty compile cache)"),
     REGIONS_WARM: RunInfo("python -m bench run-all e2e:t2i_tp2_32 (again: the first run's compile cache)"),
     STEP_CACHE_DEVIATION: RunInfo("python -m bench step-cache hunyuan --deviation --out deviation.json"),
-    COMPILE_DEPTH: RunInfo("python -m bench run-all compile:compile_depth", software=CPU_STACK),
+    COMPILE_DEPTH: RunInfo("python -m bench compile depth --layers 2,16 --modes regions,whole --out compile_depth.json",
+                           software=CPU_STACK),
     SERVE_LOAD: RunInfo("python -m bench serve server --requests 100 --overhead-requests 0 --budget 4200 "
                         "--out serve_load.json", software=CPU_STACK),
-    WAN_PEERS[0]: RunInfo("python -m bench run-all peers:wan_peers", software=WITH_DIFFUSERS),
+    WAN_PEERS[0]: RunInfo("python -m bench peers wan --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
+                          "--out wan_peers.json", software=WITH_DIFFUSERS),
     WAN_PEERS[1]: RunInfo("python -m bench peers wan --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8 "
                           "--profile 12 --out wan_peers.json", software=WITH_DIFFUSERS),
-    WAN_STEP: RunInfo("python -m bench run-all dit:wan_1.3B"),
-    WAN_14B_STEP: RunInfo("python -m bench run-all dit:wan_14B_8layers"),
-    WAN_CACHE: RunInfo("python -m bench run-all step-cache:wan_cache", software=WITH_DIFFUSERS),
+    WAN_STEP: RunInfo("python -m bench dit wan --model 1.3B --out wan_1.3B.json"),
+    WAN_14B_STEP: RunInfo("python -m bench dit wan --model 14B --layers 8 --out wan_14B_8layers.json"),
+    WAN_CACHE: RunInfo("python -m bench step-cache wan --out wan_cache.json", software=WITH_DIFFUSERS),
     WAN_CACHE_DEVIATION: RunInfo("python -m bench step-cache wan-deviation --out deviation.json"),
     **{f: RunInfo("python -m bench peers qwen --modes regions --kernels 12 --out qwen_peers.json",
                   software=WITH_DIFFUSERS) for f in QWEN_BF16},
-    QWEN_FP8: RunInfo("python -m bench run-all peers:qwen_peers", software=WITH_DIFFUSERS),
+    QWEN_FP8: RunInfo("python -m bench peers qwen --modes regions --variants bf16,dense-fp8,attn-fp8,fp8 "
+                      "--out qwen_peers.json", software=WITH_DIFFUSERS),
 }
