@@ -121,18 +121,14 @@ class Runs(Cell):
 
 @dataclass
 class Calc(Cell):
-    """fn(*the inputs' numbers) -> a number; inputs are Values (their first number) or Runs
-    (their median)."""
+    """fn(*each input's median) -> a number (a ratio, a floor from a stored count)."""
 
     fn: Callable
     inputs: list[Cell]
     fmt: str = "{:.1f}"
-    lists: bool = False   # pass each input's numbers as a list (per-request values), not their median
 
     def numbers(self, src, file):
-        args = [c.numbers(src, file) if self.lists else statistics.median(c.numbers(src, file))
-                for c in self.inputs]
-        return [float(self.fn(*args))]
+        return [float(self.fn(*(statistics.median(c.numbers(src, file)) for c in self.inputs)))]
 
     def render(self, src, file):
         return self.fmt.format(self.numbers(src, file)[0])
