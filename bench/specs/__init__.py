@@ -21,6 +21,7 @@ NOT_MEASURED = [
     "Wan end to end (text encoder, the whole 40-block 14B, the video VAE) and Qwen-Image end to end (text "
     "encoder, VAE): only their DiTs are timed.",
     "The server under load on a GPU: only the tiny model on a CPU.",
+    "Wan and Qwen-Image on more than one GPU.",
 ]
 
 __all__ = ["HEADLINE", "NOT_MEASURED", "PAGE", "RUNS", "TABLES"]

@@ -127,7 +127,7 @@ PHASES = Table("hunyuan-h200-phases", "Phases against their floors and targets",
          Runs([(T2I, "warmup_ms")], "{:.1f}", " s", 1e-3), "", ""]),
 ], note="The requests of the table above; `decode step` repeats its timed loop (each repeat: the median of its "
         "steps). The AR floor is the bytes a step reads (dense and routed experts' weights, FP8) at 4.3 TB/s. "
-        "The VAE floors are the FLOPs its convolutions need at a rate (bench/probes/vae_flops.py): float32 runs "
+        "The VAE floors are the FLOPs its convolutions need at a rate (`vae flops`): float32 runs "
         "no faster than TF32's datasheet rate, bf16 at the measured GEMM rate. The memory rows are `memory "
         "levers` runs of 4 denoise steps. The server's overhead: the median of the per-request differences "
         "between what the HTTP client waited and the CLI's total with its PNG write; the verdict reads the "
@@ -165,9 +165,8 @@ KERNELS = Table("hunyuan-h200-kernels", "Kernels against torch's ops (HunyuanIma
          Runs([(f, "decode[variant=decode_triton_fp8_channels,tokens=1].us") for f in MOE_DECODE], "{:.1f}", " us"),
          "", "", target(Runs([(f, "decode[variant=decode_triton_fp8_channels,tokens=1].us") for f in MOE_DECODE]),
                         30.0, "<= 30 us")]),
-], note="Each op alone (bench/bench_fp8_attention.py, bench_decode_batch.py, bench_grouped_gemm.py, bench_moe.py), "
-        "each figure the median of its timed calls after warm-ups; a run is a process. The FP8 attention kernel "
-        "is timed on operands quantized beforehand (default tiles: 64 query rows, 128 keys a step), its error "
+], note="Each op alone (`kernels fp8-attention`, `split-kv`, `prologue`, `grouped-gemm`, `moe`), each figure the "
+        "median of its timed calls after warm-ups; a run is a process. The FP8 attention kernel is timed on operands quantized beforehand (default tiles: 64 query rows, 128 keys a step), its error "
         "against SDPA's math in float32. torch._grouped_mm is timed on the same routed rows, expert-major. The "
         "MoE GEMMs' floor: the dense bf16 GEMM rate.")
 
