@@ -166,9 +166,10 @@ KERNELS = Table("hunyuan-h200-kernels", "Kernels against torch's ops (HunyuanIma
          "", "", target(Runs([(f, "decode[variant=decode_triton_fp8_channels,tokens=1].us") for f in MOE_DECODE]),
                         30.0, "<= 30 us")]),
 ], note="Each op alone (`kernels fp8-attention`, `split-kv`, `prologue`, `grouped-gemm`, `moe`), each figure the "
-        "median of its timed calls after warm-ups; a run is a process. The FP8 attention kernel is timed on operands quantized beforehand (default tiles: 64 query rows, 128 keys a step), its error "
-        "against SDPA's math in float32. torch._grouped_mm is timed on the same routed rows, expert-major. The "
-        "MoE GEMMs' floor: the dense bf16 GEMM rate.")
+        "median of its timed calls after warm-ups; a run is a process. The FP8 attention kernel is timed on "
+        "operands quantized beforehand (default tiles: 64 query rows, 128 keys a step), its error against SDPA's "
+        "math in float32. torch._grouped_mm is timed on the same routed rows, expert-major. The MoE GEMMs' floor: "
+        "the dense bf16 GEMM rate.")
 
 X2 = Table("hunyuan-h200x2", "T2I on plan `tp2` (bf16 experts)", ["figure", "dtgen", "target"], [
     Row(["T2I request end to end, 32 layers, 10 steps", Runs([(TP2_32, "timings_ms.total")], "{:.0f}", " ms"), ""]),
