@@ -1,61 +1,56 @@
-"""docs/performance.md's tables, rendered from the JSON in bench/results/.
+"""docs/performance.md and README.md's headline table, rendered from the JSON in bench/results/.
 
-    python -m bench.report            # rewrite every table of docs/performance.md
-    python -m bench.report --check    # exit 1, with a one-line summary, if the committed doc differs
+    python -m bench.report            # rewrite docs/performance.md and README.md's headline block
+    python -m bench.report --check    # exit 1, with a one-line summary, if either differs
 
-The doc's prose is hand-written; each table sits between two markers,
+The page is generated in full from bench/specs/ (`PAGE`: per model and machine, the latest
+measurement of each figure; `NOT_MEASURED`); README.md's table sits between
 
-    <!-- table:ID -->
+    <!-- table:headline -->
     ... (generated: never edit by hand) ...
-    <!-- /table:ID -->
+    <!-- /table:headline -->
 
-and is rendered from the spec `ID` in bench/specs/ (one module a suite: bench/specs/<suite>.py,
-its `TABLES`). Every cell is read from a JSON file under bench/results/, every row names its
-file(s), and under each table a footnote gives, per file, the command that made it, the date,
-the GPU and the software. A number can therefore not drift from its file: the CPU suite
-(`tests/framework/test_report.py`) fails when the committed doc is not what this script renders.
+and is rendered from `HEADLINE`. Every figure is read from a JSON file under bench/results/;
+each table numbers the files its rows read and lists them under it with their date, GPU,
+software and the command that reproduces them. A number can therefore not drift from its file:
+the CPU suite (`tests/framework/test_report.py`) fails when a committed file is not what this
+script renders.
 
 Adding a benchmark's figures (no change here):
-1. commit its JSON under bench/results/<machine>-<date>[-<topic>]/ (e.g. h200-2026-12-03/,
-   cpu-2026-12-02-serve/; a run of `bash bench/run_gpu.sh` is one such folder);
-2. in bench/specs/runs.py, add the file to `RUNS` (the command that made it; the GPU and
-   software when the JSON does not say);
-3. add a `Table` to the `TABLES` of its suite's module (or a `Row` to an existing one): its
-   cells (bench/report_cells.py) are
-   - `Text("...")`: labels, targets (goals, not measurements);
+1. commit its JSON under bench/results/<machine>-<date>[-<topic>]/ (e.g. h200-2026-12-03/);
+2. in bench/specs/runs.py, add the file to `RUNS` (`python -m bench SUITE PART ARGS`, the
+   command that reproduces it; the GPU and software when the JSON does not say);
+3. point the row of the figure at it (a newer measurement replaces the older one: the page
+   shows the latest; the older JSON stays in bench/results/). Cells (bench/report_cells.py):
+   - `Text("...")` (or a plain string): labels, targets;
    - `Value("path", "{:.1f} ms")`: one number at a path in the row's file (`Row(file=...)`)
      or in `Value(..., file=...)`. Paths are dotted keys; a list element is picked by index
-     (`rows[0]`), by its fields (`decode[variant=decode_triton,tokens=1].us`; nested fields
-     as `gate_up[tiles/block_r=128]`; exactly one match), or, in a list of [name, value, ...]
-     rows, by the name's start (`top_kernels.ar[^_decode_gate_up][1]`); a dict key that holds a
-     dot, quoted in brackets (`shapes["1.3B"].heads`);
-   - `Runs([(file, path), ...], fmt)`: a figure measured several times: "median (median of
-     N runs; min-max)";
-   - `Calc(fn, [Value or Runs...], fmt)`: a number computed from stored values (e.g. a floor
-     recomputed with a newer formula, or with `lists=True` the median of per-request
-     differences); say so in the table's note;
-   - `Verdict(cell, target, "<=")`: "met" only when the cell's median meets the target;
-   - `Join([cells], " / ")`: several figures in one cell (one separator, or one per gap);
-   a plain string in a row stands for `Text`. A figure with no JSON has no place in a table:
-   say in the prose where it comes from (a log, a trace) or leave it out.
-4. put `<!-- table:ID -->` / `<!-- /table:ID -->` where it goes in the doc and run
-   `python -m bench.report`.
+     (`rows[0]`), by its fields (`rows[run=t2i,repeat=0].ms`; nested fields as
+     `tiles/block_r=128`; exactly one match), or, in a list of [name, value, ...] rows, by the
+     name's start (`top[^_decode_gate_up][1]`); a dict key that holds a dot, quoted in
+     brackets (`shapes["1.3B"].heads`);
+   - `Runs([(file, path), ...], fmt, unit)`: a figure measured several times (a path to a list
+     gives one run an element): "median (median of N runs; min-max)";
+   - `Calc(fn, [cells], fmt)`: a number computed from stored values (a floor from a stored
+     count, a ratio); the table's note says so;
+   - `Verdict(cell, target, "<=", label)`: "met" only when the cell's median meets the target;
+   - `Join([cells], " / ")`: several figures in one cell.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
-import shlex
 import sys
 from pathlib import Path
 
-from bench.report_cells import ReportError, RunInfo, Table, cell_of
+from bench.report_cells import ReportError, RunInfo, Section, Table, cell_of
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "performance.md"
-GENERATED = "<!-- generated by `python -m bench.report` from bench/specs/: edit there, not here -->"
+README = ROOT / "README.md"
+GENERATED = "<!-- generated by `python -m bench.report` from bench/specs/ and bench/results/: edit there, not here -->"
 
 
 _SEGMENT = re.compile(r"^([^\[\]]+)((?:\[[^\]]*\])*)$")
@@ -135,9 +130,8 @@ def lookup(data, path: str, where: str = ""):
 class Sources:
     """The JSON files a render reads (parsed once) and the runs that made them."""
 
-    def __init__(self, runs: dict[str, RunInfo], root: Path = RESULTS, reruns: dict | None = None):
+    def __init__(self, runs: dict[str, RunInfo], root: Path = RESULTS):
         self.runs, self.root, self._data = runs, root, {}
-        self.reruns = reruns or {}   # bench.runner.rerun_index(): the runner's step that runs a file's command
 
     def get(self, file: str, path: str):
         if file not in self._data:
@@ -151,35 +145,23 @@ class Sources:
         return lookup(self._data[file], path, f"bench/results/{file}")
 
     def describe(self, file: str) -> str:
-        """`command` (date, GPU, software) of one file."""
+        """"date, GPU, software[, commit]; `command`" of one file."""
         run = self.runs[file]
         data = self._data.get(file, {})
         data = data if isinstance(data, dict) else {}
         date = re.search(r"\d{4}-\d{2}-\d{2}", file)
-        gpu = run.gpu or _gpu_of(file, data)
-        software = run.software or _software_of(data)
-        parts = [p for p in (date.group(0) if date else None, gpu, software) if p]
-        step = self.reruns.get(_measured(run.command))
-        if step:
-            parts.append(f"rerun: `python -m bench run-all {step}`")
-        return f"`{run.command}` ({'; '.join(parts)})"
-
-
-def _measured(command: str):
-    from bench.runner import measured
-    try:
-        return measured(shlex.split(command))
-    except ValueError:   # a command with an unclosed quote is no step's
-        return None
+        commit = data.get("commit") or data.get("git_commit")
+        parts = [date.group(0) if date else None, run.gpu or _gpu_of(file), run.software or _software_of(data),
+                 f"commit {commit}" if commit else None]
+        return f"{', '.join(p for p in parts if p)}; `{run.command}`"
 
 
 def _sources() -> Sources:
-    from bench.runner import rerun_index
     from bench.specs import RUNS
-    return Sources(RUNS, reruns=rerun_index())
+    return Sources(RUNS)
 
 
-def _gpu_of(file: str, data: dict) -> str:
+def _gpu_of(file: str) -> str:
     machine = file.split("/")[0].split("-")[0]
     if machine.startswith("h200x"):
         return f"{machine[5:]} x H200"
@@ -192,16 +174,14 @@ def _software_of(data: dict) -> str | None:
     torch_version = data.get("torch")
     if torch_version is None:
         return None
-    triton = data.get("triton")
-    return f"torch {torch_version}" + (f", triton {triton}" if triton else "")
+    extra = [f"{name} {data[name]}" for name in ("triton", "diffusers") if isinstance(data.get(name), str)]
+    return ", ".join([f"torch {torch_version}", *extra])
 
 
-def render_table(table: Table, src: Sources) -> str:
-    lines = [GENERATED]
-    header = table.columns + (["source (bench/results/)"] if table.source_column else [])
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-    used: list[str] = []
+def _rows(table: Table, src: Sources, numbered: list[str], files_column: bool = True) -> list[str]:
+    """The table's header and rows; each row's last cell numbers the files it reads (in `numbered`)."""
+    header = table.columns + (["files"] if files_column else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, row in enumerate(table.rows):
         cells = [cell_of(c) for c in row.cells]
         if len(cells) != len(table.columns):
@@ -211,83 +191,123 @@ def render_table(table: Table, src: Sources) -> str:
         except ReportError as e:
             raise ReportError(f"table {table.id!r} row {i}: {e}") from None
         files = list(dict.fromkeys(f for c in cells for f in c.files(row.file)))
-        used += [f for f in files if f not in used]
-        if table.source_column:
-            text.append(", ".join(f"`{f}`" for f in files) or "-")
+        numbered += [f for f in files if f not in numbered]
+        if files_column:
+            text.append(", ".join(f"[{numbered.index(f) + 1}]" for f in files) or "-")
         lines.append("| " + " | ".join(t.replace("|", "\\|") for t in text) + " |")
-    lines.append("")
+    return lines
+
+
+def render_table(table: Table, src: Sources) -> str:
+    """The table under its heading, its note, and its numbered files: date, GPU, software, command."""
+    numbered: list[str] = []
+    lines = [f"### {table.title}", "", f"<!-- table:{table.id} -->", *_rows(table, src, numbered), ""]
     if table.note:
         lines += [table.note, ""]
-    if used:
-        lines.append("Made by: " + "; ".join(f"`{f}`: {src.describe(f)}" for f in used) + ".")
+    lines += [f"{i}. `{f}`: {src.describe(f)}" for i, f in enumerate(numbered, 1)]
     return "\n".join(lines)
 
 
-BLOCK = re.compile(r"(<!-- table:([A-Za-z0-9_.-]+) -->\n)(.*?)(<!-- /table:\2 -->)", re.S)
+INTRO = """# Performance
+
+{generated}
+
+The latest measurement of each figure, per model and machine, read from the JSON in
+`bench/results/` by `python -m bench.report` (the specs: `bench/specs/`; `--check`, run by the CPU
+suite, fails when this page differs). Each figure gives its median, the range and the number of runs
+(separate processes or requests, as the table's note says); each table numbers the files its rows
+read and lists them below it with the date, the GPU, the software and the command that reproduces
+them (`python -m bench SUITE PART ARGS`, the same as `dtgen bench SUITE PART ARGS`; `python -m bench
+--list`). A target counts as met only when the median meets it. A peer is measured side by side in
+the same process on the same GPU and inputs. Floors: bytes at {hbm} TB/s (the copy bandwidth
+measured on the H200) or FLOPs at 694 TFLOP/s (a dense bf16 GEMM measured on the same GPU), in the
+dtype that runs. Older measurements stay as JSON in `bench/results/`, named by machine and date."""
 
 
-def render_doc(text: str, tables: list[Table], src: Sources) -> str:
-    """The doc with every marked table rendered; ReportError for a marker with no spec or a
-    spec with no marker."""
-    specs = {t.id: t for t in tables}
-    if len(specs) != len(tables):
+def render_page(sections: list[Section], not_measured: list[str], src: Sources) -> str:
+    from bench.floors import HBM_TBPS
+    ids = [t.id for s in sections for t in s.tables]
+    if len(set(ids)) != len(ids):
         raise ReportError("table ids repeat in bench/specs/")
-    seen = []
+    parts = [INTRO.format(generated=GENERATED, hbm=HBM_TBPS)]
+    for section in sections:
+        parts.append(f"## {section.title}")
+        parts += [render_table(t, src) for t in section.tables]
+    parts += ["## Not measured", "\n".join(f"- {item}" for item in not_measured)]
+    return "\n\n".join(parts) + "\n"
 
-    def replace(m):
-        if m.group(2) not in specs:
-            raise ReportError(f"docs/performance.md marks table {m.group(2)!r}, which bench/specs/ "
-                              "does not define")
-        seen.append(m.group(2))
-        return m.group(1) + render_table(specs[m.group(2)], src) + "\n" + m.group(4)
 
-    out = BLOCK.sub(replace, text)
-    opened = re.findall(r"<!-- table:([A-Za-z0-9_.-]+) -->", text)
-    if len(opened) != len(seen):
-        raise ReportError(f"docs/performance.md: table markers without their closing marker: "
-                          f"{sorted(set(opened) - set(seen))}")
-    missing = [t for t in specs if t not in seen]
-    if missing:
-        raise ReportError(f"bench/specs/ defines tables that docs/performance.md does not mark: {missing}")
+HEADLINE = re.compile(r"(<!-- table:headline -->\n)(.*?)(<!-- /table:headline -->)", re.S)
+
+
+def render_headline(table: Table, src: Sources) -> str:
+    """The README's table: the page's figures (the same rows' files), without their sources."""
+    rows = _rows(table, src, [], files_column=False)
+    return "\n".join([GENERATED, *rows, "", "Each figure's JSON, runs, date, GPU, software and the command that "
+                       "reproduces it: [docs/performance.md](docs/performance.md)."]) + "\n"
+
+
+def render_readme(text: str, table: Table, src: Sources) -> str:
+    if not HEADLINE.search(text):
+        raise ReportError("README.md: no `<!-- table:headline -->` ... `<!-- /table:headline -->` block")
+    return HEADLINE.sub(lambda m: m.group(1) + render_headline(table, src) + m.group(3), text, count=1)
+
+
+def _changed_tables(old: str, new: str) -> list[str]:
+    """The ids of the tables whose rendered block is not in `old` as it is in `new`."""
+    blocks = re.split(r"(?=^### )", new, flags=re.M)
+    out = []
+    for block in blocks:
+        m = re.search(r"<!-- table:([A-Za-z0-9_.-]+) -->", block)
+        if m and block.strip() not in old:
+            out.append(m.group(1))
     return out
 
 
-def check(doc: Path = DOC) -> str | None:
-    """None when the doc is what the specs render, else a one-line summary of the difference."""
-    from bench.specs import TABLES
-    text = doc.read_text()
-    rendered = render_doc(text, TABLES, _sources())
-    if rendered == text:
+def check(doc: Path = DOC, readme: Path = README, src: Sources | None = None) -> str | None:
+    """None when both files are what the specs render from `src` (bench/results/), else a one-line
+    summary of the difference."""
+    from bench.specs import HEADLINE as headline, NOT_MEASURED, PAGE
+    src = src or _sources()
+    problems = []
+    text, rendered = doc.read_text(), render_page(PAGE, NOT_MEASURED, src)
+    if rendered != text:
+        changed = _changed_tables(text, rendered)
+        lines = sum(1 for a, b in zip(text.splitlines(), rendered.splitlines()) if a != b)
+        lines += abs(len(text.splitlines()) - len(rendered.splitlines()))
+        problems.append(f"{doc.name} differs in {len(changed)} table(s) ({', '.join(changed[:6])}"
+                        f"{', ...' if len(changed) > 6 else ''}; {lines} lines)")
+    text = readme.read_text()
+    if render_readme(text, headline, src) != text:
+        problems.append(f"{readme.name}'s headline table differs")
+    if not problems:
         return None
-    old = {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
-    new = {m.group(2): m.group(3) for m in BLOCK.finditer(rendered)}
-    changed = [k for k in new if old.get(k) != new[k]]
-    lines = sum(1 for a, b in zip(text.splitlines(), rendered.splitlines()) if a != b)
-    lines += abs(len(text.splitlines()) - len(rendered.splitlines()))
-    name = doc.relative_to(ROOT) if doc.is_relative_to(ROOT) else doc
-    return (f"{name} differs from `python -m bench.report` in {len(changed)} table(s) "
-            f"({', '.join(changed[:6])}{', ...' if len(changed) > 6 else ''}; {lines} lines): "
-            "run `python -m bench.report` and commit the doc")
+    return "; ".join(problems) + ": run `python -m bench.report` and commit"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="compare only; exit 1 with a one-line summary if it differs")
+    p.add_argument("--check", action="store_true",
+                   help="compare only; exit 1 with a one-line summary if either file differs")
     p.add_argument("--doc", type=Path, default=DOC)
+    p.add_argument("--readme", type=Path, default=README)
     args = p.parse_args(argv)
     try:
         if args.check:
-            problem = check(args.doc)
+            problem = check(args.doc, args.readme)
             if problem:
                 print(problem, file=sys.stderr)
                 return 1
-            print(f"{args.doc}: every table is what bench/results/ holds")
+            print(f"{args.doc} and {args.readme}'s headline: every figure is what bench/results/ holds")
             return 0
-        from bench.specs import TABLES
-        text = args.doc.read_text()
-        rendered = render_doc(text, TABLES, _sources())
-        args.doc.write_text(rendered)
-        print(f"wrote {args.doc} ({len(TABLES)} tables)")
+        from bench.specs import HEADLINE as headline, NOT_MEASURED, PAGE
+        src = _sources()
+        page = render_page(PAGE, NOT_MEASURED, src)
+        readme = render_readme(args.readme.read_text(), headline, src)
+        args.doc.write_text(page)
+        args.readme.write_text(readme)
+        print(f"wrote {args.doc} ({sum(len(s.tables) for s in PAGE)} tables, {page.count(chr(10))} lines) "
+              f"and {args.readme}'s headline table")
         return 0
     except ReportError as e:
         print(f"error: {e}", file=sys.stderr)

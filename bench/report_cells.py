@@ -1,7 +1,8 @@
-"""The cells, rows and tables of docs/performance.md's specs (bench/specs/), and what made a file.
+"""The cells, rows, tables and sections of docs/performance.md's specs (bench/specs/), and what
+made a file.
 
 A cell renders itself from `src` (bench.report.Sources: `src.get(file, path)` is the value at
-`path` in a JSON under bench/results/); bench/report.py has the kinds of path and how a table
+`path` in a JSON under bench/results/); bench/report.py has the kinds of path and how the page
 is rendered.
 """
 from __future__ import annotations
@@ -21,8 +22,8 @@ class ReportError(ValueError):
 # ---- where a figure comes from -----------------------------------------------------------
 @dataclass(frozen=True)
 class RunInfo:
-    """What made one JSON file: the command (required), and where the JSON does not say
-    them, the GPU and the software (torch, triton)."""
+    """What made one JSON file: the command that reproduces it (`python -m bench SUITE PART ...`),
+    and where the JSON does not say them, the GPU and the software (torch, triton)."""
 
     command: str
     gpu: str | None = None
@@ -89,23 +90,30 @@ class Value(Cell):
 
 @dataclass
 class Runs(Cell):
-    """One figure measured in several runs (files or paths): the median and the range."""
+    """One figure measured in several runs (files or paths; a path to a list gives one run an
+    element): "median (median of N runs; min-max)", or "value (1 run)"."""
 
     refs: list[tuple[str, str]]
     fmt: str = "{:.1f}"
     unit: str = ""
     scale: float = 1.0    # applied to every stored number (bytes -> GB: 1e-9)
+    what: str = "runs"    # what one number is: "runs", "requests", "calls"
 
     def numbers(self, src, file):
-        return [float(src.get(f, p)) * self.scale for f, p in self.refs]
+        out = []
+        for f, p in self.refs:
+            value = src.get(f, p)
+            out += [float(v) * self.scale for v in (value if isinstance(value, list) else [value])]
+        return out
 
     def render(self, src, file):
         values = self.numbers(src, file)
         if len(values) == 1:
-            return self.fmt.format(values[0]) + self.unit
+            return f"{self.fmt.format(values[0])}{self.unit} (1 {self.what.rstrip('s')})"
         low, high = self.fmt.format(min(values)), self.fmt.format(max(values))
         spread = f"{low}-{high}" if low != high else "the same in each"
-        return f"{self.fmt.format(statistics.median(values))}{self.unit} (median of {len(values)} runs; {spread})"
+        median = self.fmt.format(statistics.median(values))
+        return f"{median}{self.unit} (median of {len(values)} {self.what}; {spread})"
 
     def files(self, file):
         return [f for f, _ in self.refs]
@@ -113,18 +121,14 @@ class Runs(Cell):
 
 @dataclass
 class Calc(Cell):
-    """fn(*the inputs' numbers) -> a number; inputs are Values (their first number) or Runs
-    (their median)."""
+    """fn(*each input's median) -> a number (a ratio, a floor from a stored count)."""
 
     fn: Callable
     inputs: list[Cell]
     fmt: str = "{:.1f}"
-    lists: bool = False   # pass each input's numbers as a list (per-request values), not their median
 
     def numbers(self, src, file):
-        args = [c.numbers(src, file) if self.lists else statistics.median(c.numbers(src, file))
-                for c in self.inputs]
-        return [float(self.fn(*args))]
+        return [float(self.fn(*(statistics.median(c.numbers(src, file)) for c in self.inputs)))]
 
     def render(self, src, file):
         return self.fmt.format(self.numbers(src, file)[0])
@@ -135,16 +139,17 @@ class Calc(Cell):
 
 @dataclass
 class Verdict(Cell):
-    """"met" when the median of `cell`'s numbers meets the target, else "missed"."""
+    """"<label>: met" when the median of `cell`'s numbers meets the target, else "<label>: **missed**"."""
 
     cell: Cell
     target: float
     op: str = "<="
+    label: str = ""
 
     def render(self, src, file):
         value = statistics.median(self.cell.numbers(src, file))
         ok = {"<=": value <= self.target, ">=": value >= self.target}[self.op]
-        return "met" if ok else "**missed**"
+        return (f"{self.label}: " if self.label else "") + ("met" if ok else "**missed**")
 
     def files(self, file):
         return self.cell.files(file)
@@ -171,7 +176,7 @@ class Join(Cell):
         return [f for c in self.cells for f in cell_of(c).files(file)]
 
 
-# ---- tables ------------------------------------------------------------------------------------
+# ---- tables and the page ------------------------------------------------------------------
 @dataclass
 class Row:
     cells: list[Cell | str]
@@ -181,10 +186,18 @@ class Row:
 @dataclass
 class Table:
     id: str
+    title: str                # its heading on the page
     columns: list[str]
     rows: list[Row]
-    note: str = ""            # one paragraph under the table, before the sources
-    source_column: bool = True
+    note: str = ""            # one paragraph under the table, before its sources
+
+
+@dataclass
+class Section:
+    """One model on one kind of machine: a heading and its tables."""
+
+    title: str
+    tables: list[Table]
 
 
 def cell_of(c) -> Cell:

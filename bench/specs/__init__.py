@@ -1,14 +1,27 @@
-"""The tables of docs/performance.md, as data (rendered by `python -m bench.report`), one module a
-suite of bench/suites.py: `TABLES` of each, in any order (the doc's markers place them).
+"""docs/performance.md and README.md's headline table, as data (rendered by `python -m bench.report`).
 
-runs.py: `RUNS`, every JSON a table reads (its path under bench/results/) and the command that made
-it; common.py: the cells more than one suite's tables build. See bench/report.py for the cell kinds
-and how to add a benchmark's figures.
+`PAGE`: per model and machine, a section of tables (hunyuan.py, wan.py, qwen.py), each row the latest
+measurement of one figure; `NOT_MEASURED`: what the page has no figure for; `HEADLINE`: README.md's
+table (headline.py); `RUNS`: every JSON they read and the command that reproduces it (runs.py). See
+bench/report.py for the cell kinds.
 """
-from bench.specs import compile, decode, dit, e2e, kernels, memory, peers, serve, step_cache, vae
+from bench.specs import hunyuan, qwen, wan
+from bench.specs.headline import HEADLINE
 from bench.specs.runs import RUNS
 
-SUITES = (decode, dit, e2e, memory, vae, kernels, serve, compile, step_cache, peers)
-TABLES = [table for suite in SUITES for table in suite.TABLES]
+PAGE = [*hunyuan.SECTIONS, *wan.SECTIONS, *qwen.SECTIONS]
+TABLES = [table for section in PAGE for table in section.tables] + [HEADLINE]
 
-__all__ = ["RUNS", "TABLES"]
+NOT_MEASURED = [
+    "4 x H200 (any model): no run; HunyuanImage-3.0's 2 x H200 figures predate FP8 experts.",
+    "Trained weights: every figure runs random weights at the released shapes (timings do not depend on "
+    "the values; the golden tests check the outputs).",
+    "vLLM-Omni: not run here, and bench/results/ records no published figure of it.",
+    "A peer for HunyuanImage-3.0: diffusers has no pipeline of it to run side by side.",
+    "Wan end to end (text encoder, the whole 40-block 14B, the video VAE) and Qwen-Image end to end (text "
+    "encoder, VAE): only their DiTs are timed.",
+    "The server under load on a GPU: only the tiny model on a CPU.",
+    "Wan and Qwen-Image on more than one GPU.",
+]
+
+__all__ = ["HEADLINE", "NOT_MEASURED", "PAGE", "RUNS", "TABLES"]
