@@ -59,6 +59,18 @@ def result_type(name: str, pixels: str, module: str) -> type:
     return cls
 
 
+def denoiser_runs(dits: list) -> list[tuple[Any, int, int]]:
+    """(denoiser, first step, steps) for each run of equal denoisers in the step order (a
+    pipeline's `segments` where the timestep picks the denoiser: Wan2.2-A14B's experts)."""
+    runs = []
+    for i, d in enumerate(dits):
+        if runs and runs[-1][0] is d:
+            runs[-1] = (d, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((d, i, 1))
+    return runs
+
+
 def registered_buckets(spec_name: str) -> ShapeBuckets:
     """The buckets of the registered model `spec_name` (the registry is the command's module:
     dtgen's core imports no model)."""

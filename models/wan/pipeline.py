@@ -36,7 +36,7 @@ import torch
 
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_command import PROFILE_ROWS  # noqa: F401  (the command's profile table reads it here)
-from dtgen.diffusion_run import DiffusionPipeline, result_type
+from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
 from dtgen.layers.wan_vae_parallel import decode_uint8
@@ -112,17 +112,6 @@ class T2VRequest:
 T2VResult = result_type("T2VResult", "video", __name__)
 
 
-def expert_segments(dits: list) -> list[tuple[object, int, int]]:
-    """(denoiser, first step, steps) for each run of equal denoisers in the step order."""
-    segments = []
-    for i, d in enumerate(dits):
-        if segments and segments[-1][0] is d:
-            segments[-1] = (d, segments[-1][1], segments[-1][2] + 1)
-        else:
-            segments.append((d, i, 1))
-    return segments
-
-
 class WanT2VPipeline(DiffusionPipeline):
     """Wan's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
     (dtgen/denoise_loop.py): requests of one bucket run as rows of one batch, each member's
@@ -162,7 +151,7 @@ class WanT2VPipeline(DiffusionPipeline):
         runs its branch and the guidance combines them."""
         names = {id(self.model.transformer): "transformer", id(self.model.transformer_2): "transformer_2"}
         return [Segment(dit, first, n, 2 if rt.cfg_size == 2 or self.guidance(req, dit) > 1.0 else 1, names[id(dit)])
-                for dit, first, n in expert_segments([self.model.transformer_for(float(t)) for t in timesteps])]
+                for dit, first, n in denoiser_runs([self.model.transformer_for(float(t)) for t in timesteps])]
 
     def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
         """One DiT evaluation on a call's rows: each member's latents and text rows, its CFG
