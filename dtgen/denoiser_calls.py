@@ -25,6 +25,8 @@ declares them as methods over `args`, its `embed` arguments (latents, timestep, 
                                     the inputs of some batch rows only, for blocks that
                                     carry no stream: a first-block step whose rows disagree
                                     then runs the other blocks on the rows that need them
+    run_block                       how a block is called (an attribute: regions mode puts
+                                    the compiled region there)
 
 `DenoiserCalls` runs these as the pieces of `CompiledSteps`: the whole prediction as one
 step (what a step without a cache runs), and embed, the time embedding alone, blocks and
