@@ -12,20 +12,13 @@ their denoise steps as rows of one batch, the loop the framework's (dtgen/denois
 member's [cond, uncond] rows in the call, its own seed, prompts, guidance, UniPC history and
 step caches; `generate` is the batch of one (`generate_batch`, dtgen/diffusion_run.py).
 
-Sequence parallelism is data, declared by the DiT (`WanTransformer.seq_splits`) and applied by
-the framework (dtgen/seq_split.py): the patch tokens are padded at the tail to a multiple of
-the SP size and each rank keeps its chunk, RoPE rows alike; the attention meta marks the real
-rows as ONE bidirectional block, so padding rows see and are seen by nothing real; after the
-blocks and the per-row final layer, the rows are gathered back. 81 frames = 21 latent frames:
-any SP degree works, the padding absorbs it.
-
-Step caches (`T2VRequest.step_cache`, dtgen/step_cache.py): each DiT evaluation is cut at the
-split points the DiT declares (`WanTransformer.block_input` ..., dtgen/denoiser_calls.py):
-embed (this rank's patch tokens), blocks lo..hi-1 and head (final layer, SP gather,
-unpatchify), so first-block, TaylorSeer, MagCache and the official Taylor cache run on every
-plan; what they keep is the last block's output rows. One cache per request, call site (the
-CFG batch of 2 is one, with two rows; on a CFG axis each rank's branch is one) and expert,
-made for the request and dropped with it. A request without one runs the prediction whole.
+The DiT declares where its rows split under sequence parallelism (`WanTransformer.seq_splits`:
+the patch tokens and their RoPE rows, tail-padded, so any SP degree takes 81 frames = 21 latent
+frames) and where one evaluation is cut for a step cache (its split points: the patch tokens
+enter the blocks, the last block's rows are what a cache keeps, the final layer and unpatchify
+make the prediction); the framework builds every call from them (dtgen/denoiser_calls.py).
+One step cache per request, call site (the CFG batch of 2 is one, with two rows; on a CFG axis
+each rank's branch is one) and expert, made for the request and dropped with it.
 """
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
-from dtgen.diffusion_command import PROFILE_ROWS  # noqa: F401  (the command's profile table reads it here)
+from dtgen.diffusion_command import PROFILE_ROWS  # noqa: F401  (models/wan/cli.py imports it from here)
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
