@@ -88,7 +88,7 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from dtgen.sequence import SequenceLayout
-    from models.wan.pipeline import dit_step
+    from dtgen.denoiser_calls import predict
     from models.wan.transformer import run_block
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -107,9 +107,9 @@ def main(argv=None) -> int:
               "device": torch.cuda.get_device_name(), "torch": torch.__version__}
 
     with torch.no_grad():
-        eager = _time(lambda: dit_step(rt, dit, x, t, text), 1, args.iters)
+        eager = _time(lambda: predict(rt, dit, x, t, text), 1, args.iters)
         dit.run_block = torch.compile(run_block, fullgraph=True)
-        compiled = _time(lambda: dit_step(rt, dit, x, t, text), 2, args.iters)
+        compiled = _time(lambda: predict(rt, dit, x, t, text), 2, args.iters)
         # the self-attention alone, one block's worth: q, k, v [2, heads, tokens, 128]
         q = torch.randn(2, cfg.num_attention_heads, tokens, cfg.attention_head_dim, device="cuda",
                         dtype=torch.bfloat16)

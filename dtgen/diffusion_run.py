@@ -4,8 +4,11 @@ what every such pipeline does alike, written once. `generate` is the batch of on
 A pipeline subclasses `DiffusionPipeline` and supplies what is its own: the request's check,
 the text encoder (`encode`), the latent layout (`latent_shape`, `noise`), the sampler, the
 denoiser's segments, calls and guidance (`BatchDenoiser`, dtgen/denoise_loop.py), the VAE
-decode (`decode_latents`) and the result type; `buckets` (its spec's `ShapeBuckets`) says
-what the requests of one batch share. `generate_batch` runs the phases once for the batch:
+decode (`decode_latents`) and the result type (`result_type`); `buckets` (its spec's
+`ShapeBuckets`: given by whoever builds the pipeline, else read from the registry by the
+pipeline's `spec_name`) says what the requests of one batch share. Its DiTs' calls are
+`self.calls` (dtgen/denoiser_calls.py: cut at the split points each DiT declares, compiled
+as the pipeline's `CompileOptions` ask). `generate_batch` runs the phases once for the batch:
 `encode` (each request's prompts alone: what it would encode alone), `denoise` (the loop,
 dtgen/denoise_loop.py: every member's rows in each step), `decode` (each member's latents).
 Each phase activates the controller's phase once, is profiled as one region and timed into
@@ -19,6 +22,7 @@ others their results.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import time
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -27,7 +31,10 @@ import torch
 
 from .batching import BatchHook, BatchMembers, per_member
 from .buckets import ShapeBuckets
+from .compile import CompileOptions
+from .compiled_steps import CompiledSteps
 from .denoise_loop import DenoiseMember, denoise
+from .denoiser_calls import DenoiserCalls
 from .profiling import NullProfiler
 from .step_cache import StepCache, concat_reports, merged_report, parse_step_cache
 
@@ -39,6 +46,36 @@ def _sync(device: torch.device) -> None:
 
 def _quiet(phase: str, done: int, total: int) -> None:
     pass
+
+
+def result_type(name: str, pixels: str, module: str) -> type:
+    """A pipeline's result dataclass `name` (of `module`, so that it pickles): `pixels` (its
+    field's name, "image" or "video": uint8 on the main rank, None elsewhere), `latents` (the
+    denoised latents), `timings_ms` and `record`."""
+    cls = dataclasses.make_dataclass(name, [(pixels, "torch.Tensor | None"), ("latents", "torch.Tensor"),
+                                            ("timings_ms", dict, dataclasses.field(default_factory=dict)),
+                                            ("record", dict, dataclasses.field(default_factory=dict))])
+    cls.__module__ = module
+    return cls
+
+
+def denoiser_runs(dits: list) -> list[tuple[Any, int, int]]:
+    """(denoiser, first step, steps) for each run of equal denoisers in the step order (a
+    pipeline's `segments` where the timestep picks the denoiser: Wan2.2-A14B's experts)."""
+    runs = []
+    for i, d in enumerate(dits):
+        if runs and runs[-1][0] is d:
+            runs[-1] = (d, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((d, i, 1))
+    return runs
+
+
+def registered_buckets(spec_name: str) -> ShapeBuckets:
+    """The buckets of the registered model `spec_name` (the registry is the command's module:
+    dtgen's core imports no model)."""
+    from .cli import MODEL_REGISTRY
+    return importlib.import_module(MODEL_REGISTRY).spec(spec_name).buckets
 
 
 class DiffusionRun:
@@ -102,15 +139,39 @@ class DiffusionRun:
 
 class DiffusionPipeline:
     """The phases of an encode -> denoise -> decode pipeline for a batch of requests (see the
-    module docstring). A subclass sets `controller`, `device`, `is_main`, `vae_group`,
-    `buckets` and `cfg_together`, and gives the methods below that raise NotImplementedError,
-    and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`)."""
+    module docstring). A subclass sets `spec_name` (or is given its `buckets`), `cfg_together`
+    and `result_type`, and gives `denoisers`, the methods below that raise NotImplementedError,
+    and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`). One with
+    a constructor of its own sets `controller`, `device`, `is_main`, `vae_group` and `buckets`."""
 
+    spec_name: str = ""   # the registered model (`ModelSpec.name`) whose buckets the batches follow
     buckets: ShapeBuckets
     cfg_together: bool = False
     result_type: type   # built as result_type(pixels, latents, timings, record)
 
+    def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
+                 compile_options: CompileOptions | None = None, vae_group=None, buckets: ShapeBuckets | None = None):
+        """`vae_group`: a process group to split the VAE decode over (None: the main rank
+        decodes); `buckets`: what one batch shares (None: the registered spec's)."""
+        self.model, self.tokenizer, self.controller = model, tokenizer, controller
+        self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
+        self.buckets = buckets if buckets is not None else registered_buckets(self.spec_name)
+        # The DiT's pieces (dtgen/compiled_steps.py): a step without a step cache runs the whole
+        # prediction as one step; one with a cache runs the pieces its call is cut into.
+        self.steps = CompiledSteps(compile_options, self.device)
+        self.compiler = self.steps.compiler
+        self.calls = DenoiserCalls(self.steps, self.denoisers())
+
     # ---- what the model supplies -------------------------------------------------------
+    def denoisers(self) -> list:
+        """The DiTs the denoise steps run (each declaring its split points, dtgen/denoiser_calls.py)."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype: the first denoiser's."""
+        return self.denoisers()[0].dtype
+
     def check(self, request) -> None:
         """`RequestError(field, message)` for the first field the model cannot take."""
         raise NotImplementedError

@@ -29,8 +29,8 @@ Architecture (encoder only, pre-norm T5 blocks, no biases anywhere):
 Public API: `UMT5Config` (`from_dict`, `from_json`), `UMT5Encoder(cfg)(input_ids, attention_mask)`
 -> last_hidden_state, `UMT5Encoder.checkpoint_keys(present)`, `load_tokenizer(folder)` ->
 `T5PromptTokenizer` (ids + mask padded to 512 from `tokenizer.json` with the HF `tokenizers`
-package), `clean_prompt`, `relative_position_buckets`. (What a pipeline does with the hidden
-states, e.g. Wan's trim-and-zero-pad, is the pipeline's.)
+package), `clean_prompt`, `relative_position_buckets`, `encode_prompt_embeds` (the prompt
+embedding as diffusers' Wan pipelines make it: trimmed to each prompt and zero-padded).
 
 Checkpoint keys (`UMT5EncoderModel` state dict):
   shared.weight, encoder.embed_tokens.weight (the SAME tensor: tied),
@@ -322,6 +322,31 @@ class UMT5Encoder(nn.Module):
             else:
                 out[name] = name
         return out
+
+
+def encode_prompt_embeds(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         max_len: int = 512, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """diffusers `WanPipeline._get_t5_prompt_embeds` after tokenization: [B, max_len, d_model].
+
+    The encoder runs on the padded ids WITH the mask; then each row keeps its first
+    seq_len = mask.sum() positions and the rest is set to exactly zero (the pipeline trims to
+    seq_len and re-pads with zeros to max_sequence_length). Rows shorter than max_len (input
+    not padded to it) are zero-padded; no data-dependent shapes, so it compiles.
+    `dtype`: cast the result (the pipeline casts to the text encoder's dtype before trimming).
+    """
+    B, L = input_ids.shape
+    if L > max_len:
+        raise ValueError(f"input_ids has {L} positions, more than max_len={max_len}")
+    h = encoder(input_ids, attention_mask)
+    if dtype is not None:
+        h = h.to(dtype)
+    seq_lens = (attention_mask > 0).sum(dim=1)
+    keep = torch.arange(L, device=h.device)[None, :] < seq_lens[:, None]
+    # where(), not a multiply: garbage (even inf/nan) in padded rows must become exact zeros.
+    h = torch.where(keep[..., None], h, torch.zeros((), dtype=h.dtype, device=h.device))
+    if L < max_len:
+        h = F.pad(h, (0, 0, 0, max_len - L))
+    return h
 
 
 # ---- tokenizer ---------------------------------------------------------------------------------

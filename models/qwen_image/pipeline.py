@@ -6,8 +6,8 @@ the text encoder on the prompt (and the negative prompt when CFG is on), each al
 axis), with the text and image rows spread over the phase's SP ranks; `decode` runs the VAE,
 split over a spatial group when the caller gives one.
 
-Requests of one bucket (`SPEC.buckets`: size, steps, step cache, CFG on or off) run their
-denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): a call
+Requests of one bucket (the spec's `buckets`: size, steps, step cache, CFG on or off) run
+their denoise steps as rows of one batch, the loop the framework's (dtgen/denoise_loop.py): a call
 holds one branch of every member, each prompt encoded alone (its own length), the call's text
 zero-padded at the tail to its longest and each row's padding hidden from the joint attention
 by a per-row hole in the meta (dtgen/seq_split.py `padded_rows`), so every row attends as its
@@ -24,30 +24,26 @@ rows (each tail-padded to a multiple of the SP size), as the MMDiT declares
 splits the same); the attention meta gives every row its slot (text 0..L-1, image
 L..L+N-1, padding past them), so the joint attention sees one bidirectional block and no
 padding. The blocks' output a step cache keeps is the image stream; the text stream travels
-inside the call.
+inside the call, the blocks' carried stream (the split points the MMDiT declares,
+dtgen/denoiser_calls.py).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from dtgen.compile import CompileOptions
-from dtgen.compiled_steps import CompiledSteps
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
-from dtgen.diffusion_run import DiffusionPipeline
+from dtgen.diffusion_run import DiffusionPipeline, result_type
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple
 from dtgen.schema import check_bounds, request_field, size_field
-from dtgen.seq_split import LocalInputs, embed_split, final_gathered, padded_rows, with_hole
-from dtgen.step_cache import DenoiserCall, RowLayout
+from dtgen.seq_split import padded_rows
+from dtgen.step_cache import DenoiserCall
 
-from .model import QwenImageT2I
-from .spec import SPEC
 from .text_encoder import encode_prompt
-from .transformer import QwenImageTransformer, run_block
 
 
 @dataclass(frozen=True)
@@ -97,12 +93,8 @@ def fewest_steps(scheduler_config: dict) -> int:
     return 2 if scheduler_config.get("shift_terminal") else 1
 
 
-@dataclass
-class T2IResult:
-    image: torch.Tensor | None      # [H, W, 3] uint8 on the main rank (None elsewhere)
-    latents: torch.Tensor           # [1, h*w, C*4] packed, the denoised latents
-    timings_ms: dict = field(default_factory=dict)
-    record: dict = field(default_factory=dict)
+# image: [H, W, 3] uint8 on the main rank; latents: [1, h*w, C*4] packed, the denoised latents
+T2IResult = result_type("T2IResult", "image", __name__)
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -125,49 +117,18 @@ def true_cfg(noise: torch.Tensor, scale: float) -> torch.Tensor:
     return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
 
 
-def step_blocks(rt, dit: QwenImageTransformer, local: LocalInputs, img, txt, start=0, stop=None):
-    e = local.inputs
-    return dit.blocks_forward(img, txt, e.temb, e.rope_img, e.rope_txt, local.meta, start, stop)
-
-
-def step_time(rt, dit: QwenImageTransformer, t, dtype) -> torch.Tensor:
-    return dit.time_embedding(t, dtype)
-
-
-def dit_step(rt, dit: QwenImageTransformer, x, t, text, grid, hole=None) -> torch.Tensor:
-    """The prediction [B, h*w, C*4] of a call's rows (one CFG branch each), spread over the
-    phase's SP ranks. `hole`: each row's text padding (`padded_rows`)."""
-    local = embed_split(rt, dit, x, t, text, *grid, hole=hole)
-    img, _ = step_blocks(rt, dit, local, local.inputs.img, local.inputs.txt)
-    return final_gathered(rt, dit, img, local.inputs.temb, math.prod(grid))
-
-
 class QwenImagePipeline(DiffusionPipeline):
     """Qwen-Image's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
-    (dtgen/denoise_loop.py): requests of one bucket (`SPEC.buckets`) run as rows of one batch,
-    one call per CFG branch (true CFG as QwenImagePipeline runs it), each row's prompt padded
-    to the call's longest and its padding masked (`padded_rows`)."""
+    (dtgen/denoise_loop.py): requests of one bucket run as rows of one batch, one call per
+    CFG branch (true CFG as QwenImagePipeline runs it), each row's prompt padded to the
+    call's longest and its padding masked (`padded_rows`)."""
 
-    buckets = SPEC.buckets
+    spec_name = "qwen-image"
     cfg_together = False
     result_type = T2IResult
 
-    def __init__(self, model: QwenImageT2I, tokenizer, controller, device, is_main: bool = True,
-                 compile_options: CompileOptions | None = None, vae_group=None):
-        self.model, self.tokenizer, self.controller = model, tokenizer, controller
-        self.device, self.is_main, self.vae_group = torch.device(device), is_main, vae_group
-        # The step's pieces (dtgen/compiled_steps.py): a request without a step cache runs
-        # `dit_step` whole; one with a cache runs the pieces `denoiser_call` cuts it into.
-        self.steps = CompiledSteps(compile_options, self.device)
-        self.compiler = self.steps.compiler
-        if self.steps.regions:
-            model.transformer.run_block = self.steps.region(run_block)
-        pieces = (dit_step, embed_split, step_blocks, final_gathered, step_time)
-        self._step, self._inputs, self._blocks, self._head, self._time = map(self.steps.step, pieces)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.transformer.img_in.weight.dtype
+    def denoisers(self) -> list:
+        return [self.model.transformer]
 
     def grid(self, req: T2IRequest) -> tuple[int, int]:
         """The (h, w) patch grid of the packed latents."""
@@ -191,33 +152,6 @@ class QwenImagePipeline(DiffusionPipeline):
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def denoiser_call(self, rt, x, t, text, grid, hole=None) -> DenoiserCall:
-        """One evaluation of a call's rows cut for a step cache: embed = this rank's image rows
-        entering block 0; blocks lo..hi-1 carry the text stream from the call's previous
-        blocks; head = final layer + SP gather. `hole`: each row's text padding (`padded_rows`)."""
-        dit, rows, made = self.model.transformer, math.prod(grid), {}
-
-        def embed():
-            made["inputs"] = with_hole(self._inputs(rt, dit, x, t, text, *grid), hole)   # hole: outside the graph
-            made["txt"] = (0, made["inputs"].inputs.txt)
-            return made["inputs"].inputs.img
-
-        def blocks(img, lo, hi):
-            at, txt = made["txt"]
-            if at != lo:
-                raise RuntimeError(f"blocks {lo}..{hi - 1} asked for after blocks ending at {at}")
-            img, txt = self._blocks(rt, dit, made["inputs"], img, txt, lo, hi)
-            made["txt"] = (hi, txt)
-            return img
-
-        def head(img):
-            temb = made["inputs"].inputs.temb if "inputs" in made else self._time(rt, dit, t, self.dtype)
-            return self._head(rt, dit, img, temb, rows)
-
-        return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.transformer_blocks),
-                            rows=RowLayout(rt.seq, 1, rows),
-                            predict=lambda: self._step(rt, dit, x, t, text, grid, hole))
-
     def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
         """[H, W, 3] uint8 on the main rank (None on the others)."""
         image = decode_uint8(self.model.vae, unpack(latents, *self.grid(req)), self.vae_group, self.is_main)
@@ -234,7 +168,7 @@ class QwenImagePipeline(DiffusionPipeline):
         timestep = (t.to(self.dtype) / 1000).expand(x.shape[0]).to(self.device)   # as diffusers: t / 1000
         # each row's prompt encoded alone: of its own length, padded to the call's longest
         text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches])
-        return self.denoiser_call(rt, x, timestep, text, self.grid(rows.members[0].request), hole)
+        return self.calls(rt, segment.denoiser, x, timestep, text, *self.grid(rows.members[0].request), hole=hole)
 
     def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
         return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches

@@ -243,6 +243,30 @@ class QwenImageTransformer(nn.Module):
         scale, shift = self.norm_out.linear(F.silu(temb).to(img.dtype)).chunk(2, dim=-1)
         return self.proj_out(layer_norm(img) * (1 + scale[:, None]) + shift[:, None])
 
+    # ---- split points (dtgen/denoiser_calls.py); `args` are embed's (latents, timestep, text, h, w) ----
+    @property
+    def num_blocks(self) -> int:
+        return len(self.transformer_blocks)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (img_in stays in it: the FP8 linears are the blocks')."""
+        return self.img_in.weight.dtype
+
+    def embed_time(self, latents, timestep, text, height: int, width: int) -> torch.Tensor:
+        """`embed`'s temb alone (a step that runs no block)."""
+        return self.time_embedding(timestep, self.dtype)
+
+    def block_input(self, inputs: QwenInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        return inputs.img, inputs.txt   # the image rows (what a step cache keeps); the text stream rides along
+
+    def blocks_between(self, inputs: QwenInputs, meta: AttentionMeta, img, txt, start: int,
+                       stop: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.blocks_forward(img, txt, inputs.temb, inputs.rope_img, inputs.rope_txt, meta, start, stop)
+
+    def stream_rows(self, latents, timestep, text, height: int, width: int) -> int:
+        return height * width
+
     def forward(self, latents, timestep, text, height: int, width: int) -> torch.Tensor:
         """The prediction [B, h*w, C_out*4] (diffusers' `.sample`, img_shapes [(1, height, width)])."""
         e = self.embed(latents, timestep, text, height, width)

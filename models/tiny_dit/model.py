@@ -1,5 +1,5 @@
-"""The docs' tiny DiT: plain modules, where its rows split under sequence parallelism, its
-denoiser call cut at its split points, the adapter `dtgen.build` reads and its loader."""
+"""The docs' tiny DiT: plain modules, where its rows split under sequence parallelism and
+where an evaluation may be cut (its split points), the adapter `dtgen.build` reads and its loader."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -10,10 +10,10 @@ from torch import nn
 from dtgen.attention import LocalAttention
 from dtgen.build import ModelAdapter, build
 from dtgen.checkpoint import CheckpointReader
+from dtgen.denoiser_calls import denoiser_call
 from dtgen.layers.embeddings import timestep_sinusoid
 from dtgen.layers.rope import apply_rope, rope_angles
-from dtgen.seq_split import GatherRows, SeqSplits, SplitRows, embed_split, final_gathered
-from dtgen.step_cache import DenoiserCall, RowLayout
+from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
 
 
 class Block(nn.Module):
@@ -54,46 +54,38 @@ class TinyDiT(nn.Module):
         # rows add it to the time rows, the null condition's rows do not.
         self.label = nn.Parameter(torch.randn(dim))
 
-    def time(self, t, cond=None):   # t [B] or [B, S]; cond [B]: 1 conditional row, 0 null
+    def embed(self, x, t, cond=None):      # x [B, S, channels]; t [B] or [B, S]; cond [B]: 1 conditional row
+        positions = torch.arange(x.shape[1], device=x.device)[:, None]
+        angles = rope_angles(positions, [self.blocks[0].head_dim], 10000.0).repeat(1, 2)
+        return TinyInputs(self.proj_in(x), self.embed_time(x, t, cond), (angles.cos(), angles.sin()), x.shape[1])
+
+    # Its split points (dtgen/denoiser_calls.py), each over embed's arguments: a step cache keeps
+    # and reuses what the blocks make of `block_input`; a step that reuses it embeds the time alone.
+    def embed_time(self, x, t, cond=None):
         temb = timestep_sinusoid(t if t.dim() == 2 else t[:, None], self.proj_in.out_features)
         return temb if cond is None else temb + cond[:, None, None] * self.label
 
-    def embed(self, x, t, cond=None):      # x [B, S, channels]
-        positions = torch.arange(x.shape[1], device=x.device)[:, None]
-        angles = rope_angles(positions, [self.blocks[0].head_dim], 10000.0).repeat(1, 2)
-        return TinyInputs(self.proj_in(x), self.time(t, cond), (angles.cos(), angles.sin()), x.shape[1])
+    def block_input(self, inputs):         # the rows entering block 0; no second stream beside them
+        return inputs.tokens, None
+
+    def blocks_between(self, inputs, meta, h, carried, lo, hi):
+        for block in self.blocks[lo:hi]:
+            h = block(h, inputs.temb, inputs.rope, meta)
+        return h, None
+
+    @property
+    def num_blocks(self):
+        return len(self.blocks)
+
+    def stream_rows(self, x, *_):          # the real rows the last layer's output gathers
+        return x.shape[1]
 
     def final_layer(self, h, temb):
         return self.proj_out(h + temb)
 
 
-def denoiser_call(rt, dit: TinyDiT, x, t, cond=None) -> DenoiserCall:
-    """One evaluation on the phase `rt`, cut where a step cache may reuse it: embed (this
-    rank's rows of `seq_splits`), blocks lo..hi-1 on them, head (the last layer, every rank's
-    rows gathered). Without sequence parallelism the split and the gather are the identity."""
-    made = {}
-
-    def embed():
-        made["local"] = embed_split(rt, dit, x, t, cond)
-        return made["local"].inputs.tokens
-
-    def blocks(h, lo, hi):
-        local = made["local"]
-        for block in dit.blocks[lo:hi]:
-            h = block(h, local.inputs.temb, local.inputs.rope, local.meta)
-        return h
-
-    # A step that reuses the blocks' output embeds nothing: its time rows anew (one per batch
-    # row, as the pipeline's calls give: nothing to split).
-    def head(h):
-        return final_gathered(rt, dit, h, made["local"].inputs.temb if made else dit.time(t, cond), x.shape[1])
-
-    return DenoiserCall(head=head, embed=embed, blocks=blocks, num_blocks=len(dit.blocks),
-                        rows=RowLayout(rt.seq, 1, x.shape[1]))
-
-
 def velocity(rt, dit: TinyDiT, x, t, cond=None):
-    """The whole evaluation's prediction (what a step without a step cache runs)."""
+    """The whole evaluation's prediction on the phase `rt` (what a step without a step cache runs)."""
     return denoiser_call(rt, dit, x, t, cond).prediction()
 
 

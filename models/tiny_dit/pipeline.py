@@ -11,12 +11,11 @@ import torch
 
 from dtgen.buckets import ShapeBuckets
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.denoiser_calls import denoiser_call
 from dtgen.diffusion_run import DiffusionPipeline
 from dtgen.layers.flow_match import FlowEulerSampler, classifier_free_guidance
 from dtgen.requests import MAX_SEED, MAX_STEPS
 from dtgen.schema import check_bounds, request_field
-
-from models.tiny_dit.model import denoiser_call
 
 
 @dataclass(frozen=True)

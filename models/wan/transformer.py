@@ -325,6 +325,39 @@ class WanTransformer(nn.Module):
         x = x.reshape(B, f, h, w, pt, ph, pw, -1)
         return x.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(B, -1, f * pt, h * ph, w * pw)
 
+    # ---- split points (dtgen/denoiser_calls.py); `args` are embed's (video, timestep, text) ----
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (a norm's weight: the linears' may be e4m3, --dense-dtype fp8)."""
+        return self.blocks[0].attn1.norm_q.weight.dtype
+
+    def embed_time(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
+                   encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        """`embed`'s temb alone (a step that runs no block)."""
+        return self.time_embedding(timestep, hidden_states.shape[0], encoder_hidden_states.dtype)[0]
+
+    def block_input(self, inputs: WanInputs) -> tuple[torch.Tensor, None]:
+        return inputs.tokens, None   # the patch tokens; the blocks carry no second stream
+
+    def blocks_between(self, inputs: WanInputs, meta: AttentionMeta, tokens: torch.Tensor, carried: None,
+                       start: int, stop: int | None) -> tuple[torch.Tensor, None]:
+        return self.blocks_forward(tokens, inputs.temb_proj, inputs.text, inputs.rope, meta, start, stop), None
+
+    def select_rows(self, inputs: WanInputs, index: torch.Tensor) -> WanInputs:
+        """The blocks' inputs of batch rows `index` (their modulation and text; the rest is per token)."""
+        return inputs._replace(temb_proj=inputs.temb_proj.index_select(0, index),
+                               text=inputs.text.index_select(0, index))
+
+    def stream_rows(self, hidden_states: torch.Tensor, *_) -> int:
+        return math.prod(self.patch_grid(hidden_states))
+
+    def output(self, out: torch.Tensor, hidden_states: torch.Tensor, *_) -> torch.Tensor:
+        return self.unpatchify(out, self.patch_grid(hidden_states))
+
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
                 attention_meta: AttentionMeta | None = None) -> torch.Tensor:
         """The model's prediction [B, C_out, F, H, W] (diffusers' `.sample`)."""
