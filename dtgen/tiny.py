@@ -129,7 +129,8 @@ QWEN2_MERGES = ("t h", "th e", "Ġ t", "Ġ a", "Ġt h", "Ġth e", "i n", "o n", 
 
 def byte_alphabet() -> list[str]:
     """GPT-2's bytes_to_unicode: the 256 printable stand-ins of the byte-level BPE."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
     chars, extra = {}, 0
     for b in range(256):
         if b in keep:

@@ -2,7 +2,8 @@
 
     dtgen run --model qwen-image                                     # tiny default, one process (CPU)
     dtgen run --model qwen-image --world-size 2 --plan cfg2 --check  # 2 gloo ranks spawned here
-    torchrun --nproc-per-node 2 -m dtgen run --model qwen-image --world-size 2 --plan tp2 --checkpoint /path/to/Qwen-Image
+    torchrun --nproc-per-node 2 -m dtgen run --model qwen-image --world-size 2 --plan tp2 \\
+        --checkpoint /path/to/Qwen-Image
 
 With no --checkpoint, a tiny random model is written once (diffusers layout) into the cache
 folder and loaded through the real loader. Writes the PNG, prints a timing table and, with
