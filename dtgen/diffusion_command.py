@@ -66,7 +66,7 @@ class DiffusionCommand:
     multi_rank_plan: str            # the plan without --plan on several ranks
     tiny_defaults: dict             # flag -> value where the flag is not given, on the tiny default
     checkpoint_defaults: dict       # flag -> value where the flag is not given, on a --checkpoint
-    ensure_tiny: Callable[[], Path]             # the tiny default's folder, written once
+    ensure_tiny: Callable[[], Path]   # the tiny default's folder, written once
     checkpoint_problem: Callable    # models.registry.checkpoint_problem(name, folder, missing)
     # check(request, checkpoint folder, its scheduler_config.json): RequestError for a field the
     # checkpoint cannot take (ValueError for a checkpoint config that cannot be read)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dtgen.diffusion_command import DiffusionCommand
-from models.qwen_image.model import load
+from models.qwen_image.model import QwenImageConfigs, load
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from models.registry import checkpoint_problem
@@ -24,7 +24,9 @@ from placements.qwen_image import PLANS, get_plan
 
 
 def check(req: T2IRequest, folder: Path, scheduler: dict) -> None:
-    """The request against the checkpoint: the fewest steps its schedule takes."""
+    """The request against the checkpoint (a whole one: its configs read): the fewest steps its
+    schedule takes."""
+    QwenImageConfigs.from_folder(folder)
     req.check(min_steps=fewest_steps(scheduler))
 
 
