@@ -61,7 +61,7 @@ class DiffusionCommand:
     default_prompt: str
     output: str                     # the CLI's default --output
     fp8_reach: tuple[str, str]      # what --dense-dtype fp8 and --attention-dtype fp8 move to FP8 (their help)
-    plans: dict                     # the placements module's PLANS
+    plans: dict = field(repr=False)   # the placements module's PLANS
     get_plan: Callable              # the placements module's get_plan(name): ValueError naming an unknown one
     multi_rank_plan: str            # the plan without --plan on several ranks
     tiny_defaults: dict             # flag -> value where the flag is not given, on the tiny default

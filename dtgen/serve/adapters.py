@@ -80,6 +80,7 @@ class DiffusionAdapter:
     """`pipe`: a `DiffusionPipeline`; `defaults`: the request every field not given comes from
     (the CLI's flags); `warmup`: run it once (2 steps) before /ready."""
 
+    PHASES = ("encode", "denoise", "decode")
     fields: FieldTable   # the request's fields and the route's own (a subclass's)
 
     def __init__(self, pipe, rank: int, defaults, warmup: bool = True):
@@ -92,8 +93,6 @@ class DiffusionAdapter:
 
     def defaults_dict(self) -> dict:
         return self.fields.defaults(self.defaults)
-
-    PHASES = ("encode", "denoise", "decode")
 
     def phases(self, request) -> tuple[str, ...]:
         return self.PHASES
