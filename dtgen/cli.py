@@ -35,9 +35,8 @@ from pathlib import Path
 
 from dtgen.harness import refuse
 from dtgen.launch import RankContext, RankFailure, exit_process, run_on_ranks
-from dtgen.registry import ModelSpec
+from dtgen.registry import MODEL_REGISTRY, ModelSpec
 
-MODEL_REGISTRY = "models.registry"
 COMMANDS = {"run": "one job of a model (`dtgen run --model M --help`: its flags)",
             "serve": "serve a model over HTTP (`dtgen serve --model M --help`)",
             "models": "list the models, their plans and checkpoint layouts",

@@ -1,13 +1,15 @@
-"""The command of an encode -> denoise -> decode model (Wan, Qwen-Image): its shared flags, its
-run on every rank and its report, written once.
+"""The command of an encode -> denoise -> decode model (Wan, Qwen-Image), written once: its
+flags, its checks before any work, its run on every rank, its report and its server adapter.
 
-A model's command (models/<m>/cli.py, run by `dtgen run`) keeps what is its own: its request
-flags, `prepare` (the defaults that depend on the checkpoint, the request's check) and a
-`DiffusionCommand` naming its loader, pipeline, plans and how its output is described and
-saved. From that this module builds the pipeline on each rank, warms it up, runs the request
-(with `--check`: against the same request on one process; with `--profile`: once more under
-the profiler), gathers every rank's facts, and on rank 0 writes the output, prints the table
-and writes the JSON report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
+A model's command module (models/<m>/cli.py, run by `dtgen run`) declares one `DiffusionCommand`:
+data (its request class, plans, loader, pipeline, tiny default, the defaults that depend on the
+checkpoint) and one small function checking a request against the checkpoint's configs; it
+offers the registry's pieces (dtgen/registry.py) as that command's bound methods. From it this
+module parses the command line, checks it (`prepare`), builds the pipeline on each rank, warms
+it up, runs the request (with `--check`: against the same request on one process; with
+`--profile`: once more under the profiler), gathers every rank's facts, and on rank 0 writes
+the output (an image file, or an MP4: dtgen/media.py), prints the table and writes the JSON
+report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
 """
 from __future__ import annotations
 
@@ -15,42 +17,144 @@ import argparse
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from . import schema
 from .compile import CompileOptions, unique_graphs
-from .harness import (compile_facts, gather_rank_facts, max_diff, peak_memory, rank_device, reference_threads, rel_l2,
-                      table)
+from .fp8 import add_fp8_flags, attention_head_problem
+from .harness import (add_run_flags, compile_facts, compile_problem, example_main, finish_launch_args,
+                      gather_rank_facts, launch_problem, max_diff, peak_memory, rank_device, reference_threads,
+                      rel_l2, table)
 from .host import GcPauses, settle_heap
+from .image_files import image_path_problem, save_image
 from .launch import RankContext
+from .media import FPS, encode_mp4
 from .profiling import PhaseProfiler
+from .registry import resolve
+from .requests import RequestError, flag_line
 
 # The profile table's rows of a `DiffusionRun` pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("encode", "text encode", "ms"), ("denoise", "denoise (all steps)", "ms"),
                 ("decode", "VAE decode", "ms"), ("total", "total", "ms"))
+NOT_A_CHECKPOINT = "no model_index.json there (expected a diffusers-format folder)"
+# A DiT's head size when its transformer/config.json names none (diffusers' default for both).
+DEFAULT_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
 class DiffusionCommand:
-    """What an encode -> denoise -> decode model's command supplies (the rest is this module's)."""
+    """What an encode -> denoise -> decode model's command supplies (the rest is this module's).
+    Every field pickles by reference or by value (spawned ranks receive the bound `run_rank`):
+    module-level functions and classes, no lambdas."""
 
-    makes: str                      # "image" or "video": the result's attribute and the table's row
+    name: str                       # the registry's name: `dtgen run --model <name>`
+    title: str                      # in help and messages, e.g. "Wan"
+    module: str                     # the command module (models.<m>.cli): spawned ranks import it first
+    description: str                # the command's --help line
+    makes: str                      # "image" or "video": the result's attribute, the output, the table's row
+    request: type                   # the request dataclass (dtgen/schema.py): its fields are the request flags
+    default_prompt: str
+    output: str                     # the CLI's default --output
+    fp8_reach: tuple[str, str]      # what --dense-dtype fp8 and --attention-dtype fp8 move to FP8 (their help)
+    plans: dict = field(repr=False)   # the placements module's PLANS
+    get_plan: Callable              # the placements module's get_plan(name): ValueError naming an unknown one
+    multi_rank_plan: str            # the plan without --plan on several ranks
+    tiny_defaults: dict             # flag -> value where the flag is not given, on the tiny default
+    checkpoint_defaults: dict       # flag -> value where the flag is not given, on a --checkpoint
+    ensure_tiny: Callable[[], Path]   # the tiny default's folder, written once
+    checkpoint_problem: Callable    # models.registry.checkpoint_problem(name, folder, missing)
+    # check(request, checkpoint folder, its scheduler_config.json): RequestError for a field the
+    # checkpoint cannot take (ValueError for a checkpoint config that cannot be read)
+    check: Callable[[object, Path, dict], None]
     # load(checkpoint, plan, rank, world_size, dtype, device, dense_dtype=, attention_dtype=)
     loader: Callable
     # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group)
     pipeline: Callable
-    get_plan: Callable              # the placements module's get_plan(name)
-    request_from_args: Callable     # args -> the request
     describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
-    save: Callable[[torch.Tensor, Path, argparse.Namespace], None]   # rank 0's output -> the file
+    adapter: str                    # "module:Class" of its `dtgen.serve` adapter (imported by a server only)
+    # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
+    scheduler_defaults: dict = field(default_factory=dict)
     profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
 
-    # The registry's command pieces (dtgen/registry.py), bound to this model: a command module
-    # takes them as they are (bound methods pickle, so spawned ranks receive `run_rank`).
+    @property
+    def flag_of_field(self) -> dict[str, str]:
+        """The request fields' flags: `check` names fields, the CLI names flags."""
+        return schema.flag_names(self.request)
+
+    # ---- the registry's command pieces (dtgen/registry.py), bound to this model --------------
+    def build_parser(self, prog: str | None = None, description: str | None = None,
+                     cli: bool = True) -> argparse.ArgumentParser:
+        """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
+        without the flags only the CLI reads (the prompt, --check, --profile, --output, --report)."""
+        p = argparse.ArgumentParser(prog=prog or f"dtgen run --model {self.name}",
+                                    description=description or self.description)
+        p.add_argument("--checkpoint", help=f"diffusers-format {self.title} folder (default: the embedded tiny model)")
+        # the request's fields; a server's requests give their prompt
+        schema.add_flags(p, self.request, omit=() if cli else ("prompt",), defaults={"prompt": self.default_prompt})
+        if self.makes == "video":
+            schema.add_flags(p, [FPS])
+        add_fp8_flags(p, *self.fp8_reach)
+        add_diffusion_flags(p)
+        add_run_flags(p, self.plans, self.output, cli, dict(prompt=self.default_prompt), self.title)
+        return p
+
+    def finish_args(self, args: argparse.Namespace) -> argparse.Namespace:
+        return finish_launch_args(args, lambda world: "single" if world == 1 else self.multi_rank_plan)
+
+    def parse_args(self, argv=None, prog: str | None = None) -> argparse.Namespace:
+        return self.finish_args(self.build_parser(prog).parse_args(argv))
+
+    def request_from_args(self, args: argparse.Namespace):
+        """The request the flags say (a server's: the defaults of the fields a request leaves out);
+        `RequestError` naming a field for a size or step cache that does not parse."""
+        return schema.from_args(self.request, args)
+
+    def prepare(self, args: argparse.Namespace) -> tuple[str | None, bool]:
+        """Check the command line and fill the defaults that depend on the checkpoint: (the first
+        problem as one line or None, whether the tiny default runs)."""
+        tiny = args.checkpoint is None
+        for key, value in (self.tiny_defaults if tiny else self.checkpoint_defaults).items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+        try:
+            problem = launch_problem(args, self.get_plan(args.plan)) or compile_problem(args) \
+                or vae_parallel_problem(args) or (image_path_problem(args.output) if self.makes == "image" else None)
+            if problem is None and not tiny:
+                problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT)
+            if problem is not None:
+                return problem, tiny
+            if tiny:
+                args.checkpoint = str(self.ensure_tiny())
+            folder = Path(args.checkpoint)
+            scheduler_file = folder / "scheduler" / "scheduler_config.json"
+            scheduler = json.loads(scheduler_file.read_text()) if scheduler_file.is_file() else {}
+            for key, fallback in self.scheduler_defaults.items():
+                if getattr(args, key) is None:
+                    setattr(args, key, scheduler.get(key, fallback))
+            req = self.request_from_args(args)
+            self.check(req, folder, scheduler)
+            args.step_cache = req.step_cache    # parsed once, for the ranks and the report
+            if self.makes == "video":
+                schema.check_value(FPS, args.fps, "--fps")
+            transformer = json.loads((folder / "transformer" / "config.json").read_text())
+            return attention_head_problem(args.attention_dtype,
+                                          transformer.get("attention_head_dim", DEFAULT_HEAD_DIM)), tiny
+        except RequestError as e:
+            return flag_line(e, self.flag_of_field), tiny
+        except OSError as e:   # its text names the file
+            return str(e), tiny
+        except (KeyError, ValueError) as e:
+            return (str(e.args[0]) if e.args else str(e)), tiny
+
+    def main(self, argv=None, prog: str | None = None) -> int:
+        return example_main(self.parse_args(argv, prog), self.prepare, self.run_rank, self.write_report,
+                            (self.module,))
+
     def build_pipeline(self, ctx: RankContext, args: argparse.Namespace):
         return build_pipeline(self, ctx, args)
 
@@ -59,6 +163,22 @@ class DiffusionCommand:
 
     def write_report(self, args: argparse.Namespace, main: dict, tiny: bool) -> dict:
         return write_report(self, args, main, tiny)
+
+    def serve_adapter(self, ctx: RankContext, args: argparse.Namespace, max_batch: int):
+        """This rank's pipeline behind the server (requests of one bucket batch: --max-batch); the
+        flags' request holds the defaults."""
+        pipe = self.build_pipeline(ctx, args)[0]
+        output = {"fps": args.fps} if self.makes == "video" else {}
+        return resolve(self.adapter)(pipe, ctx.rank, self.request_from_args(args), warmup=args.warmup is not False,
+                                     **output)
+
+    def save(self, output: torch.Tensor, path: Path, args: argparse.Namespace) -> None:
+        """Rank 0's output -> the file: an image ([H, W, 3] uint8) in the format its suffix
+        names, a video ([F, H, W, 3] uint8) as an H.264 MP4 at --fps."""
+        if self.makes == "video":
+            encode_mp4(output, str(path), args.fps)
+        else:
+            save_image(path, output)
 
 
 def add_diffusion_flags(p: argparse.ArgumentParser) -> None:

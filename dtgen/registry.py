@@ -36,6 +36,10 @@ from typing import Callable, Iterable
 
 from .buckets import ShapeBuckets
 
+# The module that lists the models (`models/registry.py`): dtgen imports it by this name, when a
+# command needs it, so that its core imports no model.
+MODEL_REGISTRY = "models.registry"
+
 
 @dataclass(frozen=True)
 class ModelSpec:

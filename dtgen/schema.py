@@ -431,7 +431,7 @@ def table(fields, request: type | None = None) -> str:
 def model_fields(name: str) -> Fields:
     """A registered model's fields (its spec's `fields`, else its request's alone)."""
     import importlib
-    from dtgen.cli import MODEL_REGISTRY
+    from dtgen.registry import MODEL_REGISTRY
     spec = importlib.import_module(MODEL_REGISTRY).spec(name)
     return spec.load("fields") if spec.fields else Fields(spec.load("request"))
 

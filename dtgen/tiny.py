@@ -1,10 +1,28 @@
-"""Random weights for the tiny default checkpoints that models write (and benchmarks, at larger shapes)."""
+"""The tiny default checkpoints that models write (and benchmarks, at larger shapes): random
+weights, written as a diffusers-format folder, and the tokenizer fixtures those folders hold.
+
+A model's tiny.py keeps its tiny configs, its `model_index.json` and the module tree that names
+every parameter; `write_diffusers_folder` writes the folder from them (the real loader reads it,
+and diffusers / transformers load the same folder), `ensure_tiny_folder` writes it once into the
+cache folder.
+"""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
+from typing import Callable
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
+
+from .caches import cache_root, write_folder_once
+
+# A component's weights file, by the library its model_index.json entry names.
+WEIGHTS_FILE = {"diffusers": "diffusion_pytorch_model.safetensors", "transformers": "model.safetensors"}
+# The marker of a complete folder (written with the rest; `write_folder_once` renames the folder into place).
+MODEL_INDEX_FILE = "model_index.json"
 
 
 def random_weight(key: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -32,3 +50,111 @@ def component_tensors(model: nn.Module, g: torch.Generator, dtype: torch.dtype,
                 value = value * factor
         tensors.setdefault(component, {})[key] = value.to("cpu", dtype).contiguous()
     return tensors
+
+
+def with_overrides(configs: dict[str, dict], overrides: dict[str, dict] | None) -> dict[str, dict]:
+    """`configs` with, per component, the values of `overrides` replacing its own (a benchmark
+    at the published shapes); an unknown component is a KeyError naming it."""
+    for component, values in (overrides or {}).items():
+        configs[component].update(values)
+    return configs
+
+
+def write_diffusers_folder(folder: Path, model_index: dict, configs: dict[str, dict],
+                           module_tree: Callable[[Path], nn.Module], write_tokenizer: Callable[[Path], None],
+                           seed: int = 1234, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                           scales: dict[str, float] | None = None) -> None:
+    """A diffusers-format folder of random weights: `model_index.json`, per component of
+    `configs` its config.json (the scheduler's: scheduler_config.json), the tokenizer
+    (`write_tokenizer(folder / "tokenizer")`), and per component with parameters its weights
+    under the file name of the library its model_index entry names. `module_tree(folder)`
+    builds the model from the written configs (on the meta device: only names and shapes);
+    its parameters are drawn by `component_tensors` in their order, from one generator seeded
+    with `seed` on `device` (a GPU's draws differ from the CPU's), stored in `dtype`."""
+    for component, config in configs.items():
+        (folder / component).mkdir(parents=True, exist_ok=True)
+        name = "scheduler_config.json" if component == "scheduler" else "config.json"
+        (folder / component / name).write_text(json.dumps(config, indent=1))
+    write_tokenizer(folder / "tokenizer")
+    (folder / MODEL_INDEX_FILE).write_text(json.dumps(model_index, indent=1))
+    with torch.device("meta"):
+        model = module_tree(folder)
+    tensors = component_tensors(model, torch.Generator(device).manual_seed(seed), dtype, scales)
+    for component, weights in tensors.items():
+        file = WEIGHTS_FILE[model_index[component][0]]
+        save_file(weights, str(folder / component / file), metadata={"format": "pt"})
+
+
+def ensure_tiny_folder(name: str, write: Callable[[Path], None], root: Path | None = None) -> Path:
+    """The folder `root / name` (root: the cache folder), written by `write(folder)` on first use
+    (atomically: a temporary folder renamed into place, so an interrupted run leaves nothing
+    half-written)."""
+    root = Path(root) if root is not None else cache_root()
+    return write_folder_once(root / name, MODEL_INDEX_FILE, write)
+
+
+# ---- tokenizer fixtures ---------------------------------------------------------------
+# Words a tiny T5 vocabulary keeps whole (the example prompts' and the tests'); other text falls
+# back to single characters.
+T5_WORDS = ("a", "an", "the", "cat", "dog", "fox", "bird", "runs", "walks", "flies", "jumps", "on", "in", "over",
+            "grass", "snow", "sky", "water", "red", "blue", "big", "small", "slowly", "quickly", "lighthouse",
+            "sea", "at", "night", "day", "blurry", "low", "quality")
+
+
+def write_t5_tokenizer(folder: Path, words: tuple[str, ...] = T5_WORDS) -> None:
+    """A T5-shaped tokenizer.json (Unigram, Metaspace, "$A </s>"): pad 0, eos 1, unk 2; `words`
+    whole, the lower-case letters, digits, "," and "." one piece each (UMT5's layout, at a
+    vocabulary of 4 + len(words) + 38)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    vocab = ([("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+             + [("\u2581" + w, -1.0 - 0.01 * i) for i, w in enumerate(words)]
+             + [(c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789,."])
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.add_special_tokens(["<pad>", "</s>", "<unk>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "T5Tokenizer", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+         "extra_ids": 0, "additional_special_tokens": [], "model_max_length": 512}))
+
+
+QWEN2_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+QWEN2_MERGES = ("t h", "th e", "Ġ t", "Ġ a", "Ġt h", "Ġth e", "i n", "o n", "Ġ o", "Ġ s", "e r", "a n", "r e", "Ġ c",
+                "Ġ d", "a t", "e s", "o r", "Ġ f", "Ġa n", "Ġan d")
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode: the 256 printable stand-ins of the byte-level BPE."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_qwen2_tokenizer(folder: Path, merges: tuple[str, ...] = QWEN2_MERGES,
+                          special_tokens: tuple[str, ...] = QWEN2_SPECIAL_TOKENS) -> None:
+    """A Qwen2Tokenizer folder (vocab.json + merges.txt + tokenizer_config.json, byte-level BPE):
+    the byte alphabet (ids 0-255), one token per merge, then `special_tokens`; pad is the first
+    of them, eos the last."""
+    vocab = {c: i for i, c in enumerate(byte_alphabet())}
+    for m in merges:
+        vocab["".join(m.split())] = len(vocab)
+    added = {str(len(vocab) + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                                   "rstrip": False, "single_word": False} for i, t in enumerate(special_tokens)}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "Qwen2Tokenizer", "added_tokens_decoder": added, "bos_token": None,
+         "eos_token": special_tokens[-1], "pad_token": special_tokens[0], "unk_token": None,
+         "model_max_length": 131072, "errors": "replace", "clean_up_tokenization_spaces": False}, indent=1))

@@ -1,7 +1,7 @@
 """The Wan 2.1 VAE decoder (diffusers ``AutoencoderKLWan``, z_dim 16) as plain modules.
 
 Wan 2.1 and Wan 2.2 A14B share this VAE, and Qwen-Image's (``AutoencoderKLQwenImage``) is the
-same architecture (``models/qwen_image/vae.py`` reads its config into this one's): 16 latent
+same architecture (``WanVAEConfig.from_qwen_image`` reads its config into this one's): 16 latent
 channels, 8x spatial and 4x temporal compression. Only the decode path is built (text-to-video
 and text-to-image never encode); the checkpoint's encoder weights are listed in
 ``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
@@ -68,6 +68,11 @@ _LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                 3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
 
 
+# WanVAEConfig's fields that AutoencoderKLQwenImage does not have.
+_WAN_ONLY = ("in_channels", "out_channels", "decoder_base_dim", "is_residual", "patch_size", "scale_factor_temporal",
+             "scale_factor_spatial")
+
+
 @dataclass(frozen=True)
 class WanVAEConfig(JsonConfig):
     """The diffusers ``vae/config.json`` of ``AutoencoderKLWan`` (same field names and defaults).
@@ -105,6 +110,20 @@ class WanVAEConfig(JsonConfig):
                                                                       "attn_scales", "temperal_downsample")))
         cfg.validate()
         return cfg
+
+    @classmethod
+    def from_qwen_image(cls, d: dict[str, Any]) -> "WanVAEConfig":
+        """An ``AutoencoderKLQwenImage`` ``vae/config.json`` dict as the config of the same decoder.
+        diffusers' AutoencoderKLQwenImage is a copy of AutoencoderKLWan (the Wan 2.1 VAE) with
+        the weights fine-tuned for images: the decoder's modules, keys and math are the same.
+        The config differs: ``input_channels`` (the image channels, encoder input and decoder
+        output) where Wan has ``in_channels`` / ``out_channels``, and none of Wan 2.2's fields.
+        (Its causal cache slice ``x[:, :, -min(CACHE_T, T)]`` keeps the same frames as Wan's
+        ``x[:, :, -CACHE_T:]``; an image is one latent frame.)"""
+        kw = config_values(cls, d, "Qwen-Image VAE config", exclude=_WAN_ONLY, also_known=("input_channels",))
+        channels = d.get("input_channels", 3)
+        return cls.from_dict({**kw, "in_channels": channels, "out_channels": channels,
+                              "scale_factor_temporal": None, "scale_factor_spatial": None})
 
     def validate(self) -> None:
         if self.is_residual or self.patch_size not in (None, 1):

@@ -6,22 +6,30 @@ encode before the first step and the VAE decode after the last, so a job's progr
 every phase. Its requests batch (`BatchingAdapter`, dtgen/serve/engine.py): `batch_key` is
 the pipeline's bucket as its spec declares it (`pipe.batch_key`), `generate_batch` runs jobs of
 one key as one batch (`pipe.generate_batch`, dtgen/diffusion_run.py), each job keeping its
-own progress, cancel and deadline. A subclass gives `pipe` (a `DiffusionPipeline`),
-`defaults` (a request with `steps`), `warmup`, its own `parse`, and `respond` (rank 0's
-answer of a job from the pipeline's result); `request_of` when its jobs wrap the request.
+own progress, cancel and deadline.
+
+A model subclasses `ImageAdapter` (OpenAI's image generation: the answer's pixels) or
+`VideoAdapter` (async video jobs: an MP4, `seconds` and `fps` beside the request's
+`num_frames`) and gives `fields` (its request's `FieldTable` with the route's own fields),
+`name`, and `check_args()`: what its request's `check` needs from the loaded model.
 """
 from __future__ import annotations
 
 import base64
+import io
+import math
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
 from dtgen.image_files import IMAGE_FORMATS, encode_image
-from dtgen.requests import IMAGE_OUTPUT_FIELDS
+from dtgen.media import FPS, encode_mp4
+from dtgen.requests import IMAGE_OUTPUT_FIELDS, check_image_fields
+from dtgen.schema import MODEL_FIELD, check_value, extra_field
 
 from .errors import RequestError
+from .fields import FieldTable
 from .forms import coerce
 
 
@@ -69,7 +77,22 @@ def encode_answer(result: dict, output: ImageOutput | None) -> dict:
 
 
 class DiffusionAdapter:
+    """`pipe`: a `DiffusionPipeline`; `defaults`: the request every field not given comes from
+    (the CLI's flags); `warmup`: run it once (2 steps) before /ready."""
+
     PHASES = ("encode", "denoise", "decode")
+    fields: FieldTable   # the request's fields and the route's own (a subclass's)
+
+    def __init__(self, pipe, rank: int, defaults, warmup: bool = True):
+        self.pipe, self.rank, self.defaults, self.warmup = pipe, rank, defaults, warmup
+
+    def check_args(self) -> tuple:
+        """The arguments of the request's `check` that the loaded model gives (its VAE's and
+        patch's factors, its schedule's fewest steps)."""
+        return ()
+
+    def defaults_dict(self) -> dict:
+        return self.fields.defaults(self.defaults)
 
     def phases(self, request) -> tuple[str, ...]:
         return self.PHASES
@@ -137,3 +160,102 @@ class DiffusionAdapter:
     def free_caches(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+class ImageAdapter(DiffusionAdapter):
+    """Text to image (`POST /v1/images/generations`, and `/v1/jobs`): OpenAI's fields beside the
+    request's; the answer holds the pixels, which the HTTP side encodes as the request asked
+    (`encode_answer`)."""
+
+    kind = "image"
+
+    def parse(self, fields: dict, form: bool = False):
+        fields = self.fields.read(fields, form)
+        check_image_fields(fields, self.fields.names())
+        self.fields.check_types(fields)
+        return self.fields.checked(replace(self.defaults, **self.fields.values(fields)), *self.check_args())
+
+    def respond(self, req, result, batch: int) -> dict | None:
+        if self.rank != 0:
+            return None
+        return self.answer(result, batch, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
+
+
+# A video job's own fields (a VideoJob's, not the pipeline request's): OpenAI's length in
+# seconds, which with the MP4's frame rate makes num_frames.
+SECONDS = extra_field("seconds", None, kind="number",
+                      help="OpenAI's video length: num_frames = seconds * fps + 1 (give it or num_frames)")
+VIDEO_FIELDS = (SECONDS, FPS, MODEL_FIELD)
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """What a video job runs: the pipeline's request and the MP4's frame rate."""
+    request: object
+    fps: int
+
+
+class VideoAdapter(DiffusionAdapter):
+    """Async video jobs (`POST /v1/videos`, progress, the MP4, DELETE): a request with
+    `num_frames`, `width`, `height` and `seed`, and the job's `fps` (default: the server's
+    `--fps`) and `seconds`. `temporal`: frames per latent frame (a subclass's); `refused`:
+    fields OpenAI's API has that the model does not take, each with its one line."""
+
+    kind = "video"
+    temporal: int
+    refused: dict[str, str] = {}
+
+    def __init__(self, pipe, rank: int, defaults, fps: int = 16, warmup: bool = True):
+        super().__init__(pipe, rank, defaults, warmup)
+        self.default_fps = fps
+
+    def defaults_dict(self) -> dict:
+        return self.fields.defaults(self.defaults, fps=self.default_fps)
+
+    def describe(self, job: VideoJob) -> dict:
+        r = job.request
+        return {"size": f"{r.width}x{r.height}", "num_frames": r.num_frames, "fps": job.fps,
+                "seconds": str(round((r.num_frames - 1) / job.fps, 2))}
+
+    # ---- rank 0: fields -> request ----------------------------------------------------
+    def parse(self, fields: dict, form: bool = False) -> VideoJob:
+        fields = self.fields.read(fields, form)
+        for name, problem in self.refused.items():
+            if name in fields:
+                raise RequestError(name, problem)
+        self.fields.check_names(fields)
+        self.fields.check_types(fields)
+        values = self.fields.values(fields)
+        fps = fields.get("fps", self.default_fps)
+        check_value(FPS, fps)
+        if "seconds" in fields:
+            if "num_frames" in fields:
+                raise RequestError("seconds", "give seconds or num_frames, not both")
+            values["num_frames"] = self.num_frames(fields["seconds"], fps)
+        return VideoJob(self.fields.checked(replace(self.defaults, **values), *self.check_args()), fps)
+
+    def num_frames(self, seconds: float, fps: int) -> int:
+        """OpenAI's length as frames (seconds * fps + 1): whole latent frames, within the
+        request's `num_frames` bounds; a RequestError naming `seconds` otherwise (Infinity
+        and huge numbers too: they would make no frame count)."""
+        frames, most = seconds * fps + 1, self.fields.fields["num_frames"].high
+        if not math.isfinite(frames) or not 1 <= frames <= most:
+            raise RequestError("seconds", f"must make from 1 to {most} frames at {fps} fps "
+                                          f"(num_frames = seconds * fps + 1), got {seconds:g}")
+        if frames != int(frames) or (int(frames) - 1) % self.temporal:
+            raise RequestError("seconds", f"{seconds:g} s at {fps} fps is {frames:g} frames; it must make "
+                                          f"{self.temporal}k + 1 frames")
+        return int(frames)
+
+    # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
+    def request_of(self, job: VideoJob):
+        return job.request
+
+    def respond(self, job: VideoJob, result, batch: int) -> dict | None:
+        if self.rank != 0:
+            return None
+        buffer = io.BytesIO()
+        encode_mp4(result.video, buffer, job.fps)
+        r = job.request
+        return self.answer(result, batch, video=buffer.getvalue(), size=f"{r.width}x{r.height}",
+                           num_frames=r.num_frames, fps=job.fps, seed=r.seed)

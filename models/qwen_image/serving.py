@@ -13,11 +13,8 @@ them. Fields not given take the server's defaults (the CLI's flags). Checked by
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from dtgen.requests import check_image_fields
 from dtgen.schema import OPENAI_IMAGE_FIELDS
-from dtgen.serve.adapters import DiffusionAdapter
+from dtgen.serve.adapters import ImageAdapter
 from dtgen.serve.fields import FieldTable
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
 
@@ -25,34 +22,17 @@ from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_ste
 FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
 
 
-class QwenServeAdapter(DiffusionAdapter):
-    """`defaults`: the request every field not given comes from; `warmup`: run it once (2
-    steps) before /ready."""
-
-    kind = "image"
+class QwenServeAdapter(ImageAdapter):
     name = "Qwen-Image"
+    fields = FIELDS
     can_edit = False
     edit_problem = "Qwen-Image is served for text to image only"
 
     def __init__(self, pipe: QwenImagePipeline, rank: int, defaults: T2IRequest, warmup: bool = True):
-        self.pipe, self.rank, self.defaults, self.warmup = pipe, rank, defaults, warmup
+        super().__init__(pipe, rank, defaults, warmup)
         m = pipe.model
         self.multiple = m.vae.cfg.spatial_factor * m.transformer.cfg.patch_size
         self.min_steps = fewest_steps(m.cfgs.scheduler)
 
-    def defaults_dict(self) -> dict:
-        return FIELDS.defaults(self.defaults)
-
-    # ---- rank 0: fields -> request ----------------------------------------------------
-    def parse(self, fields: dict, form: bool = False) -> T2IRequest:
-        fields = FIELDS.read(fields, form)
-        check_image_fields(fields, FIELDS.names())
-        FIELDS.check_types(fields)
-        return FIELDS.checked(replace(self.defaults, **FIELDS.values(fields)), self.multiple, self.min_steps)
-
-    # ---- every rank (`generate`, `batch_key`, `generate_batch`: DiffusionAdapter's) --------
-    def respond(self, req: T2IRequest, result, batch: int) -> dict | None:
-        if self.rank != 0:
-            return None
-        # the HTTP side encodes it as the request asked (dtgen.serve.adapters.encode_answer)
-        return self.answer(result, batch, pixels=result.image, size=f"{req.width}x{req.height}", seed=req.seed)
+    def check_args(self) -> tuple:
+        return self.multiple, self.min_steps

@@ -9,20 +9,14 @@ shipped plan: 4 heads (TP2, Ulysses 2), 2 KV heads in the text encoder (TP2).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from dtgen.caches import cache_root, write_folder_once
-from dtgen.tiny import component_tensors
+from dtgen.tiny import ensure_tiny_folder, with_overrides, write_diffusers_folder, write_qwen2_tokenizer
 
 TINY_VERSION = 1
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_MERGES = ("t h", "th e", "Ġ t", "Ġ a", "Ġt h", "Ġth e", "i n", "o n", "Ġ o", "Ġ s", "e r", "a n", "r e", "Ġ c",
-           "Ġ d", "a t", "e s", "o r", "Ġ f", "Ġa n", "Ġan d")
-VOCAB_SIZE = 320     # the byte alphabet, the merges, the special tokens, and spare rows
+VOCAB_SIZE = 320     # the tokenizer's byte alphabet, merges and special tokens, and spare rows
 
 
 def tiny_configs() -> dict[str, dict]:
@@ -66,60 +60,18 @@ MODEL_INDEX = {
 }
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's bytes_to_unicode: the 256 printable stand-ins of the byte-level BPE."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
-def write_tokenizer(folder: Path) -> None:
-    vocab = {c: i for i, c in enumerate(_byte_alphabet())}
-    for m in _MERGES:
-        vocab["".join(m.split())] = len(vocab)
-    added = {str(len(vocab) + i): {"content": t, "special": True, "normalized": False, "lstrip": False,
-                                   "rstrip": False, "single_word": False} for i, t in enumerate(SPECIAL_TOKENS)}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(_MERGES) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "Qwen2Tokenizer", "added_tokens_decoder": added, "bos_token": None,
-         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "unk_token": None, "model_max_length": 131072,
-         "errors": "replace", "clean_up_tokenization_spaces": False}, indent=1))
-
-
 def write_random_checkpoint(folder: Path, seed: int = 1234, overrides: dict | None = None,
                             dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
-    """Random weights under the diffusers / transformers names, one folder per component.
-    `overrides`: per component, config values replacing the tiny ones (the benchmark's shapes)."""
+    """Random weights under the diffusers / transformers names, one folder per component
+    (dtgen.tiny.write_diffusers_folder). `overrides`: per component, config values replacing the
+    tiny ones (the benchmark's shapes)."""
     from .model import QwenImageConfigs, QwenImageT2I   # the module tree gives every name and shape
 
-    configs = tiny_configs()
-    for component, values in (overrides or {}).items():
-        configs[component].update(values)
-    files = {"transformer": "diffusion_pytorch_model.safetensors", "vae": "diffusion_pytorch_model.safetensors",
-             "text_encoder": "model.safetensors"}
-    for component in (*files, "scheduler"):
-        (folder / component).mkdir(parents=True, exist_ok=True)
-        name = "scheduler_config.json" if component == "scheduler" else "config.json"
-        (folder / component / name).write_text(json.dumps(configs[component], indent=1))
-    write_tokenizer(folder / "tokenizer")
-    (folder / "model_index.json").write_text(json.dumps(MODEL_INDEX, indent=1))
-    with torch.device("meta"):
-        model = QwenImageT2I(QwenImageConfigs.from_folder(folder))
-    g = torch.Generator(device).manual_seed(seed)
-    tensors = component_tensors(model, g, dtype)
-    for component, file in files.items():
-        save_file(tensors[component], str(folder / component / file), metadata={"format": "pt"})
+    write_diffusers_folder(folder, MODEL_INDEX, with_overrides(tiny_configs(), overrides),
+                           lambda written: QwenImageT2I(QwenImageConfigs.from_folder(written)), write_qwen2_tokenizer,
+                           seed, dtype, device)
 
 
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
-    """The tiny default's folder, written once (atomically: a temporary folder renamed into place)."""
-    root = Path(root) if root is not None else cache_root()
-    return write_folder_once(root / f"tiny-qwen-image-v{TINY_VERSION}", "model_index.json", write_random_checkpoint)
+    """The tiny default's folder, written on first use."""
+    return ensure_tiny_folder(f"tiny-qwen-image-v{TINY_VERSION}", write_random_checkpoint, root)

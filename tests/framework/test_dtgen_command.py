@@ -76,6 +76,20 @@ def test_bad_commands_are_one_line(argv, line, capsys):
         assert err == [line]
 
 
+@pytest.mark.parametrize("model, pipeline, components", [
+    ("wan", "WanPipeline", "['text_encoder', 'tokenizer', 'transformer', 'vae']"),
+    ("qwen-image", "QwenImagePipeline", "['text_encoder', 'transformer', 'vae', 'tokenizer', 'scheduler']"),
+])
+def test_a_checkpoint_folder_without_its_components_is_one_line(model, pipeline, components, tmp_path, capsys):
+    """A folder whose model_index.json names the model but that holds no component folders:
+    one line naming what it lacks, before any work (never a traceback)."""
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+    assert main(["run", "--model", model, "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {tmp_path} is missing the component folder(s) {components} "
+                                               "(a diffusers-format"), err
+
+
 class _no_raise:
     def __enter__(self):
         return self

@@ -85,6 +85,13 @@ def test_a_video_job_takes_its_own_step_cache(wan):
     ({"prompt": "x", "num_frames": 10}, "num_frames", "4k + 1); nearest valid: 9 or 13"),
     ({"prompt": "x", "size": "63x48"}, "size", "width 63 must be a multiple of 16"),
     ({"prompt": "x", "seconds": 1, "num_frames": 17}, "seconds", "not both"),
+    # JSON's Infinity and NaN (Python's json reads both) and a length past num_frames' bound: 422, never a 500
+    ({"prompt": "x", "seconds": float("inf")}, "seconds", "must make from 1 to 1001 frames at 16 fps"),
+    ({"prompt": "x", "seconds": float("nan")}, "seconds", "must be a number"),
+    ({"prompt": "x", "seconds": 1e300}, "seconds", "must make from 1 to 1001 frames at 16 fps"),
+    ({"prompt": "x", "seconds": 63, "fps": 16}, "seconds", "got 63"),
+    ({"prompt": "x", "seconds": -1}, "seconds", "got -1"),
+    ({"prompt": "x", "seconds": 0.3}, "seconds", "0.3 s at 16 fps is 5.8 frames; it must make 4k + 1 frames"),
     ({"prompt": "x", "guidance_scale_2": 3.0}, "guidance_scale_2", "one transformer (Wan 2.1)"),
     ({"prompt": "x", "input_reference": "a.png"}, "input_reference", "text only"),
     ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
