@@ -7,7 +7,8 @@ skipped with fewer than 2 GPUs.
 
 Under DTGEN_REQUIRE_GOLDEN=1 (CI) a missing golden folder ends the run at collection with
 the one-line message of `tests.support.golden.discover_cases`, instead of turning
-the official-parity tests into skips.
+the official-parity tests into skips. Without it (a clone with no ../shared beside it) they
+skip, and the run ends with one line saying where their fixtures go.
 """
 import os
 
@@ -41,6 +42,14 @@ def pytest_exception_interact(node, call, report):
     from tests.support.golden import GoldenDataMissing
     if report.when == "collect" and call.excinfo is not None and isinstance(call.excinfo.value, GoldenDataMissing):
         pytest.exit(str(call.excinfo.value), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say where the golden fixtures go when the parity tests skipped for want of them."""
+    from tests.support.golden import missing_fixtures_note
+    note = missing_fixtures_note()
+    if note is not None:
+        terminalreporter.write_line(note)
 
 
 @pytest.fixture(scope="session")
