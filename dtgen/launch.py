@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, 
 
 
 # Modules every rank process imports before it forks (see `_rank_context`); a program or a
-# test session adds its model code here before its first pool.
+# pytest run (tests/conftest.py) adds its model code here before its first pool.
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "dtgen.launch"]
 
 

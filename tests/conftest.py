@@ -54,6 +54,6 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
-    """The embedded tiny default, written once per session into a private cache folder."""
+    """The embedded tiny default, written once per pytest run into a private cache folder."""
     from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
     return ensure_tiny_checkpoint(tmp_path_factory.mktemp("dtgen-cache"))

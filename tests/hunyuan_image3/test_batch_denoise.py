@@ -1,4 +1,4 @@
-"""DiT step batching (issue 30): requests of one denoise shape share their denoise steps as
+"""DiT step batching: requests of one denoise shape share their denoise steps as
 rows of one batch, each with its own seed, guidance, prompt length (so its own RoPE
 positions and padding hole), step cache, progress and cancel.
 

@@ -95,7 +95,7 @@ def test_gpu_qwen_compiled_fp8_options_match_eager(folder):
     compiled as a region (the FP8 GEMV / scaled_mm linears and the FP8 attention op trace as one
     node each): the latents match the eager FP8 run's (bf16 fusions round differently: bound 2e-2
     relative L2), which stays near the bf16 SDPA run (bound 2e-2). Bounds are Wan's
-    (tests/wan/test_fp8_attention.py); not yet run on a GPU when written (session 15)."""
+    (tests/wan/test_fp8_attention.py)."""
     from dtgen.compile import CompileOptions
     out = {}
     for name, fp8, compiled in (("bf16", "model", False), ("eager", "fp8", False), ("compiled", "fp8", True)):
