@@ -47,6 +47,8 @@ def pytest_exception_interact(node, call, report):
 def pytest_terminal_summary(terminalreporter):
     """Say where the golden fixtures go when the parity tests skipped for want of them."""
     from tests.support.golden import missing_fixtures_note
+    if terminalreporter.config.option.collectonly:
+        return
     note = missing_fixtures_note()
     if note is not None:
         terminalreporter.write_line(note)
