@@ -170,6 +170,9 @@ def example_main(args: argparse.Namespace, prepare: Callable, run_rank: Callable
     problem, tiny = prepare(args)
     if problem is not None:
         return refuse(problem)
+    if tiny and int(os.environ.get("RANK", "0")) == 0:
+        print("note: no --checkpoint, so this runs the tiny default, a random model: its output is noise; "
+              "a real checkpoint goes in --checkpoint DIR")
     try:
         results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=preload)
     except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here

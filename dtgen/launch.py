@@ -116,7 +116,7 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, 
 
 
 # Modules every rank process imports before it forks (see `_rank_context`); a program or a
-# test session adds its model code here before its first pool.
+# pytest run (tests/conftest.py) adds its model code here before its first pool.
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "dtgen.launch"]
 
 
@@ -129,7 +129,11 @@ def _rank_context(preload: tuple[str, ...]):
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([*FORKSERVER_PRELOAD, *preload])
+    # Each rank runs the program's own module again, as __mp_main__ (multiprocessing's start
+    # preparation); preloaded under its name as well, it would be imported twice and runpy
+    # would warn once a rank that it "found it in sys.modules".
+    main_module = getattr(sys.modules["__main__"].__spec__, "name", None)
+    ctx.set_forkserver_preload([m for m in (*FORKSERVER_PRELOAD, *preload) if m != main_module])
     return ctx
 
 

@@ -192,12 +192,11 @@ DEFAULT_CONFIGS: dict[tuple[str, str], GemvConfig] = {
     ("fp8", "m16"): GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3, dot=True, prequant=True),
 }
 # Per-shape overrides, (N, K, kind, rows class) -> GemvConfig, from `bench.bench_decode_gemv
-# --sweep` on the target GPU (it prints entries to paste here). One H200, M = 1, the
-# HunyuanImage-3 decode shapes, e4m3 x passed in quantized as fp8_linear does (
-# `bench/results/h200-2026-12-02-qwen-peers/rope-real/bench_decode_gemv.json`; best / default us:
-# QKV and gate_up 6144x4096 fp8 9.3 / 10.2, bf16 14.8 / 17.1; O 4096x4096 fp8 7.4 / 8.8,
-# bf16 10.8 / 13.5; down 4096x3072 fp8 6.4 / 7.0, bf16 8.6 / 10.9; lm_head 133120x4096 fp8
-# 124.4 / 130.8, bf16: the default was the best). M > 1 keeps the defaults (not swept).
+# --sweep` on the target GPU (it prints entries to paste here): the fastest tiles of one H200
+# at M = 1 for the HunyuanImage-3 decode shapes, e4m3 x passed in quantized as fp8_linear does.
+# Each one's time against the default's:
+# `bench/results/h200-2026-12-02-qwen-peers/rope-real/bench_decode_gemv.json` (the bf16
+# lm_head has no entry: the default is its fastest). M > 1 keeps the defaults (not swept).
 GEMV_CONFIGS: dict[tuple[int, int, str, str], GemvConfig] = {
     (6144, 4096, "16bit", "m1"): GemvConfig(block_n=8, block_k=512, num_warps=4, num_stages=1),
     (6144, 4096, "fp8", "m1"): GemvConfig(block_n=8, block_k=1024, num_warps=4, num_stages=1),

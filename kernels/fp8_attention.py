@@ -14,9 +14,9 @@ multiple of Hkv: each query head reads its group's K/V, nothing is expanded); so
   all of a row's logits) and removes the common offset that would otherwise take most of
   the 8-bit range (SageAttention's observation). The softmax scale and log2(e) are folded
   into Q's scales, so the kernel's softmax is exp2 of the scaled logits. INT8 rather than
-  e4m3 for QK: at these per-block scales e4m3's 3 mantissa bits cost 3.9% relative L2 of
-  the output (random q, k, v; 7.8% at 3x sharper logits), INT8 1.3% (2.6%): measured with
-  the references here at S = 1024, D = 128.
+  e4m3 for QK: at these per-block scales e4m3's 3 mantissa bits cost the output about three
+  times INT8's relative L2, on random q, k, v and on sharper logits alike (the references
+  here, at S = 1024, D = 128, show it).
 - PV in FP8 e4m3 (float32 accumulation): P (the online-softmax probabilities against the
   running row max) is made as P * 448 (e4m3's whole range: the row max lowered by log2 448,
   which the row sums carry too, so it cancels), V with one scale per channel over all tokens
@@ -77,11 +77,11 @@ class AttentionTiles:
     ~20 more registers a thread); `maxnreg`: a cap on the registers a thread (more programs an
     SM, at the price of spills).
 
-    Measured and dropped (bench/bench_fp8_attention.py's sweep, one H200): summing each key
+    Not options, and why (bench/bench_fp8_attention.py's sweep on one H200): summing each key
     block's FP8 PV products apart before the float32 accumulator (Triton's
     max_num_imprecise_acc = block_n; on sm_90 the tensor cores' reduced-precision
-    accumulation otherwise carries the row, as FlashAttention-3's FP8 does) moved the error
-    4.05% -> 4.02% and cost 12%: the error is P's e4m3 rounding, not the accumulation. Issuing
+    accumulation otherwise carries the row, as FlashAttention-3's FP8 does) leaves the error
+    where it is and costs time: the error is P's e4m3 rounding, not the accumulation. Issuing
     the next key block's Q K^T before this block's softmax (FlashAttention-3's overlap, by
     hand) overlaps nothing with Triton 3.6: its SASS waits on that dot at once. P's exp2 as
     ex2.approx.f16x2 (inline PTX) is no faster: ptxas emits two MUFU.EX2.F16 a pair on sm_90."""

@@ -4,7 +4,7 @@ Same conventions and signature as `kernels.moe_multi_micro` (weights [M, E, 2I, 
 [M, E, H, I], ``down(x1 * silu(x2))``, output summed over micros, each routing weight
 applied once after the micro sum). At decode the op is memory-bound: the floor is reading
 the distinct selected experts' weights once (T=1, HunyuanImage-3 AR micro: 8 experts x
-3 x 768 x 4096 x 2 B = 151 MB, 35 us at 4.3 TB/s). No routing prep, no sort: the kernels
+3 x 768 x 4096 x 2 B = 151 MB, read at the GPU's memory bandwidth). No routing prep, no sort: the kernels
 read topk_ids directly.
 
 Tokens are taken in chunks of BLOCK_T = 16 (one tensor-core tile; T <= 16 is one chunk).
@@ -22,8 +22,9 @@ programs exit at once.
   weight once and sums over k: out[t] = sum_k w[t, k] * y[t*K + k].
 
 Splitting stage 2 over (H-block, expert), rather than looping over the experts inside
-one program per H-block, keeps enough programs streaming at T=1: on an H200 the looping
-version read w_down at 2 TB/s, this one at 3.1 TB/s (stage 1 reads at 3.5 TB/s).
+one program per H-block, keeps enough programs streaming at T=1 to read w_down near the
+memory bandwidth, which the looping version falls well short of (`bench_moe --part decode`;
+docs/performance.md, table `moe-decode-kernels`).
 """
 from dataclasses import dataclass, replace
 
@@ -65,12 +66,13 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
-# e4m3 weights, swept apart per recipe (bench_moe --part decode) on an H200:
-# - converting e4m3 to float16 for stage 1's dot (not to bf16) took stage 1 off its
-#   conversion bound (channels T=1 44.6 -> 39.2 us, the same error against bf16);
-# - stage 2 converting e4m3 through float16 (one instruction per pair) before bf16, and
-#   stage 1 with more bytes in flight (256-wide H tiles, 4 stages): channels T=1/16
-#   38.2/172.7 -> 30.8/152.6 us (bench/results/h200-2026-12-01-moe-targets/).
+# e4m3 weights, their tiles swept apart per recipe (bench_moe --part decode, one H200; the
+# times: bench/results/h200-2026-12-01-moe-targets/, docs/performance.md's tables
+# `moe-decode-stage1-fp16` and `moe-decode-kernels`):
+# - stage 1 converts e4m3 to float16 for its dot (not to bf16): that takes it off its
+#   conversion bound, at the same error against bf16;
+# - stage 2 converts e4m3 through float16 (one instruction per pair) before bf16, and
+#   stage 1 keeps more bytes in flight (256-wide H tiles, 4 stages).
 # Block scales need tiles inside one 128 block along each GEMM's K (block_h and block_i2
 # divide 128), so their stage 1 deepens its pipeline instead.
 FP8_CHANNELS_DECODE_CONFIG = DecodeConfig(block_i=64, block_h=256, stage1_stages=4, fp8_dot_f16=True,

@@ -7,7 +7,8 @@ skipped with fewer than 2 GPUs.
 
 Under DTGEN_REQUIRE_GOLDEN=1 (CI) a missing golden folder ends the run at collection with
 the one-line message of `tests.support.golden.discover_cases`, instead of turning
-the official-parity tests into skips.
+the official-parity tests into skips. Without it (a clone with no ../shared beside it) they
+skip, and the run ends with one line saying where their fixtures go.
 """
 import os
 
@@ -43,8 +44,18 @@ def pytest_exception_interact(node, call, report):
         pytest.exit(str(call.excinfo.value), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Say where the golden fixtures go when the parity tests skipped for want of them."""
+    from tests.support.golden import missing_fixtures_note
+    if terminalreporter.config.option.collectonly:
+        return
+    note = missing_fixtures_note()
+    if note is not None:
+        terminalreporter.write_line(note)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
-    """The embedded tiny default, written once per session into a private cache folder."""
+    """The embedded tiny default, written once per pytest run into a private cache folder."""
     from models.hunyuan_image3.tiny import ensure_tiny_checkpoint
     return ensure_tiny_checkpoint(tmp_path_factory.mktemp("dtgen-cache"))

@@ -21,12 +21,11 @@ handle those too; the upsamplers' depth-to-space is per position and splits free
 
 Channels-last path (`HunyuanVAE.set_channels_last`, the pipeline's choice for a bf16 / fp16
 VAE on CUDA): the activation is kept channels_last_3d ([B, C, T, H, W] stored as B, T, H, W,
-C) from the first convolution to the last. Why: an H200 probe of one 4-frame conv (table
-`vae-conv` in docs/performance.md) ran bf16 2-D convs over channels_last frames 25-35%
-faster than F.conv3d on NCDHW, and an fp32 in-request profile spent ~21 ms in cuDNN's
-nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels want channels last) besides
-~150 ms of convolutions. In that layout every frame is a channels_last 2-D image and the
-frames of one sample are consecutive, so the 5-D map IS a batch of channels_last frames (a
+C) from the first convolution to the last. Why: on an H200, bf16 2-D convs over channels_last
+frames run a 4-frame conv faster than F.conv3d on NCDHW (table `vae-conv` in
+docs/performance.md), and on NCDHW cuDNN spends a sizeable share of a request's convolution time
+in nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels want channels last). In
+that layout every frame is a channels_last 2-D image and the frames of one sample are consecutive, so the 5-D map IS a batch of channels_last frames (a
 view): each 3x3x3 conv runs as 2-D convs, one per time tap over the frames it meets (3T - 2
 frame-taps; `VAEConv3d._forward_cl`), 1x1x1 convs as one GEMM over positions, GroupNorm's
 statistics and its normalization read the strided map in place (`VAEGroupNorm`), residuals
@@ -185,9 +184,9 @@ class VAEConv3d(nn.Conv3d):
         """The 3x3x3 kernel's three time taps as channels_last 2-D kernels [O, C, 3, 3] (one
         copy of the weight, [kT, O, kH, kW, C] in memory). Kept when `cache_cl_weights` (and
         remade only if the weight tensor is replaced, e.g. a phase binding another view), else
-        made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, their copy 1.7 ms a
-        decode on an H200 (222.0 against 220.3 ms, docs/performance.md `vae-channels-last`), a second
-        resident copy 1.7 GB."""
+        made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, so the choice is a copy
+        per decode (its time: docs/performance.md, table `vae-channels-last`) or a second
+        resident copy of 1.7 GB."""
         w = self.weight
         compiling = torch.compiler.is_compiling()
         if self.cache_cl_weights and not compiling:
@@ -231,8 +230,8 @@ class VAEConv3d(nn.Conv3d):
 
 class VAEGroupNorm(nn.GroupNorm):
     """nn.GroupNorm, computed faster on the decoder's big maps: PyTorch's CUDA kernel reduces
-    each (sample, group) row in one thread block, 32 blocks for a whole 1024x1024 map (158 ms
-    of a 555 ms decode on an H200); `torch.var_mean` spreads each row over many blocks.
+    each (sample, group) row in one thread block, 32 blocks for a whole 1024x1024 map (a large
+    share of a decode's time on an H200); `torch.var_mean` spreads each row over many blocks.
     Normalization is one eval-mode batch-norm pass, as PyTorch's own kernels compute it
     (fp32 statistics and affine, output in x's dtype): the same values up to summation order."""
 
@@ -801,8 +800,8 @@ class HunyuanVAE(nn.Module):
         `cache_weights`: each 3x3x3 conv keeps its weight as three channels_last 2-D kernels
         (made now, once; remade only if the weight tensor is replaced), a second resident
         copy of the VAE's conv weights (1.7 GB for the released decoder in bf16, 0.8 GB for the
-        encoder); else the kernels are made per conv call (1.7 ms a decode on an H200:
-        bench_vae's bf16_cl_eager against bf16_cl_cached_eager, `vae-channels-last`). Not for a split decode
+        encoder); else the kernels are made per conv call (its cost: bench_vae's bf16_cl_eager
+        against bf16_cl_cached_eager, table `vae-channels-last`). Not for a split decode
         (parallel_vae swaps the convs for halo ones; leave `decoder` False there)."""
         parts = [m for m, on in ((self.decoder, decoder), (self.encoder, encoder)) if on and m is not None]
         for part in parts:

@@ -1,4 +1,4 @@
-"""DiT step batching (issue 30): requests of one denoise shape share their denoise steps as
+"""DiT step batching: requests of one denoise shape share their denoise steps as
 rows of one batch, each with its own seed, guidance, prompt length (so its own RoPE
 positions and padding hole), step cache, progress and cancel.
 
@@ -187,8 +187,8 @@ def test_a_deadline_passing_mid_denoise_ends_that_request_alone_with_504(tiny_ch
 def test_a_job_cancelled_during_its_vae_decode_ends_succeeded(tiny_checkpoint, alone):
     """A cancel (or a deadline) takes effect at the next step boundary; the VAE decode has
     none (only the decoding ranks run it, so the ranks agree on nothing there): a DELETE
-    that comes during the decode lets it finish, and the job answers its image. README's
-    serving section says so; a change that stops the decode must change both."""
+    that comes during the decode lets it finish, and the job answers its image. docs/serving.md
+    says so; a change that stops the decode must change both."""
     def delete(board, jobs):
         board.cancel(jobs[0], "cancelled by DELETE")
 
@@ -242,7 +242,7 @@ def test_batched_ar_decodes_together_and_a_request_cancelled_mid_ar_leaves(pipe)
 
 # ---- every 2- and 4-rank plan, gloo CPU ranks ------------------------------------------------
 FOUR_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 4)
-# The plans a 2-rank server runs (README's `--world-size 2 --plan tp2`): TP2 in both phases,
+# The plans a 2-rank server runs (docs/serving.md's `--world-size 2 --plan tp2`): TP2 in both phases,
 # AR TP2 -> denoise SP2, AR TP2 -> denoise CFG2.
 TWO_RANK_PLANS = sorted(name for name, plan in PLANS.items() if plan.world_size == 2)
 

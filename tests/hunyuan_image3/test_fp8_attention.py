@@ -13,7 +13,7 @@ TRITON_INTERPRET=1 (conftest sets it) on the q, k, v of the golden case's first 
 (GQA 16 over 4 heads, head_dim 16, which the kernel pads to 64). The interpreter's scale blocks
 are 16 x 16 rows (the GPU's 128 x 128), so the reference here quantizes in those blocks too.
 
-Accuracy on the tiny golden case (float32 model, CPU, the reference path, 2026-12-03;
+Accuracy on the tiny golden case (float32 model, CPU, the reference path;
 relative L2 against the official outputs; "attention" = --attention-dtype fp8, "dense +
 attention" adds --dense-dtype fp8; in parentheses the same with the GPU's 128-row scale blocks,
 i.e. the reference outside the tests):
@@ -123,8 +123,8 @@ def test_every_layer_runs_its_image_rows_on_the_fp8_kernel(golden):
 @needs_triton
 def test_the_kernel_on_the_golden_cases_first_dense_piece(golden):
     """The Triton kernel (interpreted) on layer 0's image rows at step 1: against the reference
-    that the model ran, and against exact attention (float64, K/V expanded for GQA). Measured
-    (2026-12-03): the kernel vs the reference 9.3e-03 ("attention") / 9.9e-03 ("dense+attention":
+    that the model ran, and against exact attention (float64, K/V expanded for GQA). Measured:
+    the kernel vs the reference 9.3e-03 ("attention") / 9.9e-03 ("dense+attention":
     its q, k, v come through FP8 QKV), vs exact 0.024 / 0.025, the reference vs exact 0.025 / 0.025.
     Bounds 0.02 and 0.04 (on random data, tests/wan/test_fp8_attention.py's are 0.04 and 0.06)."""
     q, k, v = golden[4].first

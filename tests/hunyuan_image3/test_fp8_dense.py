@@ -7,7 +7,7 @@ model-dtype run. Two ranks (tp2, against one process): tests/hunyuan_image3/test
 two-rank run has both options on (one spawned job for both). GPU (marker `gpu`): the rowwise `torch._scaled_mm` path against the
 reference at Wan's shapes, and the Wan pipeline compiled.
 
-Accuracy on the tiny golden case (float32 model, 2026-12-03; relative L2 against the
+Accuracy on the tiny golden case (float32 model; relative L2 against the
 official outputs; "dense" = every layer's QKV, O and shared MLP and the lm_head in FP8,
 weights and activations; "+ experts" adds --moe-dtype fp8 channels):
 
@@ -19,7 +19,7 @@ weights and activations; "+ experts" adds --moe-dtype fp8 channels):
 | AR decode logits | 0.10 | 0.71 | not bounded (below) |
 | greedy tokens, agreement | 1.0 | 0.25 | not bounded (below) |
 
-Before the lm_head joined (2026-12-02, the same case): prefill logits 0.092 / 0.093, the
+With the lm_head in the model dtype (the same case): prefill logits 0.092 / 0.093, the
 velocities as above (they do not read the lm_head), decode logits 0.72 / 0.72, tokens
 0.25 / 0.25. Each e4m3 rounding is ~2.6% rms relative (weights measured: 2.5-2.6% per
 matrix). The tiny random model amplifies QKV errors most: QKV alone gives 0.064 on the

@@ -3,7 +3,7 @@
 CPU: the experts are quantized at load and run through the torch emulation of the FP8
 path (the kernels themselves are tested in tests/framework/test_moe_grouped_gemm.py). Accuracy is
 stated against the official outputs on the tiny golden case. Bounds come from measurement
-(float32 model, the tiny checkpoint, 2026-12-01):
+(float32 model, the tiny checkpoint):
 
 | output | channels | blocks | tensor | bound |
 |---|---|---|---|---|
@@ -98,7 +98,7 @@ def test_fp8_on_two_ranks_switches_phases_for_free_and_matches_one_rank(tiny_che
     QKV and the shared gate/up split by rows with their scales, O and the shared down by
     columns with replicated scales (the max over both ranks); their activations are also
     quantized per rank, and the tiny model amplifies it (see test_fp8_dense.py): both options,
-    5.0% (logits) / 4.6% (velocity) on tp2 (2026-12-02). Bounds: experts alone 0.03 / 0.06,
+    5.0% (logits) / 4.6% (velocity) on tp2. Bounds: experts alone 0.03 / 0.06,
     with dense FP8 0.08 / 0.07 (two jobs, so the experts' tighter check stays)."""
     monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
     report = tmp_path / "r.json"

@@ -215,7 +215,7 @@ def test_row_chunks_compute_the_same_decode():
 @torch.no_grad()
 def test_bf16_decode_stays_near_golden(case):
     """--vae-dtype bfloat16 (a memory lever, with --vae-chunks 4) against the official float32
-    outputs. Measured on hunyuan3_tiny_a (CPU, NCDHW; 2026-12-03): relative L2 1.08% (square) /
+    outputs. Measured on hunyuan3_tiny_a (CPU, NCDHW): relative L2 1.08% (square) /
     1.11% (non-square), largest deviation 0.027 / 0.034 on the [-1, 1] image (~4 of 255 levels),
     the same with row chunks. Bounds 2% and 0.06. The GPU's channels-last bf16 path is checked
     against this NCDHW one in test_vae_channels_last.py."""

@@ -42,7 +42,7 @@ def _latents(pipe):
 
 def test_fp8_options_stay_near_the_model_dtype_run(folder):
     """3 steps with true CFG, final latents against the float32 run (which are mostly the noise,
-    as Wan's test says). Measured (2026-12-02): dense 0.30%, attention 0.043%, both 0.33%
+    as Wan's test says). Measured: dense 0.30%, attention 0.043%, both 0.33%
     relative L2. Bounds 1% / 0.2% / 1% (Wan's)."""
     base = _latents(_pipe(folder))
     bounds = {("fp8", "model"): 0.01, ("model", "fp8"): 2e-3, ("fp8", "fp8"): 0.01}
@@ -64,7 +64,7 @@ def job_dense_fp8(ctx, folder):
 def test_dense_fp8_on_tp2_stays_as_near_as_one_process(folder):
     """TP2 splits the FP8 linears (row-split ones keep their weight scales whole and their bias
     for after the all-reduce). Not bit-equal to one process: a row-split linear quantizes each
-    rank's half of x with that half's own per-token scale. Measured (2026-12-02): 0.32% from
+    rank's half of x with that half's own per-token scale. Measured: 0.32% from
     one process's FP8 latents, 0.30% from the float32 run (one process's FP8: 0.30%); both
     ranks equal. (Whether the bias lands once is tests/framework/test_partial_sum_bias.py's
     and the bf16 plans test's: the latents here hardly see it.)"""
@@ -95,7 +95,7 @@ def test_gpu_qwen_compiled_fp8_options_match_eager(folder):
     compiled as a region (the FP8 GEMV / scaled_mm linears and the FP8 attention op trace as one
     node each): the latents match the eager FP8 run's (bf16 fusions round differently: bound 2e-2
     relative L2), which stays near the bf16 SDPA run (bound 2e-2). Bounds are Wan's
-    (tests/wan/test_fp8_attention.py); not yet run on a GPU when written (session 15)."""
+    (tests/wan/test_fp8_attention.py)."""
     from dtgen.compile import CompileOptions
     out = {}
     for name, fp8, compiled in (("bf16", "model", False), ("eager", "fp8", False), ("compiled", "fp8", True)):

@@ -16,10 +16,10 @@ out-of-memory error), after the collectives of the blocks before it.
   module, the model the command line names), not in its warm-up, raising `InjectedFailure`;
   "inside" and "oom" need a server.
 
-How the ranks get it: under torchrun every rank runs this module. Spawned ranks fork from a
-server process that imports this module first (`dtgen.launch.FORKSERVER_PRELOAD`), and the
-import arms it from the environment this module's `main` sets (`SPEC_ENV`, `MODULE_ENV`: the
-model's CLI module).
+How the ranks get it: under torchrun every rank runs this module. A spawned rank runs it again
+as its main module (`__mp_main__`: multiprocessing's start preparation, before the rank's job),
+and that import arms it from the environment this module's `main` sets (`SPEC_ENV`,
+`MODULE_ENV`: the model's CLI module).
 """
 from __future__ import annotations
 
@@ -172,16 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec, module, args = argv[0], argv[1], argv[2:]
     cli = _cli_module(args)
-    from dtgen import launch
     os.environ[SPEC_ENV] = spec
     if cli is not None:
         os.environ[MODULE_ENV] = cli
-    launch.FORKSERVER_PRELOAD.append("tests.support.faults")
     install(spec, cli)
     return _entry(module).main(args)
 
 
-if os.environ.get(SPEC_ENV):   # a spawned rank's fork server, or a rank re-importing the main module
+if os.environ.get(SPEC_ENV):   # a spawned rank, running the main module again as __mp_main__
     install(os.environ[SPEC_ENV], os.environ.get(MODULE_ENV))
 
 

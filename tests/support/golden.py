@@ -445,6 +445,20 @@ def discover_taylor_cases() -> list[Path]:
     return discover_cases(TAYLOR_ROOT, "DTGEN_GOLDEN_TAYLOR_DIRS")
 
 
+def missing_fixtures_note() -> str | None:
+    """One line for the end of a test run when a golden root holds no case and nothing demands
+    it ($DTGEN_REQUIRE_GOLDEN unset): which official-parity tests skip and where their fixtures go."""
+    if golden_required():
+        return None
+    kinds = ((DEFAULT_ROOT, "DTGEN_GOLDEN_DIRS"), (TI2I_ROOT, "DTGEN_GOLDEN_TI2I_DIRS"),
+             (TAYLOR_ROOT, "DTGEN_GOLDEN_TAYLOR_DIRS"))
+    missing = [(root, env) for root, env in kinds if not discover_cases(root, env)]
+    if not missing:
+        return None
+    where = "; ".join(f"{root} (or folders listed in ${env})" for root, env in missing)
+    return f"golden fixtures missing, their official-parity tests skipped: put the case folders in {where}"
+
+
 def sampling_runs(case: GoldenCase) -> list[str]:
     """The run names of a sampling case, from its golden.json."""
     return list(case.meta["runs"])

@@ -78,7 +78,7 @@ def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: 
         yield base, proc
     finally:
         with contextlib.suppress(ProcessLookupError):  # gone already (a test may end it)
-            os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in the same session
+            os.killpg(proc.pid, signal.SIGTERM)  # the spawned ranks are in its process group
         try:
             proc.wait(15)
         except subprocess.TimeoutExpired:
