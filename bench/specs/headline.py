@@ -4,7 +4,7 @@ from __future__ import annotations
 from bench.report_cells import Join, Row, Runs, Table, Value
 from bench.specs.hunyuan import requests, summary
 from bench.specs.qwen import regions
-from bench.specs.runs import DECODE, QWEN_FP8, STEP_CACHE, T2I, TP2_32, WAN_STEP
+from bench.specs.runs import DECODE, DISTIL, QWEN_FP8, STEP_CACHE, T2I, TP2_32, WAN_STEP
 from bench.specs.wan import forward_floor, both
 
 HEADLINE = Table("headline", "", ["model", "GPUs", "figure", "dtgen", "peer, same GPU", "floor"], [
@@ -12,6 +12,8 @@ HEADLINE = Table("headline", "", ["model", "GPUs", "figure", "dtgen", "peer, sam
          requests([T2I], "timings_ms.total", "{:.0f}"), "-", "-"]),
     Row(["HunyuanImage-3.0", "1 x H200", "T2I 1024x1024, 50 steps, Taylor cache, FP8 experts",
          summary(STEP_CACHE, "t2i_taylor", "total_ms"), "-", "-"]),
+    Row(["HunyuanImage-3.0", "1 x H200", "T2I 1024x1024, Instruct-Distil, 8 steps, FP8 experts",
+         summary(DISTIL, "distil", "total_ms"), "-", "-"]),
     Row(["HunyuanImage-3.0", "1 x H200", "AR decode a token, FP8",
          Runs([(DECODE, "impls.triton.step_ms.runs")], "{:.2f}", " ms", what="repeats"), "-",
          Value("impls.triton.floor_ms", "{:.2f} ms (bytes)", DECODE)]),
