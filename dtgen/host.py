@@ -11,6 +11,7 @@ GPUs). Servers built on torch.compile freeze the heap once warm for the same rea
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import gc
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _LIBC = None
+_UNFREEZE_AT_EXIT = False
 _LOADED_AT = time.perf_counter()
 
 
@@ -37,9 +39,15 @@ def process_age_s() -> float:
 def settle_heap() -> None:
     """Collect once, then move every surviving object to the permanent generation, which
     later collections skip. Call it after warm-up (compilation, CUDA-graph capture, model
-    load): the objects made by then live as long as the process."""
+    load): the objects made by then live as long as the process. At exit they are handed back
+    to the collector: frozen objects are never freed at shutdown, and extension modules that
+    check for leaks then (triton's nanobind bindings) would report every one they own."""
+    global _UNFREEZE_AT_EXIT
     gc.collect()
     gc.freeze()
+    if not _UNFREEZE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_AT_EXIT = True
 
 
 def trim_heap() -> bool:
