@@ -36,6 +36,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def pytest_sessionstart(session):
+    """Under DTGEN_REQUIRE_GOLDEN=1, a missing golden folder ends the run before any test or
+    worker starts (with pytest-xdist, a worker that stopped at collection would leave the
+    controller with a traceback instead of the line)."""
+    from tests.support.golden import (GoldenDataMissing, discover_cases, discover_taylor_cases,
+                                      discover_ti2i_cases, golden_required)
+    if not golden_required():
+        return
+    try:
+        discover_cases(), discover_ti2i_cases(), discover_taylor_cases()
+    except GoldenDataMissing as missing:
+        pytest.exit(str(missing), returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 def pytest_exception_interact(node, call, report):
     """A golden folder that DTGEN_REQUIRE_GOLDEN=1 demands is missing: stop the whole run
     with its one line (the first module to look for it raises; nothing else runs)."""
