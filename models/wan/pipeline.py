@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
-from dtgen.diffusion_command import PROFILE_ROWS  # noqa: F401  (models/wan/cli.py imports it from here)
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
