@@ -38,10 +38,11 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, result_type
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple
-from dtgen.schema import check_bounds, request_field, size_field
+from dtgen.requests import RequestError, check_multiple
+from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
+                          size_field, step_cache_field, steps_field)
 from dtgen.seq_split import padded_rows
-from dtgen.step_cache import DenoiserCall
+from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
 from .text_encoder import encode_prompt
 
@@ -50,26 +51,22 @@ from .text_encoder import encode_prompt
 class T2IRequest:
     """What one image takes, each field declared once (dtgen/schema.py): the CLI's flags, the
     server's JSON fields and the docs' table come from these declarations."""
-    prompt: str = request_field(help="what the image shows")
+    prompt: str = prompt_field("image")
     # the model card's; CFG needs one (QwenImagePipeline: none -> no CFG)
-    negative_prompt: str = request_field(" ", help="what CFG steers away from (default: one space, the model "
-                                                   "card's: CFG needs a negative prompt)")
-    height: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
-                                help="pixels, a multiple of 16 (VAE x patch size)")
-    width: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
-                               help="pixels, a multiple of 16 (VAE x patch size)")
+    negative_prompt: str = negative_prompt_field(" ", help="what CFG steers away from (default: one space, the "
+                                                           "model card's: CFG needs a negative prompt)")
+    height: int = side_field(1024, "pixels, a multiple of 16 (VAE x patch size)", flag=None)
+    width: int = side_field(1024, "pixels, a multiple of 16 (VAE x patch size)", flag=None)
     # one user field for width and height: --image-size, the server's `size` ("auto": its default)
     size = size_field(example="1024x1024", auto=True, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the "
                                                            "tiny default)")
-    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
-                               help="denoising steps (default: 50, or 4 on the tiny default)")
+    steps: int = steps_field()
     true_cfg_scale: float = request_field(4.0, low=0.0, high=100.0,
                                           help="<= 1: no CFG (the conditional branch alone)")
-    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
+    seed: int = seed_field()
     max_sequence_length: int = request_field(512, low=1, high=1024, flag=None, json=None,
                                              help="the prompt's text tokens at most")
-    # dtgen/step_cache.py: a config, its text or dict form
-    step_cache: object = request_field(None, kind="step_cache", help="dtgen/step_cache.py")
+    step_cache: StepCacheConfig | str | dict | None = step_cache_field()
 
     def check(self, multiple: int = 16, min_steps: int = 1) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
