@@ -170,7 +170,7 @@ class DiffusionCommand:
         pipe = self.build_pipeline(ctx, args)[0]
         output = {"fps": args.fps} if self.makes == "video" else {}
         return resolve(self.adapter)(pipe, ctx.rank, self.request_from_args(args), warmup=args.warmup is not False,
-                                     **output)
+                                     warmup_batch=max_batch, **output)
 
     def save(self, output: torch.Tensor, path: Path, args: argparse.Namespace) -> None:
         """Rank 0's output -> the file: an image ([H, W, 3] uint8) in the format its suffix

@@ -37,7 +37,6 @@ import torch
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, result_type
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
-from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import RequestError, check_multiple
 from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
                           size_field, step_cache_field, steps_field)
@@ -149,10 +148,9 @@ class QwenImagePipeline(DiffusionPipeline):
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
-        """[H, W, 3] uint8 on the main rank (None on the others)."""
-        image = decode_uint8(self.model.vae, unpack(latents, *self.grid(req)), self.vae_group, self.is_main)
-        return None if image is None else image[0, 0]
+    def vae_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor:
+        """The packed latents unpacked: one latent frame [1, z, 1, h, w] (the Wan VAE's image)."""
+        return unpack(latents, *self.grid(req))
 
     # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
     def segments(self, rt, timesteps: torch.Tensor, req: T2IRequest) -> list[Segment]:
@@ -171,9 +169,10 @@ class QwenImagePipeline(DiffusionPipeline):
         return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check(self, req: T2IRequest) -> None:
-        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size,
-                  fewest_steps(self.model.cfgs.scheduler))
+    def check_args(self) -> tuple[int, int]:
+        """`T2IRequest.check`'s: pixels per token side, the fewest steps the schedule takes."""
+        return (self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size,
+                fewest_steps(self.model.cfgs.scheduler))
 
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dtgen.schema import OPENAI_IMAGE_FIELDS
 from dtgen.serve.adapters import ImageAdapter
 from dtgen.serve.fields import FieldTable
-from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
+from models.qwen_image.pipeline import T2IRequest
 
 # The request's declared fields (T2IRequest) and OpenAI's that the adapter reads itself.
 FIELDS = FieldTable(T2IRequest, OPENAI_IMAGE_FIELDS)
@@ -27,12 +27,3 @@ class QwenServeAdapter(ImageAdapter):
     fields = FIELDS
     can_edit = False
     edit_problem = "Qwen-Image is served for text to image only"
-
-    def __init__(self, pipe: QwenImagePipeline, rank: int, defaults: T2IRequest, warmup: bool = True):
-        super().__init__(pipe, rank, defaults, warmup)
-        m = pipe.model
-        self.multiple = m.vae.cfg.spatial_factor * m.transformer.cfg.patch_size
-        self.min_steps = fewest_steps(m.cfgs.scheduler)
-
-    def check_args(self) -> tuple:
-        return self.multiple, self.min_steps

@@ -31,7 +31,6 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
-from dtgen.layers.wan_vae_parallel import decode_uint8
 from dtgen.requests import RequestError, check_multiple, nearest_valid
 from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
                           size_field, step_cache_field, steps_field)
@@ -102,6 +101,7 @@ class WanT2VPipeline(DiffusionPipeline):
 
     spec_name = "wan"
     cfg_together = True
+    makes = "video"
     result_type = T2VResult
 
     def denoisers(self) -> list[WanTransformer]:
@@ -149,21 +149,15 @@ class WanT2VPipeline(DiffusionPipeline):
             return branches
         return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
-        """[F, H, W, 3] uint8 on the main rank (None on the others)."""
-        video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
-        return None if video is None else video[0]
-
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check(self, req: T2VRequest) -> None:
+    def check_args(self) -> tuple[int, int, bool]:
+        """`T2VRequest.check`'s: frames per latent frame, pixels per token side, whether a second expert is loaded."""
         vae = self.model.vae.cfg
-        req.check(vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
+        return (vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1],
+                self.model.transformer_2 is not None)
 
     def sampler(self, req: T2VRequest):
         return make_sampler(req.sampler, req.steps, req.shift)
-
-    def decode_latents(self, req: T2VRequest, latents: torch.Tensor) -> torch.Tensor | None:
-        return self.decode(latents)
 
     def result(self, req: T2VRequest, video, latents: torch.Tensor, timings: dict, record: dict) -> T2VResult:
         tokens = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)

@@ -30,12 +30,7 @@ class WanServeAdapter(VideoAdapter):
     fields = FIELDS
     refused = {"input_reference": "not supported: this server makes videos from text only"}
 
-    def __init__(self, pipe: WanT2VPipeline, rank: int, defaults: T2VRequest, fps: int = 16, warmup: bool = True):
-        super().__init__(pipe, rank, defaults, fps, warmup)
-        vae = pipe.model.vae.cfg
-        self.temporal, self.spatial = vae.temporal_factor, vae.spatial_factor * pipe.model.transformer.patch_size[1]
-        self.two_experts = pipe.model.transformer_2 is not None
-        self.name = "Wan2.2-A14B" if self.two_experts else "Wan 2.1"
-
-    def check_args(self) -> tuple:
-        return self.temporal, self.spatial, self.two_experts
+    def __init__(self, pipe: WanT2VPipeline, *args, **options):
+        super().__init__(pipe, *args, **options)
+        self.temporal = pipe.model.vae.cfg.temporal_factor
+        self.name = "Wan 2.1" if pipe.model.transformer_2 is None else "Wan2.2-A14B"
