@@ -2,7 +2,7 @@
 what every such pipeline does alike, written once. `generate` is the batch of one.
 
 A pipeline subclasses `DiffusionPipeline` and supplies what is its own: what the request's
-check needs from the model (`check_args`), the text encoder (`encode`), the latent layout
+check needs from the checkpoint's configs (`check_args`), the text encoder (`encode`), the latent layout
 (`latent_shape`, `noise`), the sampler, the denoiser's segments, calls and guidance
 (`BatchDenoiser`, dtgen/denoise_loop.py), the latents the VAE decodes (`vae_latents`) and the
 result type (`result_type`); `buckets` (its spec's
@@ -175,14 +175,16 @@ class DiffusionPipeline:
         """The activation dtype: the first denoiser's."""
         return self.denoisers()[0].dtype
 
-    def check_args(self) -> tuple:
-        """What the request's `check` needs from the loaded model (its VAE's and patch's factors,
-        its schedule's fewest steps): the pipeline's and the server's check alike."""
+    @staticmethod
+    def check_args(cfgs) -> tuple:
+        """What the request's `check` needs from the checkpoint's configs (the model's `cfgs`: its
+        VAE's and patch's factors, its schedule's fewest steps): the command checks a request with
+        them before loading, the pipeline and the server after."""
         raise NotImplementedError
 
     def check(self, request) -> None:
         """`RequestError(field, message)` for the first field the model cannot take."""
-        request.check(*self.check_args())
+        request.check(*self.check_args(self.model.cfgs))
 
     def encode(self, request) -> Any:
         """The request's text rows (a member's `context` in the denoise loop)."""

@@ -11,8 +11,8 @@ own progress, cancel and deadline.
 A model subclasses `ImageAdapter` (OpenAI's image generation: the answer's pixels) or
 `VideoAdapter` (async video jobs: an MP4, `seconds` and `fps` beside the request's
 `num_frames`) and gives `fields` (its request's `FieldTable` with the route's own fields) and
-`name`; a request is checked as the pipeline checks it (`pipe.check_args()`: what the request's
-`check` needs from the loaded model), its errors under the JSON names.
+`name`; a request is checked as the pipeline checks it (`pipe.check_args`: what the request's
+`check` needs from the model's configs), its errors under the JSON names.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class DiffusionAdapter:
 
     def checked(self, request):
         """`request` once the pipeline's check passes (`RequestError` under the JSON name)."""
-        return self.fields.checked(request, *self.pipe.check_args())
+        return self.fields.checked(request, *self.pipe.check_args(self.pipe.model.cfgs))
 
     def defaults_dict(self) -> dict:
         return self.fields.defaults(self.defaults)

@@ -169,10 +169,10 @@ class QwenImagePipeline(DiffusionPipeline):
         return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check_args(self) -> tuple[int, int]:
+    @staticmethod
+    def check_args(cfgs) -> tuple[int, int]:
         """`T2IRequest.check`'s: pixels per token side, the fewest steps the schedule takes."""
-        return (self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size,
-                fewest_steps(self.model.cfgs.scheduler))
+        return cfgs.vae.spatial_factor * cfgs.transformer.patch_size, fewest_steps(cfgs.scheduler)
 
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)

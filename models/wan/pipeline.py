@@ -150,11 +150,12 @@ class WanT2VPipeline(DiffusionPipeline):
         return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check_args(self) -> tuple[int, int, bool]:
-        """`T2VRequest.check`'s: frames per latent frame, pixels per token side, whether a second expert is loaded."""
-        vae = self.model.vae.cfg
-        return (vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1],
-                self.model.transformer_2 is not None)
+    @staticmethod
+    def check_args(cfgs) -> tuple[int, int, bool]:
+        """`T2VRequest.check`'s: frames per latent frame, pixels per token side, whether the
+        checkpoint has Wan2.2-A14B's second expert."""
+        return (cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
+                cfgs.transformer_2 is not None)
 
     def sampler(self, req: T2VRequest):
         return make_sampler(req.sampler, req.steps, req.shift)
