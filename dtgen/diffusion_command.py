@@ -5,10 +5,10 @@ A model's command module (models/<m>/cli.py, run by `dtgen run`) declares one `D
 data (its request class, plans, configs reader, loader, pipeline, tiny default, the defaults
 that depend on the checkpoint); it offers the registry's pieces (dtgen/registry.py) as that
 command's bound methods. From it this module parses the command line, checks it (`prepare`),
-builds the pipeline on each rank, warms it up, runs the request (with `--check`: against the same request on one process; with
-`--profile`: once more under the profiler), gathers every rank's facts, and on rank 0 writes
-the output (an image file, or an MP4: dtgen/media.py), prints the table and writes the JSON
-report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
+builds the pipeline on each rank, warms it up, runs the request (with `--check`: against the
+same request on one process; with `--profile`: once more under the profiler), gathers every
+rank's facts, and on rank 0 writes the output (an image file, or an MP4: dtgen/media.py),
+prints the table and writes the JSON report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
 """
 from __future__ import annotations
 
