@@ -142,7 +142,7 @@ class DiffusionRun:
 class DiffusionPipeline:
     """The phases of an encode -> denoise -> decode pipeline for a batch of requests (see the
     module docstring). A subclass sets `spec_name` (or is given its `buckets`), `cfg_together`,
-    `makes` and `result_type`, and gives `denoisers`, the methods below that raise NotImplementedError,
+    `makes` and `result_type`, and gives the methods below that raise NotImplementedError,
     and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`). One with
     a constructor of its own sets `controller`, `device`, `is_main`, `vae_group` and `buckets`."""
 
@@ -167,8 +167,9 @@ class DiffusionPipeline:
 
     # ---- what the model supplies -------------------------------------------------------
     def denoisers(self) -> list:
-        """The DiTs the denoise steps run (each declaring its split points, dtgen/denoiser_calls.py)."""
-        raise NotImplementedError
+        """The DiTs the denoise steps run (each declaring its split points, dtgen/denoiser_calls.py):
+        the model's `transformer`, and its `transformer_2` where it has a second (diffusers' names)."""
+        return [d for d in (self.model.transformer, getattr(self.model, "transformer_2", None)) if d is not None]
 
     @property
     def dtype(self) -> torch.dtype:

@@ -123,9 +123,6 @@ class QwenImagePipeline(DiffusionPipeline):
     cfg_together = False
     result_type = T2IResult
 
-    def denoisers(self) -> list:
-        return [self.model.transformer]
-
     def grid(self, req: T2IRequest) -> tuple[int, int]:
         """The (h, w) patch grid of the packed latents."""
         f = self.model.vae.cfg.spatial_factor * 2

@@ -104,9 +104,6 @@ class WanT2VPipeline(DiffusionPipeline):
     makes = "video"
     result_type = T2VResult
 
-    def denoisers(self) -> list[WanTransformer]:
-        return [d for d in (self.model.transformer, self.model.transformer_2) if d is not None]
-
     def latent_shape(self, req: T2VRequest) -> tuple[int, ...]:
         vae = self.model.vae.cfg
         frames = (req.num_frames - 1) // vae.temporal_factor + 1
