@@ -70,7 +70,8 @@ class T2IRequest:
     def check(self, multiple: int = 16, min_steps: int = 1) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
         work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x
-        patch); `min_steps`: the fewest steps the checkpoint's schedule takes (`fewest_steps`)."""
+        patch); `min_steps`: the fewest steps the checkpoint's schedule takes
+        (`QwenImagePipeline.check_args`)."""
         check_bounds(self)
         for name in ("height", "width"):
             check_multiple(name, getattr(self, name), multiple)
@@ -82,11 +83,6 @@ class T2IRequest:
     def guided(self) -> bool:
         """CFG on (two call sites a step): what a batch shares beyond its size and steps."""
         return self.true_cfg_scale > 1
-
-
-def fewest_steps(scheduler_config: dict) -> int:
-    """The fewest steps a scheduler config's schedule takes (`DynamicShiftSampler`'s rule)."""
-    return 2 if scheduler_config.get("shift_terminal") else 1
 
 
 # image: [H, W, 3] uint8 on the main rank; latents: [1, h*w, C*4] packed, the denoised latents
@@ -168,8 +164,9 @@ class QwenImagePipeline(DiffusionPipeline):
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     @staticmethod
     def check_args(cfgs) -> tuple[int, int]:
-        """`T2IRequest.check`'s: pixels per token side, the fewest steps the schedule takes."""
-        return cfgs.vae.spatial_factor * cfgs.transformer.patch_size, fewest_steps(cfgs.scheduler)
+        """`T2IRequest.check`'s: pixels per token side, the fewest steps the schedule takes (2 with a
+        `shift_terminal` stretch: `DynamicShiftSampler`'s rule)."""
+        return cfgs.vae.spatial_factor * cfgs.transformer.patch_size, 2 if cfgs.scheduler.get("shift_terminal") else 1
 
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)
