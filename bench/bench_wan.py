@@ -29,7 +29,7 @@ MODELS = {
 
 
 def dit_config(model: str, layers: int | None = None):
-    from models.wan.config import WanTransformerConfig
+    from models.wan.transformer import WanTransformerConfig
     cfg = dict(patch_size=[1, 2, 2], in_channels=16, out_channels=16, text_dim=4096, freq_dim=256,
                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
                **MODELS[model])

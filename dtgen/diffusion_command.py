@@ -2,14 +2,13 @@
 flags, its checks before any work, its run on every rank, its report and its server adapter.
 
 A model's command module (models/<m>/cli.py, run by `dtgen run`) declares one `DiffusionCommand`:
-data (its request class, plans, loader, pipeline, tiny default, the defaults that depend on the
-checkpoint) and one small function checking a request against the checkpoint's configs; it
-offers the registry's pieces (dtgen/registry.py) as that command's bound methods. From it this
-module parses the command line, checks it (`prepare`), builds the pipeline on each rank, warms
-it up, runs the request (with `--check`: against the same request on one process; with
-`--profile`: once more under the profiler), gathers every rank's facts, and on rank 0 writes
-the output (an image file, or an MP4: dtgen/media.py), prints the table and writes the JSON
-report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
+data (its request class, plans, configs reader, loader, pipeline, tiny default, the defaults
+that depend on the checkpoint); it offers the registry's pieces (dtgen/registry.py) as that
+command's bound methods. From it this module parses the command line, checks it (`prepare`),
+builds the pipeline on each rank, warms it up, runs the request (with `--check`: against the
+same request on one process; with `--profile`: once more under the profiler), gathers every
+rank's facts, and on rank 0 writes the output (an image file, or an MP4: dtgen/media.py),
+prints the table and writes the JSON report. HunyuanImage-3's command (AR, several prompts, edits) is its own.
 """
 from __future__ import annotations
 
@@ -56,7 +55,6 @@ class DiffusionCommand:
     title: str                      # in help and messages, e.g. "Wan"
     module: str                     # the command module (models.<m>.cli): spawned ranks import it first
     description: str                # the command's --help line
-    makes: str                      # "image" or "video": the result's attribute, the output, the table's row
     request: type                   # the request dataclass (dtgen/schema.py): its fields are the request flags
     default_prompt: str
     output: str                     # the CLI's default --output
@@ -68,18 +66,23 @@ class DiffusionCommand:
     checkpoint_defaults: dict       # flag -> value where the flag is not given, on a --checkpoint
     ensure_tiny: Callable[[], Path]   # the tiny default's folder, written once
     checkpoint_problem: Callable    # models.registry.checkpoint_problem(name, folder, missing)
-    # check(request, checkpoint folder, its scheduler_config.json): RequestError for a field the
-    # checkpoint cannot take (ValueError for a checkpoint config that cannot be read)
-    check: Callable[[object, Path, dict], None]
+    # the checkpoint's configs from its folder (the model's `cfgs`; ValueError for one that cannot
+    # be read): a request is checked against them (`pipeline.check_args`) before any rank loads
+    configs: Callable[[Path], object]
     # load(checkpoint, plan, rank, world_size, dtype, device, dense_dtype=, attention_dtype=)
     loader: Callable
-    # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group)
+    # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group): a DiffusionPipeline
     pipeline: Callable
     describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
     adapter: str                    # "module:Class" of its `dtgen.serve` adapter (imported by a server only)
     # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
     scheduler_defaults: dict = field(default_factory=dict)
     profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
+
+    @property
+    def makes(self) -> str:
+        """"image" or "video" (the pipeline's): the result's attribute, the output, the table's row."""
+        return self.pipeline.makes
 
     @property
     def flag_of_field(self) -> dict[str, str]:
@@ -137,7 +140,7 @@ class DiffusionCommand:
                 if getattr(args, key) is None:
                     setattr(args, key, scheduler.get(key, fallback))
             req = self.request_from_args(args)
-            self.check(req, folder, scheduler)
+            req.check(*self.pipeline.check_args(self.configs(folder)))
             args.step_cache = req.step_cache    # parsed once, for the ranks and the report
             if self.makes == "video":
                 schema.check_value(FPS, args.fps, "--fps")
@@ -170,7 +173,7 @@ class DiffusionCommand:
         pipe = self.build_pipeline(ctx, args)[0]
         output = {"fps": args.fps} if self.makes == "video" else {}
         return resolve(self.adapter)(pipe, ctx.rank, self.request_from_args(args), warmup=args.warmup is not False,
-                                     **output)
+                                     warmup_batch=max_batch, **output)
 
     def save(self, output: torch.Tensor, path: Path, args: argparse.Namespace) -> None:
         """Rank 0's output -> the file: an image ([H, W, 3] uint8) in the format its suffix

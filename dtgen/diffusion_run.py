@@ -1,10 +1,11 @@
 """Requests through an encode -> denoise -> decode pipeline (Wan, Qwen-Image) as one batch:
 what every such pipeline does alike, written once. `generate` is the batch of one.
 
-A pipeline subclasses `DiffusionPipeline` and supplies what is its own: the request's check,
-the text encoder (`encode`), the latent layout (`latent_shape`, `noise`), the sampler, the
-denoiser's segments, calls and guidance (`BatchDenoiser`, dtgen/denoise_loop.py), the VAE
-decode (`decode_latents`) and the result type (`result_type`); `buckets` (its spec's
+A pipeline subclasses `DiffusionPipeline` and supplies what is its own: what the request's
+check needs from the checkpoint's configs (`check_args`), the text encoder (`encode`), the latent layout
+(`latent_shape`, `noise`), the sampler, the denoiser's segments, calls and guidance
+(`BatchDenoiser`, dtgen/denoise_loop.py), the latents the VAE decodes (`vae_latents`) and the
+result type (`result_type`); `buckets` (its spec's
 `ShapeBuckets`: given by whoever builds the pipeline, else read from the registry by the
 pipeline's `spec_name`) says what the requests of one batch share. Its DiTs' calls are
 `self.calls` (dtgen/denoiser_calls.py: cut at the split points each DiT declares, compiled
@@ -35,6 +36,7 @@ from .compile import CompileOptions
 from .compiled_steps import CompiledSteps
 from .denoise_loop import DenoiseMember, denoise
 from .denoiser_calls import DenoiserCalls
+from .layers.wan_vae_parallel import decode_uint8
 from .profiling import NullProfiler
 from .step_cache import StepCache, concat_reports, merged_report, parse_step_cache
 
@@ -139,14 +141,15 @@ class DiffusionRun:
 
 class DiffusionPipeline:
     """The phases of an encode -> denoise -> decode pipeline for a batch of requests (see the
-    module docstring). A subclass sets `spec_name` (or is given its `buckets`), `cfg_together`
-    and `result_type`, and gives `denoisers`, the methods below that raise NotImplementedError,
+    module docstring). A subclass sets `spec_name` (or is given its `buckets`), `cfg_together`,
+    `makes` and `result_type`, and gives the methods below that raise NotImplementedError,
     and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`). One with
     a constructor of its own sets `controller`, `device`, `is_main`, `vae_group` and `buckets`."""
 
     spec_name: str = ""   # the registered model (`ModelSpec.name`) whose buckets the batches follow
     buckets: ShapeBuckets
     cfg_together: bool = False
+    makes: str = "image"   # or "video": what `decode_latents` gives
     result_type: type   # built as result_type(pixels, latents, timings, record)
 
     def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
@@ -164,17 +167,25 @@ class DiffusionPipeline:
 
     # ---- what the model supplies -------------------------------------------------------
     def denoisers(self) -> list:
-        """The DiTs the denoise steps run (each declaring its split points, dtgen/denoiser_calls.py)."""
-        raise NotImplementedError
+        """The DiTs the denoise steps run (each declaring its split points, dtgen/denoiser_calls.py):
+        the model's `transformer`, and its `transformer_2` where it has a second (diffusers' names)."""
+        return [d for d in (self.model.transformer, getattr(self.model, "transformer_2", None)) if d is not None]
 
     @property
     def dtype(self) -> torch.dtype:
         """The activation dtype: the first denoiser's."""
         return self.denoisers()[0].dtype
 
+    @staticmethod
+    def check_args(cfgs) -> tuple:
+        """What the request's `check` needs from the checkpoint's configs (the model's `cfgs`: its
+        VAE's and patch's factors, its schedule's fewest steps): the command checks a request with
+        them before loading, the pipeline and the server after."""
+        raise NotImplementedError
+
     def check(self, request) -> None:
         """`RequestError(field, message)` for the first field the model cannot take."""
-        raise NotImplementedError
+        request.check(*self.check_args(self.model.cfgs))
 
     def encode(self, request) -> Any:
         """The request's text rows (a member's `context` in the denoise loop)."""
@@ -191,9 +202,18 @@ class DiffusionPipeline:
         """A fresh sampler for the request (its own multistep history)."""
         raise NotImplementedError
 
+    def vae_latents(self, request, latents: torch.Tensor) -> torch.Tensor:
+        """The denoised latents as the VAE takes them, [1, z, T, h, w] (default: as they are)."""
+        return latents
+
     def decode_latents(self, request, latents: torch.Tensor) -> torch.Tensor | None:
-        """The denoised latents as pixels on the main rank (None on the others)."""
-        raise NotImplementedError
+        """The denoised latents as uint8 pixels on the main rank (None on the others): the Wan
+        VAE's decode (both models' VAE; split over `vae_group` when given), a video's frames
+        [F, H, W, 3] or an image's one frame [H, W, 3]."""
+        frames = decode_uint8(self.model.vae, self.vae_latents(request, latents), self.vae_group, self.is_main)
+        if frames is None:
+            return None
+        return frames[0] if self.makes == "video" else frames[0, 0]
 
     def result(self, request, pixels: torch.Tensor | None, latents: torch.Tensor, timings: dict, record: dict):
         return self.result_type(pixels, latents, timings, record)

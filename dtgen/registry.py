@@ -92,6 +92,15 @@ def diffusers_class(folder: Path) -> str | None:
         return None
 
 
+@dataclass(frozen=True)
+class DiffusersFolder:
+    """A spec's `detect`: a diffusers-format folder whose model_index.json names `pipeline`."""
+    pipeline: str   # the diffusers pipeline class, e.g. "WanPipeline"
+
+    def __call__(self, folder: Path) -> bool:
+        return diffusers_class(folder) == self.pipeline
+
+
 def find(specs: Iterable[ModelSpec], name: str) -> ModelSpec:
     specs = list(specs)
     for spec in specs:

@@ -36,7 +36,8 @@ import dataclasses
 from dataclasses import MISSING, dataclass
 from typing import Iterable
 
-from dtgen.requests import (RequestError, check_int, check_number, check_step_cache, check_text, parse_size)
+from dtgen.requests import (MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_int, check_number, check_step_cache,
+                            check_text, parse_size)
 from dtgen.step_cache import StepCacheError, describe, parse_step_cache
 
 KEY = "dtgen.schema"     # the dataclass field metadata key holding a field's Spec
@@ -316,6 +317,43 @@ def json_value(spec: Spec, request):
     if spec.kind == "step_cache":
         return describe(parse_step_cache(value))
     return value
+
+
+# ---- the fields every diffusion request declares alike (Wan's, Qwen-Image's) ---------------------
+STEP_CACHE_HELP = ("fewer full DiT evaluations (dtgen/step_cache.py): first-block[:threshold=0.05], "
+                   "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
+                   "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
+                   "default: every step in full")
+
+
+def prompt_field(makes: str):
+    """The required prompt; `makes`: "image" or "video" (its help: what it shows)."""
+    return request_field(help=f"what the {makes} shows")
+
+
+def negative_prompt_field(default: str = "", help: str = "what CFG steers away from"):
+    return request_field(default, help=help)
+
+
+def seed_field():
+    return request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
+
+
+def steps_field(default: int = 50, tiny: int = 4):
+    """The denoising steps: `num_inference_steps` in JSON (diffusers' name); the flag's default is
+    the command's (`default` on a checkpoint, `tiny` on the tiny default)."""
+    return request_field(default, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
+                         help=f"denoising steps (default: {default}, or {tiny} on the tiny default)")
+
+
+def step_cache_field():
+    """A step cache (dtgen/step_cache.py): a config, its text or dict form; None runs every step in full."""
+    return request_field(None, kind="step_cache", help=STEP_CACHE_HELP)
+
+
+def side_field(default: int, help: str, **options):
+    """A height or width in pixels: no JSON name of its own (the request's `size_field` stands for it)."""
+    return request_field(default, low=1, high=MAX_SIDE, unit="px", json=None, help=help, **options)
 
 
 # OpenAI's image-generation fields every image server takes alike (the answer's encoding,

@@ -1,8 +1,9 @@
 """The tiny default checkpoints that models write (and benchmarks, at larger shapes): random
 weights, written as a diffusers-format folder, and the tokenizer fixtures those folders hold.
 
-A model's tiny.py keeps its tiny configs, its `model_index.json` and the module tree that names
-every parameter; `write_diffusers_folder` writes the folder from them (the real loader reads it,
+A model's tiny.py keeps its tiny configs (its `model_index.json` follows from them:
+`model_index`) and the module tree that names every parameter; `write_diffusers_folder` writes
+the folder from them (the real loader reads it,
 and diffusers / transformers load the same folder), `ensure_tiny_folder` writes it once into the
 cache folder.
 """
@@ -58,6 +59,17 @@ def with_overrides(configs: dict[str, dict], overrides: dict[str, dict] | None) 
     for component, values in (overrides or {}).items():
         configs[component].update(values)
     return configs
+
+
+def model_index(pipeline: str, configs: dict[str, dict], tokenizer: str, **extra) -> dict:
+    """A diffusers folder's model_index.json: the pipeline class, the tokenizer's transformers
+    class, and per component of `configs` its [library, class], read off its config (a
+    transformers model's `architectures`, a diffusers class's `_class_name`); `extra` on top."""
+    index = {"_class_name": pipeline, "_diffusers_version": "0.42.1", "tokenizer": ["transformers", tokenizer]}
+    for component, config in configs.items():
+        index[component] = (["transformers", config["architectures"][0]] if "architectures" in config
+                            else ["diffusers", config["_class_name"]])
+    return {**index, **extra}
 
 
 def write_diffusers_folder(folder: Path, model_index: dict, configs: dict[str, dict],

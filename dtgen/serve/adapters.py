@@ -10,8 +10,9 @@ own progress, cancel and deadline.
 
 A model subclasses `ImageAdapter` (OpenAI's image generation: the answer's pixels) or
 `VideoAdapter` (async video jobs: an MP4, `seconds` and `fps` beside the request's
-`num_frames`) and gives `fields` (its request's `FieldTable` with the route's own fields),
-`name`, and `check_args()`: what its request's `check` needs from the loaded model.
+`num_frames`) and gives `fields` (its request's `FieldTable` with the route's own fields) and
+`name`; a request is checked as the pipeline checks it (`pipe.check_args`: what the request's
+`check` needs from the model's configs), its errors under the JSON names.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from dtgen.batching import per_member
 from dtgen.image_files import IMAGE_FORMATS, encode_image
 from dtgen.media import FPS, encode_mp4
 from dtgen.requests import IMAGE_OUTPUT_FIELDS, check_image_fields
@@ -78,18 +80,19 @@ def encode_answer(result: dict, output: ImageOutput | None) -> dict:
 
 class DiffusionAdapter:
     """`pipe`: a `DiffusionPipeline`; `defaults`: the request every field not given comes from
-    (the CLI's flags); `warmup`: run it once (2 steps) before /ready."""
+    (the CLI's flags); `warmup`: run it once (2 steps) before /ready; `warmup_batch`: the
+    server's --max-batch (a compiled pipeline warms up batches of 2..warmup_batch too)."""
 
     PHASES = ("encode", "denoise", "decode")
     fields: FieldTable   # the request's fields and the route's own (a subclass's)
 
-    def __init__(self, pipe, rank: int, defaults, warmup: bool = True):
+    def __init__(self, pipe, rank: int, defaults, warmup: bool = True, warmup_batch: int = 1):
         self.pipe, self.rank, self.defaults, self.warmup = pipe, rank, defaults, warmup
+        self.warmup_batch = warmup_batch
 
-    def check_args(self) -> tuple:
-        """The arguments of the request's `check` that the loaded model gives (its VAE's and
-        patch's factors, its schedule's fewest steps)."""
-        return ()
+    def checked(self, request):
+        """`request` once the pipeline's check passes (`RequestError` under the JSON name)."""
+        return self.fields.checked(request, *self.pipe.check_args(self.pipe.model.cfgs))
 
     def defaults_dict(self) -> dict:
         return self.fields.defaults(self.defaults)
@@ -153,9 +156,19 @@ class DiffusionAdapter:
                 "timings_ms": {k: round(result.timings_ms[k], 3) for k in (*self.PHASES, "total")}}
 
     def warm_up(self, progress) -> None:
-        """The defaults once, with 2 steps at most: first-call work (compiling, kernel JIT) out of requests."""
-        if self.warmup:
-            self.pipe.generate(replace(self.defaults, steps=min(self.defaults.steps, 2)), progress=progress)
+        """The defaults once, with 2 steps at most: first-call work (compiling, kernel JIT) out of
+        requests. A compiled pipeline then runs batches of 2..warmup_batch of them: each batch
+        size has graphs of its own, and a batch shrinks as its members leave, so every size it
+        can have compiles before /ready. (Qwen-Image's graphs are also specialised to the call's
+        text rows: a prompt of a length not seen yet still compiles in its request.)"""
+        if not self.warmup:
+            return
+        request = replace(self.defaults, steps=min(self.defaults.steps, 2))
+        self.pipe.generate(request, progress=progress)
+        if self.pipe.compiler.options.enabled:
+            for n in range(2, self.warmup_batch + 1):
+                self.pipe.generate_batch([replace(request, seed=request.seed + k) for k in range(n)],
+                                         per_member([progress] * n))
 
     def free_caches(self) -> None:
         if torch.cuda.is_available():
@@ -173,7 +186,7 @@ class ImageAdapter(DiffusionAdapter):
         fields = self.fields.read(fields, form)
         check_image_fields(fields, self.fields.names())
         self.fields.check_types(fields)
-        return self.fields.checked(replace(self.defaults, **self.fields.values(fields)), *self.check_args())
+        return self.checked(replace(self.defaults, **self.fields.values(fields)))
 
     def respond(self, req, result, batch: int) -> dict | None:
         if self.rank != 0:
@@ -205,8 +218,8 @@ class VideoAdapter(DiffusionAdapter):
     temporal: int
     refused: dict[str, str] = {}
 
-    def __init__(self, pipe, rank: int, defaults, fps: int = 16, warmup: bool = True):
-        super().__init__(pipe, rank, defaults, warmup)
+    def __init__(self, pipe, rank: int, defaults, fps: int = 16, warmup: bool = True, warmup_batch: int = 1):
+        super().__init__(pipe, rank, defaults, warmup, warmup_batch)
         self.default_fps = fps
 
     def defaults_dict(self) -> dict:
@@ -232,7 +245,7 @@ class VideoAdapter(DiffusionAdapter):
             if "num_frames" in fields:
                 raise RequestError("seconds", "give seconds or num_frames, not both")
             values["num_frames"] = self.num_frames(fields["seconds"], fps)
-        return VideoJob(self.fields.checked(replace(self.defaults, **values), *self.check_args()), fps)
+        return VideoJob(self.checked(replace(self.defaults, **values)), fps)
 
     def num_frames(self, seconds: float, fps: int) -> int:
         """OpenAI's length as frames (seconds * fps + 1): whole latent frames, within the

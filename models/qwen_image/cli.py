@@ -13,21 +13,12 @@ folder and loaded through the real loader. Writes the PNG, prints a timing table
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from dtgen.diffusion_command import DiffusionCommand
 from models.qwen_image.model import QwenImageConfigs, load
-from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest, fewest_steps
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from models.registry import checkpoint_problem
 from placements.qwen_image import PLANS, get_plan
-
-
-def check(req: T2IRequest, folder: Path, scheduler: dict) -> None:
-    """The request against the checkpoint (a whole one: its configs read): the fewest steps its
-    schedule takes."""
-    QwenImageConfigs.from_folder(folder)
-    req.check(min_steps=fewest_steps(scheduler))
 
 
 def describe(args, main: dict) -> str:
@@ -36,13 +27,13 @@ def describe(args, main: dict) -> str:
 
 
 COMMAND = DiffusionCommand(
-    name="qwen-image", title="Qwen-Image", module=__name__, description=__doc__.split("\n")[0], makes="image",
-    request=T2IRequest, default_prompt="A red fox in fresh snow at golden hour, a sign that says 'dtgen'",
-    output="outputs/qwen_t2i.png", fp8_reach=("the MMDiT blocks' linears", "the MMDiT's joint attention"),
-    plans=PLANS, get_plan=get_plan, multi_rank_plan="cfg2", tiny_defaults=dict(image_size="64x48", steps=4),
+    name="qwen-image", title="Qwen-Image", module=__name__, description=__doc__.split("\n")[0], request=T2IRequest,
+    default_prompt="A red fox in fresh snow at golden hour, a sign that says 'dtgen'", output="outputs/qwen_t2i.png",
+    fp8_reach=("the MMDiT blocks' linears", "the MMDiT's joint attention"), plans=PLANS, get_plan=get_plan,
+    multi_rank_plan="cfg2", tiny_defaults=dict(image_size="64x48", steps=4),
     checkpoint_defaults=dict(image_size="1024x1024", steps=50), ensure_tiny=ensure_tiny_checkpoint,
-    checkpoint_problem=checkpoint_problem, check=check, loader=load, pipeline=QwenImagePipeline, describe=describe,
-    adapter="models.qwen_image.serving:QwenServeAdapter")
+    checkpoint_problem=checkpoint_problem, configs=QwenImageConfigs.from_folder, loader=load,
+    pipeline=QwenImagePipeline, describe=describe, adapter="models.qwen_image.serving:QwenServeAdapter")
 
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Qwen-Image.
 build_parser, finish_args, parse_args, prepare, request_from_args = (

@@ -17,11 +17,11 @@ from dtgen.build import Built, ModelAdapter, build
 from dtgen.checkpoint import CheckpointError, ComponentsReader
 from dtgen.devices import named_dtype
 from dtgen.layers.config import read_json
+from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
 from dtgen.plan import Plan, Rule
 
 from . import text_encoder as te
 from .transformer import Attention, QwenImageTransformer, QwenImageTransformerConfig
-from .vae import IGNORED_CHECKPOINT_PREFIXES, QwenImageVAE, vae_config
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 # `--dense-dtype fp8`: every linear of the MMDiT's blocks (both streams' projections, MLPs and
@@ -34,7 +34,8 @@ FP8_LINEARS = ("transformer.transformer_blocks.*.attn.*", "transformer.transform
 class QwenImageConfigs:
     text_encoder: te.QwenTextConfig
     transformer: QwenImageTransformerConfig
-    vae: object        # the WanVAEConfig of its decoder
+    # diffusers' AutoencoderKLQwenImage is the Wan 2.1 VAE; an image decodes as one latent frame
+    vae: WanVAEConfig
     scheduler: dict
 
     @classmethod
@@ -46,7 +47,7 @@ class QwenImageConfigs:
                                   f"Qwen-Image checkpoint has {[*COMPONENTS, 'tokenizer', 'scheduler']})")
         return cls(te.QwenTextConfig.from_json(folder / "text_encoder" / "config.json"),
                    QwenImageTransformerConfig.from_json(folder / "transformer" / "config.json"),
-                   vae_config(read_json(folder / "vae" / "config.json")),
+                   WanVAEConfig.from_qwen_image(read_json(folder / "vae" / "config.json")),
                    read_json(folder / "scheduler" / "scheduler_config.json"))
 
 
@@ -56,7 +57,7 @@ class QwenImageT2I(nn.Module):
         self.cfgs = cfgs
         self.text_encoder = te.QwenTextEncoder(cfgs.text_encoder)
         self.transformer = QwenImageTransformer(cfgs.transformer)
-        self.vae = QwenImageVAE(cfgs.vae)
+        self.vae = WanVAE(cfgs.vae)
 
 
 @dataclass

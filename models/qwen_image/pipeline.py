@@ -37,11 +37,11 @@ import torch
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, result_type
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
-from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple
-from dtgen.schema import check_bounds, request_field, size_field
+from dtgen.requests import RequestError, check_multiple
+from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
+                          size_field, step_cache_field, steps_field)
 from dtgen.seq_split import padded_rows
-from dtgen.step_cache import DenoiserCall
+from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
 from .text_encoder import encode_prompt
 
@@ -50,31 +50,28 @@ from .text_encoder import encode_prompt
 class T2IRequest:
     """What one image takes, each field declared once (dtgen/schema.py): the CLI's flags, the
     server's JSON fields and the docs' table come from these declarations."""
-    prompt: str = request_field(help="what the image shows")
+    prompt: str = prompt_field("image")
     # the model card's; CFG needs one (QwenImagePipeline: none -> no CFG)
-    negative_prompt: str = request_field(" ", help="what CFG steers away from (default: one space, the model "
-                                                   "card's: CFG needs a negative prompt)")
-    height: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
-                                help="pixels, a multiple of 16 (VAE x patch size)")
-    width: int = request_field(1024, low=1, high=MAX_SIDE, unit="px", flag=None, json=None,
-                               help="pixels, a multiple of 16 (VAE x patch size)")
+    negative_prompt: str = negative_prompt_field(" ", help="what CFG steers away from (default: one space, the "
+                                                           "model card's: CFG needs a negative prompt)")
+    height: int = side_field(1024, "pixels, a multiple of 16 (VAE x patch size)", flag=None)
+    width: int = side_field(1024, "pixels, a multiple of 16 (VAE x patch size)", flag=None)
     # one user field for width and height: --image-size, the server's `size` ("auto": its default)
     size = size_field(example="1024x1024", auto=True, help="WIDTHxHEIGHT (default: 1024x1024, or 64x48 on the "
                                                            "tiny default)")
-    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
-                               help="denoising steps (default: 50, or 4 on the tiny default)")
+    steps: int = steps_field()
     true_cfg_scale: float = request_field(4.0, low=0.0, high=100.0,
                                           help="<= 1: no CFG (the conditional branch alone)")
-    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
+    seed: int = seed_field()
     max_sequence_length: int = request_field(512, low=1, high=1024, flag=None, json=None,
                                              help="the prompt's text tokens at most")
-    # dtgen/step_cache.py: a config, its text or dict form
-    step_cache: object = request_field(None, kind="step_cache", help="dtgen/step_cache.py")
+    step_cache: StepCacheConfig | str | dict | None = step_cache_field()
 
     def check(self, multiple: int = 16, min_steps: int = 1) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any
         work: the CLI's and the server's one check. `multiple`: pixels per token side (VAE x
-        patch); `min_steps`: the fewest steps the checkpoint's schedule takes (`fewest_steps`)."""
+        patch); `min_steps`: the fewest steps the checkpoint's schedule takes
+        (`QwenImagePipeline.check_args`)."""
         check_bounds(self)
         for name in ("height", "width"):
             check_multiple(name, getattr(self, name), multiple)
@@ -86,11 +83,6 @@ class T2IRequest:
     def guided(self) -> bool:
         """CFG on (two call sites a step): what a batch shares beyond its size and steps."""
         return self.true_cfg_scale > 1
-
-
-def fewest_steps(scheduler_config: dict) -> int:
-    """The fewest steps a scheduler config's schedule takes (`DynamicShiftSampler`'s rule)."""
-    return 2 if scheduler_config.get("shift_terminal") else 1
 
 
 # image: [H, W, 3] uint8 on the main rank; latents: [1, h*w, C*4] packed, the denoised latents
@@ -127,9 +119,6 @@ class QwenImagePipeline(DiffusionPipeline):
     cfg_together = False
     result_type = T2IResult
 
-    def denoisers(self) -> list:
-        return [self.model.transformer]
-
     def grid(self, req: T2IRequest) -> tuple[int, int]:
         """The (h, w) patch grid of the packed latents."""
         f = self.model.vae.cfg.spatial_factor * 2
@@ -152,10 +141,9 @@ class QwenImagePipeline(DiffusionPipeline):
         return [encode_prompt(self.model.text_encoder, self.tokenizer, p, self.device, self.dtype,
                               req.max_sequence_length) for p in prompts]
 
-    def decode_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor | None:
-        """[H, W, 3] uint8 on the main rank (None on the others)."""
-        image = decode_uint8(self.model.vae, unpack(latents, *self.grid(req)), self.vae_group, self.is_main)
-        return None if image is None else image[0, 0]
+    def vae_latents(self, req: T2IRequest, latents: torch.Tensor) -> torch.Tensor:
+        """The packed latents unpacked: one latent frame [1, z, 1, h, w] (the Wan VAE's image)."""
+        return unpack(latents, *self.grid(req))
 
     # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
     def segments(self, rt, timesteps: torch.Tensor, req: T2IRequest) -> list[Segment]:
@@ -174,9 +162,11 @@ class QwenImagePipeline(DiffusionPipeline):
         return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check(self, req: T2IRequest) -> None:
-        req.check(self.model.vae.cfg.spatial_factor * self.model.transformer.cfg.patch_size,
-                  fewest_steps(self.model.cfgs.scheduler))
+    @staticmethod
+    def check_args(cfgs) -> tuple[int, int]:
+        """`T2IRequest.check`'s: pixels per token side, the fewest steps the schedule takes (2 with a
+        `shift_terminal` stretch: `DynamicShiftSampler`'s rule)."""
+        return cfgs.vae.spatial_factor * cfgs.transformer.patch_size, 2 if cfgs.scheduler.get("shift_terminal") else 1
 
     def sampler(self, req: T2IRequest) -> DynamicShiftSampler:
         return DynamicShiftSampler(req.steps, math.prod(self.grid(req)), self.model.cfgs.scheduler)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from dtgen.tiny import ensure_tiny_folder, with_overrides, write_diffusers_folder, write_qwen2_tokenizer
+from dtgen.tiny import (ensure_tiny_folder, model_index, with_overrides, write_diffusers_folder,
+                        write_qwen2_tokenizer)
 
 TINY_VERSION = 1
 VOCAB_SIZE = 320     # the tokenizer's byte alphabet, merges and special tokens, and spare rows
@@ -51,15 +52,6 @@ def tiny_configs() -> dict[str, dict]:
     }
 
 
-MODEL_INDEX = {
-    "_class_name": "QwenImagePipeline", "_diffusers_version": "0.42.1",
-    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
-    "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
-    "tokenizer": ["transformers", "Qwen2Tokenizer"], "transformer": ["diffusers", "QwenImageTransformer2DModel"],
-    "vae": ["diffusers", "AutoencoderKLQwenImage"],
-}
-
-
 def write_random_checkpoint(folder: Path, seed: int = 1234, overrides: dict | None = None,
                             dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
     """Random weights under the diffusers / transformers names, one folder per component
@@ -67,7 +59,9 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, overrides: dict | No
     tiny ones (the benchmark's shapes)."""
     from .model import QwenImageConfigs, QwenImageT2I   # the module tree gives every name and shape
 
-    write_diffusers_folder(folder, MODEL_INDEX, with_overrides(tiny_configs(), overrides),
+    configs = tiny_configs()
+    write_diffusers_folder(folder, model_index("QwenImagePipeline", configs, "Qwen2Tokenizer"),
+                           with_overrides(configs, overrides),
                            lambda written: QwenImageT2I(QwenImageConfigs.from_folder(written)), write_qwen2_tokenizer,
                            seed, dtype, device)
 

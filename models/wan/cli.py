@@ -13,8 +13,6 @@ a per-stage timing table and, with --report, a JSON report. Plans: placements/wa
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from dtgen.diffusion_command import DiffusionCommand
 from models.registry import checkpoint_problem
 from models.wan.model import WanConfigs, load
@@ -23,26 +21,18 @@ from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
 
 
-def check(req: T2VRequest, folder: Path, scheduler: dict) -> None:
-    """The request against the checkpoint: whole latent frames and tokens, the second expert's
-    guidance only with one."""
-    cfgs = WanConfigs.from_folder(folder)
-    req.check(cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
-              cfgs.transformer_2 is not None)
-
-
 def describe(args, main: dict) -> str:
     return f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
 
 
 COMMAND = DiffusionCommand(
-    name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], makes="video", request=T2VRequest,
+    name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], request=T2VRequest,
     default_prompt="A red fox runs through fresh snow at golden hour, cinematic", output="outputs/wan_t2v.mp4",
     fp8_reach=("the DiT blocks' linears", "the DiT self-attention"), plans=PLANS, get_plan=get_plan,
     multi_rank_plan="ulysses2", tiny_defaults=dict(height=48, width=64, num_frames=9, steps=4),
     checkpoint_defaults=dict(height=480, width=832, num_frames=81, steps=50), scheduler_defaults={"flow_shift": 3.0},
-    ensure_tiny=ensure_tiny_checkpoint, checkpoint_problem=checkpoint_problem, check=check, loader=load,
-    pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter")
+    ensure_tiny=ensure_tiny_checkpoint, checkpoint_problem=checkpoint_problem, configs=WanConfigs.from_folder,
+    loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter")
 
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Wan.
 build_parser, finish_args, parse_args, prepare, request_from_args = (

@@ -22,8 +22,7 @@ from dtgen.layers.t5 import EMBEDDING_KEYS, UMT5Config, UMT5Encoder, load_tokeni
 from dtgen.layers.wan_vae import IGNORED_CHECKPOINT_PREFIXES, WanVAE, WanVAEConfig
 from dtgen.plan import Plan
 
-from .config import WanTransformerConfig
-from .transformer import Attention, WanTransformer, keeps_fp32
+from .transformer import Attention, WanTransformer, WanTransformerConfig, keeps_fp32
 
 TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
 # The DiT linears `dense_dtype="fp8"` stores in e4m3 (globs under a DiT): every block's

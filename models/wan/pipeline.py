@@ -28,13 +28,12 @@ from dataclasses import dataclass
 import torch
 
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
-from dtgen.diffusion_command import PROFILE_ROWS  # noqa: F401  (models/wan/cli.py imports it from here)
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
-from dtgen.layers.wan_vae_parallel import decode_uint8
-from dtgen.requests import MAX_SEED, MAX_SIDE, MAX_STEPS, RequestError, check_multiple, nearest_valid
-from dtgen.schema import check_bounds, request_field, size_field
+from dtgen.requests import RequestError, check_multiple, nearest_valid
+from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
+                          size_field, step_cache_field, steps_field)
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
 from .transformer import WanTransformer
@@ -47,18 +46,15 @@ TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded 
 class T2VRequest:
     """What one video takes, each field declared once (dtgen/schema.py): the CLI's flags, the
     server's JSON fields and the docs' table come from these declarations."""
-    prompt: str = request_field(help="what the video shows")
-    negative_prompt: str = request_field("", help="what CFG steers away from")
-    height: int = request_field(480, low=1, high=MAX_SIDE, unit="px", json=None, flag_default=None,
-                                help="pixels (default: 480, or 48 on the tiny default)")
-    width: int = request_field(832, low=1, high=MAX_SIDE, unit="px", json=None, flag_default=None,
-                               help="pixels (default: 832, or 64 on the tiny default)")
+    prompt: str = prompt_field("video")
+    negative_prompt: str = negative_prompt_field()
+    height: int = side_field(480, "pixels (default: 480, or 48 on the tiny default)", flag_default=None)
+    width: int = side_field(832, "pixels (default: 832, or 64 on the tiny default)", flag_default=None)
     # the server's one field for width and height (the image servers' and the UI's convention)
     size = size_field(example="832x480", flag=None, help="WIDTHxHEIGHT, multiples of the model's 16 px")
     num_frames: int = request_field(81, low=1, high=MAX_FRAMES, flag_default=None,
                                     help="4k + 1 frames (default: 81, or 9 on the tiny default)")
-    steps: int = request_field(50, low=1, high=MAX_STEPS, json="num_inference_steps", flag_default=None,
-                               help="denoising steps (default: 50, or 4 on the tiny default)")
+    steps: int = steps_field()
     guidance_scale: float = request_field(5.0, low=0.0, high=100.0, flag="--guidance", help="the CFG weight")
     # Wan2.2-A14B: the low-noise expert's guidance (None: the same as guidance_scale).
     guidance_scale_2: float | None = request_field(None, kind="number", low=0.0, high=100.0, flag="--guidance-2",
@@ -67,15 +63,8 @@ class T2VRequest:
     shift: float = request_field(3.0, low=0.0, high=100.0, flag="--flow-shift", json="flow_shift", flag_default=None,
                                  help="the sampler's shift (default: the checkpoint's scheduler config, else 3.0)")
     sampler: str = request_field("unipc", choices=sorted(SAMPLERS), help="the flow-matching sampler")
-    seed: int = request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
-    # Fewer full DiT evaluations (dtgen/step_cache.py): a config, or its text ("first-block:
-    # threshold=0.05") or dict form; None runs every step in full.
-    step_cache: StepCacheConfig | str | dict | None = request_field(
-        None, kind="step_cache",
-        help="fewer full DiT evaluations (dtgen/step_cache.py): first-block[:threshold=0.05], "
-             "taylorseer[:interval=5,disable_before=3,order=1,...], magcache:mag_ratios=R0/R1/... "
-             "(or magcache:calibrate=true to measure them), taylor[:interval=5,order=2,...]; "
-             "default: every step in full")
+    seed: int = seed_field()
+    step_cache: StepCacheConfig | str | dict | None = step_cache_field()
 
     def check(self, temporal: int, spatial: int, two_experts: bool | None = None) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before
@@ -112,10 +101,8 @@ class WanT2VPipeline(DiffusionPipeline):
 
     spec_name = "wan"
     cfg_together = True
+    makes = "video"
     result_type = T2VResult
-
-    def denoisers(self) -> list[WanTransformer]:
-        return [d for d in (self.model.transformer, self.model.transformer_2) if d is not None]
 
     def latent_shape(self, req: T2VRequest) -> tuple[int, ...]:
         vae = self.model.vae.cfg
@@ -159,21 +146,16 @@ class WanT2VPipeline(DiffusionPipeline):
             return branches
         return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
 
-    def decode(self, latents: torch.Tensor) -> torch.Tensor | None:
-        """[F, H, W, 3] uint8 on the main rank (None on the others)."""
-        video = decode_uint8(self.model.vae, latents, self.vae_group, self.is_main)
-        return None if video is None else video[0]
-
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
-    def check(self, req: T2VRequest) -> None:
-        vae = self.model.vae.cfg
-        req.check(vae.temporal_factor, vae.spatial_factor * self.model.transformer.patch_size[1])
+    @staticmethod
+    def check_args(cfgs) -> tuple[int, int, bool]:
+        """`T2VRequest.check`'s: frames per latent frame, pixels per token side, whether the
+        checkpoint has Wan2.2-A14B's second expert."""
+        return (cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
+                cfgs.transformer_2 is not None)
 
     def sampler(self, req: T2VRequest):
         return make_sampler(req.sampler, req.steps, req.shift)
-
-    def decode_latents(self, req: T2VRequest, latents: torch.Tensor) -> torch.Tensor | None:
-        return self.decode(latents)
 
     def result(self, req: T2VRequest, video, latents: torch.Tensor, timings: dict, record: dict) -> T2VResult:
         tokens = math.prod(self.latent_shape(req)[2:]) // math.prod(self.model.transformer.patch_size)

@@ -1,19 +1,11 @@
 """Wan text-to-video behind `dtgen.serve`: async video jobs (`POST /v1/videos`, progress,
 the MP4, DELETE) on the same job board, engine and metrics as the image server.
 
-Request fields (JSON or form text), OpenAI's videos API first:
-- `prompt` (required), `size` ("WIDTHxHEIGHT", multiples of the model's 16 px; the same
-  convention as the image server and the UI), `seconds` (OpenAI's; with `fps`, num_frames =
-  seconds * fps + 1), `model` (accepted, ignored); `input_reference` is refused (text to
-  video only);
-- the model's own: `num_frames` (4k + 1), `fps` (of the MP4), `negative_prompt`,
-  `num_inference_steps`, `guidance_scale`, `guidance_scale_2` (Wan2.2-A14B's low-noise
-  expert only), `flow_shift`, `sampler`, `seed`, `step_cache` (fewer full DiT evaluations,
-  dtgen/step_cache.py: "first-block:threshold=0.05", {"method": "magcache", ...}, or null for
-  none; default: the server's `--step-cache`).
-Each is declared once, in `T2VRequest` (the job's own, `seconds` and `fps`: dtgen/serve/adapters.py);
-docs/requests.md lists them. Fields not given take the server's defaults (the T2V example's
-flags). Checked before the job is queued by `T2VRequest.check`, the CLI's own.
+Its fields are `T2VRequest`'s and the video job's (OpenAI's `seconds`: num_frames = seconds *
+fps + 1; the MP4's `fps`; `model`, accepted and ignored: dtgen/serve/adapters.py), each declared
+once and listed in docs/requests.md; OpenAI's `input_reference` is refused (text to video only).
+Fields not given take the server's defaults (the CLI's flags); a request is checked as the CLI
+checks it (`T2VRequest.check`) before its job is queued.
 """
 from __future__ import annotations
 
@@ -30,12 +22,7 @@ class WanServeAdapter(VideoAdapter):
     fields = FIELDS
     refused = {"input_reference": "not supported: this server makes videos from text only"}
 
-    def __init__(self, pipe: WanT2VPipeline, rank: int, defaults: T2VRequest, fps: int = 16, warmup: bool = True):
-        super().__init__(pipe, rank, defaults, fps, warmup)
-        vae = pipe.model.vae.cfg
-        self.temporal, self.spatial = vae.temporal_factor, vae.spatial_factor * pipe.model.transformer.patch_size[1]
-        self.two_experts = pipe.model.transformer_2 is not None
-        self.name = "Wan2.2-A14B" if self.two_experts else "Wan 2.1"
-
-    def check_args(self) -> tuple:
-        return self.temporal, self.spatial, self.two_experts
+    def __init__(self, pipe: WanT2VPipeline, *args, **options):
+        super().__init__(pipe, *args, **options)
+        self.temporal = pipe.model.vae.cfg.temporal_factor
+        self.name = "Wan 2.1" if pipe.model.transformer_2 is None else "Wan2.2-A14B"

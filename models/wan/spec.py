@@ -1,15 +1,8 @@
 """Wan 2.1 / 2.2 text-to-video in the registry (models/registry.py)."""
-from pathlib import Path
-
-from dtgen.registry import ModelSpec, ShapeBuckets, diffusers_class
-
-
-def is_checkpoint(folder: Path) -> bool:
-    return diffusers_class(folder) == "WanPipeline"
-
+from dtgen.registry import DiffusersFolder, ModelSpec, ShapeBuckets
 
 SPEC = ModelSpec(
-    name="wan", title="Wan", makes="video", detect=is_checkpoint,
+    name="wan", title="Wan", makes="video", detect=DiffusersFolder("WanPipeline"),
     layout="a diffusers folder, model_index.json naming WanPipeline", cli="models.wan.cli",
     loader="models.wan.model:load", plans="placements.wan", request="models.wan.pipeline:T2VRequest",
     tiny="models.wan.tiny:ensure_tiny_checkpoint",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dtgen.tiny import ensure_tiny_folder, with_overrides, write_diffusers_folder
+from dtgen.tiny import ensure_tiny_folder, model_index, with_overrides, write_diffusers_folder
 from dtgen.tiny import write_t5_tokenizer as write_tokenizer
 
 TINY_VERSION = 1
@@ -43,14 +43,6 @@ def tiny_configs() -> dict[str, dict]:
     }
 
 
-MODEL_INDEX = {
-    "_class_name": "WanPipeline", "_diffusers_version": "0.42.1",
-    "scheduler": ["diffusers", "UniPCMultistepScheduler"], "text_encoder": ["transformers", "UMT5EncoderModel"],
-    "tokenizer": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "WanTransformer3DModel"],
-    "vae": ["diffusers", "AutoencoderKLWan"],
-}
-
-
 def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = False, overrides: dict | None = None,
                             dtype: torch.dtype = torch.float32, device: str = "cpu",
                             scales: dict[str, float] | None = None) -> None:
@@ -64,10 +56,10 @@ def write_random_checkpoint(folder: Path, seed: int = 1234, two_experts: bool = 
     begin with a key."""
     from .model import WanConfigs, WanT2V   # the module tree gives every name and shape
 
-    configs, index = tiny_configs(), dict(MODEL_INDEX)
+    configs = tiny_configs()
     if two_experts:
         configs["transformer_2"] = configs["transformer"]
-        index.update(transformer_2=["diffusers", "WanTransformer3DModel"], boundary_ratio=0.875)
+    index = model_index("WanPipeline", configs, "T5TokenizerFast", **({"boundary_ratio": 0.875} if two_experts else {}))
     write_diffusers_folder(folder, index, with_overrides(configs, overrides),
                            lambda written: WanT2V(WanConfigs.from_folder(written)), write_tokenizer,
                            seed, dtype, device, scales)

@@ -215,6 +215,33 @@ def test_two_image_requests_run_their_denoise_steps_as_one_batch(pipe, alone):
         assert int((image.int() - want.image.int()).abs().max()) <= 1
 
 
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_compiled_adapter_warms_up_every_batch_size(ckpt, max_batch):
+    """A compiled pipeline (dynamo's eager backend: tracing without code generation) behind the
+    server's adapter, warmed up for --max-batch 2: the first batch of two requests (the server's
+    default prompt, each its own seed and CFG scale) compiles no graph. Warmed up for --max-batch 1
+    (the batch of one alone), the same batch compiles in the request: what the batch warm-up is
+    for. (The graphs are specialised to the call's text rows: a prompt of another length compiles.)"""
+    from dtgen.compile import CompileOptions, unique_graphs
+    from models.qwen_image.model import load
+    from models.qwen_image.pipeline import QwenImagePipeline
+    from models.qwen_image.serving import QwenServeAdapter
+    from placements.qwen_image import get_plan
+
+    torch._dynamo.reset()   # no graph of another test's compiled pipeline answers for this one's
+    loaded = load(ckpt, get_plan("single"))
+    pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu",
+                             compile_options=CompileOptions(enabled=True, backend="eager"))
+    adapter = QwenServeAdapter(pipe, 0, T2IRequest("a red fox", height=48, width=64, steps=2),
+                               warmup_batch=max_batch)
+    adapter.warm_up(lambda *a: None)
+    warm = unique_graphs()
+    jobs = [adapter.parse({"prompt": "a red fox", "seed": s, "true_cfg_scale": 2.0 + s}) for s in (5, 6)]
+    assert all(not isinstance(r, BaseException) for r in pipe.generate_batch(jobs, quiet(2), decode=False))
+    new_graphs = unique_graphs() - warm
+    assert (new_graphs == 0) if max_batch == 2 else (new_graphs > 0), new_graphs
+
+
 @pytest.mark.gpu
 def test_compiled_batch_on_gpu_matches_alone(ckpt):
     """One GPU, bf16, the step's pieces compiled: three requests of three prompt lengths batched

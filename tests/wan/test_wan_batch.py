@@ -234,8 +234,8 @@ def test_two_video_jobs_run_their_denoise_steps_as_one_batch(pipe):
     bodies = [{"prompt": r.prompt, "negative_prompt": r.negative_prompt, "seed": r.seed,
                "guidance_scale": r.guidance_scale} for r in REQUESTS[:2]]
     alone = [pipe.generate(adapter.parse(body).request, decode=False).latents for body in bodies]
-    decoded, decode = [], pipe.decode
-    pipe.decode = lambda latents: decoded.append(latents) or decode(latents)   # the latents each job decodes
+    decoded, decode = [], pipe.decode_latents
+    pipe.decode_latents = lambda req, latents: decoded.append(latents) or decode(req, latents)   # each job's latents
     try:
         with serving(adapter, max_batch=2) as (base, board):
             ids = []
@@ -257,7 +257,7 @@ def test_two_video_jobs_run_their_denoise_steps_as_one_batch(pipe):
             with av.open(io.BytesIO(raw)) as container:
                 assert len([f for f in container.decode(video=0)]) == 9
     finally:
-        del pipe.decode
+        del pipe.decode_latents
     assert len(decoded) == 2
     for k, (got, want) in enumerate(zip(decoded, alone)):
         assert_close(got, want, f"job {k}")

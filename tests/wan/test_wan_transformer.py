@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dtgen.attention import AttentionMeta
-from models.wan.config import WanTransformerConfig
+from models.wan.transformer import WanTransformerConfig
 from models.wan.transformer import WanTransformer, full_sequence_meta, keeps_fp32
 
 # Two tiny variants: (1, 2, 2) patches with the cross-attention norm (Wan 2.1 / 2.2 layout), and
