@@ -116,18 +116,21 @@ def with_hole(local: LocalInputs, hole: SlotHole | None) -> LocalInputs:
     return local if hole is None else local._replace(meta=dataclasses.replace(local.meta, hole=hole))
 
 
-def padded_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, SlotHole | None]:
+def padded_rows(rows: list[torch.Tensor], multiple: int = 1) -> tuple[torch.Tensor, SlotHole | None]:
     """Batch rows of one stream of different lengths (each [1, L_b, ...]: a request's prompt,
-    every row real) as one [B, L, ...], zero-padded at the tail to the longest, and the hole
-    that hides each row's padding, slots [L_b, L), from every query: for the stream the
-    attention sees first (`SeqSplits.attention`), whose slots start at 0 on every plan (one
-    row each and every SP layout: `sequence_meta`). Each row then attends as it would alone
-    (diffusers masks a batch of prompts' padding the same way). No hole where every row has
-    one length: nothing is padded (a single request's call)."""
+    every row real) as one [B, L, ...], zero-padded at the tail to the longest rounded up to a
+    multiple of `multiple` (a compiled run's text bucket: prompts of similar length then share
+    every graph), and the hole that hides each row's padding, slots [L_b, L), from every query:
+    for the stream the attention sees first (`SeqSplits.attention`), whose slots start at 0 on
+    every plan (one row each and every SP layout: `sequence_meta`). Each row then attends as it
+    would alone (diffusers masks a batch of prompts' padding the same way). No hole where no row
+    is padded (a single request's call outside a bucket)."""
+    if multiple < 1:
+        raise ValueError(f"multiple must be at least 1, got {multiple}")
     lengths = [x.shape[1] for x in rows]
-    if len(set(lengths)) == 1:
+    longest = -(-max(lengths) // multiple) * multiple
+    if all(n == longest for n in lengths):
         return (rows[0] if len(rows) == 1 else torch.cat(rows)), None
-    longest = max(lengths)
     padded = torch.cat([torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, longest - x.shape[1])) for x in rows])
     return padded, SlotHole(torch.tensor(lengths, device=padded.device), longest)
 

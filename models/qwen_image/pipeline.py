@@ -154,8 +154,10 @@ class QwenImagePipeline(DiffusionPipeline):
     def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
         x = rows.latents.to(self.dtype)
         timestep = (t.to(self.dtype) / 1000).expand(x.shape[0]).to(self.device)   # as diffusers: t / 1000
-        # each row's prompt encoded alone: of its own length, padded to the call's longest
-        text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches])
+        # each row's prompt encoded alone: of its own length, padded to the call's longest, and
+        # compiled, up to the spec's text bucket (graphs are specialised to the text rows)
+        bucket = self.buckets.text_rows if self.compiler.options.enabled else 1
+        text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches], max(bucket, 1))
         return self.calls(rt, segment.denoiser, x, timestep, text, *self.grid(rows.members[0].request), hole=hole)
 
     def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:

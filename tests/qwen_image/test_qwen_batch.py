@@ -218,10 +218,10 @@ def test_two_image_requests_run_their_denoise_steps_as_one_batch(pipe, alone):
 @pytest.mark.parametrize("max_batch", [1, 2])
 def test_a_compiled_adapter_warms_up_every_batch_size(ckpt, max_batch):
     """A compiled pipeline (dynamo's eager backend: tracing without code generation) behind the
-    server's adapter, warmed up for --max-batch 2: the first batch of two requests (the server's
-    default prompt, each its own seed and CFG scale) compiles no graph. Warmed up for --max-batch 1
-    (the batch of one alone), the same batch compiles in the request: what the batch warm-up is
-    for. (The graphs are specialised to the call's text rows: a prompt of another length compiles.)"""
+    server's adapter, warmed up for --max-batch 2: the first batch of two requests (prompts of
+    other lengths than the warm-up's, within its 64-row text bucket; each its own seed and CFG
+    scale) compiles no graph. Warmed up for --max-batch 1 (the batch of one alone), the same batch
+    compiles in the request: what the batch warm-up is for."""
     from dtgen.compile import CompileOptions, unique_graphs
     from models.qwen_image.model import load
     from models.qwen_image.pipeline import QwenImagePipeline
@@ -236,7 +236,10 @@ def test_a_compiled_adapter_warms_up_every_batch_size(ckpt, max_batch):
                                warmup_batch=max_batch)
     adapter.warm_up(lambda *a: None)
     warm = unique_graphs()
-    jobs = [adapter.parse({"prompt": "a red fox", "seed": s, "true_cfg_scale": 2.0 + s}) for s in (5, 6)]
+    prompts = {5: "a small red fox in the snow", 6: "a fox"}
+    lengths = {len(pipe.encode(T2IRequest(p, height=48, width=64))[0][0]) for p in (*prompts.values(), "a red fox")}
+    assert len(lengths) == 3, lengths   # three prompt lengths: the bucket, not one length, shares the graphs
+    jobs = [adapter.parse({"prompt": prompts[s], "seed": s, "true_cfg_scale": 2.0 + s}) for s in (5, 6)]
     assert all(not isinstance(r, BaseException) for r in pipe.generate_batch(jobs, quiet(2), decode=False))
     new_graphs = unique_graphs() - warm
     assert (new_graphs == 0) if max_batch == 2 else (new_graphs > 0), new_graphs
