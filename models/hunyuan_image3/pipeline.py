@@ -130,7 +130,6 @@ class HunyuanT2IPipeline:
         self.device = torch.device(device)
         self.is_main = is_main
         self.vae_group = vae_group
-        self.vae_row_chunks = vae_row_chunks
         # One compiled callable per step kind, made by the part that owns the step: each gets
         # its own graphs (one per phase and shape), and the decode steps may replay as CUDA
         # graphs (dtgen/compiled_steps.py).
@@ -152,7 +151,9 @@ class HunyuanT2IPipeline:
             vae.set_channels_last(cl, decoder=False, encoder=True)
 
     # What tests, benchmarks and the CLI read off the pipeline, each from the part that owns it.
-    kv_caches = _part("stack", "kv_caches")
+    kv_caches = _part("stack", "kv_caches", settable=True)   # a benchmark switches the policy between runs
+    # One setting for both VAE directions: the edit's encode holds it, the decode here reads it.
+    vae_row_chunks = _part("edit_condition", "vae_row_chunks", settable=True)
     _caches = _part("stack", "cache_pool")
     _cache = _part("stack", "cache")
     forward_rows = _part("stack", "forward_rows")
