@@ -14,8 +14,8 @@ import torch
 from dtgen.ar import BatchDecode, DecodeRule, TokenDecode
 from dtgen.attention import AttentionMeta, KVCache, SlotRuns, decode_batch, decode_programs, slots_of_runs
 from dtgen.batching import BatchMembers
-from dtgen.compiled_steps import CompiledSteps
 from dtgen.buckets import pad_rows
+from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.timing import Timer
@@ -198,7 +198,7 @@ class ARPhase:
         budget = 0
         for i, (ids, n, pad) in enumerate(zip(prompts, steps, padded)):
             self.stack.check_budget(len(ids) + n + 2, f"request {i}'s AR sequence (prompt + max_new_tokens + "
-                               "<boi><img_size>)")
+                                    "<boi><img_size>)")
             budget = max(budget, len(ids) + n + 2, len(pad))
         length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
         N = len(reqs)
@@ -213,8 +213,8 @@ class ARPhase:
             with profiler.region("ar_prefill"):
                 t0 = timer.now()
                 logits, token = self.feed(self.prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
-                                           samplings[b], gens[b], static_slots=True,
-                                           rows=len(prompts[b]) if self.prompt_bucket else None)
+                                          samplings[b], gens[b], static_slots=True,
+                                          rows=len(prompts[b]) if self.prompt_bucket else None)
                 if runs is not None:
                     runs[b].timings["ar_prefill"] = (timer.now() - t0) * 1e3
             prefill_logits.append(logits)
@@ -273,9 +273,9 @@ class ARPhase:
         return results
 
     def feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
-              sampling: SamplingArgs, generator: torch.Generator | None,
-              static_slots: bool = False, rows: int | None = None,
-              cond: PromptCondition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             sampling: SamplingArgs, generator: torch.Generator | None,
+             static_slots: bool = False, rows: int | None = None,
+             cond: PromptCondition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
 
         static_slots: the slots are part of the graph (the prompt, always at 0); otherwise a
@@ -337,8 +337,8 @@ class ARPhase:
         with run.profiler.region("ar_prefill"):
             t0 = timer.now()
             logits, next_token = self.feed(self.prefill_fn, rt, padded, 0, cache, length, sampling, generator,
-                                            static_slots=True, rows=len(ids) if self.prompt_bucket else None,
-                                            cond=cond)
+                                           static_slots=True, rows=len(ids) if self.prompt_bucket else None,
+                                           cond=cond)
             timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
         run.progress("ar", 0, rule.steps)

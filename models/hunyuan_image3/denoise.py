@@ -289,7 +289,7 @@ class DenoisePhase:
             positions = torch.tensor(keep, device=dev)
             latents = latents.index_select(0, positions)
             caches = [self.stack.cache_rows(cache, torch.tensor([k * len(g) + j for k in keep for j in range(len(g))],
-                                                           device=dev)) for g, cache in zip(groups, caches)]
+                                                                device=dev)) for g, cache in zip(groups, caches)]
             batch_in = inputs(now)
             return latents
 
