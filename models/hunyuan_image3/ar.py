@@ -1,12 +1,9 @@
 """HunyuanImage-3's AR phase: the prompt's prefill, the CoT decode, the image head and the ratio choice.
 
-`ARPhase` is one part of `HunyuanT2IPipeline` (pipeline.py). Its steps (the prefill, the
-one-token decode step, the batched decode step) are compiled by the pipeline
-(`_prefill_fn`, `_decode_fn`, `_decode_batch_fn`); the decode loop around them (what is fed,
-when it stops, the token read one step late) is the framework's (dtgen/ar.py). It reads the
-pipeline's `model`, `cfg`, `tok`, `special`, `controller`, `device`, `is_main`,
-`prompt_bucket`, `decode_impl`, `_programs` (the split-KV schedule's program counts) and the
-decoder stack's `_cache`, `forward_rows`, `_check_budget` (stack.py).
+`ARPhase` is the AR part of `HunyuanT2IPipeline` (pipeline.py). Its steps (the prefill, the
+one-token decode step, the batched decode step) are compiled here, once per phase object,
+through the pipeline's `CompiledSteps`; the decode loop around them (what is fed, when it
+stops, the token read one step late) is the framework's (dtgen/ar.py).
 """
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ from dtgen.ar import BatchDecode, DecodeRule, TokenDecode
 from dtgen.attention import AttentionMeta, KVCache, SlotRuns, decode_batch, decode_programs, slots_of_runs
 from dtgen.batching import BatchMembers
 from dtgen.buckets import pad_rows
+from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
 from dtgen.sampling import Sampling, SamplingArgs, sample_token
 from dtgen.timing import Timer
@@ -26,6 +24,8 @@ from .diffusion_sequence import build_diffusion_sequence, round_up
 from .instruct import ConditionTokens, InstructPrefix, PromptCondition, prompt_condition, splice_rows
 from .requests import RequestRun, T2IRequest
 from .resolutions import resolution_table
+from .stack import DecoderStack
+from .tokenizer import SpecialTokens
 
 # AR cache lengths are rounded up to a multiple of this (see `run_ar`).
 AR_CACHE_ROUND = 256
@@ -52,7 +52,42 @@ def decode_rule(req: T2IRequest, stops: set[int]) -> DecodeRule:
 
 
 class ARPhase:
-    def _prompt_ids(self, req: T2IRequest) -> list[int]:
+    """Takes the decoder stack (stack.py: the model, its KV caches, `forward_rows`), the
+    tokenizer, the phase controller (it activates the "ar" phase and has the ranks agree on
+    the tokens), the pipeline's compiled steps (each step here is compiled once, as its own
+    callable: `prefill_fn`, `decode_fn`, `decode_batch_fn`; `graphed_decode` is the decode
+    step's hand-recorded CUDA graph in regions mode), `prompt_bucket` (the prefill pads the
+    prompt to a multiple of it; 0: exact), `decode_impl` (DECODE_IMPLS) and `is_main` (the
+    rank that shows progress).
+
+    In: a request and its `RequestRun` (`run_ar`; an edit's Instruct prompt and condition
+    rows too), or several text-to-image requests with their runs and batch (`run_ar_batch`).
+    Out: the CoT tokens and the ratio index (`run_ar`), one `ARBatchResult` per request
+    (`run_ar_batch`); the runs get their timings and record (ar_logits)."""
+
+    def __init__(self, stack: DecoderStack, tokenizer, controller, steps: CompiledSteps, prompt_bucket: int,
+                 decode_impl: str, is_main: bool = True):
+        if decode_impl not in DECODE_IMPLS:
+            raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
+        self.stack = stack
+        self.model, self.cfg, self.device = stack.model, stack.cfg, stack.device
+        self.tok = tokenizer
+        self.special: SpecialTokens = tokenizer.special
+        self.controller = controller
+        self.prompt_bucket = prompt_bucket
+        self.decode_impl = decode_impl
+        self.is_main = is_main
+        self._programs: dict[int, int] = {}   # the split-KV schedule's program count per KV-head count
+        self._size_rows: list[int] | None = None
+        # Two functions (two code objects), two compiled callables: the prompt and the one-token
+        # step get separate graph caches, and only the decode steps replay as CUDA graphs.
+        self.prefill_fn = steps.step(self._ar_prefill)
+        self.decode_fn = steps.step(self._ar_decode, cuda_graph=True)
+        self.decode_batch_fn = steps.step(self._decode_batch_step, cuda_graph=True)
+        self.graphed_decode = steps.graphed_of(self._ar_decode)   # its recordings, for tests
+
+    def prompt_ids(self, req: T2IRequest) -> list[int]:
+        """The request's prompt as token ids (its own `prompt_ids`, or its text encoded)."""
         return list(req.prompt_ids) if req.prompt_ids is not None else self.tok.encode(req.prompt)
 
     def ar_logits(self, rt, ids: torch.Tensor, slots: torch.Tensor | SlotRuns, cache: KVCache, total: int,
@@ -70,7 +105,7 @@ class ARPhase:
         rope, blocks = slot_vec.unsqueeze(-1).repeat(1, 2), ()
         if cond is not None:
             embeds, rope, blocks = splice_rows(embeds, cond.pieces), cond.rope_pos, cond.blocks
-        h = self.forward_rows(rt, embeds, rope, slots, total, blocks, cache)
+        h = self.stack.forward_rows(rt, embeds, rope, slots, total, blocks, cache)
         if all_rows:
             return self.model.logits(h[0])
         return self.model.logits(h[0, -1] if last is None else h[0].index_select(0, last)[0])
@@ -81,8 +116,6 @@ class ARPhase:
         return logits, sample_token(logits, uniform, sampling.temperature, sampling.top_k, sampling.top_p,
                                     sampling.candidates)
 
-    # Two functions (two code objects), two compiled callables: the prompt and the one-token
-    # step get separate graph caches, and only the decode step replays as a CUDA graph.
     def _ar_prefill(self, rt, ids, slots, cache, total, uniform, sampling: SamplingArgs, last=None, cond=None):
         return self._ar_step(rt, ids, slots, cache, total, uniform, sampling, last, cond)
 
@@ -131,7 +164,7 @@ class ARPhase:
         if len(uniforms) != ids.shape[0] or len(samplings) != ids.shape[0]:
             raise ValueError(f"decode_batch: {ids.shape[0]} requests but {len(uniforms)} uniforms and "
                              f"{len(samplings)} sampling settings")
-        logits, tokens = self._decode_batch_fn(rt, ids, positions, cache, tuple(uniforms), tuple(samplings))
+        logits, tokens = self.decode_batch_fn(rt, ids, positions, cache, tuple(uniforms), tuple(samplings))
         return logits.clone(), tokens.clone()   # a CUDA-graph replay reuses its buffers
 
     def run_ar_batch(self, reqs: list[T2IRequest], runs: list[RequestRun] | None = None,
@@ -158,18 +191,18 @@ class ARPhase:
                 raise ValueError(f"run_ar_batch: request {i} is an image edit; batched AR takes text-to-image only")
         rt = self.controller.activate("ar")
         sp, dev, V = self.special, self.device, self.cfg.vocab_size
-        prompts = [[sp.bos] + self._prompt_ids(r) for r in reqs]
+        prompts = [[sp.bos] + self.prompt_ids(r) for r in reqs]
         rules = [decode_rule(r, {sp.eos, *r.stop_ids}) for r in reqs]
         steps = [rule.steps for rule in rules]
         padded = [ids + [sp.eos] * (self._bucket(len(ids)) - len(ids)) for ids in prompts]
         budget = 0
         for i, (ids, n, pad) in enumerate(zip(prompts, steps, padded)):
-            self._check_budget(len(ids) + n + 2, f"request {i}'s AR sequence (prompt + max_new_tokens + "
-                               "<boi><img_size>)")
+            self.stack.check_budget(len(ids) + n + 2, f"request {i}'s AR sequence (prompt + max_new_tokens + "
+                                    "<boi><img_size>)")
             budget = max(budget, len(ids) + n + 2, len(pad))
         length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
         N = len(reqs)
-        cache = self._cache(rt, N, length, reuse=f"ar-batch{N}")
+        cache = self.stack.cache(rt, N, length, reuse=f"ar-batch{N}")
         gens = [torch.Generator(device=dev).manual_seed(r.seed) for r in reqs]
         samplings = tuple(Sampling(r.temperature, r.top_k, r.top_p).step_args(V, dev) for r in reqs)
         prefill_logits: list[torch.Tensor] = []
@@ -179,9 +212,9 @@ class ARPhase:
         for b in range(N):   # prefill, one request at a time, into its own row
             with profiler.region("ar_prefill"):
                 t0 = timer.now()
-                logits, token = self._feed(self._prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
-                                           samplings[b], gens[b], static_slots=True,
-                                           rows=len(prompts[b]) if self.prompt_bucket else None)
+                logits, token = self.feed(self.prefill_fn, rt, padded[b], 0, cache.rows(b, b + 1), length,
+                                          samplings[b], gens[b], static_slots=True,
+                                          rows=len(prompts[b]) if self.prompt_bucket else None)
                 if runs is not None:
                     runs[b].timings["ar_prefill"] = (timer.now() - t0) * 1e3
             prefill_logits.append(logits)
@@ -239,10 +272,10 @@ class ARPhase:
                     runs[b].timings["ar_decode_per_token"] = rows.ended_s[b] * 1e3 / len(generated)
         return results
 
-    def _feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
-              sampling: SamplingArgs, generator: torch.Generator | None,
-              static_slots: bool = False, rows: int | None = None,
-              cond: PromptCondition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def feed(self, fn, rt, ids: list[int] | torch.Tensor, start: int, cache: KVCache, total: int,
+             sampling: SamplingArgs, generator: torch.Generator | None,
+             static_slots: bool = False, rows: int | None = None,
+             cond: PromptCondition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed token ids (a list, or a device tensor [1, n]) at slots start.. -> (logits, next token).
 
         static_slots: the slots are part of the graph (the prompt, always at 0); otherwise a
@@ -275,13 +308,13 @@ class ARPhase:
         rt = self.controller.activate("ar")
         record, timer, timings = run.record, run.timer, run.timings
         sp = self.special
-        ids = [sp.bos] + self._prompt_ids(req) if edit is None else edit[0].ids + [self.tok.instruct.think]
+        ids = [sp.bos] + self.prompt_ids(req) if edit is None else edit[0].ids + [self.tok.instruct.think]
         stops = {sp.eos, *req.stop_ids}
         if edit is not None:
             stops.add(self.tok.instruct.answer)   # the model would start the image there
         rule = decode_rule(req, stops)
         budget = len(ids) + rule.steps + 2
-        self._check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
+        self.stack.check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
         # The prefill's graph is keyed by the prompt length: pad it to its bucket. Exact: the
         # padding rows sit at the slots right after the prompt, which no real row sees
         # (causal), and each decode step rewrites the next of them before any query can see
@@ -291,7 +324,7 @@ class ARPhase:
         # The decode step's graph is keyed by the cache length: round it up so that prompts of
         # similar length share one graph (the mask hides the unused slots).
         length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
-        cache = self._cache(rt, 1, length, reuse="ar")
+        cache = self.stack.cache(rt, 1, length, reuse="ar")
         # Every rank holds the same logits and the same generator state, so every rank draws
         # the same token; the draw stays on the device (`sample_token`).
         generator = torch.Generator(device=self.device).manual_seed(req.seed)
@@ -303,9 +336,9 @@ class ARPhase:
 
         with run.profiler.region("ar_prefill"):
             t0 = timer.now()
-            logits, next_token = self._feed(self._prefill_fn, rt, padded, 0, cache, length, sampling, generator,
-                                            static_slots=True, rows=len(ids) if self.prompt_bucket else None,
-                                            cond=cond)
+            logits, next_token = self.feed(self.prefill_fn, rt, padded, 0, cache, length, sampling, generator,
+                                           static_slots=True, rows=len(ids) if self.prompt_bucket else None,
+                                           cond=cond)
             timings["ar_prefill"] = (timer.now() - t0) * 1e3
         record.setdefault("ar_logits", []).append(logits)
         run.progress("ar", 0, rule.steps)
@@ -313,7 +346,7 @@ class ARPhase:
         decode = TokenDecode(next_token, rule, self.device)
 
         def step(i: int, fed: torch.Tensor):   # token i sits at slot len(ids) + i
-            return self._feed(self._decode_fn, rt, fed, len(ids) + i, cache, length, sampling, generator)
+            return self.feed(self.decode_fn, rt, fed, len(ids) + i, cache, length, sampling, generator)
 
         def kept(i: int, logits: torch.Tensor) -> None:
             record["ar_logits"].append(logits)
@@ -340,7 +373,7 @@ class ARPhase:
         start = len(ids) + len(generated)
         with run.profiler.region("ar_image_head", units=len(head)):
             for j, token in enumerate(head):
-                logits, _ = self._feed(self._decode_fn, rt, [token], start + j, cache, length, sampling, generator)
+                logits, _ = self.feed(self.decode_fn, rt, [token], start + j, cache, length, sampling, generator)
             # 'auto' picks among the sizes whose denoise sequence fits the model's positions
             # (a small model's table holds sizes it cannot): the others never win.
             too_long = self._sizes_too_long(len(ids) + len(generated), logits.device)
@@ -353,10 +386,11 @@ class ARPhase:
     def _sizes_too_long(self, text_rows: int, device) -> torch.Tensor:
         """[sizes] bool: the T2I sizes whose denoise sequence, after `text_rows` rows of text
         (<bos> included), would not fit max_position_embeddings."""
-        if not hasattr(self, "_size_rows"):  # <bos> + image head + image + <eoi>, per size
+        if self._size_rows is None:  # <bos> + image head + image + <eoi>, per size
             base, down = self.cfg.image_base_size, self.cfg.vae_downsample_factor
-            self._size_rows = [build_diffusion_sequence([], self.special, base, k, h // down[0], w // down[1]).real_length
-                               for k, (h, w) in enumerate(resolution_table(base))]
+            self._size_rows = [
+                build_diffusion_sequence([], self.special, base, k, h // down[0], w // down[1]).real_length
+                for k, (h, w) in enumerate(resolution_table(base))]
         limit = self.cfg.max_position_embeddings
         return torch.tensor([text_rows - 1 + n > limit for n in self._size_rows], device=device)
 

@@ -1,10 +1,9 @@
 """An image edit's condition: the reference image as the rows the Instruct template carries.
 
-`EditCondition` is one part of `HunyuanT2IPipeline` (pipeline.py): it encodes the reference
-once per request (the VAE half and the ViT half, `ConditionTokens`) and writes the edit's
-Instruct prompt around it; the AR prompt and the denoise sequence then both splice the rows
-in. It reads the pipeline's `model`, `cfg`, `device`, `tok`, `special`, `vae_row_chunks` and
-`_prompt_ids` (ar.py).
+`EditCondition` is the edit part of `HunyuanT2IPipeline` (pipeline.py): it encodes the
+reference once per request (the VAE half and the ViT half, `ConditionTokens`) and writes the
+edit's Instruct prompt around it; the AR prompt and the denoise sequence then both splice the
+rows in.
 """
 from __future__ import annotations
 
@@ -12,12 +11,29 @@ import torch
 
 from .cond_image import resize_and_crop, vae_bucket, vae_pixels
 from .instruct import ConditionShape, ConditionTokens, InstructPrefix, instruct_prefix
+from .model import HunyuanImage3ForCausalMM
 from .requests import RequestRun, T2IRequest
 from .resolutions import resolution_table
-from .tokenizer import InstructTokens
+from .tokenizer import InstructTokens, SpecialTokens
 
 
 class EditCondition:
+    """Takes the model (its VAE encoder, vision tower and aligner, vision processor, and the
+    image and timestep embedders that turn the latent into rows), the tokenizer (its Instruct
+    tokens), the device and `vae_row_chunks` (the encode's convolutions over that many slabs
+    of rows: `HunyuanVAE.encode`).
+
+    In: a reference image (uint8 [H, W, 3]) and the request's seed (`encode_condition`), or a
+    whole edit request, its run and its prompt's token ids (`prepare_edit`). Out: the
+    condition rows (`ConditionTokens`), and with `prepare_edit` the edit's Instruct prompt
+    (`InstructPrefix`); the run gets its condition_encode timing."""
+
+    def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, device: torch.device, vae_row_chunks: int = 1):
+        self.model, self.cfg, self.device = model, model.cfg, torch.device(device)
+        self.tok = tokenizer
+        self.special: SpecialTokens = tokenizer.special
+        self.vae_row_chunks = vae_row_chunks
+
     def _instruct_tokens(self) -> InstructTokens:
         if self.tok.instruct is None:
             raise ValueError("image editing needs the Instruct template's special tokens (<think>, <recaption>, "
@@ -47,14 +63,15 @@ class EditCondition:
         return ConditionTokens(shape, m.timestep_token(zero).unsqueeze(1).to(dtype),
                                m.image_tokens(latent.to(dtype), zero).to(dtype), rows.to(dtype), latent)
 
-    def prepare_edit(self, req: T2IRequest, run: RequestRun) -> tuple[InstructPrefix, ConditionTokens]:
-        """An edit's Instruct prompt and its condition rows. The condition is computed once,
-        here, on every rank (its modules are replicated, so every rank gets the same rows), and
-        kept for the AR prompt and the denoise sequence: neither recomputed nor moved after the
-        phase switch."""
+    def prepare_edit(self, req: T2IRequest, run: RequestRun,
+                     prompt_ids: list[int]) -> tuple[InstructPrefix, ConditionTokens]:
+        """An edit's Instruct prompt (around `prompt_ids`, the request's prompt as token ids) and
+        its condition rows. The condition is computed once, here, on every rank (its modules
+        are replicated, so every rank gets the same rows), and kept for the AR prompt and the
+        denoise sequence: neither recomputed nor moved after the phase switch."""
         with run.profiler.phase("condition"), run.profiler.region("condition_encode"):
             t0 = run.timer.now()
             condition = self.encode_condition(req.reference, req.seed)
             run.timings["condition_encode"] = (run.timer.now() - t0) * 1e3
         return (instruct_prefix(self.tok.encode, self.special, self._instruct_tokens(), self.cfg.image_base_size,
-                                condition.layout_shape, self._prompt_ids(req), req.system_prompt), condition)
+                                condition.layout_shape, prompt_ids, req.system_prompt), condition)

@@ -1,10 +1,9 @@
 """HunyuanImage-3's denoise phase: CFG flow-matching steps over the diffusion sequence, requests batched as rows.
 
-`DenoisePhase` is one part of `HunyuanT2IPipeline` (pipeline.py). Its full step is compiled
-by the pipeline (`_denoise_fn`), and a step cache's head (`_head_fn`); it reads the
-pipeline's `model`, `cfg`, `controller`, `device`, `is_main` and the decoder stack's
-`_cache`, `_cache_rows`, `forward_rows` (stack.py). Requests of one denoise shape
-(`denoise_key`) run as rows of one batch; `run_denoise` is the batch of one.
+`DenoisePhase` is the denoise part of `HunyuanT2IPipeline` (pipeline.py). Its full step and a
+step cache's head are compiled here, once per phase object, through the pipeline's
+`CompiledSteps`. Requests of one denoise shape (`denoise_key`) run as rows of one batch;
+`run_denoise` is the batch of one.
 """
 from __future__ import annotations
 
@@ -16,12 +15,14 @@ from tqdm import tqdm
 
 from dtgen.attention import KVCache
 from dtgen.batching import BatchMembers, per_member
+from dtgen.compiled_steps import CompiledSteps
 from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
 from dtgen.step_cache import DenoiserCall, make_step_cache, merged_report, run_step_shared
 
 from .diffusion_sequence import DiffusionSequence
 from .instruct import ConditionTokens, splice_rows
 from .requests import RequestRun, T2IRequest
+from .stack import DecoderStack
 
 
 @dataclass
@@ -71,8 +72,27 @@ def batched_condition(conds: list[ConditionTokens | None]) -> ConditionTokens | 
 
 
 class DenoisePhase:
+    """Takes the decoder stack (stack.py: the model, its KV caches, `forward_rows`), the phase
+    controller (it activates the "denoise" phase; its runtime says the CFG split), the
+    pipeline's compiled steps (the full step is compiled once here, `step_fn`, and a cached
+    step's head, `head_fn`) and `is_main` (the rank that shows progress).
+
+    In: the prepared members of one denoise shape (`DenoiseMember`: a request, its diffusion
+    sequence, its run, an edit's condition rows, optional initial noise) and the batch they
+    are in. Out: each member's final latents [1, C, h, w] (None for one that left the
+    batch); each run gets its timings and record (velocity, step_inputs, latents, ...)."""
+
+    def __init__(self, stack: DecoderStack, controller, steps: CompiledSteps, is_main: bool = True):
+        self.stack = stack
+        self.model, self.cfg, self.device = stack.model, stack.cfg, stack.device
+        self.controller = controller
+        self.is_main = is_main
+        self.step_fn = steps.step(self.denoise_step)
+        # A cached step's head (final_layer alone) is a graph of its own in both modes.
+        self.head_fn = steps.whole(self.head_velocity)
+
     def denoise_cache(self, rt, batch: int, seq: DiffusionSequence, reuse: str | None = None) -> KVCache:
-        return self._cache(rt, batch, seq.length, reuse)
+        return self.stack.cache(rt, batch, seq.length, reuse)
 
     def denoise_step(self, rt, seq: DiffusionSequence, ids: torch.Tensor | None, latents: torch.Tensor,
                      t: torch.Tensor, cache: KVCache, first_step: bool, condition: ConditionTokens | None = None,
@@ -100,12 +120,12 @@ class DenoisePhase:
         if first_step:
             pieces = condition.splices(seq.condition) if condition is not None else []
             embeds = splice_rows(m.embed_tokens(ids), pieces + [(first, step), (img0, img)])
-            h = self.forward_rows(rt, embeds, rope, ((0, S),), S, seq.attention_blocks, cache, seq.hole)
+            h = self.stack.forward_rows(rt, embeds, rope, ((0, S),), S, seq.attention_blocks, cache, seq.hole)
             h = h[:, first:img1]
         else:
             # The step rows sit right before the image: the rows fed are one run of slots.
-            h = self.forward_rows(rt, torch.cat([step, img], dim=1), rope[..., first:img1, :], ((first, img1),), S,
-                                  seq.attention_blocks, cache, seq.hole)
+            h = self.stack.forward_rows(rt, torch.cat([step, img], dim=1), rope[..., first:img1, :],
+                                        ((first, img1),), S, seq.attention_blocks, cache, seq.hole)
         return h, self.head_velocity(h, t, seq.step_rows, seq.height, seq.width)
 
     def head_velocity(self, hidden: torch.Tensor, t: torch.Tensor, step_rows: int, height: int,
@@ -229,9 +249,9 @@ class DenoisePhase:
             rows = latents if len(g) == 1 else (latents.expand(len(g), -1, -1, -1) if latents.shape[0] == 1
                                                 else latents.repeat_interleave(len(g), 0))
             # A member's head runs on its own rows (a cached step): the graph of one request's call.
-            heads = [partial(self._head_fn, t=t[:len(g)], step_rows=seq.step_rows, height=seq.height,
+            heads = [partial(self.head_fn, t=t[:len(g)], step_rows=seq.step_rows, height=seq.height,
                              width=seq.width) for _ in now]
-            full = partial(self._denoise_fn, rt, seq, ids, rows, t, cache, i == 0, cond, guidance, t_end)
+            full = partial(self.step_fn, rt, seq, ids, rows, t, cache, i == 0, cond, guidance, t_end)
             return run_step_shared([step_caches[p][groups.index(g)] for p in now], i,
                                    DenoiserCall(head=heads[0], full=full), [len(g)] * len(now), heads)
 
@@ -248,7 +268,8 @@ class DenoisePhase:
                 record = members[p].run.record
                 record.setdefault("velocity", []).append(mine)
                 record.setdefault("step_latents", []).append(latents if n == 1 else latents[k:k + 1])
-                out.append(mine if distilled else classifier_free_guidance(mine[0:1], mine[1:2], members[p].req.guidance))
+                out.append(mine if distilled
+                           else classifier_free_guidance(mine[0:1], mine[1:2], members[p].req.guidance))
             return euler_step(latents, out[0] if n == 1 else torch.cat(out), float(sigmas[i]), float(sigmas[i + 1]))
 
         bar = tqdm(total=steps, desc="denoise", disable=not self.is_main, leave=False)
@@ -267,8 +288,8 @@ class DenoisePhase:
                 return latents
             positions = torch.tensor(keep, device=dev)
             latents = latents.index_select(0, positions)
-            caches = [self._cache_rows(cache, torch.tensor([k * len(g) + j for k in keep for j in range(len(g))],
-                                                           device=dev)) for g, cache in zip(groups, caches)]
+            caches = [self.stack.cache_rows(cache, torch.tensor([k * len(g) + j for k in keep for j in range(len(g))],
+                                                                device=dev)) for g, cache in zip(groups, caches)]
             batch_in = inputs(now)
             return latents
 

@@ -5,11 +5,12 @@ phase changes (weight views, collectives, attention core, sequence sharding) rea
 code only through the `PhaseRuntime` it is handed. With the `single` plan every layout is
 the identity and this is the plain single-process pipeline.
 
-`HunyuanT2IPipeline` composes one part per job, each in its own file: the decoder stack and
-its KV caches (stack.py), the AR phase (ar.py), the denoise phase (denoise.py), an edit's
-condition (condition.py); the request types are requests.py's, the diffusion sequence
-diffusion_sequence.py's. What is left here is the whole request: its phases in order, the
-VAE decode and the warm-up.
+`HunyuanT2IPipeline` composes one part per job, each an object in its own file, built with
+what it uses and nothing of the others': the decoder stack and its KV caches (`DecoderStack`,
+stack.py), the AR phase (`ARPhase`, ar.py), the denoise phase (`DenoisePhase`, denoise.py),
+an edit's condition (`EditCondition`, condition.py); the request types are requests.py's, the
+diffusion sequence diffusion_sequence.py's. What is left here is the whole request: its
+phases in order, what the AR phase leaves for the denoise, the VAE decode and the warm-up.
 """
 from __future__ import annotations
 
@@ -18,25 +19,23 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from dtgen.attention import KVCachePool
 from dtgen.batching import BatchHook, BatchMembers, MemberLeft, Progress, per_member
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
 
-from .ar import DECODE_IMPLS, ARPhase
+from .ar import ARBatchResult, ARPhase
 from .condition import EditCondition
 from .denoise import DenoiseMember, DenoisePhase, denoise_key
 from .diffusion_sequence import DiffusionSequence, build_diffusion_sequence, build_instruct_diffusion_sequence
-from .instruct import ConditionTokens
+from .instruct import ConditionTokens, InstructPrefix
 from .model import HunyuanImage3ForCausalMM
 from .parallel_vae import parallel_decode
 from .requests import Limits, RequestRun, T2IRequest, T2IResult, filler_ids, no_progress, warmup_request
 from .resolutions import parse_image_size, resolution_table
 from .spec import BUCKETS
-from .stack import KV_CACHE_POLICIES, DecoderStack
+from .stack import DecoderStack
 from .tokenizer import SpecialTokens
-from .transformer import run_layer
 
 # The profile table's rows for this pipeline's timings (dtgen.profiling.PhaseProfiler).
 PROFILE_ROWS = (("ar_prefill", "AR prefill", "ms"), ("ar_decode_per_token", "AR decode", "ms/token"),
@@ -69,7 +68,23 @@ def _resolve_vae_layout(layout: str, vae, device: torch.device) -> str:
     return "channels-last" if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16) else "ncdhw"
 
 
-class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
+def _part(part: str, name: str, settable: bool = False) -> property:
+    """`name` of the pipeline's part `part`, read (and with `settable`, replaced) through the
+    pipeline: what tests, benchmarks and the CLI read off the pipeline stays where they read it."""
+    def get(self):
+        return getattr(getattr(self, part), name)
+
+    def set_(self, value):
+        setattr(getattr(self, part), name, value)
+    return property(get, set_ if settable else None, doc=f"`{part}.{name}`")
+
+
+class HunyuanT2IPipeline:
+    """The whole request through its parts: `stack` (DecoderStack), `ar_phase` (ARPhase),
+    `denoise_phase` (DenoisePhase), `edit_condition` (EditCondition). Each part is built here
+    with exactly what it uses; they share the pipeline's `CompiledSteps` (`steps`), which
+    holds one compiled callable per step kind."""
+
     def __init__(self, model: HunyuanImage3ForCausalMM, tokenizer, controller, device: torch.device,
                  is_main: bool = True, compile_options: CompileOptions | None = None, vae_group=None,
                  prompt_bucket: int | None = None, decode_impl: str | None = None,
@@ -103,53 +118,83 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         if vae_layout == "channels-last" and vae_group is not None:
             raise ValueError("vae_layout='channels-last' applies to a decode on one rank; the split decode "
                              "(vae_group) runs its halo convs NCDHW: pass vae_layout='auto' or no vae_group")
-        if decode_impl is not None and decode_impl not in DECODE_IMPLS:
-            raise ValueError(f"decode_impl must be one of {DECODE_IMPLS}, got {decode_impl!r}")
-        self.decode_impl = decode_impl or ("triton" if torch.device(device).type == "cuda" else "sdpa")
-        self._programs: dict[int, int] = {}
         if vae_row_chunks < 1:
             raise ValueError(f"vae_row_chunks must be at least 1, got {vae_row_chunks}")
-        self.vae_row_chunks = vae_row_chunks
-        if kv_caches not in KV_CACHE_POLICIES:
-            raise ValueError(f"kv_caches must be one of {KV_CACHE_POLICIES}, got {kv_caches!r}")
-        self.kv_caches = kv_caches
+        if prompt_bucket is not None and prompt_bucket < 0:
+            raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
         self.model = model
-        self.vae_group = vae_group
-        vae = getattr(model, "vae", None)
-        self.vae_layout = _resolve_vae_layout(vae_layout, vae, torch.device(device))
-        if vae is not None:   # set both ways: the model may have served another pipeline's choice
-            cl = self.vae_layout == "channels-last"
-            vae.set_channels_last(cl and vae_group is None, decoder=True, encoder=False)
-            vae.set_channels_last(cl, decoder=False, encoder=True)
+        self.cfg = model.cfg
         self.tok = tokenizer
         self.special: SpecialTokens = tokenizer.special
         self.controller = controller
         self.device = torch.device(device)
         self.is_main = is_main
-        self.cfg = model.cfg
-        # One compiled callable per step kind: each gets its own graphs (one per phase and
-        # shape), and the decode steps may replay as CUDA graphs (dtgen/compiled_steps.py).
+        self.vae_group = vae_group
+        # One compiled callable per step kind, made by the part that owns the step: each gets
+        # its own graphs (one per phase and shape), and the decode steps may replay as CUDA
+        # graphs (dtgen/compiled_steps.py).
         self.steps = CompiledSteps(compile_options, self.device)
         self.compiler = self.steps.compiler
         self.decode_cuda_graph = self.steps.cuda_graph
-        if self.steps.regions:
-            # One compiled region per decoder layer, shared by all of them; every step runs
-            # eagerly around it, so dynamo traces one layer whatever the depth. The decode
-            # step's eager code costs more host time than one token's GPU work, so on CUDA it
-            # is recorded as a CUDA graph around the regions (dtgen/cuda_graph.py).
-            self.model.model.run_layer = self.steps.region(run_layer)
-        self._prefill_fn = self.steps.step(self._ar_prefill)
-        self._decode_fn = self.steps.step(self._ar_decode, cuda_graph=True)
-        self._decode_batch_fn = self.steps.step(self._decode_batch_step, cuda_graph=True)
-        self._denoise_fn = self.steps.step(self.denoise_step)
-        self._graphed_decode = self.steps.graphed_of(self._ar_decode)   # its recordings, for tests
-        # A cached step's head (final_layer alone) is a graph of its own in both modes.
-        self._head_fn = self.steps.whole(self.head_velocity)
-        self._caches = KVCachePool(static_addresses=self.compiler.options.enabled)
-        if prompt_bucket is not None and prompt_bucket < 0:
-            raise ValueError(f"prompt_bucket must be 0 (off) or a positive row count, got {prompt_bucket}")
         self.prompt_bucket = prompt_bucket if prompt_bucket is not None else (
             BUCKETS.text_rows if self.compiler.options.enabled else 0)
+        self.stack = DecoderStack(model, self.device, self.steps, kv_caches)
+        self.ar_phase = ARPhase(self.stack, tokenizer, controller, self.steps, self.prompt_bucket,
+                                decode_impl or ("triton" if self.device.type == "cuda" else "sdpa"), is_main)
+        self.denoise_phase = DenoisePhase(self.stack, controller, self.steps, is_main)
+        self.edit_condition = EditCondition(model, tokenizer, self.device, vae_row_chunks)
+        vae = getattr(model, "vae", None)
+        self.vae_layout = _resolve_vae_layout(vae_layout, vae, self.device)
+        if vae is not None:   # set both ways: the model may have served another pipeline's choice
+            cl = self.vae_layout == "channels-last"
+            vae.set_channels_last(cl and vae_group is None, decoder=True, encoder=False)
+            vae.set_channels_last(cl, decoder=False, encoder=True)
+
+    # What tests, benchmarks and the CLI read off the pipeline, each from the part that owns it.
+    kv_caches = _part("stack", "kv_caches", settable=True)   # a benchmark switches the policy between runs
+    # One setting for both VAE directions: the edit's encode holds it, the decode here reads it.
+    vae_row_chunks = _part("edit_condition", "vae_row_chunks", settable=True)
+    _caches = _part("stack", "cache_pool")
+    _cache = _part("stack", "cache")
+    forward_rows = _part("stack", "forward_rows")
+    decode_impl = _part("ar_phase", "decode_impl")
+    ar_logits = _part("ar_phase", "ar_logits")
+    decode_batch = _part("ar_phase", "decode_batch")
+    _feed = _part("ar_phase", "feed")
+    _prefill_fn = _part("ar_phase", "prefill_fn")
+    _decode_fn = _part("ar_phase", "decode_fn")
+    _decode_batch_fn = _part("ar_phase", "decode_batch_fn")
+    _graphed_decode = _part("ar_phase", "graphed_decode")
+    denoise_cache = _part("denoise_phase", "denoise_cache")
+    denoise_step = _part("denoise_phase", "denoise_step")
+    predict_velocity = _part("denoise_phase", "predict_velocity")
+    head_velocity = _part("denoise_phase", "head_velocity")
+    _denoise_fn = _part("denoise_phase", "step_fn", settable=True)   # a test records the full step's hidden rows
+    encode_condition = _part("edit_condition", "encode_condition")
+
+    def run_ar(self, req: T2IRequest, run: RequestRun,
+               edit: tuple[InstructPrefix, ConditionTokens] | None = None) -> tuple[list[int], int | None]:
+        """One request's AR phase (`ARPhase.run_ar`)."""
+        return self.ar_phase.run_ar(req, run, edit)
+
+    def run_ar_batch(self, reqs: list[T2IRequest], runs: list[RequestRun] | None = None,
+                     batch: BatchMembers | None = None, index: list[int] | None = None) -> list[ARBatchResult | None]:
+        """Several text-to-image requests' AR phase together (`ARPhase.run_ar_batch`)."""
+        return self.ar_phase.run_ar_batch(reqs, runs, batch, index)
+
+    def run_denoise(self, req: T2IRequest, seq: DiffusionSequence, run: RequestRun,
+                    condition: ConditionTokens | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One request's denoise loop (`DenoisePhase.run_denoise`)."""
+        return self.denoise_phase.run_denoise(req, seq, run, condition, noise)
+
+    def run_denoise_batch(self, members: list[DenoiseMember], batch: BatchMembers,
+                          in_batch: list[int] | None = None) -> list[torch.Tensor | None]:
+        """The denoise loop of one denoise shape's members (`DenoisePhase.run_denoise_batch`)."""
+        return self.denoise_phase.run_denoise_batch(members, batch, in_batch)
+
+    def release_caches(self) -> None:
+        """Drop the KV caches kept between requests (`DecoderStack.release`)."""
+        self.stack.release()
 
     def decode_image(self, latents: torch.Tensor) -> torch.Tensor | None:
         """VAE decode -> [H, W, 3] float32 in [0, 1] on the main rank (None on the others)."""
@@ -205,7 +250,7 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
                 for j, out in zip(part, self.run_denoise_batch(members, batch, part)):
                     if out is not None:
                         latents[j] = out
-        self._release_phase_caches("denoise")   # kv_caches="release": the VAE decode gets their memory
+        self.stack.release_phase("denoise")   # kv_caches="release": the VAE decode gets their memory
         results: list[T2IResult | BaseException] = []
         for j, (req, run) in enumerate(zip(reqs, runs)):
             if j not in latents or j not in batch.active:
@@ -242,7 +287,7 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         if together:
             with runs[together[0]].profiler.phase("ar"):
                 results = self.run_ar_batch([reqs[j] for j in together], [runs[j] for j in together], batch, together)
-            self._release_phase_caches("ar")
+            self.stack.release_phase("ar")
             ar = {j: r for j, r in zip(together, results) if r is not None}
         for j, (req, run) in enumerate(zip(reqs, runs)):
             if j not in batch.active or (j in together and j not in ar):
@@ -262,13 +307,15 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         the same tokens, without a collective."""
         table = resolution_table(self.cfg.image_base_size)
         forced = parse_image_size(req.image_size, self.cfg.image_base_size)
-        edit = self.prepare_edit(req, run) if req.reference is not None else None
+        edit = None
+        if req.reference is not None:
+            edit = self.edit_condition.prepare_edit(req, run, self.ar_phase.prompt_ids(req))
         if ar is not None:
             tokens, ratio = ar
         else:
             with run.profiler.phase("ar"):
                 tokens, ratio = self.run_ar(req, run, edit)
-            self._release_phase_caches("ar")
+            self.stack.release_phase("ar")
         if forced is not None:
             ratio = forced
         elif ratio is None:   # an edit keeps the reference's shape
@@ -277,14 +324,14 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
         down = self.cfg.vae_downsample_factor
         h, w = height // down[0], width // down[1]
         if edit is None:
-            seq = build_diffusion_sequence(self._prompt_ids(req) + tokens, self.special,
+            seq = build_diffusion_sequence(self.ar_phase.prompt_ids(req) + tokens, self.special,
                                            self.cfg.image_base_size, ratio, h, w, bucket=self.prompt_bucket)
         else:
             seq = build_instruct_diffusion_sequence(edit[0], tokens, self.tok.encode, self.special,
                                                     self.tok.instruct, self.cfg.image_base_size, ratio, h, w,
                                                     bucket=self.prompt_bucket)
         try:
-            self._check_budget(seq.real_length, f"diffusion sequence for a {width}x{height} (WIDTHxHEIGHT) image")
+            self.stack.check_budget(seq.real_length, f"diffusion sequence for a {width}x{height} (WIDTHxHEIGHT) image")
         except ValueError as e:
             fail(e)
             raise MemberLeft(-1) from None
@@ -307,13 +354,14 @@ class HunyuanT2IPipeline(DecoderStack, ARPhase, DenoisePhase, EditCondition):
                                  "(with 'auto' the model picks it, so the shape is not known ahead)")
             if tokens < 1:
                 raise ValueError(f"warm-up shape {tokens}:{size}: the prompt needs at least 1 token (<bos>)")
-            self._check_budget(tokens + template.max_new_tokens + 2,
+            self.stack.check_budget(tokens + template.max_new_tokens + 2,
                                f"warm-up shape {tokens}:{size} (prompt + max_new_tokens + <boi><img_size>)")
         seconds = []
         for tokens, size in shapes:
             t0 = time.perf_counter()
-            self.generate(replace(warmup_request(template, cached_step), prompt_ids=filler_ids(tokens - 1), image_size=size,
-                                  forced_tokens=filler_ids(template.max_new_tokens)), progress=progress)
+            warm = replace(warmup_request(template, cached_step), prompt_ids=filler_ids(tokens - 1), image_size=size,
+                           forced_tokens=filler_ids(template.max_new_tokens))
+            self.generate(warm, progress=progress)
             seconds.append(time.perf_counter() - t0)
         return seconds
 
