@@ -1,59 +1,34 @@
 """The AR decode step's dense linears on one GPU: cuBLAS and _scaled_mm against kernels/decode_gemv.py.
 
-    python -m bench.bench_decode_gemv [--sweep] [--rows 1,8] [--out outputs/bench_decode_gemv.json]
-
-Shapes: HunyuanImage-3's per-layer QKV (N 6144, K 4096), O (4096 x 4096), the shared expert's
-gate_up (6144 x 4096) and down (4096 x 3072), and the lm_head (133120 x 4096), at M = 1 and 8
-rows. Per shape and M:
-- cublas_bf16: F.linear, bf16 weight (today's bf16 decode);
-- gemv_bf16: decode_gemv, bf16 weight;
-- scaled_mm_fp8: today's `--dense-dtype fp8` path, x quantized per row by torch ops compiled
-  with inductor (one fused kernel; in the compiled model it may fuse into x's producer) and
-  rowwise torch._scaled_mm;
-- scaled_mm_fp8_gemm_only: the _scaled_mm alone on an already quantized x (that path's floor);
-- gemv_fp8: decode_gemv, e4m3 weight (x quantized inside);
-- fp8_linear_gemv: what `kernels.fp8_linear` runs at <= 16 rows: x quantized by inductor-compiled
-  torch ops, then decode_gemv on the e4m3 x (in the model the quantization fuses upstream);
-- gemv_fp8_x_quantized: decode_gemv alone on an already quantized x (that path's floor).
-Each figure: microseconds per call, a CUDA graph of `--graph-iters` calls replayed
-`--repeats` times (median, min, max), and the achieved GB/s of weight bytes. The calls of a
-graph cycle through copies of the weight totalling >= 4x the L2 (as the 32 layers' weights
-do), so no call finds its weight in L2. Also: each GEMV's relative error against
-`decode_gemv_reference`, and the dense time of a 32-layer decode token estimated from the
-M = 1 figures (32 x (QKV + O + gate_up + down) + lm_head; FP8 dense keeps the lm_head bf16).
-
-`--sweep` times a few (block_n, block_k, num_warps, num_stages, dot, prequant, split_k) per
-distinct shape, M and weight kind, prints the best with a `GEMV_CONFIGS` entry to paste into
-kernels/decode_gemv.py, and stops adding candidates after `--sweep-budget-s`.
-`--smoke` runs tiny shapes (on CPU: the Triton kernels under TRITON_INTERPRET=1) to check the
-script, no timings worth reading. The JSON holds the command.
+HunyuanImage-3's per-layer QKV, O, shared-expert gate_up and down, and the lm_head, at M = 1 and 8 rows:
+cublas_bf16 (F.linear), gemv_bf16, scaled_mm_fp8 (x quantized by inductor-compiled torch ops, rowwise
+_scaled_mm) and its GEMM alone, gemv_fp8 (x quantized inside), fp8_linear_gemv (what kernels.fp8_linear
+runs at <= 16 rows) and the GEMV alone on a quantized x. Microseconds a call (a CUDA graph of
+`--graph-iters` calls cycling through weight copies >= 4x the L2, replayed `--repeats` times), weight
+GB/s, each GEMV's error against its reference, and a 32-layer token's dense time from the M = 1 figures.
+`--sweep`: candidate GemvConfigs per shape, M and weight kind, the best printed as GEMV_CONFIGS entries.
+`--smoke`: tiny shapes (on CPU the Triton kernels interpreted), to check the script.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench.timing import graph_time_us
+from bench.floors import HBM_TBPS
+from bench.harness import Bench, graph_time_us, interpret_triton_on_cpu, need_cuda, rel_err
 
-HBM_BYTES_PER_S = 4.3e12
+MODULE = "bench.bench_decode_gemv"
+HBM_BYTES_PER_S = HBM_TBPS * 1e12
 L2_BYTES = 50 * 2 ** 20
 LAYERS = 32
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (6144, 4096), "down": (4096, 3072),
           "lm_head": (133120, 4096)}
 SMOKE_SHAPES = {"qkv": (96, 64), "o": (64, 64), "down": (64, 48)}
-
-
-def _time_us(calls, repeats: int, cuda: bool) -> dict:
-    return graph_time_us(calls, repeats, cuda, warm=2)
 
 
 class Weights:
@@ -74,10 +49,6 @@ class Weights:
 
 def _calls(fn, weights: list, iters: int):
     return [lambda w=weights[i % len(weights)]: fn(w) for i in range(iters)]
-
-
-def _rel(a, b) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def bench_shapes(args, dev, cuda) -> dict:
@@ -121,12 +92,12 @@ def bench_shapes(args, dev, cuda) -> dict:
                     lambda w: decode_gemv_triton(xq, w, s, x_scale=xs.view(-1), out_dtype=dtype), ws.fp8, 1)
             res = {}
             for vname, (fn, weights, elem) in variants.items():
-                t = _time_us(_calls(fn, weights, args.graph_iters), args.repeats, cuda)
+                t = graph_time_us(_calls(fn, weights, args.graph_iters), args.repeats, cuda)
                 res[vname] = {"us": t, "weight_GBps": n * k * elem / (t["median"] * 1e-6) / 1e9,
                               "floor_us": n * k * elem / HBM_BYTES_PER_S * 1e6}
-            res["gemv_bf16"]["rel_err_vs_reference"] = _rel(decode_gemv_triton(x, ws.bf16[0]),
+            res["gemv_bf16"]["rel_err_vs_reference"] = rel_err(decode_gemv_triton(x, ws.bf16[0]),
                                                             decode_gemv_reference(x, ws.bf16[0]))
-            res["gemv_fp8"]["rel_err_vs_reference"] = _rel(decode_gemv_triton(x, ws.q, s),
+            res["gemv_fp8"]["rel_err_vs_reference"] = rel_err(decode_gemv_triton(x, ws.q, s),
                                                            decode_gemv_reference(x, ws.q, s))
             row["rows"][str(m)] = res
             print(f"{name:8s} N={n:6d} K={k:5d} M={m:2d}: " + ", ".join(
@@ -203,7 +174,7 @@ def bench_sweep(args, dev, cuda) -> dict:
                         skipped.append({"shape": name, "kind": kind, "rows": m, "config": asdict(cfg)})
                         continue
                     try:
-                        t = _time_us(_calls(lambda w, cfg=cfg: decode_gemv_triton(q, w, s, config=cfg, **extra),
+                        t = graph_time_us(_calls(lambda w, cfg=cfg: decode_gemv_triton(q, w, s, config=cfg, **extra),
                                             weights, args.graph_iters), max(3, args.repeats // 2), cuda)
                     except Exception as err:   # a config this GPU cannot run (shared memory, registers)
                         timed.append({"config": asdict(cfg), "error": f"{type(err).__name__}: {str(err)[:200]}"})
@@ -233,26 +204,22 @@ def bench_sweep(args, dev, cuda) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
     p.add_argument("--rows", default="1,8")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--graph-iters", type=int, default=20)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--sweep-budget-s", type=float, default=80.0)
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--out", default="outputs/bench_decode_gemv.json")
-    args = p.parse_args(argv)
+    args = b.parse("outputs/bench_decode_gemv.json")
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        print("bench_decode_gemv needs a CUDA GPU (or --smoke); nothing to do here.")
-        return 0
+        return need_cuda(MODULE + " (or --smoke)")
     if args.smoke:
         args.repeats, args.graph_iters = min(args.repeats, 2), min(args.graph_iters, 2)
     dev = torch.device("cuda" if cuda else "cpu")
-    import triton
-    result = {"command": " ".join(["python -m bench.bench_decode_gemv"] + (argv if argv is not None else sys.argv[1:])),
-              "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "triton": triton.__version__, "smoke": args.smoke, "hbm_bytes_per_s": HBM_BYTES_PER_S}
+    result = {"smoke": args.smoke, "hbm_bytes_per_s": HBM_BYTES_PER_S}
     t0 = time.perf_counter()
     with torch.no_grad():
         result["shapes"] = bench_shapes(args, dev, cuda)
@@ -262,17 +229,14 @@ def main(argv=None) -> int:
                 print(f"dense ms per decode token at M={m}: " + ", ".join(
                     f"{v} {t:.3f}" for v, t in est["dense_ms_per_token"].items())
                     + f" (floors: bf16 {est['floor_ms_bf16']:.3f}, fp8 dense {est['floor_ms_fp8_dense']:.3f})")
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        b.write(result, dev, quiet=True)
         if args.sweep:
             result["sweep"] = bench_sweep(args, dev, cuda)
     result["seconds"] = time.perf_counter() - t0
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out} ({result['seconds']:.0f} s)")
+    b.write(result, dev)
     return 0
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    interpret_triton_on_cpu()
     sys.exit(main())
