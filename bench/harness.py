@@ -2,7 +2,7 @@
 
 - `Bench(module, doc, argv)`: the script's argparse parser (its docstring as the help, `--out`),
   and `write(result)`, which writes the JSON with the command line and the environment.
-- `time_ms` (CUDA events on a GPU, wall time on the CPU), `wall_ms` (host loop between syncs),
+- `median_ms` (triton's do_bench, optionally of a CUDA graph's replay), `time_ms` (CUDA events on a GPU, wall time on the CPU), `wall_ms` (host loop between syncs),
   `graph_time_us` (calls recorded as one CUDA graph and replayed: a few-microsecond kernel's
   time, not its launch's), `summary` (median and range of repeats).
 - `kernel_profile`: device time per call by kernel (torch.profiler), grouped by `kind_of`.
@@ -63,6 +63,20 @@ def wall_ms(fn: Callable[[], object], iters: int, device=None) -> float:
         fn()
     sync(device)
     return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def median_ms(fn: Callable[[], object], graph: bool = False, warmup: int = 25, rep: int = 200) -> float:
+    """triton.testing.do_bench's median milliseconds of fn (its L2 flushed between calls); `graph`: fn
+    recorded once as a CUDA graph (after one call) and the replay timed."""
+    import triton.testing
+    if graph:
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        fn = g.replay
+    return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
 
 
 def graph_time_us(calls: Sequence[Callable[[], object]], repeats: int, cuda: bool, warm: int = 2) -> dict:
