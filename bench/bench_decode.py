@@ -124,7 +124,7 @@ def main(argv=None) -> int:
         for k, us, n in prof["top"]:
             print(f"  gpu {us:>9.1f} us x{n:5.0f}  {k}")
         b.write(results)
-        del pipe, cache
+        pipe = cache = None   # freed before the next impl's pipeline
         torch.cuda.empty_cache()
     return 0
 

@@ -176,15 +176,18 @@ SUITES: tuple[Suite, ...] = (
         Step("step_cache_distil", "hunyuan", "--model distil --out {out}/step_cache_distil.json", 560),
         Step("wan_cache", "wan", "--out {out}/wan_cache.json", 560),
     )),
-    Suite("peers", "dtgen's DiTs against diffusers' on the same weights and inputs (needs diffusers 0.42.1)", (
-        Part("wan", "bench.bench_peers", "Wan's DiT against WanTransformer3DModel, bf16 and the FP8 options"),
-        Part("qwen", "bench.bench_qwen_peers", "Qwen-Image's MMDiT against QwenImageTransformer2DModel"),
-    ), steps=(
-        Step("qwen_peers", "qwen", "--modes regions --variants bf16,dense-fp8,attn-fp8,fp8 --out {out}/qwen_peers.json",
-             240),
-        Step("wan_peers", "wan", "--models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
-             "--out {out}/wan_peers.json", 300),
-    )),
+    Suite("peers", "A registered model's DiT against its reference library's on the same weights and inputs "
+          "(needs diffusers 0.42.1)", (
+              Part("wan", "bench.bench_peers", "Wan's DiT against WanTransformer3DModel, bf16 and the FP8 options",
+                   ("--model", "wan")),
+              Part("qwen", "bench.bench_peers", "Qwen-Image's MMDiT against QwenImageTransformer2DModel",
+                   ("--model", "qwen-image")),
+          ), steps=(
+              Step("qwen_peers", "qwen", "--modes regions --variants bf16,dense-fp8,attn-fp8,fp8 --warmup 3 --iters 10 "
+                   "--out {out}/qwen_peers.json", 240),
+              Step("wan_peers", "wan", "--sizes 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
+                   "--out {out}/wan_peers.json", 300),
+          )),
 )
 
 
