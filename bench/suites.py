@@ -169,8 +169,8 @@ SUITES: tuple[Suite, ...] = (
     Suite("step-cache", "Step caches: fewer full denoise steps end to end, and what they cost in accuracy", (
         Part("hunyuan", "bench.bench_step_cache", "HunyuanImage-3 with its step caches against every step in full"),
         Part("wan", "bench.bench_wan_cache", "Wan's first-block cache: dtgen against diffusers' hook"),
-        Part("wan-deviation", "bench.wan_cache_deviation", "each Wan step cache's deviation and speed-up on the "
-             "tiny model (CPU)"),
+        Part("wan-deviation", "bench.bench_step_cache", "each Wan step cache's deviation and speed-up on the "
+             "tiny model (CPU)", ("--deviation", "--model", "wan")),
     ), default="hunyuan", steps=(
         Step("step_cache_t2i", "hunyuan", "--model t2i --out {out}/step_cache_t2i.json", 560),
         Step("step_cache_distil", "hunyuan", "--model distil --out {out}/step_cache_distil.json", 560),
