@@ -1,4 +1,4 @@
-"""Batched AR decode on one GPU: the split-KV kernel, the fused prologue, the whole decode step.
+"""Batched AR decode's kernels on one GPU: the split-KV attention and the fused attention prologue.
 
 - kernel: decode attention at the released shapes (32 q / 8 kv heads, head_dim 128, bf16) for 8
   requests of skewed lengths (one 16k, seven 1k): the balanced split-KV schedule against static
@@ -6,8 +6,6 @@
 - prologue: split + RoPE + QK RMSNorm + KV write fused against the separate torch ops (eager and
   inductor-compiled), at decode (8 rows) and prefill (4096 rows); `--prologue-rows`/`--prologue-warps`
   time the fused kernel at each launch and check each output bit for bit against the default's.
-- step: the 32-layer decode step (random weights, FP8 experts, compiled regions, CUDA graph) for 8
-  requests of 1-6k tokens against one request, with the routed experts' bytes floor.
 Ops replay from a CUDA graph of `--graph-iters` calls; each figure is the median of `--repeats` with its
 range. `--smoke`: tiny shapes (on CPU the Triton kernels interpreted), to check the script.
 """
@@ -18,10 +16,10 @@ import sys
 import torch
 
 from bench.floors import HBM_TBPS
-from bench.harness import Bench, graph_time_us, interpret_triton_on_cpu, need_cuda, summary, wall_ms
+from bench.harness import Bench, graph_time_us, interpret_triton_on_cpu, need_cuda
 
 MODULE = "bench.bench_decode_batch"
-PARTS = ("kernel", "prologue", "step")
+PARTS = ("kernel", "prologue")
 
 
 def _time_us(args, cuda, fn) -> dict:
@@ -140,76 +138,12 @@ def _prologue_sweep(args, cuda, op_args, kernel, launch_config) -> dict:
     return out
 
 
-def bench_step(args, dev, cuda) -> dict:
-    from dtgen.compile import CompileOptions
-    from dtgen.sampling import Sampling
-    from models.hunyuan_image3.loading import load
-    from models.hunyuan_image3.pipeline import HunyuanT2IPipeline
-    from models.hunyuan_image3.presets import full_config
-    from models.hunyuan_image3.tiny import tiny_config
-    from placements.hunyuan_image3 import get_plan
-
-    config = tiny_config() if args.smoke else full_config(args.layers)
-    loaded = load(None, get_plan("single"), 0, 1, torch.bfloat16 if cuda else torch.float32, dev,
-                  random_config=config, moe_dtype="fp8" if cuda else "model")
-    pipes = {impl: HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, dev, decode_impl=impl,
-                                      compile_options=CompileOptions(enabled=cuda, regions=True))
-             for impl in ("triton", "sdpa")}
-    lens = [32, 48, 64, 80] if args.smoke else [int(x) for x in torch.linspace(1024, 6144, 8).round().tolist()]
-    mean_len, longest = int(sum(lens) / len(lens)), max(lens)
-    L = -(-(longest + 8) // 256) * 256
-    V = loaded.model.cfg.vocab_size
-    sampling = Sampling(0.6, 1024, 0.95).step_args(V, dev)      # the pipeline's defaults
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def run(impl: str, positions: list[int]) -> dict:
-        pipe, N = pipes[impl], len(positions)
-        rt = pipe.controller.activate("ar")
-        cache = pipe._cache(rt, N, L, reuse=f"bench-{impl}-{N}")
-        for layer in cache.layers:   # random K/V: attention's cost depends on the lengths only
-            layer.k.normal_(generator=gen)
-            layer.v.normal_(generator=gen)
-        ids, pos = torch.full((N, 1), 5, device=dev), torch.tensor(positions, device=dev)
-        uniform = torch.rand(V, device=dev, generator=gen)
-        if N == 1 and impl == "sdpa":   # the one-request step as run_ar feeds it (masked SDPA)
-            def step():
-                return pipe._decode_fn(rt, ids, pos, cache, L, uniform, sampling)
-        else:
-            def step():
-                return pipe._decode_batch_fn(rt, ids, pos, cache, (uniform,) * N, (sampling,) * N)
-        for _ in range(3):   # compile, record the CUDA graph, warm up
-            step()
-        return summary([wall_ms(step, args.step_iters, dev) for _ in range(args.repeats)])
-
-    out = {"layers": config["num_hidden_layers"], "moe_dtype": "fp8-channels" if cuda else "model",
-           "compile": "regions + CUDA-graph step" if cuda else "off", "batch_lengths": lens,
-           "batch8_ms": run("triton", lens), "one_request_mean_len_ms": run("triton", [mean_len]),
-           "one_request_longest_ms": run("triton", [longest]), "one_request_sdpa_longest_ms": run("sdpa", [longest])}
-    out["ratio_vs_one_mean"] = out["batch8_ms"]["median"] / out["one_request_mean_len_ms"]["median"]
-    out["ratio_vs_one_longest"] = out["batch8_ms"]["median"] / out["one_request_longest_ms"]["median"]
-    cfg = loaded.model.cfg
-    E, K = cfg.num_experts, cfg.moe_topk[0]
-    per_expert = sum(p.numel() * p.element_size() // p.shape[1]
-                     for p in loaded.model.model.layers[0].mlp.experts.parameters())
-    distinct = {n: E * (1 - (1 - K / E) ** n) for n in (1, len(lens))}   # uniform routing: experts a layer reads
-    out["expected_distinct_experts_per_layer"] = distinct
-    out["routed_expert_floor_ms"] = {str(n): cfg.num_hidden_layers * d * per_expert / (HBM_TBPS * 1e12) * 1e3
-                                     for n, d in distinct.items()}
-    print(f"step ({out['layers']} layers): 8 requests {out['batch8_ms']['median']:.3f} ms; one request "
-          f"{out['one_request_mean_len_ms']['median']:.3f} ms at {mean_len} tokens ({out['ratio_vs_one_mean']:.2f}x), "
-          f"{out['one_request_longest_ms']['median']:.3f} ms at {longest} ({out['ratio_vs_one_longest']:.2f}x); "
-          f"masked SDPA {out['one_request_sdpa_longest_ms']['median']:.3f} ms; floor {out['routed_expert_floor_ms']}")
-    return out
-
-
 def main(argv=None) -> int:
     b = Bench(MODULE, __doc__, argv)
     p = b.parser
     p.add_argument("--parts", default=",".join(PARTS))
-    p.add_argument("--layers", type=int, default=32)
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--graph-iters", type=int, default=50)
-    p.add_argument("--step-iters", type=int, default=20)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--prologue-rows", help="comma list of rows per program (powers of two) for the prefill prologue")
     p.add_argument("--prologue-warps", help="comma list of num_warps crossed with --prologue-rows")
@@ -224,7 +158,7 @@ def main(argv=None) -> int:
     result = {"smoke": args.smoke}
     with torch.no_grad():
         for part in parts:
-            result[part] = {"kernel": bench_kernel, "prologue": bench_prologue, "step": bench_step}[part](args, dev, cuda)
+            result[part] = {"kernel": bench_kernel, "prologue": bench_prologue}[part](args, dev, cuda)
             b.write(result, dev, quiet=True)   # after every part: a late failure keeps the rest
     print(f"wrote {args.out}")
     return 0

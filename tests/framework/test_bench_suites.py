@@ -47,7 +47,7 @@ def test_a_word_that_names_no_part_is_refused_not_handed_to_the_default(monkeypa
     assert main(["decode", "stepp"]) == 2
     assert main(["kernels"]) == 2   # no default part
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "'stepp'" in err[0] and "step, batch" in err[0] and "moe, grouped-gemm" in err[1]
+    assert len(err) == 2 and "'stepp'" in err[0] and "its parts: step " in err[0] and "moe, grouped-gemm" in err[1]
 
 
 def test_a_suite_help_gives_each_part_and_its_flags(capsys):
@@ -55,23 +55,23 @@ def test_a_suite_help_gives_each_part_and_its_flags(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"python -m bench vae: {suites.suite('vae').what}")
     for part in suites.suite("vae").parts:
-        assert f"(python -m {part.module})" in out
-    assert "--only-bf16" in out and "--shapes" in out and "--sizes" in out   # bench_vae's, the probes' flags
+        assert f"(python -m {' '.join((part.module, *part.args))})" in out
+    assert "--only-bf16" in out and "--sizes" in out   # the suite's flag, the FLOP count's
 
 
 def test_a_part_runs_as_its_script_does_and_its_exit_status_comes_back(tmp_path, capsys):
     out = tmp_path / "flops.json"
     assert main(["vae", "flops", "--sizes", "64", "--out", str(out)]) == 0
-    assert out.is_file() and '"command": "python -m bench.probes.vae_flops --sizes 64' in out.read_text()
+    assert out.is_file() and '"command": "python -m bench.bench_vae --flops --sizes 64' in out.read_text()
     assert main(["vae", "flops", "--sizes"]) == 2   # argparse's refusal
 
 
 def test_the_runner_lists_the_steps_it_would_run_in_order(tmp_path, capsys):
     assert main(["run-all", "decode,kernels:moe", "--out", str(tmp_path), "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" ")[0] for line in lines] == ["decode_dense_fp8", "decode_batch", "moe"]
+    assert [line.split(" ")[0] for line in lines] == ["decode_dense_fp8", "moe"]
     assert "-m bench.bench_decode --layers 32" in lines[0] and f"--out {tmp_path}/decode_dense_fp8.json" in lines[0]
-    assert "-m bench.bench_decode_batch --parts step" in lines[1]
+    assert "-m bench.bench_moe --out" in lines[1]
 
 
 def test_the_runner_refuses_a_step_a_suite_does_not_have(capsys):
