@@ -170,7 +170,7 @@ class Bench:
 
     def parse(self, out: str | None = None) -> argparse.Namespace:
         """The arguments, `--out` added (default `out`: where the JSON goes; None: nowhere unless given)."""
-        self.parser.add_argument("--out", default=out, help=f"the JSON written (default {out})")
+        self.parser.add_argument("--out", default=out, help=f"the JSON written (default {out or 'none'})")
         self.args = self.parser.parse_args(self.argv)
         return self.args
 
