@@ -1,15 +1,10 @@
-"""The MoE expert ops on one GPU at HunyuanImage-3's per-rank shapes (H 4096, 64 experts, top-8).
-
-Multi-micro (two micros of 768: denoise at TP2), T = 2048, 4096, 8192: the op against two dispatches and
-one dispatch over concatenated weights (the concat made before timing), with the Triton grouped GEMM,
-the fused kernels, e4m3 experts (blocks, channels: their error is FP8's against bf16) and under
-torch.compile. Floor: T*K*(2*H*2I + 2*I*H) FLOPs, I = 1536, at 694 TFLOP/s. `--autotune`: the op's
-torch-level form under inductor's grouped-GEMM autotuning (minutes per T).
-Decode (one micro: AR at TP4), T = 1, 2, 8, 16: the Triton decode op (CUDA-graph replays and eager)
-against the torch reference and the multi-micro op, bf16 and FP8 (channels, blocks), its tiles swept per
-kind (the best beside the default; `--profile-decode`: the default tiles' kernels, no sweep). Each call
-uses another of 8 routings, so weights come from HBM. Floor: the distinct experts' bytes
-(`bench.floors.moe_decode_expert_bytes`) at 4.3 TB/s. Times: triton.testing.do_bench medians.
+"""The MoE decode op on one GPU at HunyuanImage-3's per-rank shapes (H 4096, 64 experts, top-8, one micro of
+768: AR at TP4), T = 1, 2, 8, 16: the Triton decode op (CUDA-graph replays and eager) against the torch
+reference and the multi-micro op, bf16 and FP8 (channels, blocks), its tiles swept per kind (the best
+beside the default; `--profile-decode`: the default tiles' kernels, no sweep). Each call uses another of 8
+routings, so weights come from HBM. Floor: the distinct experts' bytes (`bench.floors.
+moe_decode_expert_bytes`) at 4.3 TB/s, beside the copy bandwidth measured here. Times: do_bench medians.
+(The denoise phase's MoE GEMMs: bench/bench_grouped_gemm.py.)
 """
 import sys
 from dataclasses import replace
@@ -19,17 +14,16 @@ import triton
 
 from kernels.fp8_quant import quantize_experts
 from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_config_for, moe_decode_triton
-from kernels.moe_multi_micro import (concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_graph,
-                                     moe_multi_micro_reference)
+from kernels.moe_multi_micro import moe_multi_micro, moe_multi_micro_reference
 
-from bench.floors import DENSE_BF16_TFLOPS as PEAK_TFLOPS, HBM_TBPS as PEAK_TBPS, moe_decode_expert_bytes
+from bench.floors import HBM_TBPS as PEAK_TBPS, moe_decode_expert_bytes
 from bench.harness import Bench, median_ms, need_cuda, rel_err as rel_error
 
 MODULE = "bench.bench_moe"
 HIDDEN, EXPERTS, TOP_K, INTER = 4096, 64, 8, 768
-PREFILL_TOKENS, DECODE_TOKENS = (2048, 4096, 8192), (1, 2, 8, 16)
+DECODE_TOKENS = (1, 2, 8, 16)
 ROUTINGS = 8  # decode rotates over this many routings
-TARGET_PREFILL_MS, TARGET_SPEEDUP, TARGET_DECODE_US, TARGET_FP8_DECODE_US = 2.4, 1.2, 55.0, 30.0
+TARGET_DECODE_US, TARGET_FP8_DECODE_US = 55.0, 30.0
 
 
 def make_routing(tokens, gen):
@@ -84,45 +78,6 @@ def copy_tbps() -> float:
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e12
-
-
-def bench_prefill(gen, autotune=False):
-    w_gate_up, w_down = make_weights(2, gen)
-    cat_gate_up, cat_down = concat_micros(w_gate_up, w_down)  # the copy, outside the timing
-    compiled = torch.compile(moe_multi_micro, fullgraph=True)
-    fp8_experts = quantize_experts(w_gate_up, w_down, "blocks")  # at load, not timed
-    fp8_channel_experts = quantize_experts(w_gate_up, w_down, "channels")
-    variants = {
-        "multi_micro": lambda *a: moe_multi_micro(*a, w_gate_up, w_down),
-        "multi_micro_compiled": lambda *a: compiled(*a, w_gate_up, w_down),
-        "multi_micro_triton_gemm": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="triton"),
-        "multi_micro_fused": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="fused"),
-        "multi_micro_fp8": lambda *a: moe_multi_micro_fp8(*a, *fp8_experts),
-        "multi_micro_fp8_channels": lambda *a: moe_multi_micro_fp8(*a, *fp8_channel_experts),
-        "two_dispatch": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="two_dispatch"),
-        "one_dispatch_concat": lambda *a: moe_multi_micro(*a, cat_gate_up, cat_down),
-    }
-    if autotune:
-        tuned = torch.compile(moe_multi_micro_graph, fullgraph=True, options={"max_autotune_gemm": True})
-        variants["multi_micro_graph_autotuned"] = lambda *a: tuned(*a, w_gate_up, w_down)
-    rows = []
-    for tokens in PREFILL_TOKENS:
-        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
-        ids, weights = make_routing(tokens, gen)
-        flops = tokens * TOP_K * 6 * HIDDEN * (2 * INTER)
-        floor_ms = flops / (PEAK_TFLOPS * 1e12) * 1e3
-        expected = variants["two_dispatch"](x, ids, weights)
-        times = {}
-        for name, fn in variants.items():
-            err = rel_error(fn(x, ids, weights), expected)
-            times[name] = median_ms(lambda: fn(x, ids, weights))
-            rows.append(dict(bench="prefill", tokens=tokens, variant=name, ms=times[name],
-                             tflops=flops / times[name] / 1e9, floor_ms=floor_ms,
-                             ratio_to_floor=times[name] / floor_ms, rel_err_vs_two_dispatch=err))
-        for row in rows[-len(variants):]:
-            row["speedup_vs_two_dispatch"] = times["two_dispatch"] / row["ms"]
-        print(f"prefill T={tokens}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()), flush=True)
-    return rows
 
 
 # Decode tile sweep: stage-1 and stage-2 variants are timed separately (each over the kind's
@@ -242,26 +197,20 @@ def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=F
 def main(argv=None) -> int:
     b = Bench(MODULE, __doc__, argv)
     p = b.parser
-    p.add_argument("--part", choices=("both", "prefill", "decode"), default="both")
+    p.add_argument("--part", choices=("decode",), default="decode", help="the one part: the decode op")
     p.add_argument("--decode-tokens", type=int, nargs="+", default=list(DECODE_TOKENS))
     p.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
     p.add_argument("--profile-decode", action="store_true",
                    help="decode: each kind's default tiles, timed and profiled per kernel (no tile sweep)")
-    p.add_argument("--autotune", action="store_true",
-                   help="prefill: also moe_multi_micro_graph under inductor's GEMM autotuning (minutes per T)")
     args = b.parse("outputs/bench_moe.json")
     if not torch.cuda.is_available():
         return need_cuda(MODULE)
     gen = torch.Generator(device="cuda").manual_seed(0)
     measured_copy_tbps = copy_tbps()
-    prefill = bench_prefill(gen, args.autotune) if args.part != "decode" else []
-    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode) \
-        if args.part != "prefill" else []
+    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode)
     b.write(dict(shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),
-                 floors=dict(peak_tflops=PEAK_TFLOPS, peak_tbps=PEAK_TBPS, measured_copy_tbps=measured_copy_tbps),
-                 prefill=prefill, decode=decode,
-                 targets=dict(prefill_ms_at_4096=TARGET_PREFILL_MS, speedup_vs_two_dispatch=TARGET_SPEEDUP,
-                              decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US)))
+                 floors=dict(peak_tbps=PEAK_TBPS, measured_copy_tbps=measured_copy_tbps),
+                 decode=decode, targets=dict(decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US)))
     return 0
 
 
