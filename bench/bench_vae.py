@@ -3,7 +3,7 @@
 `--suite`: one 1024x1024 image (a 64x64 latent) through the released VAE shape (random weights): the decode
 in float32 and bfloat16, with the decoder's fast paths (folded 2-D convs on 1 and 2 frames, var_mean
 GroupNorm statistics, in-place SiLU and residuals, conv_out on the last two frames) and with the plain ops
-(F.conv3d, nn.GroupNorm: the code before them), eager and compiled, cuDNN's TF32 off and on, channels-last
+(F.conv3d, nn.GroupNorm: the code before them), cuDNN's TF32 off and on, channels-last
 resident, `row_chunks=4` (--vae-chunks 4), and the edit's encode. Each: median ms, first-call seconds,
 peak GiB and its deviation from the reference decode (fp32_plain_eager when it runs, else
 bf16_fast_eager; encodes against enc_bf16_fast_eager). `--variants` runs only the named ones,
@@ -170,7 +170,6 @@ def suite_variants(args, cuda: bool) -> list[dict]:
     name, kind (decode / encode), dtype, layout (ncdhw; cl: HunyuanVAE.set_channels_last with
     its 2-D kernels made per call; cl_cached: kept), cuDNN TF32, plain ops, note, make(vaes,
     latents, pixels) -> the timed callable."""
-    compile_note = f"torch.compile({args.compile_backend}) of the decoder"
 
     def decode(dtype, **kw):
         return lambda vaes, latents, pixels: (lambda: vaes[dtype].decode(latents, **kw))
@@ -178,18 +177,6 @@ def suite_variants(args, cuda: bool) -> list[dict]:
     def encode(dtype, **kw):
         return lambda vaes, latents, pixels: (
             lambda: vaes[dtype].encode(pixels, torch.Generator().manual_seed(0), **kw).mean)
-
-    def compiled(dtype):
-        def make(vaes, latents, pixels):
-            vae, made = vaes[dtype], {}
-
-            def run():   # compiled on first call, inside measure's guard
-                if "decoder" not in made:
-                    made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
-                image = made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
-                return image.contiguous()
-            return run
-        return make
 
     def var(name, make, note="", dtype="bf16", layout="ncdhw", tf32=False, plain=False, kind="decode"):
         return {"name": name, "make": make, "note": note, "dtype": dtype, "layout": layout, "tf32": tf32,
@@ -215,12 +202,6 @@ def suite_variants(args, cuda: bool) -> list[dict]:
                 var("bf16_plain_eager", decode("bf16"), plain=True),
                 var("fp32_fast_chunks4_eager", decode("fp32", row_chunks=4),
                     "--vae-chunks 4: two whole maps at once instead of three", "fp32")]
-    if not args.no_compile:
-        variants += [var("bf16_cl_compiled", compiled("bf16"), compile_note + ", " + cl_note, layout="cl"),
-                     var("bf16_fast_compiled", compiled("bf16"), compile_note),
-                     var("fp32_tf32_fast_compiled", compiled("fp32"), compile_note + ", cuDNN TF32 on", "fp32",
-                         tf32=True),
-                     var("fp32_fast_compiled", compiled("fp32"), compile_note, "fp32")]
     if not cuda:   # TF32 means nothing on the CPU
         variants = [v for v in variants if not v["tf32"]]
     return variants
@@ -292,11 +273,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="32-channel decoder (CPU check of this script)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--no-compile", action="store_true", help="leave out the compiled variants")
     ap.add_argument("--variants", default=None, metavar="NAME,NAME",
                     help="run only these variants, in the suite's order (an unknown name lists them)")
     ap.add_argument("--only-bf16", action="store_true", help="leave out the fp32 variants")
-    ap.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     args = b.parse()
     if args.flops:
         runs = [trace(int(s)) for s in args.sizes.split(",")]
