@@ -8,15 +8,13 @@ editing modules). The levers (`CONFIGS`), alone and together: plain_vae (the VAE
 memory-lean forward), release_kv (`--kv-caches release`), keep_ar_kv (`--kv-caches keep-ar`), vae_chunks
 (`--vae-chunks 4`), moe_chunks (`--moe-token-chunk 2048`), vae_bf16 (`--vae-dtype bfloat16`: a bf16 copy
 stands in, `projected_peak_bytes` subtracting the fp32 VAE; loaded in bf16 when every config has it).
-`--snapshot` (GPU): each phase's allocation trace replayed to its peak, its largest live blocks and the
-frames that allocated them. `--tiny`: the same runs at tiny shapes on the CPU.
+`--tiny`: the same runs at tiny shapes on the CPU.
 """
 from __future__ import annotations
 
 import contextlib
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -46,7 +44,6 @@ CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS},
            "lean_ar": ("keep_ar_kv", "vae_bf16", "vae_chunks")}
 MOE_TOKEN_CHUNK = 2048   # the moe_chunks lever: --moe-token-chunk 2048
 VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
-REPO = str(Path(__file__).resolve().parents[1])
 MODULE = "bench.bench_memory"
 
 
@@ -118,54 +115,6 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
         pipe.release_caches()
 
 
-def _frames(frames: list[dict], n: int = 4) -> list[str]:
-    ours = [f for f in frames if f.get("filename", "").startswith(REPO)] or frames
-    return [f"{f['filename'].removeprefix(REPO + '/')}:{f['line']} {f['name']}" for f in ours[:n]]
-
-
-def peak_blocks(trace: list[dict], top: int = 8) -> dict:
-    """Replay one phase's allocation trace: the moment its own live allocations peak, and the
-    largest blocks live then (blocks allocated before the trace are not counted)."""
-    live, total, best, best_at = {}, 0, -1, 0
-    for i, e in enumerate(trace):
-        if e["action"] == "alloc":
-            live[e["addr"]] = e["size"]
-            total += e["size"]
-            if total > best:
-                best, best_at = total, i
-        elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
-            total -= live.pop(e["addr"])
-    live = {}
-    for e in trace[:best_at + 1]:
-        if e["action"] == "alloc":
-            live[e["addr"]] = e
-        elif e["action"] in ("free_requested", "free_completed"):
-            live.pop(e["addr"], None)
-    blocks = sorted(live.values(), key=lambda e: -e["size"])[:top]
-    return {"phase_allocations_live_at_peak_bytes": max(best, 0),
-            "top_blocks": [{"bytes": e["size"], "frames": _frames(e.get("frames", []))} for e in blocks]}
-
-
-class PhaseSnapshots(PhaseMemory):
-    """PhaseMemory that also records every allocation of each phase and keeps its peak blocks."""
-
-    @contextlib.contextmanager
-    def phase(self, name: str, together: bool = True):
-        record = dict(enabled="all", context="all", stacks="python", max_entries=2_000_000)
-        try:
-            torch.cuda.memory._record_memory_history(**record, clear_history=True)
-        except TypeError:   # a torch without clear_history: the replay ignores frees it did not see
-            torch.cuda.memory._record_memory_history(**record)
-        try:
-            with super().phase(name, together):
-                yield
-            snap = torch.cuda.memory._snapshot()
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
-        trace = snap["device_traces"][self.device.index or 0]
-        self.phases[name].update(peak_blocks(trace), trace_entries=len(trace))
-
-
 def main(argv=None) -> int:
     b = Bench(MODULE, __doc__, argv)
     p = b.parser
@@ -180,7 +129,6 @@ def main(argv=None) -> int:
                         "requests see")
     p.add_argument("--dense-dtype", default="model", choices=("model", "fp8"),
                    help="the dense linears (QKV, O, shared MLP, lm_head): as examples.hunyuan_t2i --dense-dtype")
-    p.add_argument("--snapshot", action="store_true", help="GPU: also the largest blocks at each phase's peak")
     p.add_argument("--tiny", action="store_true", help="the tiny architecture on the CPU (a check of this script)")
     args = b.parse()
     configs = args.configs.split(",")
@@ -235,14 +183,14 @@ def main(argv=None) -> int:
                                      get_plan("single"), 1, dtype, "channels" if cuda else None)
     rows = []
 
-    def write(rows, snapshots):
+    def write(rows):
         """The JSON so far (after every run: a command cut short keeps what it measured)."""
         b.write({"dtype": str(dtype).removeprefix("torch."), "layers": None if args.tiny else args.layers,
                  "moe_dtype": "fp8-channels" if cuda else "model", "dense_dtype": args.dense_dtype,
                  "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
                  "vae_fp32_bytes": None if bf16_vae_only else vae_bytes, "vae_loaded_in_bf16": bf16_vae_only,
                  "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm,
-                 "rows": rows, "snapshots": snapshots}, device, quiet=True)
+                 "rows": rows}, device, quiet=True)
 
     def record(name: str, config: str, on: tuple[str, ...], repeat: int, mem: PhaseMemory, result) -> None:
         peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
@@ -267,7 +215,7 @@ def main(argv=None) -> int:
             print(f"{name:5} {tag:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
                   f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights){t2i}",
                   flush=True)
-        write(rows, [])
+        write(rows)
 
     for config in configs:
         on = CONFIGS[config]
@@ -276,26 +224,8 @@ def main(argv=None) -> int:
                 for repeat in range(args.repeats):
                     mem = PhaseMemory(device)
                     record(name, config, on, repeat, mem, pipe.generate(req, profiler=mem))
-    snapshots = []
-    if args.snapshot and cuda:
-        for config in ("baseline", "all"):
-            for name, req in reqs.items():
-                try:
-                    with levers(pipe, CONFIGS[config], vae16):
-                        snap = PhaseSnapshots(device)
-                        pipe.generate(replace(req, steps=min(req.steps, 3)), profiler=snap)
-                except Exception as e:   # the figures above stand without it
-                    snapshots.append({"run": name, "config": config, "error": f"{type(e).__name__}: {e}"})
-                    print(f"snapshot {name} {config} failed: {snapshots[-1]['error']}", flush=True)
-                    continue
-                snapshots.append({"run": name, "config": config, "phases": snap.phases})
-                for phase, ph in snap.phases.items():
-                    top = ph["top_blocks"][:3]
-                    print(f"snapshot {name} {config} {phase}: peak {ph['peak_bytes'] / 1e9:.2f} GB; largest live "
-                          + "; ".join(f"{b['bytes'] / 1e9:.2f} GB at {b['frames'][0] if b['frames'] else '?'}"
-                                      for b in top), flush=True)
-                write(rows, snapshots)
-    write(rows, snapshots)
+    write(rows)
+    write(rows)
     return 0
 
 

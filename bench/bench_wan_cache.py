@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import Bench, rel_err, sync
+from bench.harness import Bench, need_cuda, rel_err, sync
 
 MODULE = "bench.bench_wan_cache"
 # Wan2.1-T2V-1.3B-Diffusers transformer/config.json; the text encoder is the tiny one widened
@@ -152,8 +152,6 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=0.05, help="FirstBlockCache threshold (diffusers' default)")
     p.add_argument("--compile", action="store_true", help="compile each block once, in both")
     p.add_argument("--layers", type=int, default=30, help="DiT blocks (a quicker look; the published 1.3B has 30)")
-    p.add_argument("--video", default="81x480x832", help="FRAMESxHEIGHTxWIDTH (default: 81x480x832)")
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a look at small shapes")
     args = b.parse()
     from dtgen.compile import CompileOptions
     from models import registry
@@ -165,19 +163,10 @@ def main(argv=None) -> int:
         device, dtype, folder = "cpu", torch.float32, wan.load("tiny")()
         shape = dict(height=48, width=64, num_frames=9)
     else:
-        device, dtype = args.device, torch.bfloat16
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            print("needs a CUDA GPU (or --tiny, or --device cpu)", file=sys.stderr)
-            return 2
-        try:
-            frames, height, width = (int(v) for v in args.video.split("x"))
-        except ValueError:
-            print(f"--video {args.video!r}: expected FRAMESxHEIGHTxWIDTH, e.g. 81x480x832", file=sys.stderr)
-            return 2
-        t0 = time.perf_counter()
+        if not torch.cuda.is_available():
+            return need_cuda(MODULE + " (or --tiny)")
+        device, dtype, shape = "cuda", torch.bfloat16, dict(height=480, width=832, num_frames=81)
         folder = bench_folder(device, args.layers)
-        print(f"folder {folder} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        shape = dict(height=height, width=width, num_frames=frames)
     steps = args.steps or (10 if args.tiny else 50)
     baseline_steps = args.baseline_steps or (steps if args.tiny else 5)
     loaded = wan.load("loader")(folder, wan.load("plans").PLANS["single"], dtype=dtype, device=device)

@@ -1,14 +1,11 @@
-"""The benchmark suites, as data, and `python -m bench`: one entry point for every script in bench/.
+"""The benchmark suites as data, and `python -m bench`: one entry point for every script in bench/.
 
     python -m bench                      # the suites, one line each (also: --list)
     python -m bench SUITE --help         # what it measures, its parts and their flags
-    python -m bench SUITE PART [ARGS]    # one of the suite's scripts with ARGS
-    python -m bench SUITE [ARGS]         # the suite's main script (where it has one) with ARGS
+    python -m bench SUITE [PART] [ARGS]  # a part (no PART: the suite's default) with ARGS
 
-A suite names the script(s) it runs; `python -m bench SUITE PART ARGS` is exactly
-`python -m <the part's module> <the part's fixed flags> ARGS` (the script runs as __main__, so
-it behaves as when started alone, under torchrun too). `main(argv)` is the command's body, for
-a caller that adds it as a subcommand.
+`python -m bench SUITE PART ARGS` is `python -m <the part's module> <the part's fixed flags> ARGS`, run
+as __main__ in this process (under torchrun too). `main(argv)` is the command's body (`dtgen bench`).
 """
 from __future__ import annotations
 
