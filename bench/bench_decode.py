@@ -118,7 +118,7 @@ def main(argv=None) -> int:
             "kernels": prof["top"]}
         print(f"AR decode [{impl}], {args.layers} layers: step {step_ms:.3f} ms/token (runs {min(step_runs):.3f}-"
               f"{max(step_runs):.3f}; each token waited for {synced_ms:.3f}; launches alone {feed_ms:.3f}); device "
-              f"{prof['device_us'] / 1e3:.3f} ms in {prof['launches']:.0f} launches; floor {floor_ms:.3f} ms", flush=True)
+              f"{prof['device_us'] / 1e3:.3f} ms in {prof['launches']:.0f} launches; floor {floor_ms:.3f} ms")
         for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["us"]):
             print(f"  {k:15s} {v['us'] / 1e3:7.3f} ms  {v['launches']:6.0f} launches")
         for k, us, n in prof["top"]:

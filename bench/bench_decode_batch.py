@@ -4,8 +4,7 @@
   requests of skewed lengths (one 16k, seven 1k): the balanced split-KV schedule against static
   splits (the heuristic's count and a sweep) and the masked SDPA of the one-request step.
 - prologue: split + RoPE + QK RMSNorm + KV write fused against the separate torch ops (eager and
-  inductor-compiled), at decode (8 rows) and prefill (4096 rows); `--prologue-rows`/`--prologue-warps`
-  time the fused kernel at each launch and check each output bit for bit against the default's.
+  inductor-compiled), at decode (8 rows) and prefill (4096 rows).
 Ops replay from a CUDA graph of `--graph-iters` calls; each figure is the median of `--repeats` with its
 range. `--smoke`: tiny shapes (on CPU the Triton kernels interpreted), to check the script.
 """
@@ -63,13 +62,8 @@ def bench_kernel(args, dev, cuda) -> dict:
     return out
 
 
-def _ints(text: str | None) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()] if text else []
-
-
 def bench_prologue(args, dev, cuda) -> dict:
-    from kernels.qk_norm_rope_kv import (prologue_launch_config, qk_norm_rope_kv, qk_norm_rope_kv_reference,
-                                         qk_norm_rope_kv_triton)
+    from kernels.qk_norm_rope_kv import prologue_launch_config, qk_norm_rope_kv, qk_norm_rope_kv_reference
     from models.hunyuan_image3.rope import rope_cos_sin
 
     Hkv, G, D, L = (2, 4, 64, 64) if args.smoke else (8, 4, 128, 8192)
@@ -90,8 +84,6 @@ def bench_prologue(args, dev, cuda) -> dict:
         block_s, warps = prologue_launch_config(B * S, Hkv, G, D)
         row = {"batch": B, "rows": S, "fused_launch": {"rows_per_program": block_s, "num_warps": warps},
                "fused_us": _time_us(args, cuda, lambda: qk_norm_rope_kv(*op_args, impl="triton"))}
-        if name == "prefill" and args.prologue_rows:
-            row.update(_prologue_sweep(args, cuda, op_args, qk_norm_rope_kv_triton, prologue_launch_config))
         row["separate_eager_us"] = _time_us(args, cuda, lambda: qk_norm_rope_kv_reference(*op_args))
         row["speedup_vs_eager"] = row["separate_eager_us"]["median"] / row["fused_us"]["median"]
         line = f", separate eager {row['separate_eager_us']['median']:.2f} us ({row['speedup_vs_eager']:.2f}x)"
@@ -105,39 +97,6 @@ def bench_prologue(args, dev, cuda) -> dict:
     return out
 
 
-def _prologue_sweep(args, cuda, op_args, kernel, launch_config) -> dict:
-    """The fused kernel at each --prologue-rows (its default warps, and each --prologue-warps); every
-    launch's q and caches checked against the default launch's, bit for bit."""
-    qkv, kc, vc, G = op_args[0], op_args[6], op_args[7], op_args[9]
-    B, S, _ = qkv.shape
-
-    def outputs(**launch):
-        kc.zero_()
-        vc.zero_()
-        return kernel(*op_args, **launch).clone(), kc.clone(), vc.clone()
-
-    default = outputs()
-    by_rows, by_rows_warps, equal = {}, {}, {}
-    for rows in _ints(args.prologue_rows):
-        for w in [None] + _ints(args.prologue_warps):      # None: the rows' own default warps
-            _, warps = launch_config(B * S, kc.shape[1], G, kc.shape[3], rows, w)
-            key = f"{rows}x{warps}"
-            if key in by_rows_warps:
-                continue
-            equal[key] = all(torch.equal(a, b) for a, b in zip(outputs(rows_per_program=rows, num_warps=warps), default))
-            t = _time_us(args, cuda, lambda rows=rows, warps=warps: kernel(*op_args, rows_per_program=rows,
-                                                                             num_warps=warps))
-            by_rows_warps[key] = {"rows_per_program": rows, "num_warps": warps, **t}
-            if w is None:
-                by_rows[str(rows)] = {"num_warps": warps, **t}
-            print(f"  prologue prefill at {rows} rows/program, {warps} warps: {t['median']:.2f} us"
-                  + ("" if equal[key] else " (output differs from the default launch's)"))
-    out = {"fused_by_rows_us": by_rows, "fused_equal_to_default": equal}
-    if args.prologue_warps:
-        out["fused_by_rows_warps_us"] = by_rows_warps
-    return out
-
-
 def main(argv=None) -> int:
     b = Bench(MODULE, __doc__, argv)
     p = b.parser
@@ -145,8 +104,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=11)
     p.add_argument("--graph-iters", type=int, default=50)
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--prologue-rows", help="comma list of rows per program (powers of two) for the prefill prologue")
-    p.add_argument("--prologue-warps", help="comma list of num_warps crossed with --prologue-rows")
     args = b.parse("outputs/bench_decode_batch.json")
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):

@@ -1,13 +1,12 @@
 """The MoE's grouped GEMMs on the denoise shapes: torch._grouped_mm, inductor, and the fused kernels.
 
 One TP2 rank of HunyuanImage-3's denoise (64 experts, top-8, hidden 4096, two micros of 768), random
-routing (`--routing balanced`: equal rows per expert). Two layouts of the same weights: micro-major
-([M, E, 2I, H]: a gate/up GEMM per micro, one down GEMM over M*E groups) and expert-major ([E, M*2I, H]:
-one of each, the micro sum inside the GEMM), in TFLOP/s against 694 (`--autotune`: also inductor's
-templates). Then `kernels.moe_grouped_gemm`'s fused kernels (gate/up reading x through the routing with
-the activation in its epilogue; down with the micro sum in its K loop) against the CUTLASS path doing the
-same work, in bf16 and on e4m3 experts (channel scales), each checked against CUTLASS's result.
-`--sweep`: a set of tiles besides the default; `--flatten`: each persistent tile with its loops flattened.
+routing. Two layouts of the same weights: micro-major ([M, E, 2I, H]: a gate/up GEMM per micro, one down
+GEMM over M*E groups) and expert-major ([E, M*2I, H]: one of each, the micro sum inside), in TFLOP/s
+against 694 (`--autotune`: also inductor's templates). Then `kernels.moe_grouped_gemm`'s fused kernels
+(gate/up reading x through the routing, the activation in its epilogue; down with the micro sum in its K
+loop) against the CUTLASS path doing the same work, bf16 and on e4m3 experts (channel scales), each
+checked against CUTLASS's result. `--sweep`: more tiles; `--flatten`: each persistent tile's loops flattened.
 """
 from __future__ import annotations
 
@@ -29,12 +28,14 @@ T = dict(weights_tma=True)
 TT = dict(weights_tma=True, rows_tma=True)
 GATE_UP_SWEEP = [
     GemmTiles(128, 128, 64, 8, 3), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 64, 8, 3, **T),
-    GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT), GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
+    GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT),
+    GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
     GemmTiles(128, 64, 64, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 4, **TT), GemmTiles(64, 256, 64, 8, 3, **TT),
 ]
 DOWN_SWEEP = [
     GemmTiles(128, 256, 64, 8, 3), GemmTiles(128, 256, 64, 8, 3, **T), GemmTiles(128, 256, 64, 8, 4, **T),
-    GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
+    GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT),
+    GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
     GemmTiles(128, 128, 64, 4, 4, **TT), GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(64, 256, 64, 4, 4, **TT),
 ]
 FP8_CHANNELS_GATE_UP_SWEEP = [
@@ -55,13 +56,16 @@ def _us(fn) -> float:
     return median_ms(fn) * 1e3
 
 
+def _case(name: str, fn, flop: float) -> dict:
+    us = _us(fn)
+    print(f"{name:<44}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")
+    return {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
+
+
 def main(argv=None) -> int:
     b = Bench(MODULE, __doc__, argv)
     p = b.parser
     p.add_argument("--tokens", type=int, default=2674)
-    p.add_argument("--routing", choices=("random", "balanced"), default="random",
-                   help="balanced: every expert gets the same rows (with --tokens 3072, whole 128-row tiles): "
-                        "the kernels' rate without ragged tails")
     p.add_argument("--autotune", action="store_true", help="also inductor max-autotune (Triton templates)")
     p.add_argument("--sweep", action="store_true", help="time the fused kernels' tile sweep, not only the default")
     p.add_argument("--flatten", action="store_true",
@@ -72,10 +76,7 @@ def main(argv=None) -> int:
     dev, bf = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     rows = args.tokens * TOPK
-    if args.routing == "balanced":  # every expert gets tokens*K/E rows: with --tokens 3072, exactly 3 tiles of 128
-        ids = (torch.arange(args.tokens, device=dev)[:, None] + torch.arange(TOPK, device=dev)[None, :] * (E // TOPK)) % E
-    else:
-        ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
+    ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
     counts = torch.bincount(ids.flatten(), minlength=E)
     ends = torch.cumsum(counts, 0).to(torch.int32)
     x = torch.randn(rows, H, device=dev, dtype=bf, generator=g)
@@ -122,10 +123,7 @@ def main(argv=None) -> int:
             tuned = torch.compile(fn, mode="max-autotune-no-cudagraphs", fullgraph=True)
             tuned()
             cases.append((f"{name}_max_autotune", tuned, flop))
-    for name, fn, flop in cases:
-        us = _us(fn)
-        result[name] = {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
-        print(f"{name:<30}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")
+    result.update({name: _case(name, fn, flop) for name, fn, flop in cases})
     result["fused"] = _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop)
     result["fused_fp8"] = _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro)
     b.write(result)
@@ -142,8 +140,10 @@ def _tiles_to_time(args, default: GemmTiles, sweep: list[GemmTiles]) -> list[Gem
 
 def _label(kind: str, tiles: GemmTiles) -> str:
     return (f"{kind} {tiles.block_r}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
-            f"{' persistent' if tiles.persistent else ''}{f' x{tiles.programs_per_sm}' if tiles.programs_per_sm > 1 else ''}"
-            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}{' flat' if tiles.flatten else ''}")
+            + "".join(tag for on, tag in ((tiles.persistent, " persistent"), (tiles.programs_per_sm > 1,
+                                                                               f" x{tiles.programs_per_sm}"),
+                                          (tiles.weights_tma, " tmaW"), (tiles.rows_tma, " tmaA"),
+                                          (tiles.flatten, " flat")) if on))
 
 
 def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
@@ -242,13 +242,9 @@ def _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down
     act_expected = cutlass_gate_up()
     y_expected = cutlass_down().float().sum(0)
     report = {"target_tflops": TARGET_TFLOPS}
-    us = _us(cutlass_gate_up)
-    report["cutlass_gate_up_with_gather_and_act"] = {"us": round(us, 1), "tflops": round(gate_up_flop / us / 1e6, 1)}
-    us = _us(cutlass_down)
-    report["cutlass_down"] = {"us": round(us, 1), "tflops": round(down_flop / us / 1e6, 1)}
-    print(f"{'cutlass gate/up + gather + act':<44}{report['cutlass_gate_up_with_gather_and_act']['us']:>9.1f} us "
-          f"{report['cutlass_gate_up_with_gather_and_act']['tflops']:>7.1f} TFLOP/s")
-    print(f"{'cutlass down (M*E groups)':<44}{report['cutlass_down']['us']:>9.1f} us {report['cutlass_down']['tflops']:>7.1f} TFLOP/s")
+    report["cutlass_gate_up_with_gather_and_act"] = _case("cutlass gate/up + gather + act", cutlass_gate_up,
+                                                          gate_up_flop)
+    report["cutlass_down"] = _case("cutlass down (M*E groups)", cutlass_down, down_flop)
     report["gate_up"] = _tile_rows(args, "fused gate_up", DEFAULT_FUSED_CONFIG.gate_up, GATE_UP_SWEEP,
                                    lambda t: gate_up_act(x_tok, token_of_slot, gu_micro, ends, t)[0],
                                    act_expected, gate_up_flop)

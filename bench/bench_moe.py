@@ -106,8 +106,8 @@ def sweep_decode_config(default: DecodeConfig, time_config, fp8_recipe: str | No
             config = replace(default, **change)
             if allowed(config) and config not in timed:
                 timed[config] = time_config(config)
-        stage_fields = [f for f in vars(default) if (f.startswith("stage1") or f in ("block_i", "block_h", "fp8_dot_f16"))
-                        == (stage == 1)]
+        stage_fields = [f for f in vars(default)
+                        if (f.startswith("stage1") or f in ("block_i", "block_h", "fp8_dot_f16")) == (stage == 1)]
         winner = min((c for c in timed if all(getattr(c, f) == getattr(default, f)
                                                for f in vars(default) if f not in stage_fields)), key=timed.get)
         best.update({f: getattr(winner, f) for f in stage_fields})

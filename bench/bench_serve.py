@@ -44,7 +44,8 @@ def _free_port() -> int:
 
 
 def call(base: str, method: str, path: str, body: bytes | None = None, timeout: float = 300.0):
-    request = urllib.request.Request(base + path, data=body, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(base + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read() or b"null")
@@ -109,9 +110,8 @@ def metrics(base: str) -> dict[str, float]:
 # ---- the load test -----------------------------------------------------------------------------
 def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict,
                 timeout: float = 300.0) -> dict:
-    """One client: its kind, its definite answer, and for a job the id and final state. A
-    client that waited `timeout` seconds without an answer gives up: status "client timeout"
-    (no answer within the client's patience: it counts against every_request_answered, and
+    """One client: its kind, its definite answer, and for a job the id and final state. A client that
+    waited `timeout` seconds gives up: status "client timeout" (it counts against every_request_answered;
     the server must still end the job it accepted: accepted = finished)."""
     t0 = time.perf_counter()
     kind = ["image"]
@@ -282,8 +282,8 @@ def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, tim
             # where the time outside the pipeline goes: the answer's PNG (the CLI writes one
             # too, after its total), and the rest (HTTP, JSON, queueing, the engine's hand-offs)
             "image_encode_ms": statistics.median(encode) if None not in encode else None,
-            "outside_generate_and_encode_ms": (statistics.median([e - i - c for e, i, c in zip(end_to_end, inside, encode)])
-                                               if None not in encode else None),
+            "outside_generate_and_encode_ms": statistics.median(
+                [e - i - c for e, i, c in zip(end_to_end, inside, encode)]) if None not in encode else None,
             "target_overhead": TARGET_OVERHEAD}
 
 
@@ -358,7 +358,8 @@ def main(argv=None) -> int:
     result["memory"] = {"rss_idle_after_first_level": first_end, "rss_idle_after_last_level": last_end,
                         "growth": growth, "limit": RSS_GROWTH_LIMIT,
                         "flat": growth is not None and growth <= RSS_GROWTH_LIMIT}
-    result["all_answered_nothing_lost"] = all(l["every_request_answered"] and l["no_job_lost_or_twice"] for l in levels)
+    result["all_answered_nothing_lost"] = all(level["every_request_answered"] and level["no_job_lost_or_twice"]
+                                              for level in levels)
     result["complete"] = True
     print(f"memory, the idle server: {first_end / 1e6:.0f} MB -> {last_end / 1e6:.0f} MB ({growth * 100:+.1f}%)")
     b.write(result)

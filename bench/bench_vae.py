@@ -194,8 +194,8 @@ def suite_variants(args, cuda: bool) -> list[dict]:
                 var("enc_bf16_cl_eager", encode("bf16"), "encode: " + cl_note, layout="cl", kind="encode"),
                 var("enc_bf16_fast_chunks4_eager", encode("bf16", row_chunks=4), "encode: --vae-chunks 4",
                     kind="encode"),
-                var("enc_bf16_cl_chunks4_eager", encode("bf16", row_chunks=4), "encode: " + cl_note + ", --vae-chunks 4",
-                    layout="cl", kind="encode"),
+                var("enc_bf16_cl_chunks4_eager", encode("bf16", row_chunks=4),
+                    "encode: " + cl_note + ", --vae-chunks 4", layout="cl", kind="encode"),
                 var("fp32_tf32_plain_eager", decode("fp32"), "cuDNN TF32 on (torch's default)", "fp32", tf32=True,
                     plain=True),
                 var("fp32_tf32_fast_eager", decode("fp32"), "cuDNN TF32 on", "fp32", tf32=True),
@@ -249,7 +249,8 @@ def trace(size: int) -> dict:
     for c in layers:
         level = ".".join(c["name"].split(".")[:3]) if c["name"].startswith("decoder.up.") else c["name"].split(".")[1]
         by_level[level] = by_level.get(level, 0.0) + conv_flops([c])[1]
-    rates = {"fp32 (datasheet, no tensor cores)": FP32_DATASHEET_TFLOPS, "tf32 (datasheet, dense)": TF32_DATASHEET_TFLOPS,
+    rates = {"fp32 (datasheet, no tensor cores)": FP32_DATASHEET_TFLOPS,
+             "tf32 (datasheet, dense)": TF32_DATASHEET_TFLOPS,
              "bf16 (measured GEMM rate, bench/floors.py)": DENSE_BF16_TFLOPS}
     return {
         "size": size, "frames_decoded": cfg.ffactor_temporal, "convolutions": len(layers),
@@ -281,7 +282,7 @@ def main(argv=None) -> int:
         runs = [trace(int(s)) for s in args.sizes.split(",")]
         for r in runs:
             print(f"{r['size']}x{r['size']}: {r['flops_now'] / 1e12:.1f} TFLOP now (counter "
-                  f"{r['flop_counter_total'] / 1e12:.1f}), {r['flops_needed'] / 1e12:.1f} needed; floors of the needed: "
+                  f"{r['flop_counter_total'] / 1e12:.1f}), {r['flops_needed'] / 1e12:.1f} needed; its floors: "
                   + ", ".join(f"{k.split()[0]} {v:.0f} ms" for k, v in r["floor_ms_of_needed"].items()))
         b.write({"target_ms": TARGET_MS, "runs": runs}, "cpu")
         return 0

@@ -65,7 +65,8 @@ def main(argv=None) -> int:
         result[name] = {"step_ms": round(ms, 1), "per_block_ms": round(ms / cfg.num_layers, 2),
                         "tflops": round(flops / ms / 1e9, 1), "floor_ratio": round(ms / floor_ms, 3)}
     a_ms = statistics.median(attn)
-    result["self_attention"] = {"per_block_ms": round(a_ms, 2), "tflops": round(8 * tokens * tokens * D / a_ms / 1e9, 1),
+    result["self_attention"] = {"per_block_ms": round(a_ms, 2),
+                                "tflops": round(8 * tokens * tokens * D / a_ms / 1e9, 1),
                                 "share_of_compiled_step": round(a_ms * cfg.num_layers
                                                                 / result["compiled_regions"]["step_ms"], 3)}
     result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1)

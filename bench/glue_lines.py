@@ -15,12 +15,9 @@ another, from its `def` line to its last).
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import datetime
 import importlib
 import io
-import json
 import sys
 import tokenize
 from pathlib import Path
@@ -239,26 +236,13 @@ def table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH", help="write the report here as JSON")
-    parser.add_argument("--per-file", action="store_true", help="also print every counted file's lines")
-    args = parser.parse_args(argv)
+    from bench.harness import Bench   # its torch import waits until the command runs: the counting needs none
+    b = Bench("bench.glue_lines", __doc__, argv)
+    b.parser.add_argument("--json", metavar="PATH", help="write the report here as JSON")
+    args = b.parser.parse_args(b.argv)
     report = measure()
     print(table(report))
-    if args.per_file:
-        for name, m in report["models"].items():
-            print(f"\n{name} ({m['folder']}):")
-            for path, lines in m["files"].items():
-                print(f"  {lines:5d}  {path}")
-            for path, f in m["excluded_module_files"].items():
-                print(f"  {f['lines']:5d}  {path}  (not counted: {', '.join(f['module_classes'])})")
-    if args.json:
-        argv = sys.argv[1:] if argv is None else argv
-        out = {"command": " ".join(["python -m bench.glue_lines", *argv]),
-               "date": datetime.date.today().isoformat(), **report}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    b.write(report, "cpu", path=args.json)
     return 0
 
 

@@ -2,9 +2,9 @@
 
 - `Bench(module, doc, argv)`: the script's argparse parser (its docstring as the help, `--out`),
   and `write(result)`, which writes the JSON with the command line and the environment.
-- `median_ms` (triton's do_bench, optionally of a CUDA graph's replay), `time_ms` (CUDA events on a GPU, wall time on the CPU), `wall_ms` (host loop between syncs),
-  `graph_time_us` (calls recorded as one CUDA graph and replayed: a few-microsecond kernel's
-  time, not its launch's), `summary` (median and range of repeats).
+- `median_ms` (triton's do_bench, of fn or of its CUDA graph's replay), `time_ms` (CUDA events; on the CPU
+  wall time), `wall_ms` (a host loop between syncs), `graph_time_us` (calls replayed as one CUDA graph:
+  a few-microsecond kernel's time, not its launch's), `summary` (median and range of repeats).
 - `kernel_profile`: device time per call by kernel (torch.profiler), grouped by `kind_of`.
 """
 from __future__ import annotations
