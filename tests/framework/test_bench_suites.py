@@ -103,3 +103,39 @@ def test_a_step_runs_in_its_own_process_and_one_past_its_limit_is_ended(tmp_path
     assert main(["run-all", "vae:vae_flops", "--out", str(tmp_path), "--limit", "vae_flops=0.2"]) == 1
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(" ")[:2] for line in summary] == [["vae_flops", "rc=0"], ["vae_flops", "rc=124"]]
+
+
+def test_every_suite_help_gives_each_part_and_its_usage(capsys):
+    for s in SUITES:
+        assert main([s.name, "--help"]) == 0, s.name
+        out = capsys.readouterr().out
+        for part in s.parts:
+            assert f"(python -m {' '.join((part.module, *part.args))})" in out, (s.name, part.name)
+        assert out.count("usage: ") == 1 + len(s.parts), s.name   # the suite's, then each part's own
+
+
+def _bench(tmp_path, *argv):
+    """`python -m bench ARGV --out F` in its own process (the CPU paths set the interpreter and threads
+    for the process): the JSON it wrote."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "bench", *argv, "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python -m bench.") and result["device"] == "cpu" and result["torch"]
+    return result
+
+
+def test_the_fused_prologue_runs_at_smoke_shapes_on_the_cpu(tmp_path):
+    result = _bench(tmp_path, "kernels", "prologue", "--smoke", "--repeats", "1")
+    assert set(result["prologue"]) >= {"decode", "prefill"} and result["prologue"]["prefill"]["fused_us"]["n"] == 1
+
+
+def test_the_wan_cache_deviation_runs_on_the_tiny_model(tmp_path):
+    result = _bench(tmp_path, "step-cache", "wan-deviation", "--steps", "4", "--repeats", "1")
+    caches = {row["cache"].split(" ")[0] for row in result["caches"]}
+    assert caches == {"first-block", "taylorseer", "magcache", "taylor"} and len(result["caches"]) == 6
+    assert all(0 < row["block_share"] <= 1 and row["rel_l2_final_latents"] >= 0 for row in result["caches"])
