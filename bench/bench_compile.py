@@ -1,22 +1,20 @@
-"""Cold compile time against depth: whole-step graphs vs regional compilation.
-
-    python -m bench.bench_compile [--layers 2,16] [--modes regions,whole] [--out bench/results/compile-cpu.json]
+"""Cold compile time against depth: whole-step graphs against regional compilation.
 
 Each configuration runs the example in a fresh process with an empty compile cache (its own
-$DTGEN_CACHE), on the tiny random model (`--random-weights tiny`), compiled with inductor,
-and reads the compile seconds, graphs and traced operations from its report. The figure of
-merit is the ratio of compile seconds at the deepest over the shallowest depth (issue
-target: <= 1.15 with regions; 1.0 is flat).
+$DTGEN_CACHE) on the tiny random model, compiled with inductor, and reads the compile seconds, graphs
+and traced operations from its report. The figure: compile seconds at the deepest depth over the
+shallowest (target <= 1.15 with regions; 1.0 is flat).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.harness import Bench
 
 
 def run(layers: int, mode: str, device: str) -> dict:
@@ -40,12 +38,12 @@ def run(layers: int, mode: str, device: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_compile")
+    b = Bench("bench.bench_compile", __doc__, argv)
+    p = b.parser
     p.add_argument("--layers", default="2,16")
     p.add_argument("--modes", default="regions,whole")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = b.parse()
     depths = [int(x) for x in args.layers.split(",")]
     rows = []
     for mode in args.modes.split(","):
@@ -58,9 +56,7 @@ def main(argv=None) -> int:
         base = next(b for b in rows if b["mode"] == r["mode"] and b["layers"] == min(depths))
         print(f"| {r['mode']} | {r['layers']} | {r['compile_s']:.1f} | {r['graphs']} | {r['ops_traced']} | "
               f"{r['compile_s'] / base['compile_s']:.2f} |")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"device": args.device, "rows": rows}, indent=2))
+    b.write({"rows": rows}, args.device)
     return 0
 
 

@@ -1,32 +1,23 @@
 """FP8 attention (kernels/fp8_attention.py) against torch SDPA in bf16, one GPU.
 
-    python -m bench.bench_fp8_attention [--shapes 1.3B,14B,hy-t2i,hy-ti2i] [--iters 10] [--sweep] [--out F]
-
-Shapes (head_dim 128, batch 1): Wan's self-attention at 480p x 81 frames (32760 tokens),
-12 heads (1.3B) and 40 (14B); HunyuanImage-3's denoise attention of a later (KV-cached) step,
-32 query heads over 8 KV heads (GQA), the 4098 image rows over their key prefix: 5606 keys
-for a T2I request of 1251 prompt tokens and 256 AR tokens (`hy-t2i`), 9702 for an edit's
-(`hy-ti2i`, the condition image's rows too). Timed (CUDA events, median of `--iters` after 3
-warm-ups): SDPA bf16 with each backend alone (flash, cuDNN, memory-efficient; one that
-refuses the shape is reported as such; K/V expanded for GQA where a backend needs it) and as
-dispatched; FP8 attention with FP8 PV and with FP16 PV (Q, K, V quantized by eager torch
-ops), with FP8 PV and the quantization compiled ("-cq"), the quantization alone, eager and
-compiled, and the kernel alone on quantized operands. `--sweep`: the kernel alone at each
-of `SWEEP` tiles (registers and spills from the compiled kernel). Error: relative L2 of each
-output against SDPA's math in float32 on the first 2 query heads (the full float32
-reference would hold [S, S] logits per head). TFLOP/s at 4 * Sq * Sk * D * heads FLOPs.
+Shapes (head_dim 128, batch 1): Wan's self-attention at 480p x 81 frames (32760 tokens), 12 heads (1.3B)
+and 40 (14B); HunyuanImage-3's cached denoise attention, 32 query / 8 KV heads, 4098 image rows over 5606
+keys (`hy-t2i`) or 9702 (`hy-ti2i`, an edit's). Timed (CUDA events, median of `--iters`): SDPA bf16 per
+backend and as dispatched; FP8 attention with FP8 and FP16 PV, with the quantization compiled ("-cq"),
+the quantization alone, and the kernel alone on quantized operands (`--sweep`: at each of its tiles, with
+registers and spills). Error: relative L2 against SDPA's math in float32 on the first 2 query heads.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench.harness import Bench, need_cuda, time_ms
+
+MODULE = "bench.bench_fp8_attention"
 HEAD_DIM = 128
 # name -> (query heads, KV heads, query rows, keys)
 SHAPES = {"1.3B": (12, 12, 32760, 32760), "14B": (40, 40, 32760, 32760),
@@ -37,22 +28,13 @@ def _sweep_tiles():
     from kernels.fp8_attention import AttentionTiles as T
     # (registers a thread, from the cubins: m64-n128 231, m64-n64 160: three programs an SM)
     return [T(64, 128, 4, 3), T(64, 128, 4, 3, tma=False), T(64, 128, 4, 3, magic=False), T(64, 128, 4, 2, maxnreg=168),
-            T(64, 64, 4, 2), T(64, 64, 4, 3), T(64, 64, 4, 4), T(64, 64, 4, 3, magic=False), T(64, 64, 4, 2, maxnreg=128),
+            T(64, 64, 4, 2), T(64, 64, 4, 3), T(64, 64, 4, 4), T(64, 64, 4, 3, magic=False),
+            T(64, 64, 4, 2, maxnreg=128),
             T(64, 64, 4, 3, maxnreg=128), T(128, 64, 4, 3), T(128, 64, 4, 4, tma=False), T(128, 128, 8, 4)]
 
 
 def _time(fn, iters):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    return statistics.median(time_ms(fn, iters, warmup=3))
 
 
 def _tiles_name(t) -> str:
@@ -61,30 +43,23 @@ def _tiles_name(t) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_fp8_attention", description=__doc__.split("\n")[0])
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
     p.add_argument("--shapes", default="1.3B,14B,hy-t2i,hy-ti2i")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--sweep", action="store_true", help="time the kernel alone at every tile of SWEEP")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = b.parse()
     unknown = sorted(set(args.shapes.split(",")) - set(SHAPES))
     if unknown:
         p.error(f"--shapes: unknown {unknown}; known {sorted(SHAPES)}")
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return need_cuda(MODULE)
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from kernels import fp8_attention as fa
     D = HEAD_DIM
-    result = {"what": "attention: FP8 attention vs SDPA bf16", "command": "python -m bench.bench_fp8_attention "
-              + " ".join(argv if argv is not None else sys.argv[1:]), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "head_dim": D, "default_tiles": _tiles_name(fa.DEFAULT_TILES),
+    result = {"what": "attention: FP8 attention vs SDPA bf16", "head_dim": D,
+              "default_tiles": _tiles_name(fa.DEFAULT_TILES),
               "long_key_tiles": f"{_tiles_name(fa.LONG_KEY_TILES)} from {fa.LONG_KEYS} keys", "shapes": {}}
-    try:
-        import triton
-        result["triton"] = triton.__version__
-    except ImportError:
-        pass
     for name in args.shapes.split(","):
         Hq, Hkv, Sq, Sk = SHAPES[name]
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -134,19 +109,10 @@ def main(argv=None) -> int:
         for n, r in rows.items():
             if best and n.startswith(("fp8-pv", "fp8-kernel", "sweep")) and "ms" in r:
                 r["speedup_vs_best_sdpa"] = round(best / r["ms"], 3)
-        swept = {n: r for n, r in rows.items() if n.startswith("sweep") and "ms" in r}
-        if swept:
-            fastest = min(swept, key=lambda n: swept[n]["ms"])
-            print(f"{name:7s} fastest swept: {fastest} {swept[fastest]['ms']:.3f} ms "
-                  f"({swept[fastest]['speedup_vs_best_sdpa']:.3f}x the best SDPA)", flush=True)
-        for n in ("fp8-pv-fp8", "fp8-pv-fp16", "fp8-pv-fp8-cq", "fp8-kernel"):
-            if "speedup_vs_best_sdpa" in rows.get(n, {}):
-                print(f"{name:7s} {n:18s} speed-up over the best SDPA: {rows[n]['speedup_vs_best_sdpa']:.3f}x")
+        print(f"{name:7s} speed-up over the best SDPA: " + ", ".join(
+            f"{n} {r['speedup_vs_best_sdpa']:.3f}x" for n, r in rows.items() if "speedup_vs_best_sdpa" in r))
         result["shapes"][name] = {"heads": Hq, "kv_heads": Hkv, "query_rows": Sq, "keys": Sk, "runs": rows}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    b.write(result)
     return 0
 
 

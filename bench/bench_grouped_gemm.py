@@ -1,49 +1,25 @@
-"""The MoE's grouped GEMMs on the denoise shapes: torch._grouped_mm, inductor, and ours.
+"""The MoE's grouped GEMMs on the denoise shapes: torch._grouped_mm, inductor, and the fused kernels.
 
-    python -m bench.bench_grouped_gemm [--tokens 2674] [--autotune] [--sweep] [--out outputs/bench_grouped_gemm.json]
-
-One TP2 rank of HunyuanImage-3's denoise (64 experts, top-8, hidden 4096, two micros of
-intermediate 768 each), random routing. Two layouts of the same weights:
-- micro-major (today's [M, E, 2I, H] / [M, E, H, I]): per micro a gate/up GEMM with
-  N = 2I, then one down GEMM over M*E groups with K = I, M partials to sum;
-- expert-major ([E, M*2I, H] / [E, H, M*I]): ONE gate/up GEMM with N = M*2I and ONE down
-  GEMM with K = M*I (the micro sum happens inside the GEMM).
-TFLOP/s against 694 (a dense bf16 GEMM on an H200). Decides whether the storage layout
-change is worth its cost.
-
-Then the fused kernels of `kernels.moe_grouped_gemm` on the same inputs (micro-major
-layout): the gate/up GEMM reading x through the routing index with the activation in its
-epilogue (against the CUTLASS path's gather + two gate/up GEMMs + activation), and the down
-GEMM with the micro sum in its K loop (against CUTLASS's M*E-group down GEMM). Each is
-checked against the CUTLASS result (relative Frobenius error). `--sweep` times a set of
-tiles besides the default.
+One TP2 rank of HunyuanImage-3's denoise (64 experts, top-8, hidden 4096, two micros of 768), random
+routing. Two layouts of the same weights: micro-major ([M, E, 2I, H]: a gate/up GEMM per micro, one down
+GEMM over M*E groups) and expert-major ([E, M*2I, H]: one of each, the micro sum inside), in TFLOP/s
+against 694 (`--autotune`: also inductor's templates). Then `kernels.moe_grouped_gemm`'s fused kernels
+(gate/up reading x through the routing, the activation in its epilogue; down with the micro sum in its K
+loop) against the CUTLASS path doing the same work, bf16 and on e4m3 experts (channel scales), each
+checked against CUTLASS's result. `--sweep`: more tiles; `--flatten`: each persistent tile's loops flattened.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
 import torch
 
-from kernels.fp8_quant import (
-    quantize_row_groups,
-    quantize_rows,
-    quantize_rows_by_amax,
-    quantize_experts,
-    quantize_weight_blocks,
-)
-from kernels.moe_grouped_gemm import (
-    DEFAULT_FUSED_CONFIG,
-    FP8_CHANNELS_CONFIG,
-    FP8_FUSED_CONFIG,
-    GemmTiles,
-    down_sum,
-    gate_up_act,
-)
+from kernels.fp8_quant import quantize_experts, quantize_rows, quantize_rows_by_amax
+from kernels.moe_grouped_gemm import DEFAULT_FUSED_CONFIG, FP8_CHANNELS_CONFIG, GemmTiles, down_sum, gate_up_act
 from kernels.moe_routing import moe_route
+
+from bench.harness import Bench, median_ms, need_cuda, rel_err
 
 H, E, TOPK, MICROS, INTER = 4096, 64, 8, 2, 768
 TARGET_TFLOPS, TARGET_FP8_TFLOPS = 620.0, 1100.0
@@ -52,18 +28,15 @@ T = dict(weights_tma=True)
 TT = dict(weights_tma=True, rows_tma=True)
 GATE_UP_SWEEP = [
     GemmTiles(128, 128, 64, 8, 3), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 64, 8, 3, **T),
-    GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT), GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
+    GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(128, 128, 64, 8, 3, **TT),
+    GemmTiles(128, 128, 64, 8, 4, persistent=False, **T),
     GemmTiles(128, 64, 64, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 4, **TT), GemmTiles(64, 256, 64, 8, 3, **TT),
 ]
 DOWN_SWEEP = [
     GemmTiles(128, 256, 64, 8, 3), GemmTiles(128, 256, 64, 8, 3, **T), GemmTiles(128, 256, 64, 8, 4, **T),
-    GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
+    GemmTiles(128, 256, 64, 8, 3, **TT), GemmTiles(128, 256, 64, 8, 4, **TT),
+    GemmTiles(128, 256, 64, 8, 3, persistent=False, **TT),
     GemmTiles(128, 128, 64, 4, 4, **TT), GemmTiles(128, 128, 64, 8, 4, **TT), GemmTiles(64, 256, 64, 4, 4, **TT),
-]
-FP8_GATE_UP_SWEEP = [
-    GemmTiles(64, 128, 128, 4, 3, **T), GemmTiles(64, 128, 128, 4, 5, **T), GemmTiles(64, 128, 128, 8, 4, **T),
-    GemmTiles(64, 128, 128, 4, 4, **TT), GemmTiles(64, 128, 64, 4, 5, **T), GemmTiles(64, 128, 128, 4, 4, persistent=False, **T),
-    GemmTiles(128, 128, 128, 8, 4, **TT),
 ]
 FP8_CHANNELS_GATE_UP_SWEEP = [
     GemmTiles(128, 128, 128, 8, 3, **T), GemmTiles(128, 128, 64, 8, 4, **T), GemmTiles(128, 128, 128, 8, 4, **TT),
@@ -74,40 +47,36 @@ FP8_CHANNELS_DOWN_SWEEP = [
     GemmTiles(128, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 64, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **T),
     GemmTiles(128, 128, 128, 8, 4, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(128, 256, 128, 8, 3, **TT),
 ]
-FP8_DOWN_SWEEP = [
-    GemmTiles(128, 128, 128, 8, 3, **TT), GemmTiles(64, 256, 128, 8, 4, **TT), GemmTiles(64, 128, 128, 4, 4, **TT),
-    GemmTiles(128, 128, 128, 4, 4, **TT), GemmTiles(64, 256, 128, 4, 3, **TT), GemmTiles(128, 128, 64, 8, 5, **TT),
-    GemmTiles(64, 128, 128, 4, 5, **TT),
-]
+
+
+MODULE = "bench.bench_grouped_gemm"
 
 
 def _us(fn) -> float:
-    import triton.testing
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    return median_ms(fn) * 1e3
+
+
+def _case(name: str, fn, flop: float) -> dict:
+    us = _us(fn)
+    print(f"{name:<44}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")
+    return {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
     p.add_argument("--tokens", type=int, default=2674)
-    p.add_argument("--routing", choices=("random", "balanced"), default="random",
-                   help="balanced: every expert gets the same rows (with --tokens 3072, whole 128-row tiles): "
-                        "the kernels' rate without ragged tails")
-    p.add_argument("--out", default="outputs/bench_grouped_gemm.json")
     p.add_argument("--autotune", action="store_true", help="also inductor max-autotune (Triton templates)")
     p.add_argument("--sweep", action="store_true", help="time the fused kernels' tile sweep, not only the default")
     p.add_argument("--flatten", action="store_true",
                    help="also each timed tile with its work-item loop and K loop pipelined as one (tl.range flatten)")
-    args = p.parse_args(argv)
+    args = b.parse("outputs/bench_grouped_gemm.json")
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
-        print("bench_grouped_gemm needs CUDA and torch._grouped_mm; nothing to do here.")
-        return 0
+        return need_cuda(MODULE + " (and torch._grouped_mm)")
     dev, bf = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
     rows = args.tokens * TOPK
-    if args.routing == "balanced":  # every expert gets tokens*K/E rows: with --tokens 3072, exactly 3 tiles of 128
-        ids = (torch.arange(args.tokens, device=dev)[:, None] + torch.arange(TOPK, device=dev)[None, :] * (E // TOPK)) % E
-    else:
-        ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
+    ids = torch.rand(args.tokens, E, device=dev, generator=g).topk(TOPK, dim=1).indices
     counts = torch.bincount(ids.flatten(), minlength=E)
     ends = torch.cumsum(counts, 0).to(torch.int32)
     x = torch.randn(rows, H, device=dev, dtype=bf, generator=g)
@@ -141,7 +110,7 @@ def main(argv=None) -> int:
 
     gate_up_flop = 2 * rows * H * MICROS * 2 * INTER
     down_flop = 2 * rows * MICROS * INTER * H
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
+    result = {"tokens": args.tokens,
               "max_rows_per_expert": int(counts.max()), "min_rows_per_expert": int(counts.min())}
     cases = [("micro_major_gate_up", micro_gate_up, gate_up_flop),
              ("expert_major_gate_up", expert_gate_up, gate_up_flop),
@@ -154,14 +123,10 @@ def main(argv=None) -> int:
             tuned = torch.compile(fn, mode="max-autotune-no-cudagraphs", fullgraph=True)
             tuned()
             cases.append((f"{name}_max_autotune", tuned, flop))
-    for name, fn, flop in cases:
-        us = _us(fn)
-        result[name] = {"us": round(us, 1), "tflops": round(flop / us / 1e6, 1)}
-        print(f"{name:<30}{us:>9.1f} us {flop / us / 1e6:>7.1f} TFLOP/s")
+    result.update({name: _case(name, fn, flop) for name, fn, flop in cases})
     result["fused"] = _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop)
-    result["fused_fp8"] = _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    result["fused_fp8"] = _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro)
+    b.write(result)
     return 0
 
 
@@ -173,21 +138,19 @@ def _tiles_to_time(args, default: GemmTiles, sweep: list[GemmTiles]) -> list[Gem
     return list(dict.fromkeys(tiles))
 
 
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 def _label(kind: str, tiles: GemmTiles) -> str:
     return (f"{kind} {tiles.block_r}x{tiles.block_n}x{tiles.block_k} w{tiles.num_warps} s{tiles.num_stages}"
-            f"{' persistent' if tiles.persistent else ''}{f' x{tiles.programs_per_sm}' if tiles.programs_per_sm > 1 else ''}"
-            f"{' tmaW' if tiles.weights_tma else ''}{' tmaA' if tiles.rows_tma else ''}{' flat' if tiles.flatten else ''}")
+            + "".join(tag for on, tag in ((tiles.persistent, " persistent"), (tiles.programs_per_sm > 1,
+                                                                               f" x{tiles.programs_per_sm}"),
+                                          (tiles.weights_tma, " tmaW"), (tiles.rows_tma, " tmaA"),
+                                          (tiles.flatten, " flat")) if on))
 
 
 def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
     """Check fn's result (through as_float) against expected, then time fn alone."""
     row = {}
     try:
-        row["rel_err"] = _rel(as_float(fn()), expected)
+        row["rel_err"] = rel_err(as_float(fn()), expected)
         us = _us(fn)
         row.update(us=round(us, 1), tflops=round(flop / us / 1e6, 1))
     except Exception as err:  # a tile that does not fit must not hide the others
@@ -195,47 +158,33 @@ def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
     return row
 
 
-def _print_row(label: str, row: dict) -> None:
-    if "us" in row:
-        print(f"{label:<60}{row['us']:>9.1f} us {row['tflops']:>7.1f} TFLOP/s  err {row['rel_err']:.1e}")
-    else:
-        print(f"{label:<60} failed: {row['error']}")
+def _tile_rows(args, kind: str, default: GemmTiles, sweep: list[GemmTiles], fn_of, expected, flop,
+               as_float=lambda out: out) -> list[dict]:
+    """Each tile's row (`_tiles_to_time`): fn_of(tiles) checked against expected, then timed."""
+    rows = []
+    for tiles in _tiles_to_time(args, default, sweep):
+        row = _time_row(lambda: fn_of(tiles), expected, flop, as_float)
+        rows.append({"tiles": vars(tiles), **row})
+        label = _label(kind, tiles)
+        print(f"{label:<60}{row['us']:>9.1f} us {row['tflops']:>7.1f} TFLOP/s  err {row['rel_err']:.1e}"
+              if "us" in row else f"{label:<60} failed: {row['error']}")
+    return rows
 
 
-def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop) -> dict:
-    """The same GEMMs on e4m3 experts (128 x 128 block scales) and e4m3 activations (per row
-    and 128 columns): gate/up with the activation quantized in its epilogue, down reading it.
-    Errors are against the bf16 results (CUTLASS), so they include the FP8 rounding."""
-    dev, bf = "cuda", torch.bfloat16
-    x_tok = torch.randn(ids.shape[0], H, device=dev, dtype=bf, generator=g)
+def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro) -> dict:
+    """The fused GEMMs on e4m3 experts and activations, with one scale per weight row and per activation
+    row (the channels recipe). Errors are against the bf16 results (CUTLASS), so they hold FP8's rounding."""
+    x_tok = torch.randn(ids.shape[0], H, device="cuda", dtype=torch.bfloat16, generator=g)
     routing = moe_route(x_tok, ids, E, gather=False)
     ends = routing.expert_ends
     token_of_slot = (routing.pair_of_slot // TOPK).to(torch.int32)
-    gu_q, gu_s = quantize_weight_blocks(gu_micro)
-    dn_q, dn_s = quantize_weight_blocks(dn_micro)
-    x_q, x_s = quantize_row_groups(x_tok)
-    act_q, act_s = quantize_row_groups(act_micro.flatten(0, 1))
-    act_q, act_s = act_q.view(act_micro.shape), act_s.view(*act_micro.shape[:2], -1)
     act_expected, _ = gate_up_act(x_tok, token_of_slot, gu_micro, ends, DEFAULT_FUSED_CONFIG.gate_up)
     y_expected = down_sum(act_micro, dn_micro, ends, DEFAULT_FUSED_CONFIG.down)
-    report = {"target_tflops": TARGET_FP8_TFLOPS, "gate_up": [], "down": []}
-    us = _us(lambda: quantize_row_groups(x_tok))
-    report["quantize_x_us"] = round(us, 1)
-    print(f"{'fp8 quantize x (T x H, per 128 columns)':<60}{us:>9.1f} us")
-    for tiles in _tiles_to_time(args, FP8_FUSED_CONFIG.gate_up, FP8_GATE_UP_SWEEP):
-        fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
-                                             x_scale=x_s, w_scale=gu_s, quantize_out=True)
-        row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0].float() * out[1].repeat_interleave(128, -1))
-        report["gate_up"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fp8 gate_up", tiles), row)
-    for tiles in _tiles_to_time(args, FP8_FUSED_CONFIG.down, FP8_DOWN_SWEEP):
-        fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
-        row = _time_row(fn, y_expected, down_flop)
-        report["down"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fp8 down", tiles), row)
-    report["channels"] = _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro,
-                                             act_expected, y_expected, gate_up_flop, down_flop)
-    return report
+    rows = token_of_slot.shape[0]
+    return {"target_tflops": TARGET_FP8_TFLOPS,
+            "channels": _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro,
+                                            act_expected, y_expected, 2 * rows * H * MICROS * 2 * INTER,
+                                            2 * rows * MICROS * INTER * H)}
 
 
 def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro, act_expected, y_expected,
@@ -246,7 +195,7 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
     gu_q, gu_s, dn_q, dn_s = quantize_experts(gu_micro, dn_micro, "channels")
     x_q, x_s = quantize_rows(x_tok)
     act_q, act_s = quantize_rows_by_amax(act_micro, act_micro.float().abs().amax(dim=(0, 2))[:, None].contiguous())
-    report = {"gate_up": [], "down": []}
+    report = {}
     _, amax = gate_up_act(x_q, token_of_slot, gu_q, ends, FP8_CHANNELS_CONFIG.gate_up, x_scale=x_s, w_scale=gu_s,
                           row_amax=True)
     act_bf16 = act_micro
@@ -255,17 +204,13 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
         us = _us(fn)
         report[name.replace(" ", "_") + "_us"] = round(us, 1)
         print(f"{'fp8 channels ' + name:<60}{us:>9.1f} us")
-    for tiles in _tiles_to_time(args, FP8_CHANNELS_CONFIG.gate_up, FP8_CHANNELS_GATE_UP_SWEEP):
-        fn = lambda tiles=tiles: gate_up_act(x_q, token_of_slot, gu_q, ends, tiles,  # noqa: E731
-                                             x_scale=x_s, w_scale=gu_s, row_amax=True)
-        row = _time_row(fn, act_expected, gate_up_flop, lambda out: out[0])
-        report["gate_up"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fp8 channels gate_up", tiles), row)
-    for tiles in _tiles_to_time(args, FP8_CHANNELS_CONFIG.down, FP8_CHANNELS_DOWN_SWEEP):
-        fn = lambda tiles=tiles: down_sum(act_q, dn_q, ends, tiles, act_scale=act_s, w_scale=dn_s)  # noqa: E731
-        row = _time_row(fn, y_expected, down_flop)
-        report["down"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fp8 channels down", tiles), row)
+    report["gate_up"] = _tile_rows(
+        args, "fp8 channels gate_up", FP8_CHANNELS_CONFIG.gate_up, FP8_CHANNELS_GATE_UP_SWEEP,
+        lambda t: gate_up_act(x_q, token_of_slot, gu_q, ends, t, x_scale=x_s, w_scale=gu_s, row_amax=True),
+        act_expected, gate_up_flop, lambda out: out[0])
+    report["down"] = _tile_rows(args, "fp8 channels down", FP8_CHANNELS_CONFIG.down, FP8_CHANNELS_DOWN_SWEEP,
+                                lambda t: down_sum(act_q, dn_q, ends, t, act_scale=act_s, w_scale=dn_s),
+                                y_expected, down_flop)
     return report
 
 
@@ -296,24 +241,15 @@ def _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down
 
     act_expected = cutlass_gate_up()
     y_expected = cutlass_down().float().sum(0)
-    report = {"target_tflops": TARGET_TFLOPS, "gate_up": [], "down": []}
-    us = _us(cutlass_gate_up)
-    report["cutlass_gate_up_with_gather_and_act"] = {"us": round(us, 1), "tflops": round(gate_up_flop / us / 1e6, 1)}
-    us = _us(cutlass_down)
-    report["cutlass_down"] = {"us": round(us, 1), "tflops": round(down_flop / us / 1e6, 1)}
-    print(f"{'cutlass gate/up + gather + act':<44}{report['cutlass_gate_up_with_gather_and_act']['us']:>9.1f} us "
-          f"{report['cutlass_gate_up_with_gather_and_act']['tflops']:>7.1f} TFLOP/s")
-    print(f"{'cutlass down (M*E groups)':<44}{report['cutlass_down']['us']:>9.1f} us {report['cutlass_down']['tflops']:>7.1f} TFLOP/s")
-    for tiles in _tiles_to_time(args, DEFAULT_FUSED_CONFIG.gate_up, GATE_UP_SWEEP):
-        fn = lambda tiles=tiles: gate_up_act(x_tok, token_of_slot, gu_micro, ends, tiles)[0]  # noqa: E731
-        row = _time_row(fn, act_expected, gate_up_flop)
-        report["gate_up"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fused gate_up", tiles), row)
-    for tiles in _tiles_to_time(args, DEFAULT_FUSED_CONFIG.down, DOWN_SWEEP):
-        fn = lambda tiles=tiles: down_sum(act_micro, dn_micro, ends, tiles)  # noqa: E731
-        row = _time_row(fn, y_expected, down_flop)
-        report["down"].append({"tiles": vars(tiles), **row})
-        _print_row(_label("fused down", tiles), row)
+    report = {"target_tflops": TARGET_TFLOPS}
+    report["cutlass_gate_up_with_gather_and_act"] = _case("cutlass gate/up + gather + act", cutlass_gate_up,
+                                                          gate_up_flop)
+    report["cutlass_down"] = _case("cutlass down (M*E groups)", cutlass_down, down_flop)
+    report["gate_up"] = _tile_rows(args, "fused gate_up", DEFAULT_FUSED_CONFIG.gate_up, GATE_UP_SWEEP,
+                                   lambda t: gate_up_act(x_tok, token_of_slot, gu_micro, ends, t)[0],
+                                   act_expected, gate_up_flop)
+    report["down"] = _tile_rows(args, "fused down", DEFAULT_FUSED_CONFIG.down, DOWN_SWEEP,
+                                lambda t: down_sum(act_micro, dn_micro, ends, t), y_expected, down_flop)
     return report
 
 

@@ -1,59 +1,25 @@
-"""Where the memory of one HunyuanImage-3 request goes, phase by phase, with each memory lever
-on and off: what a 96 GB card (peak <= ~92 GB) needs.
+"""Where the memory of one HunyuanImage-3 request goes, phase by phase, with each memory lever on and off.
 
-    python -m bench.bench_memory --out outputs/bench_memory.json     # one GPU: the released 32 layers
-    python -m bench.bench_memory --tiny                              # the same runs, tiny, on the CPU
-
-Random weights at the released shapes (`--layers`, 32), FP8 experts (channels), image editing
-loaded (the VAE encoder and the vision tower are resident, as a server with edits has them),
-compiled with one region per decoder layer (as `--compile` on GPU); 1251 prompt tokens and
-256 forced AR tokens, 1024x1024, `--steps` denoise steps (the peak is reached by the first,
-whole-sequence step and the first KV-cached one: 4 are enough), serial CFG. T2I, and TI2I
-with a random 1024x1024 reference (the seed's ~6.3k-row edit prefill, as bench_step_cache).
-
-For every phase (condition encode, AR, denoise, VAE decode) of every run: the bytes allocated
-when it starts, its peak (`torch.cuda.max_memory_allocated`, reset at the phase start) and
-the peak over the resident weights; a T2I row also gives the peak of a process without the
-editing modules (`t2i_process_peak_bytes`: their planned bytes subtracted). The levers, each
-alone and all together:
-
-- `plain_vae`: the VAE decoder's ops before its memory-lean forward (F.conv3d, nn.GroupNorm,
-  out-of-place SiLU and residuals, the materialized upsampler shortcut: bench_vae.plain_ops),
-  i.e. the code before this lever, for the before/after;
-- `release_kv`: `--kv-caches release` (the AR cache freed after AR, the denoise caches
-  before the VAE decode);
-- `keep_ar_kv`: `--kv-caches keep-ar` (the denoise caches freed before the VAE decode, the
-  AR cache kept: the CUDA-graph decode records once, not every request);
-- `vae_chunks`: `--vae-chunks 4` (the big maps' norm -> SiLU -> conv a slab of rows at a
-  time, residuals in place: exact);
-- `moe_chunks`: `--moe-token-chunk 2048` (the routed experts over 2048 tokens a call: their
-  dispatch buffers bounded; a 1024x1024 denoise branch has ~5.6k rows, an edit's ~10k);
-- `vae_bf16`: `--vae-dtype bfloat16`. Here a bf16 copy of the VAE stands in for the fp32 one
-  (the fp32 weights stay resident in this process): `projected_peak_bytes` subtracts the fp32
-  VAE's bytes, what a `--vae-dtype bfloat16` process would not hold. When every config asked
-  for has this lever (e.g. `--configs lean`), the VAE is loaded in bf16 instead, as that
-  process would: nothing is subtracted and the peak is measured.
-
-With `--snapshot` (GPU), one more run per request kind with levers off and on, under
-`torch.cuda.memory._record_memory_history`: the allocation trace of each phase is replayed to
-its peak and the largest blocks live there are listed with the frames that allocated them
-(this repository's files first).
-
-Prints one line per run and phase; the JSON holds everything with the command.
+Random weights at the released shapes (`--layers` of 32), FP8 experts, image editing loaded, one compiled
+region per layer; 1251 prompt tokens and 256 forced AR tokens, 1024x1024, `--steps` denoise steps, T2I and
+TI2I (a random reference: the ~6.3k-row edit prefill). Per phase of every run: the bytes allocated at its
+start, its peak and the peak over the resident weights (a T2I row also the peak of a process without the
+editing modules). The levers (`CONFIGS`), alone and together: plain_vae (the VAE decoder's ops before its
+memory-lean forward), release_kv (`--kv-caches release`), keep_ar_kv (`--kv-caches keep-ar`), vae_chunks
+(`--vae-chunks 4`), moe_chunks (`--moe-token-chunk 2048`), vae_bf16 (`--vae-dtype bfloat16`: a bf16 copy
+stands in, `projected_peak_bytes` subtracting the fp32 VAE; loaded in bf16 when every config has it).
+`--tiny`: the same runs at tiny shapes on the CPU.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
 from bench.bench_vae import plain_ops
+from bench.harness import Bench
 from dtgen.compile import CompileOptions
 from dtgen.host import settle_heap
 from dtgen.build import planned_storage
@@ -78,7 +44,7 @@ CONFIGS = {"baseline": (), **{name: (name,) for name in LEVERS},
            "lean_ar": ("keep_ar_kv", "vae_bf16", "vae_chunks")}
 MOE_TOKEN_CHUNK = 2048   # the moe_chunks lever: --moe-token-chunk 2048
 VAE_CHUNKS = 4   # the vae_chunks lever: --vae-chunks 4 (256-row slabs of the last 1024-row maps)
-REPO = str(Path(__file__).resolve().parents[1])
+MODULE = "bench.bench_memory"
 
 
 def requests(tiny: bool, steps: int) -> dict[str, T2IRequest]:
@@ -149,56 +115,9 @@ def levers(pipe: HunyuanT2IPipeline, on: tuple[str, ...], vae16: HunyuanVAE | No
         pipe.release_caches()
 
 
-def _frames(frames: list[dict], n: int = 4) -> list[str]:
-    ours = [f for f in frames if f.get("filename", "").startswith(REPO)] or frames
-    return [f"{f['filename'].removeprefix(REPO + '/')}:{f['line']} {f['name']}" for f in ours[:n]]
-
-
-def peak_blocks(trace: list[dict], top: int = 8) -> dict:
-    """Replay one phase's allocation trace: the moment its own live allocations peak, and the
-    largest blocks live then (blocks allocated before the trace are not counted)."""
-    live, total, best, best_at = {}, 0, -1, 0
-    for i, e in enumerate(trace):
-        if e["action"] == "alloc":
-            live[e["addr"]] = e["size"]
-            total += e["size"]
-            if total > best:
-                best, best_at = total, i
-        elif e["action"] in ("free_requested", "free_completed") and e["addr"] in live:
-            total -= live.pop(e["addr"])
-    live = {}
-    for e in trace[:best_at + 1]:
-        if e["action"] == "alloc":
-            live[e["addr"]] = e
-        elif e["action"] in ("free_requested", "free_completed"):
-            live.pop(e["addr"], None)
-    blocks = sorted(live.values(), key=lambda e: -e["size"])[:top]
-    return {"phase_allocations_live_at_peak_bytes": max(best, 0),
-            "top_blocks": [{"bytes": e["size"], "frames": _frames(e.get("frames", []))} for e in blocks]}
-
-
-class PhaseSnapshots(PhaseMemory):
-    """PhaseMemory that also records every allocation of each phase and keeps its peak blocks."""
-
-    @contextlib.contextmanager
-    def phase(self, name: str, together: bool = True):
-        record = dict(enabled="all", context="all", stacks="python", max_entries=2_000_000)
-        try:
-            torch.cuda.memory._record_memory_history(**record, clear_history=True)
-        except TypeError:   # a torch without clear_history: the replay ignores frees it did not see
-            torch.cuda.memory._record_memory_history(**record)
-        try:
-            with super().phase(name, together):
-                yield
-            snap = torch.cuda.memory._snapshot()
-        finally:
-            torch.cuda.memory._record_memory_history(enabled=None)
-        trace = snap["device_traces"][self.device.index or 0]
-        self.phases[name].update(peak_blocks(trace), trace_entries=len(trace))
-
-
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_memory", description=__doc__.split("\n")[0])
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--configs", default=",".join(c for c in CONFIGS if c not in ("all_fp32_vae", "lean")),
@@ -210,10 +129,8 @@ def main(argv=None) -> int:
                         "requests see")
     p.add_argument("--dense-dtype", default="model", choices=("model", "fp8"),
                    help="the dense linears (QKV, O, shared MLP, lm_head): as examples.hunyuan_t2i --dense-dtype")
-    p.add_argument("--snapshot", action="store_true", help="GPU: also the largest blocks at each phase's peak")
     p.add_argument("--tiny", action="store_true", help="the tiny architecture on the CPU (a check of this script)")
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
+    args = b.parse()
     configs = args.configs.split(",")
     runs = args.runs.split(",")
     if set(configs) - set(CONFIGS) or set(runs) - {"t2i", "ti2i"}:
@@ -266,20 +183,15 @@ def main(argv=None) -> int:
                                      get_plan("single"), 1, dtype, "channels" if cuda else None)
     rows = []
 
-    def write(rows, snapshots):
+    def write(rows):
         """The JSON so far (after every run: a command cut short keeps what it measured)."""
-        if not args.out:
-            return
-        out = {"command": "python -m bench.bench_memory " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-               "torch": torch.__version__, "dtype": str(dtype).removeprefix("torch."),
-               "layers": None if args.tiny else args.layers, "moe_dtype": "fp8-channels" if cuda else "model",
-               "dense_dtype": args.dense_dtype,
-               "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
-               "vae_fp32_bytes": None if bf16_vae_only else vae_bytes, "vae_loaded_in_bf16": bf16_vae_only, "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm, "rows": rows,
-               "snapshots": snapshots}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(out, indent=1))
+        b.write({"dtype": str(dtype).removeprefix("torch."), "layers": None if args.tiny else args.layers,
+                 "moe_dtype": "fp8-channels" if cuda else "model", "dense_dtype": args.dense_dtype,
+                 "compile": "regions" if cuda else "off", "steps": args.steps, "weights_bytes": weights,
+                 "vae_fp32_bytes": None if bf16_vae_only else vae_bytes, "vae_loaded_in_bf16": bf16_vae_only,
+                 "t2i_process_weights_bytes": t2i_weights, "load_s": round(load_s, 1), "warmup_s": warm,
+                 "rows": rows}, device, quiet=True)
+
     def record(name: str, config: str, on: tuple[str, ...], repeat: int, mem: PhaseMemory, result) -> None:
         peak = max((ph["peak_bytes"] or 0) for ph in mem.phases.values()) if cuda else None
         # Held only by this bench: the bf16 VAE copy (when its lever is off) or the fp32 VAE
@@ -303,7 +215,7 @@ def main(argv=None) -> int:
             print(f"{name:5} {tag:11} peak {peak / 1e9:.2f} GB, projected {row['projected_peak_bytes'] / 1e9:.2f}"
                   f" GB ({row['peak_over_weights_bytes'] / 1e9:.2f} over {weights / 1e9:.2f} GB of weights){t2i}",
                   flush=True)
-        write(rows, [])
+        write(rows)
 
     for config in configs:
         on = CONFIGS[config]
@@ -312,26 +224,8 @@ def main(argv=None) -> int:
                 for repeat in range(args.repeats):
                     mem = PhaseMemory(device)
                     record(name, config, on, repeat, mem, pipe.generate(req, profiler=mem))
-    snapshots = []
-    if args.snapshot and cuda:
-        for config in ("baseline", "all"):
-            for name, req in reqs.items():
-                try:
-                    with levers(pipe, CONFIGS[config], vae16):
-                        snap = PhaseSnapshots(device)
-                        pipe.generate(replace(req, steps=min(req.steps, 3)), profiler=snap)
-                except Exception as e:   # the figures above stand without it
-                    snapshots.append({"run": name, "config": config, "error": f"{type(e).__name__}: {e}"})
-                    print(f"snapshot {name} {config} failed: {snapshots[-1]['error']}", flush=True)
-                    continue
-                snapshots.append({"run": name, "config": config, "phases": snap.phases})
-                for phase, ph in snap.phases.items():
-                    top = ph["top_blocks"][:3]
-                    print(f"snapshot {name} {config} {phase}: peak {ph['peak_bytes'] / 1e9:.2f} GB; largest live "
-                          + "; ".join(f"{b['bytes'] / 1e9:.2f} GB at {b['frames'][0] if b['frames'] else '?'}"
-                                      for b in top), flush=True)
-                write(rows, snapshots)
-    write(rows, snapshots)
+    write(rows)
+    write(rows)
     return 0
 
 

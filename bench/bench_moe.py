@@ -1,59 +1,29 @@
-"""Benchmark the MoE expert ops on one GPU at HunyuanImage-3 per-rank shapes.
-
-    python -m bench.bench_moe [--out outputs/bench_moe.json]
-
-Shapes: H=4096, E=64, top-8; two micros of I=768 (denoise, TP2 storage as two TP4
-micros) for the multi-micro op; one micro (AR, TP4) for decode. Routing: top-8 of a
-softmax over random logits (uneven expert loads, as in the model), fixed seed.
-
-Multi-micro, T = 2048, 4096, 8192: the op vs two dispatches (each micro routed and
-combined on its own) vs one dispatch over concatenated weights (the concat is a copy
-made before timing and NOT timed), plus the op with the Triton grouped GEMM, with the
-fused kernels (`impl="fused"`), on e4m3 experts (`moe_multi_micro_fp8`, block and channel
-scales; their rel_err is the FP8 error against bf16) and under torch.compile (one opaque node, so compile should
-change nothing). Floor: FLOPs
-T*K*(2*H*2I + 2*I*H) with I = 1536 (both micros) at 694 TFLOP/s (dense bf16 GEMM
-measured on this H200). Targets: <= 2.4 ms at T=4096 and >= 1.2x vs two dispatches.
-
-Decode, T = 1, 2, 8, 16: the Triton decode op vs the torch reference vs the multi-micro
-op. Floor: the distinct selected experts' bytes in the row's storage (bf16 2 B per weight,
-e4m3 1 B plus its float32 scales; `bench.floors.moe_decode_expert_bytes`) at 4.3 TB/s, the
-measured copy bandwidth (T=1, 8 experts: bf16 151 MB, 35 us; FP8 channels 76 MB, 18 us);
-`gbps` counts the same bytes. Target: <= 55 us at T=1 (bf16), <= 30 us (FP8). Each timed call uses another of 8 routings, so
-weights come from HBM rather than L2. The Triton decode op is timed as CUDA-graph
-replays (eager launch overhead is a large share of ~50 us) and eagerly; the others
-eagerly (the reference syncs with the host).
-Decode tiles are swept per weight kind (bf16, FP8 channels, FP8 blocks; stage 1 and
-stage 2 apart, then their bests together); the best is reported beside the default.
-
-`--autotune` adds the multi-micro op's torch-level form (`moe_multi_micro_graph`, MoE impl
-"graph") compiled with inductor's grouped-GEMM autotuning (what `--compile-autotune` runs):
-its time and its error against two dispatches. Each T autotunes ~100 Triton templates
-per GEMM shape (about two minutes); the GPU suite leaves this to the bench.
-
-Times are medians of triton.testing.do_bench.
+"""The MoE decode op on one GPU at HunyuanImage-3's per-rank shapes (H 4096, 64 experts, top-8, one micro of
+768: AR at TP4), T = 1, 2, 8, 16: the Triton decode op (CUDA-graph replays and eager) against the torch
+reference and the multi-micro op, bf16 and FP8 (channels, blocks), its tiles swept per kind (the best
+beside the default; `--profile-decode`: the default tiles' kernels, no sweep). Each call uses another of 8
+routings, so weights come from HBM. Floor: the distinct experts' bytes (`bench.floors.
+moe_decode_expert_bytes`) at 4.3 TB/s, beside the copy bandwidth measured here. Times: do_bench medians.
+(The denoise phase's MoE GEMMs: bench/bench_grouped_gemm.py.)
 """
-import argparse
-import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import triton
-import triton.testing
 
-from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_config_for, moe_decode_triton
 from kernels.fp8_quant import quantize_experts
-from kernels.moe_multi_micro import (concat_micros, moe_multi_micro, moe_multi_micro_fp8, moe_multi_micro_graph,
-                                     moe_multi_micro_reference)
+from kernels.moe_decode import DEFAULT_DECODE_CONFIG, DecodeConfig, decode_config_for, moe_decode_triton
+from kernels.moe_multi_micro import moe_multi_micro, moe_multi_micro_reference
 
-from bench.floors import DENSE_BF16_TFLOPS as PEAK_TFLOPS, HBM_TBPS as PEAK_TBPS, moe_decode_expert_bytes
+from bench.floors import HBM_TBPS as PEAK_TBPS, moe_decode_expert_bytes
+from bench.harness import Bench, median_ms, need_cuda, rel_err as rel_error
 
+MODULE = "bench.bench_moe"
 HIDDEN, EXPERTS, TOP_K, INTER = 4096, 64, 8, 768
-PREFILL_TOKENS, DECODE_TOKENS = (2048, 4096, 8192), (1, 2, 8, 16)
+DECODE_TOKENS = (1, 2, 8, 16)
 ROUTINGS = 8  # decode rotates over this many routings
-TARGET_PREFILL_MS, TARGET_SPEEDUP, TARGET_DECODE_US, TARGET_FP8_DECODE_US = 2.4, 1.2, 55.0, 30.0
+TARGET_DECODE_US, TARGET_FP8_DECODE_US = 55.0, 30.0
 
 
 def make_routing(tokens, gen):
@@ -67,10 +37,6 @@ def make_weights(micros, gen):
     w_gate_up = torch.randn(micros, EXPERTS, 2 * INTER, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
     w_down = torch.randn(micros, EXPERTS, HIDDEN, INTER, device="cuda", generator=gen, dtype=torch.bfloat16)
     return w_gate_up.mul_(HIDDEN ** -0.5), w_down.mul_(INTER ** -0.5)
-
-
-def median_ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
 
 
 def capture(calls) -> torch.cuda.CUDAGraph:
@@ -105,10 +71,6 @@ def kernel_us_per_call(calls, replays: int = 20) -> dict[str, float]:
             if e.self_device_time_total > 0}
 
 
-def rel_error(actual, expected):
-    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
-
-
 def copy_tbps() -> float:
     """Device-to-device copy bandwidth (read + write) of a 2 GiB buffer: what the floors'
     HBM peak stands for, measured on the machine of this run."""
@@ -116,45 +78,6 @@ def copy_tbps() -> float:
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e12
-
-
-def bench_prefill(gen, autotune=False):
-    w_gate_up, w_down = make_weights(2, gen)
-    cat_gate_up, cat_down = concat_micros(w_gate_up, w_down)  # the copy, outside the timing
-    compiled = torch.compile(moe_multi_micro, fullgraph=True)
-    fp8_experts = quantize_experts(w_gate_up, w_down, "blocks")  # at load, not timed
-    fp8_channel_experts = quantize_experts(w_gate_up, w_down, "channels")
-    variants = {
-        "multi_micro": lambda *a: moe_multi_micro(*a, w_gate_up, w_down),
-        "multi_micro_compiled": lambda *a: compiled(*a, w_gate_up, w_down),
-        "multi_micro_triton_gemm": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="triton"),
-        "multi_micro_fused": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="fused"),
-        "multi_micro_fp8": lambda *a: moe_multi_micro_fp8(*a, *fp8_experts),
-        "multi_micro_fp8_channels": lambda *a: moe_multi_micro_fp8(*a, *fp8_channel_experts),
-        "two_dispatch": lambda *a: moe_multi_micro(*a, w_gate_up, w_down, impl="two_dispatch"),
-        "one_dispatch_concat": lambda *a: moe_multi_micro(*a, cat_gate_up, cat_down),
-    }
-    if autotune:
-        tuned = torch.compile(moe_multi_micro_graph, fullgraph=True, options={"max_autotune_gemm": True})
-        variants["multi_micro_graph_autotuned"] = lambda *a: tuned(*a, w_gate_up, w_down)
-    rows = []
-    for tokens in PREFILL_TOKENS:
-        x = torch.randn(tokens, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
-        ids, weights = make_routing(tokens, gen)
-        flops = tokens * TOP_K * 6 * HIDDEN * (2 * INTER)
-        floor_ms = flops / (PEAK_TFLOPS * 1e12) * 1e3
-        expected = variants["two_dispatch"](x, ids, weights)
-        times = {}
-        for name, fn in variants.items():
-            err = rel_error(fn(x, ids, weights), expected)
-            times[name] = median_ms(lambda: fn(x, ids, weights))
-            rows.append(dict(bench="prefill", tokens=tokens, variant=name, ms=times[name],
-                             tflops=flops / times[name] / 1e9, floor_ms=floor_ms,
-                             ratio_to_floor=times[name] / floor_ms, rel_err_vs_two_dispatch=err))
-        for row in rows[-len(variants):]:
-            row["speedup_vs_two_dispatch"] = times["two_dispatch"] / row["ms"]
-        print(f"prefill T={tokens}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()), flush=True)
-    return rows
 
 
 # Decode tile sweep: stage-1 and stage-2 variants are timed separately (each over the kind's
@@ -183,8 +106,8 @@ def sweep_decode_config(default: DecodeConfig, time_config, fp8_recipe: str | No
             config = replace(default, **change)
             if allowed(config) and config not in timed:
                 timed[config] = time_config(config)
-        stage_fields = [f for f in vars(default) if (f.startswith("stage1") or f in ("block_i", "block_h", "fp8_dot_f16"))
-                        == (stage == 1)]
+        stage_fields = [f for f in vars(default)
+                        if (f.startswith("stage1") or f in ("block_i", "block_h", "fp8_dot_f16")) == (stage == 1)]
         winner = min((c for c in timed if all(getattr(c, f) == getattr(default, f)
                                                for f in vars(default) if f not in stage_fields)), key=timed.get)
         best.update({f: getattr(winner, f) for f in stage_fields})
@@ -271,62 +194,25 @@ def bench_decode(gen, decode_tokens=DECODE_TOKENS, kinds=DECODE_KINDS, profile=F
     return rows
 
 
-def print_table(prefill, decode):
-    print("\nmulti-micro MoE (H=4096, E=64, top-8, 2 micros of I=768), bf16")
-    print(f"{'T':>5} {'variant':<26} {'ms':>8} {'TFLOP/s':>8} {'x floor':>8} {'vs 2-disp':>9}")
-    for r in prefill:
-        print(f"{r['tokens']:>5} {r['variant']:<26} {r['ms']:>8.3f} {r['tflops']:>8.1f} "
-              f"{r['ratio_to_floor']:>8.2f} {r['speedup_vs_two_dispatch']:>8.2f}x")
-    print(f"targets: multi_micro <= {TARGET_PREFILL_MS} ms at T=4096 (floor 1.79 ms), >= {TARGET_SPEEDUP}x vs two dispatches")
-    print("\ndecode MoE (one micro of I=768)")
-    print(f"{'T':>5} {'variant':<26} {'us':>8} {'GB/s':>8} {'floor us':>8} {'x floor':>8}")
-    for r in decode:
-        print(f"{r['tokens']:>5} {r['variant']:<26} {r['us']:>8.1f} {r['gbps']:>8.0f} "
-              f"{r['floor_us']:>8.1f} {r['ratio_to_floor']:>8.2f}")
-    print(f"targets: decode_triton <= {TARGET_DECODE_US} us at T=1 (bf16), FP8 decode <= {TARGET_FP8_DECODE_US} us; "
-          f"floors: the row's bytes at {PEAK_TBPS} TB/s")
-
-
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="outputs/bench_moe.json")
-    parser.add_argument("--part", choices=("both", "prefill", "decode"), default="both")
-    parser.add_argument("--decode-tokens", type=int, nargs="+", default=list(DECODE_TOKENS))
-    parser.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
-    parser.add_argument("--profile-decode", action="store_true",
-                        help="decode: each kind's default tiles, timed and profiled per kernel (no tile sweep)")
-    parser.add_argument("--autotune", action="store_true",
-                        help="prefill: also moe_multi_micro_graph under inductor's GEMM autotuning (minutes per T)")
-    args = parser.parse_args()
+def main(argv=None) -> int:
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
+    p.add_argument("--part", choices=("decode",), default="decode", help="the one part: the decode op")
+    p.add_argument("--decode-tokens", type=int, nargs="+", default=list(DECODE_TOKENS))
+    p.add_argument("--decode-kinds", nargs="+", choices=DECODE_KINDS, default=list(DECODE_KINDS))
+    p.add_argument("--profile-decode", action="store_true",
+                   help="decode: each kind's default tiles, timed and profiled per kernel (no tile sweep)")
+    args = b.parse("outputs/bench_moe.json")
     if not torch.cuda.is_available():
-        sys.exit("bench_moe needs a CUDA GPU (it measures the H200 kernels); none is visible here.")
+        return need_cuda(MODULE)
     gen = torch.Generator(device="cuda").manual_seed(0)
     measured_copy_tbps = copy_tbps()
-    prefill = bench_prefill(gen, args.autotune) if args.part != "decode" else []
-    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode) if args.part != "prefill" else []
-    report = dict(
-        device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-        shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),
-        floors=dict(peak_tflops=PEAK_TFLOPS, peak_tbps=PEAK_TBPS, measured_copy_tbps=measured_copy_tbps,
-                    prefill_flops="T*K*(2*H*2I + 2*I*H), I = 1536 (both micros)",
-                    decode_bytes="distinct selected experts (mean over the routings) * bench.floors."
-                                 "moe_decode_expert_bytes(weight_kind): 3*I*H weights at 2 B (bf16) or 1 B "
-                                 "(e4m3) plus the FP8 rows' float32 scales"),
-        notes=["times are medians of triton.testing.do_bench",
-               "one_dispatch_concat: the expert-major concat of the micros is a copy made before timing, not timed",
-               f"decode: each call uses another of {ROUTINGS} routings; cuda_graph rows time one graph "
-               f"replay of {ROUTINGS} calls, divided by {ROUTINGS}",
-               "rel_err: relative Frobenius error vs two_dispatch (prefill) or the fp32-math reference (decode)"],
-        prefill=prefill, decode=decode,
-        targets=dict(prefill_ms_at_4096=TARGET_PREFILL_MS, speedup_vs_two_dispatch=TARGET_SPEEDUP,
-                     decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US),
-    )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {out}")
-    print_table(prefill, decode)
+    decode = bench_decode(gen, args.decode_tokens, args.decode_kinds, args.profile_decode)
+    b.write(dict(shapes=dict(hidden=HIDDEN, experts=EXPERTS, top_k=TOP_K, inter_per_micro=INTER),
+                 floors=dict(peak_tbps=PEAK_TBPS, measured_copy_tbps=measured_copy_tbps),
+                 decode=decode, targets=dict(decode_us_at_1=TARGET_DECODE_US, fp8_decode_us_at_1=TARGET_FP8_DECODE_US)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

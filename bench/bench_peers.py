@@ -1,67 +1,56 @@
-"""dtgen's Wan DiT against diffusers' WanTransformer3DModel, in one process on one GPU.
+"""A registered model's DiT against its reference library's, same weights and inputs, one process.
 
-    python -m bench.bench_peers [--models 1.3B,14B-8] [--modes eager,regions,whole]
-                                [--variants bf16,dense-fp8,attn-fp8,attn-fp8-pv16,fp8] [--batch 1]
-                                [--profile TOP] [--out F]
-    python -m bench.bench_peers --tiny       # CPU, float32, small shapes (a check that it runs)
-
-Both models hold the same weights (dtgen's random DiT, N(0, 0.02) matrices, copied into
-diffusers' by name: the state-dict keys are the same) and take the same inputs: the latent
-of 480x832 x 81 frames (16 x 21 x 60 x 104, 32760 tokens), 512 text rows of width 4096,
-timestep 500; bf16 with diffusers' float32 modules in both. Models: "1.3B" is Wan2.1 1.3B's
-config at its 30 blocks, "14B-8" the 14B width (5120, 40 heads, FFN 13824) at 8 blocks.
-
-One figure per (model, mode, variant): the median wall time of one forward over `--iters`
-runs after a warm-up (CUDA events around the call; the first call of a compiled mode
-compiles and is not timed). Modes: "eager"; "regions" (one compiled region per block:
-dtgen's `run_block` under torch.compile(fullgraph=True), diffusers'
-`compile_repeated_blocks(fullgraph=True)`, as its docs recommend); "whole" (the whole
-forward under torch.compile, both). Variants of dtgen (diffusers runs bf16 only):
-"bf16"; "dense-fp8" (the blocks' linears in e4m3 with per-channel scales, activations per
-token: `--dense-dtype fp8`); "attn-fp8" (the self-attention in kernels/fp8_attention.py,
-INT8 QK + FP8 PV: `--attention-dtype fp8`); "attn-fp8-pv16" (INT8 QK + FP16 PV); "fp8"
-(dense-fp8 and attn-fp8). Printed per row: ms, dtgen / diffusers (same mode, bf16), and
-the relative L2 of the output against dtgen's bf16 run of the same mode (and bf16 dtgen
-against diffusers). `--batch 2` runs both CFG rows as one batch in both (what dtgen's
-pipeline does; diffusers' WanPipeline makes two calls of batch 1): then ms is per row.
-`--profile TOP` (GPU): one more forward of each row under torch.profiler, its kernel time
-grouped (attention, GEMMs, inductor's fused kernels, other) and its TOP kernels in the JSON.
-
-Needs diffusers 0.42.1 (a test extra; pure Python; the GPU image has none: pip install
---no-deps --target DIR the wheel and put DIR on PYTHONPATH). Compile time: each mode x
-variant compiles its own graphs (one block, or the whole forward), 20-60 s each on an H200.
+`--model` names a model of models/registry.py with a peer here: `wan` (diffusers' WanTransformer3DModel;
+sizes 1.3B at its 30 blocks and 14B-8, the 14B width at 8 blocks, 480p x 81 frames) and `qwen-image`
+(diffusers' QwenImageTransformer2DModel at the published 60 blocks, one CFG branch, 1024x1024). Both
+modules hold the same random weights. Per size, mode and variant: the median of `--iters` forwards after
+`--warmup` (CUDA events; the first call, which compiles, is timed apart). Modes: eager; regions (one
+compiled region per block: dtgen's `run_block`, diffusers' `compile_repeated_blocks(fullgraph=True)`);
+whole (the whole forward compiled). dtgen's variants against diffusers' bf16: bf16, dense-fp8 (the blocks'
+linears in e4m3), attn-fp8 (kernels/fp8_attention.py; attn-fp8-pv16: FP16 PV), fp8 (both); each with
+its relative L2 against dtgen's bf16 and diffusers' outputs. `--profile TOP`: one more forward of each
+row under torch.profiler (kernel time by kind, the TOP kernels). Floor: the forward's FLOPs at 694
+TFLOP/s. `--tiny`: CPU, float32, tiny shapes, eager (a check that it runs). Needs diffusers 0.42.1.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-MODELS = {   # Wan2.1 transformer/config.json values; "-8": the width at 8 blocks
-    "1.3B": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
-    "14B-8": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=8),
-    "tiny": dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=256, num_layers=2),
-}
-VARIANTS = ("bf16", "dense-fp8", "attn-fp8", "attn-fp8-pv16", "fp8")
+from bench.floors import DENSE_BF16_TFLOPS
+from bench.harness import Bench, kernel_profile, rel_err, time_ms
+
+MODULE = "bench.bench_peers"
 MODES = ("eager", "regions", "whole")
+VARIANTS = ("bf16", "dense-fp8", "attn-fp8", "attn-fp8-pv16", "fp8")
 
 
-def dit_config(model: str):
+def set_attention(attentions, head_dim: int, variant: str) -> None:
+    """The attention modules' cores for `variant`: FP8 attention (FP8 or FP16 PV), or SDPA."""
+    from dtgen.attention import LocalAttention
+    from dtgen.fp8 import use_fp8_attention
+    if variant in ("attn-fp8", "fp8", "attn-fp8-pv16"):
+        use_fp8_attention(attentions, head_dim, pv="fp16" if variant == "attn-fp8-pv16" else "fp8")
+    else:
+        for attention in attentions:
+            attention.core = LocalAttention()
+
+
+def wan_config(text_dim: int = 4096, **shape):
+    """Wan's DiT config at a size (`WanPeer.sizes`: heads, head size, FFN width, blocks)."""
     from models.wan.transformer import WanTransformerConfig
     return WanTransformerConfig.from_dict(dict(
-        patch_size=[1, 2, 2], in_channels=16, out_channels=16, text_dim=4096 if model != "tiny" else 64,
-        freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
-        **MODELS[model]))
+        patch_size=[1, 2, 2], in_channels=16, out_channels=16, text_dim=text_dim, freq_dim=256, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **shape))
 
 
-def random_dit(cfg, device, dtype):
-    """dtgen's DiT with random weights in `dtype` (float32 where diffusers keeps float32)."""
+def random_wan_dit(cfg, device, dtype):
+    """Wan's DiT with random weights in `dtype` (float32 where diffusers keeps float32)."""
     from models.wan.transformer import WanTransformer, keeps_fp32
     with torch.device("meta"):
         dit = WanTransformer(cfg)
@@ -76,229 +65,251 @@ def random_dit(cfg, device, dtype):
     return dit.eval()
 
 
-def diffusers_dit(ours, cfg, device, dtype):
-    """diffusers' WanTransformer3DModel from the same config, holding a copy of `ours`' weights."""
-    import diffusers
-    config = dict(patch_size=tuple(cfg.patch_size), num_attention_heads=cfg.num_attention_heads,
-                  attention_head_dim=cfg.attention_head_dim, in_channels=cfg.in_channels,
-                  out_channels=cfg.out_channels, text_dim=cfg.text_dim, freq_dim=cfg.freq_dim, ffn_dim=cfg.ffn_dim,
-                  num_layers=cfg.num_layers, cross_attn_norm=cfg.cross_attn_norm, qk_norm="rms_norm_across_heads",
-                  eps=cfg.eps, rope_max_seq_len=cfg.rope_max_seq_len)
-    with torch.device(device):
-        dit = diffusers.WanTransformer3DModel(**config)
-    keys = dit.load_state_dict(ours.state_dict())
-    assert not keys.missing_keys and not keys.unexpected_keys, keys
-    keep = tuple(getattr(dit, "_keep_in_fp32_modules", None) or ())
-    for name, param in dit.named_parameters():
-        param.data = param.data.to(torch.float32 if any(m in name.split(".") for m in keep) else dtype)
-    return dit.eval()
+class WanPeer:
+    """Wan's DiT (models/wan) and diffusers' WanTransformer3DModel: one denoise forward, timestep 500."""
+    sizes = {   # Wan2.1 transformer/config.json values; "-8": the 14B width at 8 blocks
+        "1.3B": dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30),
+        "14B": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
+        "14B-8": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=8),
+        "tiny": dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=256, num_layers=2)}
+    default_sizes = "1.3B,14B-8"
+
+    def __init__(self, size: str, args, device: str, dtype: torch.dtype):
+        import diffusers
+
+        from models.wan.model import FP8_LINEARS
+        from models.wan.transformer import run_block
+        self.run_block, self.fp8_linears = run_block, FP8_LINEARS
+        cfg = wan_config(**self.sizes[size], text_dim=64 if size == "tiny" else 4096)
+        ours = random_wan_dit(cfg, device, dtype)
+        with torch.device(device):
+            theirs = diffusers.WanTransformer3DModel(
+                patch_size=tuple(cfg.patch_size), num_attention_heads=cfg.num_attention_heads,
+                attention_head_dim=cfg.attention_head_dim, in_channels=16, out_channels=16, text_dim=cfg.text_dim,
+                freq_dim=256, ffn_dim=cfg.ffn_dim, num_layers=cfg.num_layers, cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+        keys = theirs.load_state_dict(ours.state_dict())
+        assert not keys.missing_keys and not keys.unexpected_keys, keys
+        keep = tuple(getattr(theirs, "_keep_in_fp32_modules", None) or ())
+        for name, param in theirs.named_parameters():
+            param.data = param.data.to(torch.float32 if any(m in name.split(".") for m in keep) else dtype)
+        self.ours, self.theirs, self.cfg = ours.eval(), theirs.eval(), cfg
+        frames, height, width = (3, 6, 8) if size == "tiny" else (21, 60, 104)   # 480x832 x 81 frames
+        text_rows = 16 if size == "tiny" else 512
+        g = torch.Generator(device=device).manual_seed(1)
+        self.x = torch.randn(args.batch, 16, frames, height, width, generator=g, device=device).to(dtype)
+        self.t = torch.full((args.batch,), 500.0, device=device)
+        self.text = torch.randn(args.batch, text_rows, cfg.text_dim, generator=g, device=device).to(dtype)
+        tokens, D, F = frames * (height // 2) * (width // 2), cfg.inner_dim, cfg.ffn_dim
+        self.shape = {"latent": [16, frames, height, width], "tokens": tokens, "text_rows": text_rows,
+                      "batch": args.batch}
+        self.flops = args.batch * cfg.num_layers * (8 * tokens * D * D + 4 * tokens * tokens * D   # self-attention
+                                                    + 4 * tokens * D * D + 4 * text_rows * D * D
+                                                    + 4 * tokens * text_rows * D + 4 * tokens * D * F)
+
+    def attentions(self, module):
+        return module.self_attentions()
+
+    def call_ours(self, module):
+        return lambda: module(self.x, self.t, self.text)
+
+    def call_theirs(self, module):
+        return lambda: module(hidden_states=self.x, timestep=self.t, encoder_hidden_states=self.text,
+                              return_dict=False)[0]
+
+    def dense_fp8(self):
+        from dtgen.fp8 import quantize_linears_
+        module = copy.deepcopy(self.ours)
+        quantize_linears_(module, self.fp8_linears)
+        return module
 
 
-def _timed(fn, iters: int, cuda: bool) -> tuple[float, torch.Tensor]:
-    out = fn()   # warm-up (compiles)
-    times = []
-    for _ in range(iters):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            a.record()
-            out = fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
+class QwenImagePeer:
+    """Qwen-Image's MMDiT (models/qwen_image) and diffusers' QwenImageTransformer2DModel: one forward of
+    one CFG branch, batch 1. dtgen's module is assigned diffusers' tensors (no copy: one H200 holds both)."""
+    published = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                     num_attention_heads=24, joint_attention_dim=3584, axes_dims_rope=[16, 56, 56])
+    sizes = {"60-blocks": published,
+             "tiny": dict(published, num_layers=2, attention_head_dim=16, num_attention_heads=4,
+                          joint_attention_dim=32, axes_dims_rope=[4, 6, 6])}
+    default_sizes = "60-blocks"
+
+    def __init__(self, size: str, args, device: str, dtype: torch.dtype):
+        import diffusers
+
+        from dtgen.requests import parse_size
+        from models.qwen_image.model import FP8_LINEARS
+        from models.qwen_image.transformer import QwenImageTransformer, QwenImageTransformerConfig, run_block
+        self.run_block, self.fp8_linears = run_block, FP8_LINEARS
+        cfg = dict(self.sizes[size], **({"num_layers": args.layers} if args.layers else {}))
+        torch.manual_seed(0)
+        with torch.device(device):
+            self.theirs = diffusers.QwenImageTransformer2DModel(**cfg).to(dtype).eval()
+        with torch.device("meta"):
+            ours = QwenImageTransformer(QwenImageTransformerConfig.from_dict(cfg))
+        ours.load_state_dict(self.theirs.state_dict(), strict=True, assign=True)
+        self.ours, self.cfg = ours.eval(), SimpleNamespace(**cfg)
+        width, height = parse_size(args.image_size, "--image-size", "1024x1024")
+        self.h, self.w = height // 16, width // 16
+        g = torch.Generator(device).manual_seed(1)
+        self.x = torch.randn(1, self.h * self.w, cfg["in_channels"], generator=g, device=device, dtype=dtype)
+        self.text = torch.randn(1, args.text_rows, cfg["joint_attention_dim"], generator=g, device=device,
+                                dtype=dtype)
+        self.t = torch.full((1,), 0.7, device=device, dtype=dtype)
+        D, S = cfg["num_attention_heads"] * cfg["attention_head_dim"], self.h * self.w + args.text_rows
+        self.shape = {"config": cfg, "image_size": args.image_size, "image_rows": self.h * self.w,
+                      "text_rows": args.text_rows}
+        self.flops = cfg["num_layers"] * (24 * S * D * D + 4 * S * S * D)   # projections and MLPs, attention
+
+    def attentions(self, module):
+        return module.joint_attentions()
+
+    def call_ours(self, module):
+        return lambda: module(self.x, self.t, self.text, self.h, self.w)
+
+    def call_theirs(self, module):
+        return lambda: module(hidden_states=self.x, encoder_hidden_states=self.text, timestep=self.t,
+                              img_shapes=[[(1, self.h, self.w)]], return_dict=False)[0]
+
+    def dense_fp8(self):
+        """The blocks' linears in e4m3, every other weight shared with dtgen's bf16 module; one block
+        copied at a time, so the peak stays low."""
+        from dtgen.fp8 import quantize_linears_
+        shell = copy.copy(self.ours)
+        shell._modules = dict(self.ours._modules)
+        blocks = []
+        for block in self.ours.transformer_blocks:
+            holder = torch.nn.Module()                # under the names FP8_LINEARS matches
+            holder.transformer = torch.nn.Module()
+            holder.transformer.transformer_blocks = torch.nn.ModuleList([copy.deepcopy(block)])
+            quantize_linears_(holder, self.fp8_linears)
+            blocks.append(holder.transformer.transformer_blocks[0])
+        shell._modules["transformer_blocks"] = torch.nn.ModuleList(blocks)
+        return shell
+
+
+PEERS = {"wan": WanPeer, "qwen-image": QwenImagePeer}   # registry name -> its peer
+
+
+def _timed(fn, args, cuda: bool, profile: int) -> tuple[dict, torch.Tensor]:
+    t0 = time.perf_counter()
+    out = fn()   # compiles, in a compiled mode
+    first_s = time.perf_counter() - t0
+    times = time_ms(fn, args.iters, args.warmup, "cuda" if cuda else "cpu")
+    row = {"ms": statistics.median(times), "times_ms": times, "first_call_s": round(first_s, 2)}
+    if profile and cuda:
+        row["profile"] = kernel_profile(fn, calls=1, top=profile)
+    return row, out
+
+
+def _compiled(peer, module, mode: str, theirs: bool):
+    """The module's forward in `mode` (regions: set on the module, undone by `_eager`)."""
+    if mode == "regions":
+        if theirs:
+            module.compile_repeated_blocks(fullgraph=True)
         else:
-            t0 = time.perf_counter()
-            out = fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+            module.run_block = torch.compile(peer.run_block, fullgraph=True)
+    call = peer.call_theirs(module) if theirs else peer.call_ours(module)
+    return torch.compile(call, fullgraph=True) if mode == "whole" else call
 
 
-def _kernel_kind(name: str) -> str:
-    """A Wan forward's kernels by what they do (the profile's grouping)."""
-    n = name.lower()
-    if "attention" in n or "sdpa" in n or "flash" in n or "fmha" in n:
-        return "attention"
-    if any(k in n for k in ("nvjet", "gemm", "cutlass", "xmma", "scaled_mm", "matmul")):
-        return "gemm"
-    if n.startswith("triton_"):
-        return "inductor (norms, modulation, RoPE, quantization, residuals)"
-    return "other"
-
-
-def _profile(fn, top: int) -> dict:
-    """One forward under torch.profiler: kernel time by kind and the `top` kernels (ms a forward)."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    kernels = sorted(((e.key, e.self_device_time_total / 1e3, e.count) for e in prof.key_averages()
-                      if e.self_device_time_total > 0), key=lambda r: -r[1])
-    kinds: dict[str, float] = {}
-    for name, ms, _ in kernels:
-        kinds[_kernel_kind(name)] = kinds.get(_kernel_kind(name), 0.0) + ms
-    return {"kernels_ms": round(sum(ms for _, ms, _ in kernels), 2),
-            "by_kind_ms": {k: round(v, 2) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
-            "top": [(name[:100], round(ms, 3), n) for name, ms, n in kernels[:top]]}
-
-
-def set_attention(dit, variant: str) -> None:
-    """The blocks' self-attention cores for `variant` (SDPA, or FP8 attention)."""
-    from dtgen.attention import LocalAttention
-    from dtgen.fp8 import use_fp8_attention
-    if variant in ("attn-fp8", "fp8"):
-        use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim, pv="fp8")
-    elif variant == "attn-fp8-pv16":
-        use_fp8_attention(dit.self_attentions(), dit.cfg.attention_head_dim, pv="fp16")
+def _eager(peer, module, theirs: bool) -> None:
+    if theirs:
+        for block in module.modules():   # undo nn.Module.compile of compile_repeated_blocks
+            block._compiled_call_impl = None
     else:
-        for attention in dit.self_attentions():
-            attention.core = LocalAttention()
+        module.run_block = peer.run_block
+        set_attention(peer.attentions(module), peer.cfg.attention_head_dim, "bf16")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_peers", description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="1.3B,14B-8", help=f"comma-separated, of {sorted(MODELS)}")
+    from models.registry import names
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
+    p.add_argument("--model", required=True, help=f"a registered model with a peer: {', '.join(PEERS)}")
+    p.add_argument("--sizes", help="comma-separated, of the model's sizes (default: its released ones)")
     p.add_argument("--modes", default="eager,regions", help=f"comma-separated, of {MODES}")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"dtgen's, comma-separated, of {VARIANTS}")
-    p.add_argument("--latent", default="21x60x104", help="latent FRAMESxHEIGHTxWIDTH (480p x 81 frames: 21x60x104)")
-    p.add_argument("--text", type=int, default=512, help="text rows")
-    p.add_argument("--batch", type=int, default=1, help="rows per forward in both (2: both CFG rows at once)")
+    p.add_argument("--batch", type=int, default=1, help="wan: rows a forward in both (2: both CFG rows at once)")
+    p.add_argument("--image-size", default="1024x1024", help="qwen-image: WIDTHxHEIGHT in pixels")
+    p.add_argument("--text-rows", type=int, default=256, help="qwen-image: prompt embedding rows")
+    p.add_argument("--layers", type=int, help="qwen-image: blocks (default: the published 60)")
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--tiny", action="store_true", help="CPU, float32, the tiny model at a small latent")
+    p.add_argument("--tiny", action="store_true", help="CPU, float32, the tiny size, eager")
     p.add_argument("--profile", type=int, default=0, metavar="TOP",
-                   help="GPU: after each timed row, one more forward under torch.profiler; the row gets its "
-                        "kernel time by kind and its TOP kernels")
-    p.add_argument("--out", default=None, help="write the JSON here")
-    args = p.parse_args(argv)
-    models, modes, variants = (args.models.split(","), args.modes.split(","), args.variants.split(","))
+                   help="GPU: one more forward of each row under torch.profiler; its kernels by kind, the TOP ones")
+    args = b.parse()
+    if args.model not in PEERS:
+        known = [n for n in names() if n in PEERS]
+        print(f"--model {args.model!r}: no peer here; registered models with one: {', '.join(known)}",
+              file=sys.stderr)
+        return 2
+    Peer = PEERS[args.model]
+    sizes, modes = (args.sizes or Peer.default_sizes).split(","), args.modes.split(",")
+    variants = list(dict.fromkeys(["bf16"] + args.variants.split(",")))
     if args.tiny:
-        models, device, dtype, args.latent, args.text = ["tiny"], "cpu", torch.float32, "3x6x8", 16
+        sizes, modes, device, dtype = ["tiny"], ["eager"], "cpu", torch.float32
     else:
         device, dtype = "cuda", torch.bfloat16
         if not torch.cuda.is_available():
-            print("needs a CUDA GPU (or --tiny)", file=sys.stderr)
+            print(f"{MODULE} needs a CUDA GPU (or --tiny)", file=sys.stderr)
             return 2
-    for name, values, known in (("--models", models, MODELS), ("--modes", modes, MODES),
+    for flag, values, known in (("--sizes", sizes, Peer.sizes), ("--modes", modes, MODES),
                                 ("--variants", variants, VARIANTS)):
         bad = [v for v in values if v not in known]
         if bad:
-            print(f"{name}: unknown {bad}; known: {list(known)}", file=sys.stderr)
+            print(f"{flag}: unknown {bad}; known: {list(known)}", file=sys.stderr)
             return 2
-    try:
-        frames, height, width = (int(v) for v in args.latent.split("x"))
-    except ValueError:
-        print(f"--latent {args.latent!r}: expected FRAMESxHEIGHTxWIDTH, e.g. 21x60x104", file=sys.stderr)
-        return 2
     try:
         import diffusers
     except ImportError:
         print("needs diffusers 0.42.1 (pip install --no-deps diffusers==0.42.1, or its wheel on PYTHONPATH)",
               file=sys.stderr)
         return 2
-    from dtgen.fp8 import quantize_linears_
-    from models.wan.model import FP8_LINEARS
-    from models.wan.transformer import run_block
-
     cuda = device == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = cuda
     torch._dynamo.config.cache_size_limit = 64
-    torch._dynamo.config.automatic_dynamic_shapes = False   # each model's shapes compile static, as a server's
+    torch._dynamo.config.automatic_dynamic_shapes = False   # each size's shapes compile static, as a server's
     rows = []
-    result = {"what": "Wan DiT forward, dtgen vs diffusers' WanTransformer3DModel, one process, same weights "
-                      "and inputs",
-              "command": "python -m bench.bench_peers " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-              "diffusers": diffusers.__version__, "dtype": str(dtype).replace("torch.", ""),
-              "latent": [16, frames, height, width], "tokens": frames * (height // 2) * (width // 2),
-              "text_rows": args.text, "batch": args.batch, "iters": args.iters,
-              # FP8 attention's Q/K/V quantization: torch ops before the kernel op, so regions
-              # fuse it into the block's graph and eager runs it eagerly (kernels/fp8_attention.py)
-              "attention_quant": "in-graph",
-              "models": {m: MODELS[m] for m in models}, "rows": rows, "complete": False}
-
-    def dump(complete=False):   # after every row: a run cut short still leaves what it measured
-        result["complete"] = complete
-        result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(result, indent=1))
-    for model in models:
-        torch._dynamo.reset()
-        cfg = dit_config(model)
-        ours = random_dit(cfg, device, dtype)
-        theirs = diffusers_dit(ours, cfg, device, dtype)
-        ours_fp8 = None
-        if any(v in ("dense-fp8", "fp8") for v in variants):
-            ours_fp8 = copy.deepcopy(ours)
-            quantize_linears_(ours_fp8, FP8_LINEARS)
-        g = torch.Generator(device=device).manual_seed(1)
-        x = torch.randn(args.batch, 16, frames, height, width, generator=g, device=device).to(dtype)
-        t = torch.full((args.batch,), 500.0, device=device)
-        text = torch.randn(args.batch, args.text, cfg.text_dim, generator=g, device=device).to(dtype)
-        for mode in modes:
+    result = {"what": f"{args.model} DiT forward, dtgen against diffusers {diffusers.__version__}, one process, "
+                      "same weights and inputs", "model": args.model, "dtype": str(dtype).removeprefix("torch."),
+              "sizes": {}, "rows": rows, "complete": False}
+    with torch.no_grad():
+        for size in sizes:
             torch._dynamo.reset()
-            for block in theirs.modules():   # undo the last mode's per-block compile (nn.Module.compile)
-                block._compiled_call_impl = None
-            if mode == "regions":
-                theirs.compile_repeated_blocks(fullgraph=True)
-                theirs_fn = theirs
-            elif mode == "whole":
-                theirs_fn = torch.compile(theirs, fullgraph=True)
-            else:
-                theirs_fn = theirs
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                ref_ms, ref_out = _timed(lambda: theirs_fn(hidden_states=x, timestep=t, encoder_hidden_states=text,
-                                                           return_dict=False)[0], args.iters, cuda)
-                wall = time.perf_counter() - t0
-                rows.append({"model": model, "mode": mode, "who": "diffusers", "variant": "bf16",
-                             "ms": round(ref_ms / args.batch, 2), "wall_s": round(wall, 1)})
-                if args.profile and cuda:
-                    rows[-1]["profile"] = _profile(lambda: theirs_fn(hidden_states=x, timestep=t,
-                                                                     encoder_hidden_states=text, return_dict=False),
-                                                   args.profile)
-                print(f"{model:6s} {mode:8s} diffusers {'bf16':14s} {ref_ms / args.batch:9.2f} ms"
-                      f"   ({wall:.0f} s with warm-up)", flush=True)
-                dump()
-                base_out = None
+            peer = Peer(size, args, device, dtype)
+            flops = peer.flops
+            result["sizes"][size] = {**peer.shape, "flops": flops, "floor_ms": flops / (DENSE_BF16_TFLOPS * 1e9)}
+            ours_fp8 = peer.dense_fp8() if any(v in ("dense-fp8", "fp8") for v in variants) else None
+            for mode in modes:
+                torch._dynamo.reset()
+                _eager(peer, peer.theirs, theirs=True)
+                ref, ref_out = _timed(_compiled(peer, peer.theirs, mode, theirs=True), args, cuda, args.profile)
+                rows.append({"size": size, "mode": mode, "who": "diffusers", "variant": "bf16", **ref})
+                print(f"{size:9s} {mode:8s} diffusers {'bf16':14s} {ref['ms']:9.2f} ms "
+                      f"(first call {ref['first_call_s']:.0f} s)", flush=True)
+                base = None
                 for variant in variants:
-                    dit = ours_fp8 if variant in ("dense-fp8", "fp8") else ours
-                    set_attention(dit, variant)
-                    dit.run_block = torch.compile(run_block, fullgraph=True) if mode == "regions" else run_block
-                    fn = torch.compile(dit.forward, fullgraph=True) if mode == "whole" else dit.forward
-                    t0 = time.perf_counter()
-                    ms, out = _timed(lambda: fn(x, t, text), args.iters, cuda)
-                    wall = time.perf_counter() - t0
-                    profiled = _profile(lambda: fn(x, t, text), args.profile) if args.profile and cuda else None
-                    dit.run_block = run_block
-                    set_attention(dit, "bf16")
-                    if variant == "bf16":
-                        base_out = out
-                    row = {"model": model, "mode": mode, "who": "dtgen", "variant": variant,
-                           "ms": round(ms / args.batch, 2), "ratio_vs_diffusers": round(ms / ref_ms, 3),
-                           "rel_l2_vs_dtgen_bf16": None if base_out is None else
-                           float((out.float() - base_out.float()).norm() / base_out.float().norm()),
-                           "rel_l2_vs_diffusers": float((out.float() - ref_out.float()).norm()
-                                                        / ref_out.float().norm()),
-                           "wall_s": round(wall, 1)}
-                    if profiled:
-                        row["profile"] = profiled
-                        print("    kernels by kind (ms a forward): " + ", ".join(
-                            f"{k} {v:.1f}" for k, v in profiled["by_kind_ms"].items()), flush=True)
+                    module = ours_fp8 if variant in ("dense-fp8", "fp8") else peer.ours
+                    set_attention(peer.attentions(module), peer.cfg.attention_head_dim, variant)
+                    row, out = _timed(_compiled(peer, module, mode, theirs=False), args, cuda, args.profile)
+                    _eager(peer, module, theirs=False)
+                    base = out if variant == "bf16" else base
+                    row.update(size=size, mode=mode, who="dtgen", variant=variant,
+                               ratio_vs_diffusers=row["ms"] / ref["ms"], rel_l2_vs_dtgen_bf16=rel_err(out, base),
+                               rel_l2_vs_diffusers=rel_err(out, ref_out))
                     rows.append(row)
-                    err = row["rel_l2_vs_dtgen_bf16"]
-                    print(f"{model:6s} {mode:8s} dtgen     {variant:14s} {row['ms']:9.2f} ms  dtgen/diffusers "
-                          f"{row['ratio_vs_diffusers']:.3f}  rel L2 vs bf16 "
-                          f"{'-' if err is None else f'{err:.2e}'}  vs diffusers {row['rel_l2_vs_diffusers']:.2e}"
-                          f"   ({wall:.0f} s)", flush=True)
-                    dump()
-        del ours, theirs, ours_fp8
-        if cuda:
-            torch.cuda.empty_cache()
-    dump(complete=True)
-    if args.out:
-        print(f"wrote {args.out}")
+                    print(f"{size:9s} {mode:8s} dtgen     {variant:14s} {row['ms']:9.2f} ms  dtgen/diffusers "
+                          f"{row['ratio_vs_diffusers']:.3f}  rel L2 vs bf16 {row['rel_l2_vs_dtgen_bf16']:.2e}  "
+                          f"vs diffusers {row['rel_l2_vs_diffusers']:.2e}", flush=True)
+                    b.write(result, device, quiet=True)   # after every row: a run cut short keeps what it measured
+            peer = ours_fp8 = module = None
+            if cuda:
+                torch.cuda.empty_cache()
+    result["complete"] = True
+    result["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 1) if cuda else None
+    b.write(result, device)
     return 0
 
 

@@ -1,28 +1,17 @@
-"""The server under load, and its overhead over the CLI, on loopback.
+"""The HTTP server on loopback: its overhead over the CLI a request, and its behaviour under load.
 
-    .venv/bin/python -m bench.bench_serve --out bench/results/cpu-2026-12-01-serve2/bench_serve.json
-    .venv/bin/python -m bench.bench_serve --torchrun --world-size 2 --plan tp2 -- --random-weights full ...  (GPUs)
-
-Two parts, one JSON (which holds the command that made it):
-- overhead: `examples.hunyuan_t2i` runs N prompts in process (its report's per-request
-  totals), then a server with the same flags gets the same N requests one after another.
-  The figure is the MEDIAN OF PER-REQUEST DIFFERENCES (server end to end minus the CLI's
-  total for the same request), as ms and as a fraction of that request's CLI time; a
-  difference of medians would compare different requests. Target: <= 2%. Beside it, the
-  same against the CLI's total plus its PNG write (`against_cli_with_its_image`: both sides
-  with the image in hand, encoded by the same writer).
-- load: `--requests` requests at each of `--concurrency` (1, 4, 16): random sizes from the
-  model's table (some over its position budget: 422 up front), 10% cancelled after a random
-  wait, 5% malformed bodies, 5% clients that disconnect mid-request. Every request must get
-  a definite answer (a status; a cancelled job's final state), no job may be lost or end
-  twice (the server's own counters: accepted = finished, and no id twice), and memory must
-  stay flat (the server's RSS, all its processes, sampled every 0.25 s). p50/p99 latency of
-  the images made and images per minute, per level.
-Loopback only, and bounded: every request has a timeout and the whole run `--budget`.
+- overhead: `examples.hunyuan_t2i` runs N prompts in process (its report's per-request totals), then a
+  server with the same flags gets the same N requests one after another. The figure is the median of
+  per-request differences (server end to end minus the CLI's total for that request; target <= 2%), and
+  the same against the CLI's total plus its PNG write (both sides with the image in hand).
+- load: `--requests` requests at each `--concurrency` (1, 4, 16): random sizes of the model's table (some
+  over its budget: 422 up front), 10% cancelled after a random wait, 5% malformed, 5% clients that leave
+  mid-request. Every request must get a definite answer, no job may be lost or end twice (the server's
+  counters), and the idle server's RSS must stay flat; p50/p99 latency and images per minute per level.
+Bounded: every request has a timeout and the load part `--budget` seconds.
 """
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import os
@@ -40,6 +29,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from bench.harness import Bench
+
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_OVERHEAD = 0.02
 RSS_GROWTH_LIMIT = 0.10   # "flat": the idle server after the last level within 10% of after the first
@@ -53,7 +44,8 @@ def _free_port() -> int:
 
 
 def call(base: str, method: str, path: str, body: bytes | None = None, timeout: float = 300.0):
-    request = urllib.request.Request(base + path, data=body, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(base + path, data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, json.loads(answer.read() or b"null")
@@ -118,9 +110,8 @@ def metrics(base: str) -> dict[str, float]:
 # ---- the load test -----------------------------------------------------------------------------
 def one_request(base: str, port: int, i: int, rng: random.Random, sizes: list[str], fields: dict,
                 timeout: float = 300.0) -> dict:
-    """One client: its kind, its definite answer, and for a job the id and final state. A
-    client that waited `timeout` seconds without an answer gives up: status "client timeout"
-    (no answer within the client's patience: it counts against every_request_answered, and
+    """One client: its kind, its definite answer, and for a job the id and final state. A client that
+    waited `timeout` seconds gives up: status "client timeout" (it counts against every_request_answered;
     the server must still end the job it accepted: accepted = finished)."""
     t0 = time.perf_counter()
     kind = ["image"]
@@ -291,13 +282,14 @@ def overhead(launch: list[str], common: list[str], requests: int, tmp: Path, tim
             # where the time outside the pipeline goes: the answer's PNG (the CLI writes one
             # too, after its total), and the rest (HTTP, JSON, queueing, the engine's hand-offs)
             "image_encode_ms": statistics.median(encode) if None not in encode else None,
-            "outside_generate_and_encode_ms": (statistics.median([e - i - c for e, i, c in zip(end_to_end, inside, encode)])
-                                               if None not in encode else None),
+            "outside_generate_and_encode_ms": statistics.median(
+                [e - i - c for e, i, c in zip(end_to_end, inside, encode)]) if None not in encode else None,
             "target_overhead": TARGET_OVERHEAD}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    b = Bench("bench.bench_serve", __doc__, argv)
+    p = b.parser
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--plan", default="single")
     p.add_argument("--steps", type=int, default=2, help="denoise steps of every request")
@@ -315,18 +307,16 @@ def main() -> None:
     p.add_argument("--torchrun", action="store_true",
                    help="launch through torchrun, one process per rank (GPUs); else one process that spawns CPU ranks")
     p.add_argument("--timeout", type=float, default=900, help="seconds a server may take to become ready")
-    p.add_argument("--out", default="outputs/bench_serve.json")
     p.add_argument("extra", nargs="*", help="more model flags for the CLI and the server (after --)")
-    args = p.parse_args()
+    args = b.parse("outputs/bench_serve.json")
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
               str(args.world_size)] if args.torchrun else [sys.executable]
     common = ["--world-size", str(args.world_size), "--plan", args.plan, "--steps", str(args.steps),
               "--max-new-tokens", str(args.max_new_tokens), "--ignore-eos", *args.extra]
-    result = {"command": " ".join([Path(sys.executable).name, "-m", "bench.bench_serve", *sys.argv[1:]]),
-              "world_size": args.world_size, "plan": args.plan, "steps": args.steps,
+    result = {"world_size": args.world_size, "plan": args.plan, "steps": args.steps,
               "max_new_tokens": args.max_new_tokens, "extra_flags": args.extra}
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)   # the server's and the CLI's logs go beside it
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.overhead_requests:
@@ -335,14 +325,9 @@ def main() -> None:
             o = result["overhead"]
             print(f"overhead: median of per-request differences {o['median_difference_ms']:.1f} ms = "
                   f"{o['overhead'] * 100:+.2f}% (target <= {TARGET_OVERHEAD * 100:.0f}%)", flush=True)
-            if o["against_cli_with_its_image"]:
-                w = o["against_cli_with_its_image"]
-                print(f"overhead against the CLI with its PNG written: {w['median_difference_ms']:.1f} ms = "
-                      f"{w['overhead'] * 100:+.2f}%", flush=True)
         if not args.requests:   # the overhead alone (a GPU run: the load test is the tiny model's)
-            out.write_text(json.dumps(result, indent=2))
-            print(f"wrote {out}")
-            return
+            b.write(result)
+            return 0
         server = Server(launch, [*common, "--max-queued", str(args.max_queued)], out.with_suffix(".server.log"),
                         args.timeout)
         try:
@@ -358,7 +343,7 @@ def main() -> None:
                                                                           "max_new_tokens": args.max_new_tokens},
                                    budget_end, args.client_timeout)
                 result["load"].append(level)
-                out.write_text(json.dumps(dict(result, complete=False), indent=2))   # a level at a time
+                b.write(dict(result, complete=False), quiet=True)   # a level at a time
                 print(f"concurrency {c:>2}: {level['images']} images, {level['images_per_min']:.1f} images/min, "
                       f"p50 {level['latency_ms']['p50']} ms, p99 {level['latency_ms']['p99']} ms; "
                       f"answered {level['every_request_answered']}, nothing lost {level['no_job_lost_or_twice']}; "
@@ -373,12 +358,13 @@ def main() -> None:
     result["memory"] = {"rss_idle_after_first_level": first_end, "rss_idle_after_last_level": last_end,
                         "growth": growth, "limit": RSS_GROWTH_LIMIT,
                         "flat": growth is not None and growth <= RSS_GROWTH_LIMIT}
-    result["all_answered_nothing_lost"] = all(l["every_request_answered"] and l["no_job_lost_or_twice"] for l in levels)
+    result["all_answered_nothing_lost"] = all(level["every_request_answered"] and level["no_job_lost_or_twice"]
+                                              for level in levels)
     result["complete"] = True
-    out.write_text(json.dumps(result, indent=2))
-    print(f"memory, the idle server: {first_end / 1e6:.0f} MB -> {last_end / 1e6:.0f} MB ({growth * 100:+.1f}%); "
-          f"wrote {out}")
+    print(f"memory, the idle server: {first_end / 1e6:.0f} MB -> {last_end / 1e6:.0f} MB ({growth * 100:+.1f}%)")
+    b.write(result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,84 +1,38 @@
-"""Benchmark the spatially split VAE decode (models/hunyuan_image3/parallel_vae.py).
+"""The HunyuanImage-3 VAE on one GPU: its decode's variants, and the FLOPs it must compute with their floors.
 
-    python -m bench.bench_vae [--latent 64x64] [--dtype bf16] [--out outputs/bench_vae.json]
-    torchrun --nproc-per-node 4 -m bench.bench_vae [...]
-    python -m bench.bench_vae --suite [--out outputs/bench_vae_suite.json]   # one GPU: the variants below
-    python -m bench.bench_vae --suite --variants bf16_fast_eager,bf16_cl_eager,... [--only-bf16]
-
-``--variants`` runs only the named ones (in the suite's order; `suite_variants` lists them),
-``--only-bf16`` leaves out the fp32 ones (fp32_plain_eager alone took 2.6 s a call and 129 s
-of first call on an H200). Decode variants are compared against fp32_plain_eager when it
-runs, else against bf16_fast_eager (the bf16 NCDHW decode, computed untimed if not
-selected); encode variants (enc_*: the posterior mean of the 16h x 16w image, the edit's
-reference encode) against enc_bf16_fast_eager. The JSON's "reference" says which, and each
-row its "vs" and "speedup_vs_ref". The channels-last variants (*_cl_*: the decoder / encoder
-kept channels_last_3d, HunyuanVAE.set_channels_last; "cl_cached" keeps the 2-D kernels)
-measure what cuDNN's layout conversions and the NCDHW convs cost (module docstring of
-models/hunyuan_image3/vae.py).
-
-``--suite`` (one process): the plain decode of one 1024x1024 image in float32 and bfloat16,
-each with the decoder's fast paths (models/hunyuan_image3/vae.py: folded 2-D convs on 1 and
-2 frames, var_mean GroupNorm statistics, in-place SiLU / residuals / upsampler shortcut, the
-image's conv_out on the last two frames) and with the plain ops (F.conv3d, nn.GroupNorm, the
-materialized shortcut: the code before them), eager and under torch.compile, float32 with
-cuDNN's TF32 off (exact float32) and on (PyTorch's default for convolutions), channels_last_3d
-memory format once, and with `row_chunks=4` (--vae-chunks 4). Each: median ms, peak GiB, and
-its deviation from the exact float32 plain decode (max abs, relative L2): the fp32 variants
-must stay at float32 rounding (the golden tolerance is rtol 1e-4, atol 1e-5), the bf16 ones
-say what bf16 costs.
-
-Model: the official HunyuanImage-3 VAE decoder shape (block_out_channels
-[128, 256, 512, 1024, 1024], 2 layers per block, 32 latent channels, x16 space, x4 time)
-with random weights (the tiny checkpoint's recipe), so no checkpoint is needed. A 64x64
-latent is a 1024x1024 image.
-
-One process (no torchrun): the plain decode; ``parallel_decode`` over a 1-rank group (the
-wrapper's own overhead: GroupNorm in dtgen, no exchange); and, as the no-communication
-floor of a P-rank split, the plain decode of a 1/P latent slice for P = 2, 4, 8 (same convs
-and norms per rank; attention over local keys only, a small share here).
-
-Under torchrun with P ranks (one GPU each, NCCL): the plain decode on every rank, then the
-split decode along height and width (full image gathered on every rank), with the max
-deviation from the plain decode and the peak memory per rank. Times are medians over
-``--reps`` calls after ``--warmup``, CUDA-synchronized.
-
-Runs on the CPU too (gloo; ``--tiny`` for a small config), for checking the script itself.
-
-Measured (H200, torch 2.11.0+cu130, bf16, 64x64 latent -> 1024x1024, median of 3-5):
-  1 GPU: plain decode 379 ms (peak 8.7 GiB); parallel_decode on a 1-rank group 270 ms
-    (its GroupNorm, one eval-mode batch_norm pass, is faster than nn.GroupNorm on these
-    5-D bf16 shapes); plain decode of a 1/2, 1/4, 1/8 latent slice 189, 98, 51 ms
-    (peak 5.2, 3.5, 2.6 GiB).
-  2 GPUs (NCCL, torchrun): split along height 162 ms, width 157 ms (p2p halos); 158 / 159 ms
-    with exchange="allgather"; 2.3x the plain decode (370 ms), peak 5.7 GiB per rank; max
-    abs deviation from the plain bf16 decode 0.047 on outputs up to 3.17 (bf16 rounding;
-    the 1-rank path alone differs by 0.039).
+`--suite`: one 1024x1024 image (a 64x64 latent) through the released VAE shape (random weights): the decode
+in float32 and bfloat16, with the decoder's fast paths (folded 2-D convs on 1 and 2 frames, var_mean
+GroupNorm statistics, in-place SiLU and residuals, conv_out on the last two frames) and with the plain ops
+(F.conv3d, nn.GroupNorm: the code before them), cuDNN's TF32 off and on, channels-last
+resident, `row_chunks=4` (--vae-chunks 4), and the edit's encode. Each: median ms, first-call seconds,
+peak GiB and its deviation from the reference decode (fp32_plain_eager when it runs, else
+bf16_fast_eager; encodes against enc_bf16_fast_eager). `--variants` runs only the named ones,
+`--only-bf16` leaves out the fp32 ones (fp32_plain_eager alone: 2.6 s a call on an H200).
+`--flops` (no GPU): the decode traced on meta under torch's FLOP counter, per convolution: `flops_now`
+(what `vae.decode` asks of its convolutions: a 3x3x3 conv over T >= 3 frames also multiplies the zero time
+padding) and `flops_needed` (only the frame-taps that meet a frame: no exact method computes fewer), with
+their floors at plain fp32 and TF32 (datasheet) and bf16 (measured) rates.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import math
-import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
 
-from dtgen.launch import init_from_torchrun, under_torchrun
-from models.hunyuan_image3.parallel_vae import parallel_decode
+from bench.floors import DENSE_BF16_TFLOPS, FP32_DATASHEET_TFLOPS, TF32_DATASHEET_TFLOPS
+from bench.harness import Bench, summary, sync, time_ms
 from models.hunyuan_image3.vae import HunyuanVAE, VAEConfig
 
+MODULE = "bench.bench_vae"
+TARGET_MS = 150.0   # the target: the VAE decode 1024x1024 on one GPU, golden-exact in float32
 OFFICIAL_VAE = {"block_out_channels": [128, 256, 512, 1024, 1024], "layers_per_block": 2, "latent_channels": 32,
                 "out_channels": 3, "ffactor_spatial": 16, "ffactor_temporal": 4,
                 "scaling_factor": 0.562679178327931, "shift_factor": None, "upsample_match_channel": True}
 TINY_VAE = {**OFFICIAL_VAE, "block_out_channels": [32, 32, 64, 64, 64]}   # encoder: its last width is 2*latent
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
 def build_vae(cfg: dict, dtype: torch.dtype, device: torch.device, seed: int = 0,
               with_encoder: bool = False) -> HunyuanVAE:
     """Random weights with the tiny checkpoint's recipe (norm scales ~1, small conv weights)."""
@@ -98,36 +52,6 @@ def build_vae(cfg: dict, dtype: torch.dtype, device: torch.device, seed: int = 0
         state[name] = t.to(dtype)
     vae.load_state_dict(state, assign=True)
     return vae.eval()
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_ms(fn, device, warmup: int, reps: int, barrier=None) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if barrier:
-            barrier()
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def peak_gib(device, fn) -> float | None:
-    if device.type != "cuda":
-        return None
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    sync(device)
-    return torch.cuda.max_memory_allocated(device) / 2**30
 
 
 @contextlib.contextmanager
@@ -153,30 +77,7 @@ def plain_ops():
         v.VAEConv3d.forward, v.VAEGroupNorm.forward, v.Upsample.forward, v.ResnetBlock.forward = saved
 
 
-def conv_flops(cfg: dict, h: int, w: int) -> dict:
-    """The decoder's convolution FLOPs for one [h, w] latent: as 3-D convs over every frame
-    (what F.conv3d computes, zero-padding taps included) and with the T <= 2 folds (what the
-    fast path computes). Counted on meta, nothing allocated."""
-    from models.hunyuan_image3.vae import VAEConv3d
-    with torch.device("meta"):
-        vae = HunyuanVAE(VAEConfig.from_dict(cfg))
-    total = {"conv3d_tflop": 0.0, "folded_tflop": 0.0}
-
-    def count(m, inp, _out):
-        _, c, t, hh, ww = inp[0].shape
-        k = m.kernel_size[0]
-        frame = 2 * m.out_channels * c * k * k * hh * ww / 1e12
-        total["conv3d_tflop"] += frame * k * t
-        total["folded_tflop"] += frame * (t if k == 1 else 1 if t == 1 else 4 if t == 2 else 3 * t)
-    hooks = [m.register_forward_hook(count) for m in vae.modules() if isinstance(m, VAEConv3d)]
-    with torch.no_grad():
-        vae.decoder(torch.empty(1, cfg["latent_channels"], 1, h, w, device="meta"))
-    for hk in hooks:
-        hk.remove()
-    return {k: round(v, 2) for k, v in total.items()}
-
-
-def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
+def run_suite(args, device: torch.device, report: dict, b: Bench) -> dict:
     """The one-GPU variants (module docstring): {name: {ms, peak_gib, max_abs_dev, rel_l2, ...}}.
 
     Decode variants are compared against `reference` (fp32_plain_eager when it is selected,
@@ -208,17 +109,16 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
     decode_ref = "fp32_plain_eager" if "fp32_plain_eager" in [v["name"] for v in variants] else "bf16_fast_eager"
     refs: dict = {"decode": None, "encode": None}
     ref_names = {"decode": decode_ref, "encode": "enc_bf16_fast_eager"}
-    if report is not None:
-        report["reference"] = {**ref_names, "note": "max_abs_dev / rel_l2 of each variant against these (decode: "
-                               "the image; encode: the posterior mean); one not selected is computed once, untimed"}
-        report["variants_run"] = [v["name"] for v in variants]
+    report["reference"] = {**ref_names, "note": "max_abs_dev / rel_l2 of each variant against these (decode: "
+                           "the image; encode: the posterior mean); one not selected is computed once, untimed"}
+    report["variants_run"] = [v["name"] for v in variants]
 
     def measure(v):
         try:
             _measure(v)
         except Exception as e:   # one variant failing (a compile, say) leaves the others standing
             out[v["name"]] = {"error": f"{type(e).__name__}: {str(e)[:500]}", "note": v["note"]}
-            print(v["name"], json.dumps(out[v["name"]]), flush=True)
+            print(v["name"], out[v["name"]], flush=True)
 
     def _measure(v):
         name, fn = v["name"], v["make"](vaes, latents, pixels)
@@ -234,7 +134,7 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
             refs[v["kind"]] = image
         ref = refs[v["kind"]]
         diff = image - ref
-        out[name] = {"ms": round(median_ms(fn, device, args.warmup, args.reps), 2),
+        out[name] = {"ms": round(summary(time_ms(fn, args.reps, args.warmup, device))["median"], 2),
                      "peak_gib": None if peak is None else round(peak, 3),
                      "first_call_s": round(first_s, 2), "max_abs_dev": diff.abs().max().item(),
                      "rel_l2": (diff.norm() / ref.norm().clamp_min(1e-30)).item(),
@@ -243,10 +143,8 @@ def run_suite(args, device: torch.device, report: dict | None = None) -> dict:
         base = out.get(ref_names[v["kind"]], {}).get("ms")
         if base and name != ref_names[v["kind"]]:
             out[name]["speedup_vs_ref"] = round(base / out[name]["ms"], 3)
-        print(name, json.dumps(out[name]), flush=True)
-        if report is not None and args.out:   # after every variant: a run cut short keeps what it measured
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps({**report, "results": out}, indent=1))
+        print(name, out[name], flush=True)
+        b.write({**report, "results": out}, device, quiet=True)   # after every variant: a run cut short keeps it
 
     tf32 = torch.backends.cudnn.allow_tf32
     with torch.inference_mode():
@@ -272,7 +170,6 @@ def suite_variants(args, cuda: bool) -> list[dict]:
     name, kind (decode / encode), dtype, layout (ncdhw; cl: HunyuanVAE.set_channels_last with
     its 2-D kernels made per call; cl_cached: kept), cuDNN TF32, plain ops, note, make(vaes,
     latents, pixels) -> the timed callable."""
-    compile_note = f"torch.compile({args.compile_backend}) of the decoder"
 
     def decode(dtype, **kw):
         return lambda vaes, latents, pixels: (lambda: vaes[dtype].decode(latents, **kw))
@@ -280,18 +177,6 @@ def suite_variants(args, cuda: bool) -> list[dict]:
     def encode(dtype, **kw):
         return lambda vaes, latents, pixels: (
             lambda: vaes[dtype].encode(pixels, torch.Generator().manual_seed(0), **kw).mean)
-
-    def compiled(dtype):
-        def make(vaes, latents, pixels):
-            vae, made = vaes[dtype], {}
-
-            def run():   # compiled on first call, inside measure's guard
-                if "decoder" not in made:
-                    made["decoder"] = torch.compile(vae.decoder, fullgraph=True, backend=args.compile_backend)
-                image = made["decoder"](vae._to_decoder_space(latents), last_frame=True)[:, :, -1]
-                return image.contiguous()
-            return run
-        return make
 
     def var(name, make, note="", dtype="bf16", layout="ncdhw", tf32=False, plain=False, kind="decode"):
         return {"name": name, "make": make, "note": note, "dtype": dtype, "layout": layout, "tf32": tf32,
@@ -309,121 +194,105 @@ def suite_variants(args, cuda: bool) -> list[dict]:
                 var("enc_bf16_cl_eager", encode("bf16"), "encode: " + cl_note, layout="cl", kind="encode"),
                 var("enc_bf16_fast_chunks4_eager", encode("bf16", row_chunks=4), "encode: --vae-chunks 4",
                     kind="encode"),
-                var("enc_bf16_cl_chunks4_eager", encode("bf16", row_chunks=4), "encode: " + cl_note + ", --vae-chunks 4",
-                    layout="cl", kind="encode"),
+                var("enc_bf16_cl_chunks4_eager", encode("bf16", row_chunks=4),
+                    "encode: " + cl_note + ", --vae-chunks 4", layout="cl", kind="encode"),
                 var("fp32_tf32_plain_eager", decode("fp32"), "cuDNN TF32 on (torch's default)", "fp32", tf32=True,
                     plain=True),
                 var("fp32_tf32_fast_eager", decode("fp32"), "cuDNN TF32 on", "fp32", tf32=True),
                 var("bf16_plain_eager", decode("bf16"), plain=True),
                 var("fp32_fast_chunks4_eager", decode("fp32", row_chunks=4),
                     "--vae-chunks 4: two whole maps at once instead of three", "fp32")]
-    if not args.no_compile:
-        variants += [var("bf16_cl_compiled", compiled("bf16"), compile_note + ", " + cl_note, layout="cl"),
-                     var("bf16_fast_compiled", compiled("bf16"), compile_note),
-                     var("fp32_tf32_fast_compiled", compiled("fp32"), compile_note + ", cuDNN TF32 on", "fp32",
-                         tf32=True),
-                     var("fp32_fast_compiled", compiled("fp32"), compile_note, "fp32")]
     if not cuda:   # TF32 means nothing on the CPU
         variants = [v for v in variants if not v["tf32"]]
     return variants
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def conv_flops(layers: list[dict]) -> tuple[float, float]:
+    now = needed = 0.0
+    for c in layers:
+        per_tap = 2.0 * c["out"] * c["in"] * c["k"] ** 2 * c["h"] * c["w"] * c["batch"]
+        t, k = c["frames"], c["k"]
+        if k == 1:
+            taps_now = taps_needed = t
+        else:
+            taps_now = 1 if t == 1 else (4 if t == 2 and c["folded"] else 3 * t)
+            taps_needed = 1 if t == 1 else 3 * t - 2
+        now += per_tap * taps_now
+        needed += per_tap * taps_needed
+    return now, needed
+
+
+def trace(size: int) -> dict:
+    from models.hunyuan_image3.presets import full_config
+    cfg = VAEConfig.from_dict(full_config()["vae"])
+    with torch.device("meta"):
+        vae = HunyuanVAE(cfg)
+    layers = []
+
+    def record(module, args, output):
+        x = args[0]
+        layers.append({"name": names[module], "in": x.shape[1], "out": module.out_channels, "k": module.kernel_size[0],
+                       "frames": x.shape[2], "h": output.shape[-2], "w": output.shape[-1], "batch": x.shape[0],
+                       "folded": module.kernel_size[0] == 3 and x.shape[2] <= VAEConv3d.FOLD_MAX_FRAMES})
+
+    from models.hunyuan_image3.vae import VAEConv3d
+    names = {m: n for n, m in vae.named_modules() if isinstance(m, VAEConv3d)}
+    for m in names:
+        m.register_forward_hook(record)
+    f = cfg.ffactor_spatial
+    z = torch.empty(1, cfg.latent_channels, size // f, size // f, device="meta")
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        vae.decode(z)
+    counted = counter.get_total_flops()
+    now, needed = conv_flops(layers)
+    by_level: dict[str, float] = {}
+    for c in layers:
+        level = ".".join(c["name"].split(".")[:3]) if c["name"].startswith("decoder.up.") else c["name"].split(".")[1]
+        by_level[level] = by_level.get(level, 0.0) + conv_flops([c])[1]
+    rates = {"fp32 (datasheet, no tensor cores)": FP32_DATASHEET_TFLOPS,
+             "tf32 (datasheet, dense)": TF32_DATASHEET_TFLOPS,
+             "bf16 (measured GEMM rate, bench/floors.py)": DENSE_BF16_TFLOPS}
+    return {
+        "size": size, "frames_decoded": cfg.ffactor_temporal, "convolutions": len(layers),
+        "flop_counter_total": counted, "flops_now": now, "flops_needed": needed,
+        "flops_counter_matches_now": abs(counted - now) / now < 0.01,   # the rest is the mid-block attention
+        "needed_tflop_by_level": {k: v / 1e12 for k, v in by_level.items()},
+        "floor_ms_of_needed": {name: needed / (rate * 1e12) * 1e3 for name, rate in rates.items()},
+        "floor_ms_of_now": {name: now / (rate * 1e12) * 1e3 for name, rate in rates.items()},
+        "rates_tflops": rates,
+    }
+
+
+def main(argv=None) -> int:
+    b = Bench(MODULE, __doc__, argv)
+    ap = b.parser
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--suite", action="store_true", help="the decode's variants (module docstring)")
+    mode.add_argument("--flops", action="store_true", help="the decode's FLOPs and floors (on meta; no GPU)")
+    ap.add_argument("--sizes", default="1024", help="with --flops: square image sides, comma-separated")
     ap.add_argument("--latent", default="64x64", help="latent HxW (64x64 -> 1024x1024 image)")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--tiny", action="store_true", help="32-channel decoder (CPU check of this script)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--exchange", default="p2p", choices=["p2p", "allgather"])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--suite", action="store_true", help="one process: fp32 / bf16, fast / plain ops, eager / compiled")
-    ap.add_argument("--no-compile", action="store_true", help="with --suite: leave out the compiled variants")
     ap.add_argument("--variants", default=None, metavar="NAME,NAME",
-                    help="with --suite: run only these variants, in the suite's order (an unknown name lists them)")
-    ap.add_argument("--only-bf16", action="store_true", help="with --suite: leave out the fp32 variants (slow: "
-                    "fp32_plain_eager is 2.6 s a call and 129 s of first call on an H200)")
-    ap.add_argument("--compile-backend", default="inductor", help="with --suite: torch.compile backend")
-    ap.add_argument("--flops", action="store_true", help="only count the decoder's conv FLOPs (on meta; any machine)")
-    args = ap.parse_args()
+                    help="run only these variants, in the suite's order (an unknown name lists them)")
+    ap.add_argument("--only-bf16", action="store_true", help="leave out the fp32 variants")
+    args = b.parse()
     if args.flops:
-        h, w = (int(v) for v in args.latent.lower().split("x"))
-        report = {"command": "python -m bench.bench_vae " + " ".join(sys.argv[1:]), "latent": [h, w],
-                  "image": [16 * h, 16 * w], "tiny": args.tiny,
-                  "flops": conv_flops(TINY_VAE if args.tiny else OFFICIAL_VAE, h, w)}
-        print(json.dumps(report, indent=1))
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(report, indent=1))
-        return
-    if args.suite:
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        torch.backends.cudnn.benchmark = True
-        h, w = (int(v) for v in args.latent.lower().split("x"))
-        report = {"command": "python -m bench.bench_vae " + " ".join(sys.argv[1:]),
-                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                  "torch": torch.__version__, "latent": args.latent, "tiny": args.tiny, "reps": args.reps,
-                  "warmup": args.warmup, "flops": conv_flops(TINY_VAE if args.tiny else OFFICIAL_VAE, h, w)}
-        report["results"] = run_suite(args, device, report)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(report, indent=1))
-        return
-
-    if under_torchrun():
-        ctx = init_from_torchrun()
-        rank, world, device = ctx.rank, ctx.world_size, ctx.device
-    else:
-        rank, world = 0, 1
-        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
-                                rank=0, world_size=1)
+        runs = [trace(int(s)) for s in args.sizes.split(",")]
+        for r in runs:
+            print(f"{r['size']}x{r['size']}: {r['flops_now'] / 1e12:.1f} TFLOP now (counter "
+                  f"{r['flop_counter_total'] / 1e12:.1f}), {r['flops_needed'] / 1e12:.1f} needed; its floors: "
+                  + ", ".join(f"{k.split()[0]} {v:.0f} ms" for k, v in r["floor_ms_of_needed"].items()))
+        b.write({"target_ms": TARGET_MS, "runs": runs}, "cpu")
+        return 0
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.backends.cudnn.benchmark = True
-    dtype = DTYPES[args.dtype]
-    h, w = (int(v) for v in args.latent.lower().split("x"))
-    vae = build_vae(TINY_VAE if args.tiny else OFFICIAL_VAE, dtype, device)
-    latents = torch.randn(1, 32, h, w, generator=torch.Generator().manual_seed(1)).to(device)
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "world_size": world, "latent": [h, w], "dtype": args.dtype,
-              "tiny": args.tiny, "exchange": args.exchange, "image": [16 * h, 16 * w], "results": {}}
-    res = report["results"]
-    barrier = dist.barrier if world > 1 else None
-
-    with torch.inference_mode():
-        ref = vae.decode(latents)
-        res["plain"] = {"ms": median_ms(lambda: vae.decode(latents), device, args.warmup, args.reps, barrier),
-                        "peak_gib": peak_gib(device, lambda: vae.decode(latents))}
-        if world == 1:
-            out = parallel_decode(vae, latents, None, "height", exchange=args.exchange)
-            res["parallel_1rank"] = {
-                "ms": median_ms(lambda: parallel_decode(vae, latents, None, "height"), device, args.warmup, args.reps),
-                "max_abs_dev": (out.float() - ref.float()).abs().max().item()}
-            for p in (2, 4, 8):
-                if h % p == 0:
-                    part = latents[:, :, : h // p].contiguous()
-                    res[f"slice_1of{p}_floor"] = {
-                        "ms": median_ms(lambda: vae.decode(part), device, args.warmup, args.reps),
-                        "peak_gib": peak_gib(device, lambda: vae.decode(part))}
-        else:
-            for dim in ("height", "width"):
-                def run():
-                    return parallel_decode(vae, latents, None, dim, exchange=args.exchange)
-                out = run()
-                dev = (out.float() - ref.float()).abs().max().item()
-                ms = median_ms(run, device, args.warmup, args.reps, barrier)
-                res[f"split_{dim}"] = {"ms": ms, "speedup": res["plain"]["ms"] / ms, "max_abs_dev": dev,
-                                       "max_abs_ref": ref.float().abs().max().item(),
-                                       "peak_gib": peak_gib(device, run)}
-    if rank == 0:
-        text = json.dumps(report, indent=1)
-        print(text)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(text)
-    dist.destroy_process_group()
+    report = {"latent": args.latent, "tiny": args.tiny, "reps": args.reps, "warmup": args.warmup}
+    report["results"] = run_suite(args, device, report, b)
+    b.write(report, device)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,50 +1,19 @@
-"""Wan FirstBlockCache: dtgen against diffusers' hook, in one process on one GPU.
+"""Wan's FirstBlockCache: dtgen against diffusers' hook, in one process on one GPU.
 
-    python -m bench.bench_wan_cache [--steps 50] [--baseline-steps 5] [--threshold 0.05] [--compile] [--out F]
-    python -m bench.bench_wan_cache --tiny      # CPU, float32, the tiny default (a check that it runs)
-    python -m bench.bench_wan_cache --device cpu --layers 2 --video 9x96x96   # the 1.3B width, small, on a CPU
-
-Both pipelines load the same diffusers-format folder (the same weights), start from the same
-noise and the same prompt embeddings (dtgen's UMT5 encodes them; diffusers is handed them) and
-run the same request: Wan2.1 1.3B's DiT shapes (30 blocks, 1536 wide, random weights drawn once
-into $DTGEN_CACHE/bench-wan-1.3B-v1), 480x832, 81 frames (32760 tokens a step), CFG 5.0, UniPC
-at shift 3.0, bf16 with diffusers' float32 modules. dtgen: `WanT2VPipeline` with
-`step_cache="first-block:threshold=T"` (both CFG rows as one batch of 2, per-row decisions).
-diffusers 0.42: `WanPipeline` with `apply_first_block_cache(FirstBlockCacheConfig(T))` on its
-transformer (cond and uncond as two calls, one state each), output_type="latent".
-
-The random time projection (`condition_embedder.time_proj`) is scaled by 0.01: at full scale a
-random DiT's modulation jumps with every timestep, block 0's residual moves by 70-100% a step
-and no step would ever be reused; scaled, it moves by 1-3% a step (measured at 96x96 px, 2
-blocks), so that at the default threshold about half the steps are reused, as with trained
-weights. The text encoder is a tiny UMT5 of the DiT's text width (it is not what is measured).
-
-Eager for both by default; `--compile` compiles each block once for both (dtgen's
-`--compile-regions`; diffusers' `compile_repeated_blocks(fullgraph=False)`: its hook's
-decision is a graph break there) and warms both up first, also on one CFG row (where the
-rows disagree, dtgen runs the blocks after the first on that row alone). The uncached runs,
-for the speed-up, take `--baseline-steps` steps (their per-step time is flat); every run is preceded
-by a 2-step warm-up of the same pipeline. Each step ends on a device sync in both (dtgen's
-loop, diffusers' step callback), so the per-step figures are wall times of whole steps.
-
-Prints per pipeline: the time per video (the denoise loop, 50 steps) and per full and reused
-step, which steps ran in full for each CFG branch, then whether the decisions are equal and
-the time ratio dtgen / diffusers (target: <= 1). The JSON holds the same, both pipelines'
-per-step first-block measure (diffusers' is recomputed beside its hook's own decision: two
-extra means a branch and step, ~0.1 ms), and the final latents' relative L2 distance. In bf16
-the two pipelines round differently (other kernels; a CFG batch of 2 against two calls), so
-a measure within a fraction of a percent of the threshold may fall on either side: where the
-decisions part, the report names the first step, both measures and the threshold, and the
-exit status is 1.
-
-Needs diffusers 0.42.1 (a test extra; pure Python): on the GPU image add, with --no-deps,
-diffusers==0.42.1 requests==2.34.2 urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1
-charset-normalizer==3.5.3 (py3-none-any wheels).
+Both pipelines load the same diffusers-format folder, start from the same noise and prompt embeddings
+(dtgen's UMT5 encodes them; diffusers is handed them) and run the same request: Wan2.1 1.3B's DiT shapes
+(random weights drawn once into $DTGEN_CACHE), 480x832, 81 frames, CFG 5.0, UniPC at shift 3.0, bf16.
+dtgen: `step_cache="first-block:threshold=T"` (both CFG rows one batch, per-row decisions); diffusers:
+`apply_first_block_cache` on WanPipeline's transformer (cond and uncond two calls). The random time
+projection is scaled by 0.01: at full scale block 0's residual moves 70-100% a step and no step would be
+reused; scaled, about half are at the default threshold, as with trained weights. `--compile`: each block
+compiled once in both. Per pipeline: the time per video and per full and reused step, which steps ran in
+full per CFG branch, whether the decisions are equal (exit status 1 where they part: the report names the
+first step, both measures and the threshold), the ratio dtgen / diffusers and the final latents' distance.
+`--tiny`: CPU, float32, the tiny default. Needs diffusers 0.42.1.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -53,13 +22,16 @@ from pathlib import Path
 
 import torch
 
+from bench.harness import Bench, need_cuda, rel_err, sync
+
+MODULE = "bench.bench_wan_cache"
 # Wan2.1-T2V-1.3B-Diffusers transformer/config.json; the text encoder is the tiny one widened
 # to the DiT's text_dim (the DiT reads 4096-wide embeddings).
 DIT_1_3B = dict(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=30, text_dim=4096,
                 freq_dim=256, in_channels=16, out_channels=16, patch_size=[1, 2, 2], cross_attn_norm=True,
                 qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 FOLDER_VERSION = 1
-TIME_SCALE = {"transformer.condition_embedder.time_proj.": 0.01}   # see the docstring
+TIME_SCALE = {"transformer.condition_embedder.time_proj.": 0.01}   # see the module's docstring
 PROMPT = "A red fox runs through fresh snow at golden hour, cinematic"
 NEGATIVE = "blurry, low quality"
 
@@ -97,11 +69,6 @@ def diffusers_pipeline(folder: Path, dtype: torch.dtype, device: str):
                                  scheduler=diffusers.UniPCMultistepScheduler.from_pretrained(folder / "scheduler"))
 
 
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run_diffusers(pipe, req, noise, threshold: float | None, device, text: torch.Tensor) -> dict:
     """One WanPipeline call with (threshold) or without the first-block hook, on the prompt
     embeddings `text` [2, L, D] (cond, uncond): per-step wall times, per branch whether the
@@ -123,11 +90,11 @@ def run_diffusers(pipe, req, noise, threshold: float | None, device, text: torch
 
     def before(module, args):
         if not marks:
-            _sync(device)
+            sync(device)
             marks.append(time.perf_counter())
 
     def step_done(pipe_, i, t, kwargs):
-        _sync(device)
+        sync(device)
         marks.append(time.perf_counter())
         return {}
 
@@ -176,7 +143,8 @@ def summary(run: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_wan_cache", description=__doc__.split("\n")[0])
+    b = Bench(MODULE, __doc__, argv)
+    p = b.parser
     p.add_argument("--tiny", action="store_true", help="the tiny default on the CPU, float32 (a check that it runs)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: 50, or 10 with --tiny)")
     p.add_argument("--baseline-steps", type=int, default=None,
@@ -184,10 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--threshold", type=float, default=0.05, help="FirstBlockCache threshold (diffusers' default)")
     p.add_argument("--compile", action="store_true", help="compile each block once, in both")
     p.add_argument("--layers", type=int, default=30, help="DiT blocks (a quicker look; the published 1.3B has 30)")
-    p.add_argument("--video", default="81x480x832", help="FRAMESxHEIGHTxWIDTH (default: 81x480x832)")
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a look at small shapes")
-    p.add_argument("--out", default=None, help="write the JSON here")
-    args = p.parse_args(argv)
+    args = b.parse()
     from dtgen.compile import CompileOptions
     from models import registry
     from models.wan.pipeline import WanT2VPipeline   # the pipeline this compares with diffusers'
@@ -198,19 +163,10 @@ def main(argv=None) -> int:
         device, dtype, folder = "cpu", torch.float32, wan.load("tiny")()
         shape = dict(height=48, width=64, num_frames=9)
     else:
-        device, dtype = args.device, torch.bfloat16
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            print("needs a CUDA GPU (or --tiny, or --device cpu)", file=sys.stderr)
-            return 2
-        try:
-            frames, height, width = (int(v) for v in args.video.split("x"))
-        except ValueError:
-            print(f"--video {args.video!r}: expected FRAMESxHEIGHTxWIDTH, e.g. 81x480x832", file=sys.stderr)
-            return 2
-        t0 = time.perf_counter()
+        if not torch.cuda.is_available():
+            return need_cuda(MODULE + " (or --tiny)")
+        device, dtype, shape = "cuda", torch.bfloat16, dict(height=480, width=832, num_frames=81)
         folder = bench_folder(device, args.layers)
-        print(f"folder {folder} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        shape = dict(height=height, width=width, num_frames=frames)
     steps = args.steps or (10 if args.tiny else 50)
     baseline_steps = args.baseline_steps or (steps if args.tiny else 5)
     loaded = wan.load("loader")(folder, wan.load("plans").PLANS["single"], dtype=dtype, device=device)
@@ -254,16 +210,6 @@ def main(argv=None) -> int:
         parted = {"step": i, "branch": ("cond", "uncond")[b], "threshold": args.threshold,
                   "dtgen_measure": ours_c["measure"][i][b], "diffusers_measure": theirs_c["measure"][i][b]}
     result = {"what": "Wan FirstBlockCache, dtgen vs diffusers' hook, one process, same folder, weights and noise",
-              "command": "python -m bench.bench_wan_cache" + (" --tiny" if args.tiny else "")
-              + (f" --steps {args.steps}" if args.steps else "")
-              + (f" --baseline-steps {args.baseline_steps}" if args.baseline_steps else "")
-              + (f" --threshold {args.threshold}" if args.threshold != 0.05 else "")
-              + (" --compile" if args.compile else "")
-              + ("" if args.tiny or args.layers == 30 else f" --layers {args.layers}")
-              + ("" if args.tiny or args.video == "81x480x832" else f" --video {args.video}")
-              + ("" if args.tiny or args.device == "cuda" else f" --device {args.device}"),
-              "device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-              "torch": torch.__version__,
               "diffusers": __import__("diffusers").__version__, "dtype": str(dtype).replace("torch.", ""),
               "model": "tiny default" if args.tiny else f"Wan2.1 1.3B DiT shapes ({args.layers} blocks), random "
                                                          "weights, time_proj x 0.01",
@@ -276,11 +222,10 @@ def main(argv=None) -> int:
               "peak_memory_gb": round(torch.cuda.max_memory_allocated() / 1e9, 1) if device.startswith("cuda")
               else None,
               "first_block_measure": {"dtgen": ours_c["measure"], "diffusers": theirs_c["measure"]},
-              "rel_l2_latents_dtgen_vs_diffusers": float((ours_c["latents"] - theirs_c["latents"]).norm()
-                                                         / theirs_c["latents"].norm()),
-              "rel_l2_latents_uncached_dtgen_vs_diffusers": float(
-                  (runs["dtgen uncached"]["latents"] - runs["diffusers uncached"]["latents"]).norm()
-                  / runs["diffusers uncached"]["latents"].norm()) if baseline_steps == steps else None}
+              "rel_l2_latents_dtgen_vs_diffusers": rel_err(ours_c["latents"], theirs_c["latents"]),
+              "rel_l2_latents_uncached_dtgen_vs_diffusers": rel_err(
+                  runs["dtgen uncached"]["latents"], runs["diffusers uncached"]["latents"])
+              if baseline_steps == steps else None}
     r = result["runs"]
     result["ratio_video_dtgen_over_diffusers"] = round(r["dtgen first-block"]["video_s"]
                                                        / r["diffusers first-block"]["video_s"], 3)
@@ -290,21 +235,13 @@ def main(argv=None) -> int:
         r[f"{name} uncached"]["video_s_at_steps"] = round(uncached_s, 2)
         r[f"{name} first-block"]["speedup_vs_uncached"] = round(uncached_s / r[f"{name} first-block"]["video_s"], 2)
 
-    print()
-    for key, s in r.items():
-        print(f"{key:24s} video {s['video_s']:8.2f} s  step {s['step_ms_mean']:8.1f} ms  full {s['full_step_ms']} ms"
-              f"  reused {s['cached_step_ms']} ms  full steps {len(s['full_steps'])}/{len(s['full_rows'])}")
-    for key in ("dtgen first-block", "diffusers first-block"):
-        print(f"{key:24s} rows per step (F full, c reused; cond, uncond): {' '.join(r[key]['full_rows'])}")
-    print(f"same decisions: {same}" + ("" if same else f"; they part at {parted}"))
-    print(f"video time dtgen / diffusers (first-block): {result['ratio_video_dtgen_over_diffusers']:.3f}")
-    print(f"speed-up over uncached: dtgen {r['dtgen first-block']['speedup_vs_uncached']}x, "
-          f"diffusers {r['diffusers first-block']['speedup_vs_uncached']}x")
-    print(f"final latents, dtgen vs diffusers: rel L2 {result['rel_l2_latents_dtgen_vs_diffusers']:.2e}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    for key, row in r.items():
+        print(f"{key:24s} video {row['video_s']:8.2f} s  full step {row['full_step_ms']} ms  reused "
+              f"{row['cached_step_ms']} ms  rows per step (F full, c reused): {' '.join(row['full_rows'])}")
+    print(f"same decisions: {same}" + ("" if same else f"; they part at {parted}") + "; dtgen / diffusers "
+          f"{result['ratio_video_dtgen_over_diffusers']:.3f}; final latents' rel L2 "
+          f"{result['rel_l2_latents_dtgen_vs_diffusers']:.2e}")
+    b.write(result, device)
     return 0 if same else 1
 
 

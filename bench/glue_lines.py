@@ -1,61 +1,80 @@
-"""The lines a model adds beyond its plain modules and tests: its glue, counted by a rule.
+"""The lines a model adds beyond its plain modules: its glue, counted by a file rule and by role.
 
-    python -m bench.glue_lines [--json PATH]
-
-For each model in models/registry.py (its folder is its spec module's package: the registry
-name `hunyuan-image3` comes from `models.hunyuan_image3.spec`, so models/hunyuan_image3/):
-
-  glue = the lines of every .py file under models/<m>/ that is not an nn.Module definition
-       + the lines of placements/<m>.py
-       + the lines of examples/<family>*.py, <family> the folder name up to its first "_"
-         (hunyuan, wan, qwen: examples/hunyuan_t2i.py and examples/hunyuan_serve.py count
-         for HunyuanImage-3; the model-neutral examples/serve.py counts for none)
-
-"Lines" are wc -l's: newline characters, blank lines, comments and docstrings included.
-
-"An nn.Module definition" is decided from the file's AST alone: a file that defines a class
-(at any depth) deriving from torch.nn.Module, directly (a base that names `nn.Module`,
-`torch.nn.Module` or another torch.nn class that is a Module, such as `nn.GroupNorm`, through
-whatever `import` names the file gives torch and torch.nn) or through another class defined in
-the same file. A base imported from elsewhere in the project (`SplitDecoder`, `DecoderStack`)
-does not make a file a module definition, even when that class is one: the rule reads one file.
-
-What the rule makes of models/*/model.py:
-- hunyuan_image3/model.py holds HunyuanImage3ForCausalMM, the whole module tree (plus a few
-  helpers that swap its MoE / FP8 implementations): not counted, as it should be. The
-  model's loader and adapter live in loading.py, which is counted.
-- wan/model.py and qwen_image/model.py each hold a small container module (WanT2V,
-  QwenImageT2I: the components side by side) next to the model's ModelAdapter, its config
-  readers and `load`. The container makes the whole file a module definition, so their
-  adapter and loader lines (the glue bench/model_lines.py counts as "loader") are NOT in
-  these totals: for Wan and Qwen-Image this rule undercounts by that file. The JSON lists
-  every excluded file with its lines and the Module classes that excluded it, so the
-  difference can be read off.
-Files with no module in them count whatever they hold: configs, tokenizers and prompt
-templates, resolution tables, the tiny test checkpoint's maker (tiny.py), the registry spec,
-the pipeline and the server adapter.
-
-Also measured: the lines of examples/hunyuan_t2i.py, and the longest function in
-dtgen/serve/ (its routes/ package too): a `def` (method or function, async too) not nested in another function,
-from its `def` line to its last line (decorators not included); a nested def is part of its
-enclosing function's span, not a candidate of its own.
-
-`--json PATH` writes {command, date, models: per model its total and files (counted and
-excluded, each with its lines), hunyuan_example_lines, longest_serve_function}.
+The file rule, for each model of models/registry.py (its folder its spec module's package): wc -l of
+every .py file under models/<m>/ that defines no nn.Module, of placements/<m>.py, and of
+examples/<family>*.py (<family>: the folder name up to its first "_"). "Defines an nn.Module" is read
+from the file's AST alone: a class deriving from torch.nn.Module, directly (through whatever names the
+file's imports give torch.nn's Module classes) or through a class of the same file; a base imported from
+elsewhere does not count. So wan/model.py and qwen_image/model.py, which hold a small container module
+next to their loader, are left out whole: the rule undercounts those two by that file (the JSON lists
+every excluded file, its lines and the classes that excluded it).
+The role count (`COUNTED`): the code lines (no blank, comment-only or docstring line) of each model's
+loader, server adapter, registry spec, pipeline and plans; the Qwen-Image target is <= 300.
+Also: the lines of examples/hunyuan_t2i.py, and the longest function in dtgen/serve/ (a def not nested in
+another, from its `def` line to its last).
 """
 from __future__ import annotations
 
-import argparse
 import ast
-import datetime
 import importlib
-import json
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HUNYUAN_EXAMPLE = "examples/hunyuan_t2i.py"
 SERVE_GLOB = "dtgen/serve/**/*.py"   # its routes/ package too
+
+
+# model -> (role, files): the roles the measure counts, each file once.
+COUNTED = {
+    "qwen-image": (("loader", ("models/qwen_image/model.py",)),
+                   ("server adapter", ("models/qwen_image/serving.py",)),
+                   ("spec", ("models/qwen_image/spec.py",)),
+                   ("pipeline", ("models/qwen_image/pipeline.py",)),
+                   ("plans", ("placements/qwen_image.py",))),
+    "wan": (("loader", ("models/wan/model.py",)),
+            ("server adapter", ("models/wan/serving.py",)),
+            ("spec", ("models/wan/spec.py",)),
+            ("pipeline", ("models/wan/pipeline.py",)),
+            ("plans", ("placements/wan.py",))),
+    "hunyuan-image3": (("loader", ("models/hunyuan_image3/loading.py",)),
+                       ("server adapter", ("models/hunyuan_image3/serving.py",)),
+                       ("spec", ("models/hunyuan_image3/spec.py",)),
+                       ("pipeline", tuple(f"models/hunyuan_image3/{f}.py" for f in
+                                          ("pipeline", "ar", "denoise", "condition", "stack", "requests"))),
+                       ("plans", ("placements/hunyuan_image3.py",))),
+}
+TARGETS = {"qwen-image": 300}
+
+
+def code_lines(path: Path) -> int:
+    """Lines holding a code token, docstrings (module, class, function) left out."""
+    source = path.read_text()
+    docs = set()
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                docs.update(range(first.lineno, first.end_lineno + 1))
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            lines.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docs)
+    return len(lines)
+
+
+def count_roles(root: Path = ROOT) -> dict:
+    """Per model of `COUNTED`: each file's code lines and role, the total, the target where one is set."""
+    out = {}
+    for model, roles in COUNTED.items():
+        files = {path: {"role": role, "lines": code_lines(root / path)} for role, paths in roles for path in paths}
+        out[model] = {"files": files, "total": sum(f["lines"] for f in files.values()),
+                      **({"target": TARGETS[model]} if model in TARGETS else {})}
+    return out
 
 
 def wc_lines(path: Path) -> int:
@@ -190,12 +209,13 @@ def longest_function(paths: list[Path], root: Path) -> dict | None:
 
 
 def measure(root: Path = ROOT, folders: dict[str, str] | None = None) -> dict:
-    """Everything the report holds but the command and the date."""
-    folders = model_folders() if folders is None else folders
+    """Everything the report holds but the command and the date (the role count: of the registry's models
+    only, not of a tree given `folders`)."""
     example = root / HUNYUAN_EXAMPLE
-    return {"models": {name: count_model(root, folder) for name, folder in folders.items()},
+    return {"models": {name: count_model(root, folder) for name, folder in (folders or model_folders()).items()},
             "hunyuan_example_lines": wc_lines(example) if example.is_file() else None,
-            "longest_serve_function": longest_function(sorted(root.glob(SERVE_GLOB)), root)}
+            "longest_serve_function": longest_function(sorted(root.glob(SERVE_GLOB)), root),
+            "code_lines_by_role": count_roles(root) if folders is None else None}
 
 
 def table(report: dict) -> str:
@@ -204,6 +224,9 @@ def table(report: dict) -> str:
         excluded = sum(f["lines"] for f in m["excluded_module_files"].values())
         rows.append(f"{name:16s} {m['total']:10d}  {len(m['files']):5d}  "
                     f"{excluded:9d} lines in {len(m['excluded_module_files']):2d} files")
+    for name, m in (report.get("code_lines_by_role") or {}).items():
+        target = f" (target <= {m['target']})" if "target" in m else ""
+        rows.append(f"{name}: {m['total']} code lines in its loader, server adapter, spec, pipeline, plans{target}")
     rows.append(f"{HUNYUAN_EXAMPLE}: {report['hunyuan_example_lines']} lines")
     f = report["longest_serve_function"]
     if f:
@@ -213,26 +236,13 @@ def table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH", help="write the report here as JSON")
-    parser.add_argument("--per-file", action="store_true", help="also print every counted file's lines")
-    args = parser.parse_args(argv)
+    from bench.harness import Bench   # its torch import waits until the command runs: the counting needs none
+    b = Bench("bench.glue_lines", __doc__, argv)
+    b.parser.add_argument("--json", metavar="PATH", help="write the report here as JSON")
+    args = b.parser.parse_args(b.argv)
     report = measure()
     print(table(report))
-    if args.per_file:
-        for name, m in report["models"].items():
-            print(f"\n{name} ({m['folder']}):")
-            for path, lines in m["files"].items():
-                print(f"  {lines:5d}  {path}")
-            for path, f in m["excluded_module_files"].items():
-                print(f"  {f['lines']:5d}  {path}  (not counted: {', '.join(f['module_classes'])})")
-    if args.json:
-        argv = sys.argv[1:] if argv is None else argv
-        out = {"command": " ".join(["python -m bench.glue_lines", *argv]),
-               "date": datetime.date.today().isoformat(), **report}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    b.write(report, "cpu", path=args.json)
     return 0
 
 

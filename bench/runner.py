@@ -1,16 +1,14 @@
 """The GPU runner: the suites' steps (bench/suites.py), each in its own process under a time limit.
 
     python -m bench run-all decode,memory --out outputs/gpu     # every step of both suites
-    python -m bench run-all kernels:moe,kernels:gemv             # two steps of one suite
-    python -m bench run-all e2e --with t2i="--profile /tmp/prof --profile-top 40" --limit t2i=300
+    python -m bench run-all kernels:moe,e2e:t2i --with t2i="--profile /tmp/prof" --limit t2i=300
     python -m bench run-all decode --tests "tests/framework/test_decode_gemv.py"   # GPU tests first
     python -m bench run-all --list                               # every step's command; nothing runs
 
-`bash bench/run_gpu.sh ...` sets a GPU machine up first (carried wheels, golden cases) and runs
-this. Each step writes {out}/<step>.log and, where its script writes one, {out}/<step>.json;
-{out}/summary.txt gets one line a step: its exit status (124: past its limit) and seconds. A
-device call returns after a fixed time, so a step past its limit is ended (its process group:
-torchrun's ranks too) and the next one starts.
+Each step writes {out}/<step>.log and, where its script writes one, {out}/<step>.json; {out}/summary.txt
+gets a line a step: its exit status (124: past its limit) and seconds. A step past its limit is ended
+(its process group: torchrun's ranks too) and the next one starts. `bash bench/run_gpu.sh` sets a GPU
+machine up first (carried wheels, golden cases).
 """
 from __future__ import annotations
 

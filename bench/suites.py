@@ -1,14 +1,11 @@
-"""The benchmark suites, as data, and `python -m bench`: one entry point for every script in bench/.
+"""The benchmark suites as data, and `python -m bench`: one entry point for every script in bench/.
 
     python -m bench                      # the suites, one line each (also: --list)
     python -m bench SUITE --help         # what it measures, its parts and their flags
-    python -m bench SUITE PART [ARGS]    # one of the suite's scripts with ARGS
-    python -m bench SUITE [ARGS]         # the suite's main script (where it has one) with ARGS
+    python -m bench SUITE [PART] [ARGS]  # a part (no PART: the suite's default) with ARGS
 
-A suite names the script(s) it runs; `python -m bench SUITE PART ARGS` is exactly
-`python -m <the part's module> <the part's fixed flags> ARGS` (the script runs as __main__, so
-it behaves as when started alone, under torchrun too). `main(argv)` is the command's body, for
-a caller that adds it as a subcommand.
+`python -m bench SUITE PART ARGS` is `python -m <the part's module> <the part's fixed flags> ARGS`, run
+as __main__ in this process (under torchrun too). `main(argv)` is the command's body (`dtgen bench`).
 """
 from __future__ import annotations
 
@@ -65,128 +62,97 @@ SUITES: tuple[Suite, ...] = (
     Suite("decode", "HunyuanImage-3's AR decode step on one GPU: wall and device time a token, kernels by kind, "
           "against the bytes floor", (
               Part("step", "bench.bench_decode", "one request's decode step end to end (compiled regions, CUDA graph)"),
-              Part("batch", "bench.bench_decode_batch", "8 requests' decode step as one batch against one request",
-                   ("--parts", "step")),
           ), default="step", steps=(
               Step("decode_dense_fp8", "step", "--layers 32 --moe-dtype fp8 --dense-dtype fp8 --decode-impls triton "
                    "--tokens 64 --kernels 12 --out {out}/decode_dense_fp8.json", 200),
-              Step("decode_batch", "batch", "--repeats 5 --step-iters 10 --out {out}/decode_batch.json", 150),
           )),
-    Suite("dit", "The denoise transformer's step: Wan's DiT against its FLOP floor, HunyuanImage-3's requests "
-          "batched", (
-              Part("wan", "bench.bench_wan", "Wan's denoise step, eager and one region per block, against 694 TFLOP/s"),
-              Part("batch", "bench.bench_batch", "4 HunyuanImage-3 requests' denoise steps as one batch against one "
-                   "at a time"),
-              Part("batch-parity", "bench.probes.batch_parity_probe", "batched denoise steps against each request "
-                   "alone (relative L2)"),
-          ), steps=(
-              Step("wan_1.3B", "wan", "--model 1.3B --out {out}/wan_1.3B.json", 200),
-              Step("wan_14B_8layers", "wan", "--model 14B --layers 8 --out {out}/wan_14B_8layers.json", 250),
-              Step("dit_batch", "batch", "--steps 10 --repeats 1 --out {out}/dit_batch.json", 200),
-          )),
-    Suite("e2e", "The CLI's whole request (AR, denoise, VAE) at the released shapes, and what a bucket's later "
-          "requests cost", (
-              Part("cli", HY_CLI[0], "`dtgen run --model hunyuan-image3`: its --report JSON holds each phase's "
-                   "timings", HY_CLI[1]),
-              Part("second-request", "bench.second_request", "why a bucket's later request runs slower than its first"),
-              Part("gpu2-table", "bench.gpu2_table", "the table of a folder of the CLI's reports (multi-GPU runs)"),
-          ), default="cli", steps=(
-              Step("t2i", "cli", f"{HY_REQUEST} --prompt-tokens 1251 --image-size 1024x1024 --report {{out}}/t2i.json "
-                   "--output {out}/t2i.png", 230),
-              Step("ti2i", "cli", f"{HY_REQUEST} --image {{ref_image}} --prompt redder --prompt redder "
-                   "--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --report {out}/ti2i.json "
-                   "--output {out}/ti2i.png", 230),
-              # two GPUs, the released 32 layers in bf16 on plan tp2, then both 2-rank plans at 16 layers
-              *(Step(f"t2i_{plan}_{n}", "cli", f"--world-size 2 --plan {plan} --layers {n} {TWO_GPU_REQUEST} "
-                     f"--report {{out}}/t2i_{plan}_{n}.json --output {{out}}/t2i_{plan}_{n}.png", limit, gpus=2)
-                for plan, n, limit in (("tp2", 32, 560), ("tp2", 16, 280), ("hybrid2", 16, 280))),
-          )),
+    Suite("dit", "Wan's denoise transformer step on one GPU against its FLOP floor", (
+        Part("wan", "bench.bench_wan", "Wan's denoise step, eager and one region per block, against 694 TFLOP/s"),
+    ), default="wan", steps=(
+        Step("wan_1.3B", "wan", "--model 1.3B --out {out}/wan_1.3B.json", 200),
+        Step("wan_14B_8layers", "wan", "--model 14B --layers 8 --out {out}/wan_14B_8layers.json", 250),
+    )),
+    Suite("e2e", "The CLI's whole request (AR, denoise, VAE) at the released shapes, on one GPU and two", (
+        Part("cli", HY_CLI[0], "`dtgen run --model hunyuan-image3`: its --report JSON holds each phase's "
+             "timings", HY_CLI[1]),
+    ), default="cli", steps=(
+        Step("t2i", "cli", f"{HY_REQUEST} --prompt-tokens 1251 --image-size 1024x1024 --report {{out}}/t2i.json "
+             "--output {out}/t2i.png", 230),
+        Step("ti2i", "cli", f"{HY_REQUEST} --image {{ref_image}} --prompt redder --prompt redder "
+             "--kv-caches keep-ar --vae-dtype bfloat16 --vae-chunks 4 --report {out}/ti2i.json "
+             "--output {out}/ti2i.png", 230),
+        # two GPUs, the released 32 layers in bf16 on plan tp2, then both 2-rank plans at 16 layers
+        *(Step(f"t2i_{plan}_{n}", "cli", f"--world-size 2 --plan {plan} --layers {n} {TWO_GPU_REQUEST} "
+               f"--report {{out}}/t2i_{plan}_{n}.json --output {{out}}/t2i_{plan}_{n}.png", limit, gpus=2)
+          for plan, n, limit in (("tp2", 32, 560), ("tp2", 16, 280), ("hybrid2", 16, 280))),
+    )),
     Suite("memory", "One HunyuanImage-3 request's memory, phase by phase, with each memory lever on and off", (
         Part("levers", "bench.bench_memory", "peak and timings of T2I and TI2I per lever configuration"),
-        Part("vae-probe", "bench.probes.memory_vae_probe", "where the peak over the weights goes; the fp32 VAE "
-             "decode's time"),
     ), default="levers", steps=(
         Step("memory_lean_ar", "levers", "--configs lean_ar --dense-dtype fp8 --repeats 3 "
              "--out {out}/memory_lean_ar.json", 300),
     )),
-    Suite("vae", "The HunyuanImage-3 VAE: its decode's variants, its 3x3x3 convolutions, its FLOPs and floors", (
-        Part("decode", "bench.bench_vae", "the decode split over GPUs, or --suite: dtypes, fast paths, layouts, "
-             "compile"),
-        Part("conv", "bench.probes.vae_conv_probe", "the 4-frame 3x3x3 convolution run several ways"),
-        Part("flops", "bench.probes.vae_flops", "the decode's FLOPs per convolution and its floors (no GPU)"),
+    Suite("vae", "The HunyuanImage-3 VAE: its decode's variants, its FLOPs and their floors", (
+        Part("decode", "bench.bench_vae", "the decode's dtypes, fast paths, layouts, chunks, compile; the encode",
+             ("--suite",)),
+        Part("flops", "bench.bench_vae", "the decode's FLOPs per convolution and its floors (no GPU)", ("--flops",)),
     ), default="decode", steps=(
         Step("vae_flops", "flops", "--sizes 1024 --out {out}/vae_flops.json", 120),
-        Step("vae_conv_probe", "conv", "--out {out}/vae_conv_probe.json", 150),
-        Step("vae_suite", "decode", "--suite --only-bf16 --out {out}/vae_suite.json", 300),
+        Step("vae_suite", "decode", "--only-bf16 --out {out}/vae_suite.json", 300),
     )),
     Suite("kernels", "dtgen's kernels alone at HunyuanImage-3 / Wan shapes against torch's ops and the floors", (
         Part("moe", "bench.bench_moe", "the MoE expert ops: multi-micro prefill, decode, FP8 experts"),
         Part("grouped-gemm", "bench.bench_grouped_gemm", "the MoE's grouped GEMMs: torch._grouped_mm, inductor, "
              "the fused kernels"),
-        Part("attention", "bench.bench_attention", "sequence-parallel attention ops: Ulysses pack/unpack, LSE "
-             "combine"),
         Part("fp8-attention", "bench.bench_fp8_attention", "FP8 attention against SDPA bf16 per backend; "
              "--sweep: tiles"),
-        Part("fp8-attention-sass", "bench.probes.fp8_attention_sass", "the FP8 attention kernel's registers and "
-             "main-loop instructions (no GPU)"),
         Part("split-kv", "bench.bench_decode_batch", "batched decode attention: balanced split-KV against static "
              "splits and SDPA", ("--parts", "kernel")),
         Part("prologue", "bench.bench_decode_batch", "the fused attention prologue against the separate ops",
              ("--parts", "prologue")),
-        Part("gemv", "bench.bench_decode_gemv", "the decode step's dense linears at M = 1, 8: cuBLAS, _scaled_mm, "
-             "decode GEMV"),
-        Part("layers", "bench.bench_layers", "one decoder layer per rank: eager, compiled, CUDA graph, against "
-             "the floors"),
     ), steps=(
         Step("moe", "moe", "--out {out}/moe.json", 200),
         Step("grouped_gemm", "grouped-gemm", "--out {out}/grouped_gemm.json", 120),
-        Step("attention", "attention", "--out {out}/attention.json", 60),
         Step("fp8_attention", "fp8-attention", "--out {out}/fp8_attention.json", 120),
         Step("split_kv", "split-kv", "--out {out}/split_kv.json", 120),
         Step("prologue", "prologue", "--out {out}/prologue.json", 120),
-        Step("gemv", "gemv", "--out {out}/gemv.json", 90),
-        Step("layers", "layers", "--profile --out {out}/layers.json", 300),
     )),
-    Suite("serve", "The HTTP server: its overhead over the CLI a request, and under load; the PNG writer", (
+    Suite("serve", "The HTTP server: its overhead over the CLI a request, and under load", (
         Part("server", "bench.bench_serve", "overhead against the CLI (median of per-request differences); load "
              "at 1/4/16"),
-        Part("png", "bench.bench_image_files", "dtgen's PNG writer against Pillow's on one 1024x1024 image"),
     ), default="server", steps=(
-        Step("png", "png", "--out {out}/png.json", 60),
         Step("serve_overhead", "server", "--overhead-requests 5 --requests 0 --steps 10 --max-new-tokens 256 "
              "--size 1024x1024 --timeout 300 --out {out}/serve_overhead.json -- --random-weights full --moe-dtype fp8 "
              "--compile", 420),
     )),
-    Suite("compile", "Compile and start-up time: whole-step graphs against regional compilation, a process's "
-          "start", (
-              Part("depth", "bench.bench_compile", "cold compile seconds against depth, regions against whole-step "
-                   "graphs"),
-              Part("startup", "bench.startup_profile", "where a process's start goes (imports, dynamo, Triton "
-                   "builds)"),
-          ), default="depth", steps=(
-              Step("compile_depth", "depth", "--layers 2,16 --modes regions,whole --out {out}/compile_depth.json", 400),
-          )),
+    Suite("compile", "Cold compile time against depth: whole-step graphs against regional compilation", (
+        Part("depth", "bench.bench_compile", "cold compile seconds against depth, regions against whole-step graphs"),
+    ), default="depth", steps=(
+        Step("compile_depth", "depth", "--layers 2,16 --modes regions,whole --out {out}/compile_depth.json", 400),
+    )),
     Suite("step-cache", "Step caches: fewer full denoise steps end to end, and what they cost in accuracy", (
         Part("hunyuan", "bench.bench_step_cache", "HunyuanImage-3 with its step caches against every step in full"),
         Part("wan", "bench.bench_wan_cache", "Wan's first-block cache: dtgen against diffusers' hook"),
-        Part("wan-deviation", "bench.wan_cache_deviation", "each Wan step cache's deviation and speed-up on the "
-             "tiny model (CPU)"),
+        Part("wan-deviation", "bench.bench_step_cache", "each Wan step cache's deviation and speed-up on the "
+             "tiny model (CPU)", ("--deviation", "--model", "wan")),
     ), default="hunyuan", steps=(
         Step("step_cache_t2i", "hunyuan", "--model t2i --out {out}/step_cache_t2i.json", 560),
         Step("step_cache_distil", "hunyuan", "--model distil --out {out}/step_cache_distil.json", 560),
         Step("wan_cache", "wan", "--out {out}/wan_cache.json", 560),
     )),
-    Suite("peers", "dtgen's DiTs against diffusers' on the same weights and inputs (needs diffusers 0.42.1)", (
-        Part("wan", "bench.bench_peers", "Wan's DiT against WanTransformer3DModel, bf16 and the FP8 options"),
-        Part("qwen", "bench.bench_qwen_peers", "Qwen-Image's MMDiT against QwenImageTransformer2DModel"),
-    ), steps=(
-        Step("qwen_peers", "qwen", "--modes regions --variants bf16,dense-fp8,attn-fp8,fp8 --out {out}/qwen_peers.json",
-             240),
-        Step("wan_peers", "wan", "--models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
-             "--out {out}/wan_peers.json", 300),
-    )),
+    Suite("peers", "A registered model's DiT against its reference library's on the same weights and inputs "
+          "(needs diffusers 0.42.1)", (
+              Part("wan", "bench.bench_peers", "Wan's DiT against WanTransformer3DModel, bf16 and the FP8 options",
+                   ("--model", "wan")),
+              Part("qwen", "bench.bench_peers", "Qwen-Image's MMDiT against QwenImageTransformer2DModel",
+                   ("--model", "qwen-image")),
+          ), steps=(
+              Step("qwen_peers", "qwen", "--modes regions --variants bf16,dense-fp8,attn-fp8,fp8 --warmup 3 --iters 10 "
+                   "--out {out}/qwen_peers.json", 240),
+              Step("wan_peers", "wan", "--sizes 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
+                   "--out {out}/wan_peers.json", 300),
+          )),
 )
-
 
 def suite(name: str) -> Suite | None:
     return next((s for s in SUITES if s.name == name), None)

@@ -47,7 +47,7 @@ def test_a_word_that_names_no_part_is_refused_not_handed_to_the_default(monkeypa
     assert main(["decode", "stepp"]) == 2
     assert main(["kernels"]) == 2   # no default part
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "'stepp'" in err[0] and "step, batch" in err[0] and "moe, grouped-gemm" in err[1]
+    assert len(err) == 2 and "'stepp'" in err[0] and "its parts: step " in err[0] and "moe, grouped-gemm" in err[1]
 
 
 def test_a_suite_help_gives_each_part_and_its_flags(capsys):
@@ -55,23 +55,23 @@ def test_a_suite_help_gives_each_part_and_its_flags(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"python -m bench vae: {suites.suite('vae').what}")
     for part in suites.suite("vae").parts:
-        assert f"(python -m {part.module})" in out
-    assert "--only-bf16" in out and "--shapes" in out and "--sizes" in out   # bench_vae's, the probes' flags
+        assert f"(python -m {' '.join((part.module, *part.args))})" in out
+    assert "--only-bf16" in out and "--sizes" in out   # the suite's flag, the FLOP count's
 
 
 def test_a_part_runs_as_its_script_does_and_its_exit_status_comes_back(tmp_path, capsys):
     out = tmp_path / "flops.json"
     assert main(["vae", "flops", "--sizes", "64", "--out", str(out)]) == 0
-    assert out.is_file() and '"command": "python -m bench.probes.vae_flops --sizes 64' in out.read_text()
+    assert out.is_file() and '"command": "python -m bench.bench_vae --flops --sizes 64' in out.read_text()
     assert main(["vae", "flops", "--sizes"]) == 2   # argparse's refusal
 
 
 def test_the_runner_lists_the_steps_it_would_run_in_order(tmp_path, capsys):
     assert main(["run-all", "decode,kernels:moe", "--out", str(tmp_path), "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" ")[0] for line in lines] == ["decode_dense_fp8", "decode_batch", "moe"]
+    assert [line.split(" ")[0] for line in lines] == ["decode_dense_fp8", "moe"]
     assert "-m bench.bench_decode --layers 32" in lines[0] and f"--out {tmp_path}/decode_dense_fp8.json" in lines[0]
-    assert "-m bench.bench_decode_batch --parts step" in lines[1]
+    assert "-m bench.bench_moe --out" in lines[1]
 
 
 def test_the_runner_refuses_a_step_a_suite_does_not_have(capsys):
@@ -103,3 +103,39 @@ def test_a_step_runs_in_its_own_process_and_one_past_its_limit_is_ended(tmp_path
     assert main(["run-all", "vae:vae_flops", "--out", str(tmp_path), "--limit", "vae_flops=0.2"]) == 1
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert [line.split(" ")[:2] for line in summary] == [["vae_flops", "rc=0"], ["vae_flops", "rc=124"]]
+
+
+def test_every_suite_help_gives_each_part_and_its_usage(capsys):
+    for s in SUITES:
+        assert main([s.name, "--help"]) == 0, s.name
+        out = capsys.readouterr().out
+        for part in s.parts:
+            assert f"(python -m {' '.join((part.module, *part.args))})" in out, (s.name, part.name)
+        assert out.count("usage: ") == 1 + len(s.parts), s.name   # the suite's, then each part's own
+
+
+def _bench(tmp_path, *argv):
+    """`python -m bench ARGV --out F` in its own process (the CPU paths set the interpreter and threads
+    for the process): the JSON it wrote."""
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-m", "bench", *argv, "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("python -m bench.") and result["device"] == "cpu" and result["torch"]
+    return result
+
+
+def test_the_fused_prologue_runs_at_smoke_shapes_on_the_cpu(tmp_path):
+    result = _bench(tmp_path, "kernels", "prologue", "--smoke", "--repeats", "1")
+    assert set(result["prologue"]) >= {"decode", "prefill"} and result["prologue"]["prefill"]["fused_us"]["n"] == 1
+
+
+def test_the_wan_cache_deviation_runs_on_the_tiny_model(tmp_path):
+    result = _bench(tmp_path, "step-cache", "wan-deviation", "--steps", "4", "--repeats", "1")
+    caches = {row["cache"].split(" ")[0] for row in result["caches"]}
+    assert caches == {"first-block", "taylorseer", "magcache", "taylor"} and len(result["caches"]) == 6
+    assert all(0 < row["block_share"] <= 1 and row["rel_l2_final_latents"] >= 0 for row in result["caches"])

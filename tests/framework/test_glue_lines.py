@@ -1,7 +1,9 @@
-"""bench/glue_lines.py: which files its rule counts, on a synthetic tree, and its report."""
+"""bench/glue_lines.py: which files its rule counts, on a synthetic tree, and its report; what its role
+count counts as a code line, and the Qwen-Image target (<= 300 lines) held."""
 import json
 
-from bench.glue_lines import count_model, longest_function, main, measure, module_classes, wc_lines
+from bench.glue_lines import (COUNTED, ROOT, TARGETS, code_lines, count_model, count_roles, longest_function, main,
+                              measure, module_classes, wc_lines)
 
 
 def _write(root, rel, text):
@@ -88,3 +90,22 @@ def test_the_report_on_this_tree(tmp_path, capsys):
     assert report["hunyuan_example_lines"] == hunyuan["files"]["examples/hunyuan_t2i.py"] > 0
     assert report["longest_serve_function"]["file"].startswith("dtgen/serve/")
     assert "hunyuan-image3" in capsys.readouterr().out
+    assert report["code_lines_by_role"]["qwen-image"]["target"] == 300
+
+
+def test_code_lines_leave_out_blanks_comments_and_docstrings(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('"""A module docstring\nover two lines."""\n\n# a comment\nx = [1,\n     2]   # two code lines\n\n'
+                    'def f():\n    """Its docstring."""\n    return "not a docstring"\n')
+    assert code_lines(path) == 4   # x = [1, / 2] / def f(): / return
+
+
+def test_every_role_counted_file_exists_once():
+    paths = [p for roles in COUNTED.values() for _, files in roles for p in files]
+    assert len(paths) == len(set(paths)) and all((ROOT / p).is_file() for p in paths)
+
+
+def test_the_targets_hold():
+    models = count_roles()
+    over = {m: models[m]["total"] for m, target in TARGETS.items() if models[m]["total"] > target}
+    assert not over, f"code lines over the target: {over} (targets: {TARGETS})"

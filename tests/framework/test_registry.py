@@ -175,13 +175,3 @@ def test_each_request_checks_itself_and_front_ends_rename_the_field():
     assert e.field == "step_cache" and e.message.startswith("threshold:")
     assert parse_size("64x48", "size", "1x1") == (64, 48) and parse_size("auto", "size", "1x1", auto=True) is None
     assert _error(lambda: parse_size("64", "size", "832x480")).message == "'64' is not 'WIDTHxHEIGHT' (e.g. 832x480)"
-
-
-def test_the_startup_bench_finds_the_example_it_starts_in_the_registry(capsys):
-    from bench.startup_profile import parse_args
-    opts, argv = parse_args(["out/p", "--model", "wan", "--", "--steps", "2"])
-    assert (opts.prefix, opts.model, opts.cprofile, argv) == ("out/p", "wan", False, ["--steps", "2"])
-    assert parse_args(["p", "--cprofile", "--"])[0].model == registry.default().name
-    with pytest.raises(SystemExit):
-        parse_args(["p", "--model", "flux", "--"])
-    assert "invalid choice: 'flux'" in capsys.readouterr().err

@@ -36,15 +36,16 @@ def test_bad_flags_are_refused_in_one_line(cache_env, capsys):
 
 
 def test_bench_peers_smoke_run_writes_its_json(tmp_path):
-    """bench/bench_qwen_peers.py at tiny shapes on the CPU (eager): both modules on the same
+    """bench/bench_peers.py for qwen-image at tiny shapes on the CPU (eager): both modules on the same
     weights compute the same forward (float32: rounding level), the JSON holds the figures."""
     pytest.importorskip("diffusers")
-    from bench.bench_qwen_peers import main as bench_main
+    from bench.bench_peers import main as bench_main
     out = tmp_path / "b.json"
-    assert bench_main(["--tiny", "--image-size", "128x128", "--text-rows", "8", "--warmup", "0", "--iters", "1",
-                       "--variants", "bf16,dense-fp8", "--out", str(out)]) == 0
+    assert bench_main(["--model", "qwen-image", "--tiny", "--image-size", "128x128", "--text-rows", "8", "--warmup",
+                       "0", "--iters", "1", "--variants", "bf16,dense-fp8", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["image_rows"] == 64 and list(r["modes"]) == ["eager"]
-    assert r["modes"]["eager"]["rel_l2_outputs"] < 1e-5
-    fp8 = r["modes"]["eager"]["variants"]["dense-fp8"]     # measured: 2.3e-3
+    assert r["sizes"]["tiny"]["image_rows"] == 64 and {row["mode"] for row in r["rows"]} == {"eager"}
+    dtgen = {row["variant"]: row for row in r["rows"] if row["who"] == "dtgen"}
+    assert dtgen["bf16"]["rel_l2_vs_diffusers"] < 1e-5
+    fp8 = dtgen["dense-fp8"]     # measured: 2.3e-3
     assert 0 < fp8["rel_l2_vs_dtgen_bf16"] < 2e-2 and fp8["ms"] > 0
