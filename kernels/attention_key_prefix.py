@@ -22,7 +22,8 @@ Implementations:
   ``seqused_k = valid`` per sequence. FlashAttention-2 reads the key count on the device: no
   mask, no host sync, and GQA without copying K/V.
 
-Measured on one H200 (bench/bench_layers.py, a denoise layer at TP2 x SP2 with a hole): the
+Measured on one H200 (a denoise layer at TP2 x SP2 with a hole,
+bench/results/h200x2-2026-11-30-regions/bench_layers_hole_flash.json): the
 flash path took the layer from 2.85 ms (no hole) to 7.84 ms, where the masked kernel gives
 3.99 ms; so "auto" takes the reference (SDPA's memory-efficient kernel with a broadcast key
 mask) until the flash path is understood.

@@ -40,8 +40,9 @@ writes float32 partials (already scaled), a second kernel sums them in a fixed o
 the bias and casts: deterministic, no atomics.
 
 Block sizes: `config_for` (a small table, `GEMV_CONFIGS`, keyed by (N, K, weight kind, rows
-class), over per-kind defaults); no autotuning at import or call; `bench/bench_decode_gemv.py
---sweep` times a few candidates per shape and prints table entries.
+class), over per-kind defaults); no autotuning at import or call: the entries are the fastest of a
+few candidates per shape, timed on one H200
+(`bench/results/h200-2026-12-02-qwen-peers/rope-real/bench_decode_gemv.json`).
 
 CPU runs the torch reference; CUDA runs Triton; ``impl="triton"`` forces Triton (on CPU only
 under TRITON_INTERPRET=1). Registered as ``dtgen::decode_gemv``: one node under
@@ -191,8 +192,8 @@ DEFAULT_CONFIGS: dict[tuple[str, str], GemvConfig] = {
     ("16bit", "m16"): GemvConfig(block_n=16, block_k=256, num_warps=4, num_stages=3, dot=True),
     ("fp8", "m16"): GemvConfig(block_n=16, block_k=512, num_warps=4, num_stages=3, dot=True, prequant=True),
 }
-# Per-shape overrides, (N, K, kind, rows class) -> GemvConfig, from `bench.bench_decode_gemv
-# --sweep` on the target GPU (it prints entries to paste here): the fastest tiles of one H200
+# Per-shape overrides, (N, K, kind, rows class) -> GemvConfig, from a sweep of a few candidate
+# tiles per shape on the target GPU: the fastest tiles of one H200
 # at M = 1 for the HunyuanImage-3 decode shapes, e4m3 x passed in quantized as fp8_linear does.
 # Each one's time against the default's:
 # `bench/results/h200-2026-12-02-qwen-peers/rope-real/bench_decode_gemv.json` (the bf16

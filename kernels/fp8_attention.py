@@ -77,7 +77,7 @@ class AttentionTiles:
     ~20 more registers a thread); `maxnreg`: a cap on the registers a thread (more programs an
     SM, at the price of spills).
 
-    Not options, and why (bench/bench_fp8_attention.py's sweep on one H200): summing each key
+    Not options, and why (`python -m bench kernels fp8-attention --sweep` on one H200): summing each key
     block's FP8 PV products apart before the float32 accumulator (Triton's
     max_num_imprecise_acc = block_n; on sm_90 the tensor cores' reduced-precision
     accumulation otherwise carries the row, as FlashAttention-3's FP8 does) leaves the error
@@ -103,14 +103,16 @@ class AttentionTiles:
         return None
 
 
-# GPU: the best of bench/bench_fp8_attention.py's sweep at Wan's shapes (one H200, table
-# `fp8-attention`): 64 query rows a program, one warpgroup, 3 stages: two programs fit an SM (registers
-# and shared memory), and one's softmax runs while the other's tensor-core work does.
+# GPU: the best of `python -m bench kernels fp8-attention --sweep` at Wan's shapes (one H200,
+# bench/results/h200-2026-12-03-fp8-attention/): 64 query rows a program, one warpgroup, 3 stages: two
+# programs fit an SM (registers and shared memory), and one's softmax runs while the other's tensor-core
+# work does.
 DEFAULT_TILES = (AttentionTiles(num_stages=1, tma=False) if INTERPRETED else
                  AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=3))
 # Long key sequences (Wan's 32760 keys at 480p): 2 stages and at most 168 registers a thread (no
 # spills) let three programs share an SM: 7.96 / 8.08 ms against 8.21-8.36 at Wan 1.3B's shape
-# (docs/performance.md, `fp8-attention` and `fp8-attention-lazy`); at HunyuanImage-3's 5606 / 9702 keys the default's
+# (bench/results/h200-2026-12-03-fp8-attention/default-tiles/ and h200-2026-12-03-side-stream-cfg/lazy-rescale/,
+# bench_fp8_attention_sweep.json); at HunyuanImage-3's 5606 / 9702 keys the default's
 # deeper pipeline is faster (0.56-0.60 against 0.63-0.68 ms; 0.92 against 0.94).
 LONG_KEYS = 16384
 LONG_KEY_TILES = AttentionTiles(block_m=64, block_n=128, num_warps=4, num_stages=2, maxnreg=168)
@@ -343,7 +345,7 @@ def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: in
 # The op takes the quantized operands: the quantization (`quantize_qkv`, ~10 torch passes over
 # Q, K, V) stays outside it, so that a compiled region fuses it with the RoPE and norms before
 # it (eager: 3.5 / 11.0 ms a call at Wan's 1.3B / 14B shapes; compiled alone: 0.5 / 1.0 ms,
-# bench/bench_fp8_attention.py). Inside an opaque op it would always run eagerly.
+# bench/results/h200-2026-12-02/bench_fp8_attention.json). Inside an opaque op it would always run eagerly.
 @torch.library.custom_op("dtgen::fp8_attention_quantized", mutates_args=())
 def _fp8_attention_op(q8: torch.Tensor, q_scale: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
                       vt8: torch.Tensor, v_scale: torch.Tensor, sq: int, sk: int, heads: int,

@@ -23,8 +23,8 @@ programs exit at once.
 
 Splitting stage 2 over (H-block, expert), rather than looping over the experts inside
 one program per H-block, keeps enough programs streaming at T=1 to read w_down near the
-memory bandwidth, which the looping version falls well short of (`bench_moe --part decode`;
-docs/performance.md, table `moe-decode-kernels`).
+memory bandwidth, which the looping version falls well short of (`python -m bench kernels moe
+--part decode`; each kernel's time: bench/results/h200-2026-12-01-moe-targets/bench_moe_decode_profile*.json).
 """
 from dataclasses import dataclass, replace
 
@@ -66,9 +66,9 @@ class DecodeConfig:
 
 
 DEFAULT_DECODE_CONFIG = DecodeConfig()
-# e4m3 weights, their tiles swept apart per recipe (bench_moe --part decode, one H200; the
-# times: bench/results/h200-2026-12-01-moe-targets/, docs/performance.md's tables
-# `moe-decode-stage1-fp16` and `moe-decode-kernels`):
+# e4m3 weights, their tiles swept apart per recipe (`python -m bench kernels moe --part decode`, one
+# H200; the times: bench/results/h200-2026-12-01-moe-targets/ and
+# h200x2-2026-12-01-fp8-decode/bench_moe_decode.json; the op: table `hunyuan-h200-kernels` in docs/performance.md):
 # - stage 1 converts e4m3 to float16 for its dot (not to bf16): that takes it off its
 #   conversion bound, at the same error against bf16;
 # - stage 2 converts e4m3 through float16 (one instruction per pair) before bf16, and

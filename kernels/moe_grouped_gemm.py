@@ -27,7 +27,7 @@ can come through TMA descriptors (`GemmTiles.weights_tma` / `rows_tma`).
 FP8 (e4m3 operands, `kernels.fp8_quant`): with block scales each K step's product is scaled
 before it is added, which breaks the tensor cores' accumulate chain (the kernels run at
 bf16's rate); with channel scales the K loop is a plain chain and the scales apply in the
-epilogue (~1.65x bf16 on an H200). docs/performance.md has the figures.
+epilogue (~1.7x bf16 on an H200: docs/performance.md, table `hunyuan-h200-kernels`).
 
 References: `gate_up_act_reference` and `down_sum_reference` (torch, one host sync each),
 and their FP8 forms.
@@ -85,8 +85,9 @@ class FusedMoeConfig:
     down: GemmTiles
 
 
-# bf16 on an H200 at HunyuanImage-3's denoise shapes, the best of the sweep in
-# bench/bench_grouped_gemm.py (TMA for the weights: +10%; for the down GEMM's rows: +7%).
+# bf16 on an H200 at HunyuanImage-3's denoise shapes, the best of `python -m bench kernels grouped-gemm
+# --sweep` (bench/results/h200-2026-12-01-moe/bench_grouped_gemm.json; TMA for the weights: +10%; for the down
+# GEMM's rows: +7%).
 DEFAULT_FUSED_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=128, block_n=128, block_k=64, num_warps=8, num_stages=4, weights_tma=True),
     down=GemmTiles(block_r=128, block_n=256, block_k=64, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True))
@@ -101,7 +102,8 @@ FP8_FUSED_CONFIG = FusedMoeConfig(
     down=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=4, weights_tma=True, rows_tma=True,
                    flatten=True))
 # e4m3 with channel scales: plain accumulate chains, scaled once in the epilogue; the best of
-# bench/bench_grouped_gemm.py's sweep on an H200 (--sweep --flatten): gate/up 842 TFLOP/s,
+# `python -m bench kernels grouped-gemm --sweep --flatten` on an H200
+# (bench/results/h200-2026-12-01-moe-targets/grouped_gemm_sweep_flatten.json): gate/up 842 TFLOP/s,
 # down 868 (flattened; 794 not).
 FP8_CHANNELS_CONFIG = FusedMoeConfig(
     gate_up=GemmTiles(block_r=64, block_n=256, block_k=128, num_warps=8, num_stages=3, weights_tma=True, rows_tma=True),

@@ -25,8 +25,8 @@ The fast path (impl "fused", the default on CUDA; CPU under TRITON_INTERPRET=1):
 Measured on an H200 (torch 2.11, HunyuanImage-3 denoise shapes, two micros of 768):
 2.46 ms at T=4096 (gate/up ~500 TFLOP/s, down ~510); the previous default ("grouped_mm":
 gather, `torch._grouped_mm` per micro, an activation kernel, one M*E-group down GEMM, M
-partials per slot summed in the finalize) took 2.70 ms. `bench/bench_moe.py` and
-`bench/bench_grouped_gemm.py` have the rest.
+partials per slot summed in the finalize) took 2.70 ms. bench/results/h200-2026-12-01-moe/
+(bench_moe_prefill.json, bench_grouped_gemm.json) has the rest.
 
 FP8 experts (`moe_multi_micro_fp8`, bottom of this file): the same pipeline on e4m3 in
 either recipe of `kernels.fp8_quant`.
@@ -483,7 +483,8 @@ def moe_multi_micro_graph(x, topk_ids, topk_weights, w_gate_up, w_down):
     in x's dtype; the micro sum and the weighted reduce in float32), but inductor gets the
     `torch._grouped_mm` calls themselves: with GEMM autotuning on (`CompileOptions.autotune`)
     it picks its Triton grouped-GEMM templates where they win. On an H200 at the denoise
-    shapes they beat the CUTLASS kernel by 14-18% (`bench/bench_grouped_gemm.py --autotune`).
+    shapes they beat the CUTLASS kernel by 13-17% (`python -m bench kernels grouped-gemm --autotune`:
+    bench/results/h200-2026-11-29-layers/bench_grouped_gemm.json).
     The activation becomes inductor's fused kernel; the finalize is ours. No host sync.
     The model uses it with MoE impl "graph" (`--compile-autotune` picks that).
     """
