@@ -15,7 +15,7 @@ What a spec's pieces must offer:
   `cli=False` without the flags only the CLI reads, plus any server-only flags of the model),
   `finish_args(args)` (the launch defaults: world size, plan), `prepare(args) -> (problem or
   None, tiny)`, `build_pipeline(ctx, args)`, `request_from_args(args)` (the request every
-  field not given comes from), `main(argv, prog)` (the command itself: bench.startup_profile runs it),
+  field not given comes from), `main(argv, prog)` (the command itself: `dtgen run` runs it),
   and for the server `serve_adapter(ctx, args, max_batch)` (this rank's `dtgen.serve`
   adapter) with an optional `serve_problem(args)` (server-only checks);
 - `plans` (a placements module): `PLANS`, name -> `dtgen.plan.Plan`;

@@ -19,20 +19,19 @@ halo-exchanging version without touching the blocks that call it. (The GroupNorm
 statistics and the mid-block attention span the whole image, so a split decode must
 handle those too; the upsamplers' depth-to-space is per position and splits freely.)
 
-Channels-last path (`HunyuanVAE.set_channels_last`, the pipeline's choice for a bf16 / fp16
-VAE on CUDA): the activation is kept channels_last_3d ([B, C, T, H, W] stored as B, T, H, W,
-C) from the first convolution to the last. Why: on an H200, bf16 2-D convs over channels_last
-frames run a 4-frame conv faster than F.conv3d on NCDHW (table `vae-conv` in
-docs/performance.md), and on NCDHW cuDNN spends a sizeable share of a request's convolution time
-in nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels want channels last). In
-that layout every frame is a channels_last 2-D image and the frames of one sample are consecutive, so the 5-D map IS a batch of channels_last frames (a
-view): each 3x3x3 conv runs as 2-D convs, one per time tap over the frames it meets (3T - 2
-frame-taps; `VAEConv3d._forward_cl`), 1x1x1 convs as one GEMM over positions, GroupNorm's
-statistics and its normalization read the strided map in place (`VAEGroupNorm`), residuals
-are added in place, and the upsampler's depth-to-space (the downsampler's space-to-depth)
-writes its channels_last output directly, its shortcut added in the same pass. The image
-and the encoder's moments come back contiguous. Same values as the NCDHW path up to
-summation order (tests/hunyuan_image3/test_vae_channels_last.py).
+Channels-last path (`HunyuanVAE.set_channels_last`, the pipeline's choice for a bf16 / fp16 VAE on CUDA): the
+activation is kept channels_last_3d ([B, C, T, H, W] stored as B, T, H, W, C) from the first convolution to
+the last. Why: on an H200, bf16 2-D convs over channels_last frames run a 4-frame conv faster than F.conv3d on
+NCDHW (bench/results/h200-2026-12-03/lm-head-fp8/vae_conv_probe.json), and on NCDHW cuDNN spends a sizeable
+share of a request's convolution time in nchwToNhwc/nhwcToNchw layout conversions (its tensor-core kernels
+want channels last). In that layout every frame is a channels_last 2-D image and the frames of one sample are
+consecutive, so the 5-D map IS a batch of channels_last frames (a view): each 3x3x3 conv runs as 2-D convs,
+one per time tap over the frames it meets (3T - 2 frame-taps; `VAEConv3d._forward_cl`), 1x1x1 convs as one
+GEMM over positions, GroupNorm's statistics and its normalization read the strided map in place
+(`VAEGroupNorm`), residuals are added in place, and the upsampler's depth-to-space (the downsampler's
+space-to-depth) writes its channels_last output directly, its shortcut added in the same pass. The image and
+the encoder's moments come back contiguous. Same values as the NCDHW path up to summation order
+(tests/hunyuan_image3/test_vae_channels_last.py).
 """
 from __future__ import annotations
 
@@ -185,7 +184,7 @@ class VAEConv3d(nn.Conv3d):
         copy of the weight, [kT, O, kH, kW, C] in memory). Kept when `cache_cl_weights` (and
         remade only if the weight tensor is replaced, e.g. a phase binding another view), else
         made per call: the decoder's 3x3x3 weights are 1.7 GB in bf16, so the choice is a copy
-        per decode (its time: docs/performance.md, table `vae-channels-last`) or a second
+        per decode (its time: bench/results/h200-2026-12-03-keep-ar/fusions/bench_vae_suite.json) or a second
         resident copy of 1.7 GB."""
         w = self.weight
         compiling = torch.compiler.is_compiling()
@@ -800,8 +799,9 @@ class HunyuanVAE(nn.Module):
         `cache_weights`: each 3x3x3 conv keeps its weight as three channels_last 2-D kernels
         (made now, once; remade only if the weight tensor is replaced), a second resident
         copy of the VAE's conv weights (1.7 GB for the released decoder in bf16, 0.8 GB for the
-        encoder); else the kernels are made per conv call (its cost: bench_vae's bf16_cl_eager
-        against bf16_cl_cached_eager, table `vae-channels-last`). Not for a split decode
+        encoder); else the kernels are made per conv call (its cost: `python -m bench vae decode`'s
+        bf16_cl_eager against bf16_cl_cached_eager,
+        bench/results/h200-2026-12-03-keep-ar/fusions/bench_vae_suite.json). Not for a split decode
         (parallel_vae swaps the convs for halo ones; leave `decoder` False there)."""
         parts = [m for m, on in ((self.decoder, decoder), (self.encoder, encoder)) if on and m is not None]
         for part in parts:
