@@ -4,7 +4,7 @@ reference and the multi-micro op, bf16 and FP8 (channels, blocks), its tiles swe
 beside the default; `--profile-decode`: the default tiles' kernels, no sweep). Each call uses another of 8
 routings, so weights come from HBM. Floor: the distinct experts' bytes (`bench.floors.
 moe_decode_expert_bytes`) at 4.3 TB/s, beside the copy bandwidth measured here. Times: do_bench medians.
-(The denoise phase's MoE GEMMs: bench/bench_grouped_gemm.py.)
+(The denoise phase's MoE GEMMs: `python -m bench kernels grouped-gemm`.)
 """
 import sys
 from dataclasses import replace
