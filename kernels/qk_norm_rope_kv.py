@@ -245,7 +245,7 @@ def _out_dtype(qkv: torch.Tensor, q_weight: torch.Tensor | None) -> torch.dtype:
 # _MAX_TILE elements and (b) at least _MIN_PROGRAMS programs in the grid (1024: about 8 per SM
 # on a 132-SM H200, so the last wave's tail stays small; (b) keeps decode at BLOCK_S = 1:
 # 8 requests x 8 KV heads is 64 programs). Measured on an H200 at that prefill shape
-# (bench_decode_batch --prologue-rows 1,2,4,8,16,32 --prologue-warps 4,8,16):
+# (1-32 rows a program at 4, 8 and 16 warps: bench/results/h200-2026-12-02-qwen-peers/bias-in-gemm/prologue.json):
 # 8 rows at 4 warps is the fastest, 32.3 us (1 row 49.4, 4 rows 35.0, 16 rows 34.0, 32 rows
 # 34.6 at 8 warps), and more warps than 4 only slowed the tiles up to 16 rows; hence a 4096-
 # element cap (8 rows at group 4, head dim 128: ~32 KB moved a program) and 4 warps for every

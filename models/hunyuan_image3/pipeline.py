@@ -58,7 +58,7 @@ VAE_LAYOUTS = ("auto", "channels-last", "ncdhw")
 
 
 def _resolve_vae_layout(layout: str, vae, device: torch.device) -> str:
-    """"auto": channels-last for a bf16 / fp16 VAE on CUDA (bench_vae --suite: bf16_cl_*
+    """"auto": channels-last for a bf16 / fp16 VAE on CUDA (`python -m bench vae decode`: bf16_cl_*
     against bf16_fast_*), else ncdhw (float32 stays on the golden-exact path)."""
     if vae is None:
         return "ncdhw"

@@ -203,8 +203,9 @@ class VAEConv3d(nn.Conv3d):
         """The channels-last path (module docstring): x [B, C, T, H, W] channels_last_3d, read
         as B*T channels_last frames (a view). 3x3x3: the middle tap over every frame, then the
         first (second) tap's conv of frames 0..T-2 (1..T-1) added into frames 1..T-1 (0..T-2):
-        the 3T - 2 frame-taps that meet a frame, none on the zero time padding (the probe's
-        `taps2d_cl_resident`). 1x1x1: one GEMM over positions. Output channels_last_3d."""
+        the 3T - 2 frame-taps that meet a frame, none on the zero time padding (`taps2d_cl_resident`
+        in bench/results/h200-2026-12-03/lm-head-fp8/vae_conv_probe.json). 1x1x1: one GEMM over
+        positions. Output channels_last_3d."""
         b, c, t, h, w = x.shape
         k = self.kernel_size[0]
         if k == 1:
