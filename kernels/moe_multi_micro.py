@@ -22,11 +22,9 @@ The fast path (impl "fused", the default on CUDA; CPU under TRITON_INTERPRET=1):
    over k (un-permute and weighted reduce, fused; gathers by slot, so no atomics and a
    deterministic result).
 
-Measured on an H200 (torch 2.11, HunyuanImage-3 denoise shapes, two micros of 768):
-2.46 ms at T=4096 (gate/up ~500 TFLOP/s, down ~510); the previous default ("grouped_mm":
-gather, `torch._grouped_mm` per micro, an activation kernel, one M*E-group down GEMM, M
-partials per slot summed in the finalize) took 2.70 ms. bench/results/h200-2026-12-01-moe/
-(bench_moe_prefill.json, bench_grouped_gemm.json) has the rest.
+Its time on an H200 at HunyuanImage-3's denoise shapes (two micros of 768), against
+`torch._grouped_mm` per micro with separate activation and down GEMMs:
+bench/results/h200-2026-12-01-moe/ (bench_moe_prefill.json, bench_grouped_gemm.json).
 
 FP8 experts (`moe_multi_micro_fp8`, bottom of this file): the same pipeline on e4m3 in
 either recipe of `kernels.fp8_quant`.

@@ -155,7 +155,7 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
                         "on an H200); slower compile")
     p.add_argument("--vae-dtype", default=None, choices=("float32", "bfloat16"),
                    help="the VAE's weights and compute (default: the checkpoint's vae_dtype, float32 in the "
-                        "released ones); bfloat16 halves its memory (bench/bench_vae.py --suite: its error)")
+                        "released ones); bfloat16 halves its memory (its error: python -m bench vae decode)")
     p.add_argument("--vae-chunks", type=int, default=None, metavar="N",
                    help="decode on one rank (and encode an edit's reference) with the VAE's big maps convolved N "
                         "slabs of rows at a time (exact; two whole maps live at once instead of three; default 1)")
