@@ -13,8 +13,9 @@ Routes (an image model's server; a video model's has the video ones instead):
   again once the server cannot go on), `GET /metrics` (Prometheus), `GET /info` (the model,
   what it makes, its defaults), `GET /` (a one-page UI).
 
-Statuses: 422 a bad field (one line naming it), 413 a body over the upload limit, 404 a
-route of the other kind of model or an unknown job, 409 a video's content before it is
+Statuses: 422 a bad field (one line naming it), 413 a body over the upload limit, 415 a
+body neither JSON nor a multipart form, 404 a route of the other kind of model or an unknown
+job (ids are random: a restarted server never answers an old one), 409 a video's content before it is
 made, 429 the queue is full (Retry-After), 503 out of memory or not ready, 504 the
 server-side deadline passed, 499 cancelled, 500 a job that failed (its message).
 Every request writes one line to the log (its status and time; an error's message).

@@ -17,6 +17,16 @@ class TooLarge(Exception):
     """The body is over the server's upload limit: answer 413."""
 
 
+class WrongContentType(RequestError):
+    """A body whose Content-Type is neither JSON nor multipart/form-data: answer 415."""
+
+
+# No request field nests deeper than a few levels (a step cache's knobs are the deepest); the
+# bound keeps a hostile body (thousands of brackets) from exhausting the parser's recursion.
+MAX_JSON_DEPTH = 32
+JSON_TYPES = ("application/json",)
+
+
 # A refused body is still read (and dropped) up to this many times the limit before the 413
 # goes out: a client that sends its whole body before it reads the answer (urllib, most
 # scripts) would otherwise see the connection reset instead of the 413. Past it, the
@@ -49,13 +59,29 @@ async def _drain(request, bound: int) -> None:
             return
 
 
+def json_depth(value) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def parse_json(body: bytes) -> dict:
+    too_deep = RequestError("body", f"JSON nests deeper than {MAX_JSON_DEPTH} levels (the limit)")
     try:
         fields = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise RequestError("body", "is not JSON") from None
+    except RecursionError:   # deeper than the interpreter's stack: far past the limit
+        raise too_deep from None
     if not isinstance(fields, dict):
         raise RequestError("body", "must be a JSON object")
+    if json_depth(fields) > MAX_JSON_DEPTH:
+        raise too_deep
     return fields
 
 
@@ -95,7 +121,10 @@ def parse_body(content_type: str, body: bytes) -> tuple[dict, dict[str, list[tup
         fields, files = parse_multipart(content_type, body)
         return fields, files, True
     if kind == "application/x-www-form-urlencoded":
-        raise RequestError("body", "send multipart/form-data or JSON, not a urlencoded form")
+        raise WrongContentType("Content-Type", "send multipart/form-data or JSON, not a urlencoded form")
+    if kind not in JSON_TYPES:
+        raise WrongContentType("Content-Type", f"{kind or 'none given'}: the body must be application/json "
+                                               "or multipart/form-data")
     return parse_json(body), {}, False
 
 

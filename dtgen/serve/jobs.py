@@ -9,9 +9,9 @@ slot is free for the next submission, and it answers "cancelled" from then on.
 from __future__ import annotations
 
 import collections
-import itertools
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -107,7 +107,6 @@ class JobBoard:
         self._jobs: dict[str, Job] = {}
         self._finished: collections.deque[str] = collections.deque()
         self._keep = keep_finished
-        self._ids = itertools.count(1)
         self.closed = False
         self.on_finish = on_finish      # called with each job as it finishes (metrics, the log)
 
@@ -119,7 +118,8 @@ class JobBoard:
             self._drop_expired_locked()
             if len(self._queue) >= self.max_queued:
                 raise QueueFull(f"{len(self._queue)} jobs are waiting (the limit is {self.max_queued})")
-            job = Job(f"job-{next(self._ids)}", request,
+            # random, not a counter: a restarted server never hands out an id a client still polls
+            job = Job(f"job-{uuid.uuid4().hex}", request,
                       None if deadline_s is None else time.monotonic() + deadline_s, kind, tuple(phases),
                       batch_key=batch_key, output=output)
             self._queue.append(job)
@@ -130,6 +130,12 @@ class JobBoard:
     def get(self, job_id: str) -> Job | None:
         with self._lock:
             return self._jobs.get(job_id)
+
+    def queued(self) -> list[Job]:
+        """The jobs waiting now, oldest first."""
+        with self._lock:
+            self._drop_expired_locked()
+            return list(self._queue)
 
     def depth(self) -> int:
         with self._lock:

@@ -222,7 +222,8 @@ def _inside_a_step_job(ctx, out_path, failing_rank, what):
     ended = stopped.wait(30)
     with open(out_path, "w") as f:
         json.dump({"answered": answered, "answered_s": answered_s, "ended": ended, "stopped_s": time.monotonic() - t0,
-                   "state": job.state, "error": job.error, "status": job.http_status, "why": engine.broken,
+                   "id": job.id, "state": job.state, "error": job.error, "status": job.http_status,
+                   "why": engine.broken,
                    "ready": engine.ready.is_set(), "refused": _refused(board)}, f)
     # rank 0's engine thread (or its peer) is stuck in the collective: end this rank as a server ends
     raise SystemExit("the server stops")
@@ -257,7 +258,7 @@ def test_a_rank_that_raises_inside_a_step_fails_the_job_and_ends_the_server_with
         assert r["status"] == 500 and "rank 0 waits in a collective of group" in r["why"], r
     else:
         assert r["error"].startswith("rank 0: out of memory") and r["status"] == 503, r
-        assert "rank(s) [1] did not leave job-1 within 2 s" in r["why"], r
+        assert f"rank(s) [1] did not leave {r['id']} within 2 s" in r["why"], r
     assert r["why"].startswith(r["error"]), "the server ends with the job's message"
 
 

@@ -147,6 +147,7 @@ def test_bad_fields_get_422_naming_the_field(server, body, field, message):
         assert status == 422, answer
         error = answer["error"]
         assert error["field"] == field and message in error["message"] and "\n" not in error["message"], error
+    assert "object at 0x" not in error["message"], "the message names the upload, not a Python object"
 
 
 def test_a_step_cache_request_reports_its_steps(server):
@@ -228,6 +229,7 @@ def test_bad_edits_get_4xx_naming_the_field(server, fields, files, status, field
     assert got == status, answer
     error = answer["error"]
     assert error["field"] == field and message in error["message"] and "\n" not in error["message"], error
+    assert "object at 0x" not in error["message"], "the message names the upload, not a Python object"
 
 
 def test_a_video_request_to_an_image_model_is_refused_in_one_line(server):
@@ -243,8 +245,9 @@ def test_not_json_and_unknown_job(server):
     server, _, _ = server
     status, answer, _ = call(server, "POST", "/v1/images/generations", b"{not json")
     assert status == 422 and answer["error"] == {"message": "body: is not JSON", "field": "body"}, answer
-    assert call(server, "GET", "/v1/jobs/job-999")[0] == 404
-    assert call(server, "DELETE", "/v1/jobs/job-999")[0] == 404
+    for method in ("GET", "DELETE"):
+        status, answer, _ = call(server, method, "/v1/jobs/job-999")
+        assert status == 404 and "do not survive a restart" in answer["error"]["message"], answer
 
 
 def test_a_burst_of_jobs_meets_the_queue_limit(server):

@@ -3,13 +3,12 @@ answered when its image is made; a client that disconnects cancels its job."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..jobs import CANCELLED, FAILED, SUCCEEDED, Job
-from .shared import Served, ServedBy, error
+from .shared import Served, ServedBy, error, image_answer
 
 router = APIRouter()
 
@@ -17,8 +16,7 @@ router = APIRouter()
 async def finished_image(served: Served, job: Job) -> JSONResponse:
     if job.state == SUCCEEDED:
         await served.encoded(job)
-        return JSONResponse({"created": int(time.time()), "data": [job.result["image"]],
-                             "dtgen": {k: v for k, v in job.result.items() if k != "image"}})
+        return JSONResponse(image_answer(job.result))
     return error(job.http_status if job.state in (FAILED, CANCELLED) else 500, job.error or job.state)
 
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..jobs import SUCCEEDED, Job
-from .shared import Served, ServedBy, error
+from .shared import Served, ServedBy, image_answer, unknown_job
 
 router = APIRouter()
 
@@ -15,8 +15,10 @@ async def job_body(served: Served, job: Job) -> dict:
     body = job.as_dict()
     if body["status"] == SUCCEEDED:   # the state read once: the engine may end the job meanwhile
         await served.encoded(job)
-        body["result"] = ({"data": [job.result["image"]]} if job.kind == "image"
-                          else {"content": f"/v1/videos/{job.id}/content"})
+        # what the synchronous route answers (a video: where its MP4 is, and the same `dtgen` fields)
+        body["result"] = (image_answer(job.result) if job.kind == "image" else
+                          {"content": f"/v1/videos/{job.id}/content",
+                           "dtgen": {k: v for k, v in job.result.items() if k != "video"}})
     return body
 
 
@@ -32,7 +34,7 @@ async def create_job(request: Request, served: ServedBy):
 async def read_job(job_id: str, served: ServedBy):
     job = served.board.get(job_id)
     if job is None:
-        return error(404, f"no job {job_id!r}")
+        return unknown_job(job_id)
     return await job_body(served, job)
 
 
@@ -40,6 +42,6 @@ async def read_job(job_id: str, served: ServedBy):
 async def cancel_job(job_id: str, served: ServedBy):
     job = served.board.get(job_id)
     if job is None:
-        return error(404, f"no job {job_id!r}")
+        return unknown_job(job_id)
     served.board.cancel(job, "cancelled by DELETE")
     return await job_body(served, job)

@@ -3,6 +3,7 @@ the metrics, the limits), handed to a route as a dependency, and the error body.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -13,7 +14,7 @@ from dtgen.requests import RequestError
 
 from ..adapters import ImageOutput, encode_answer, take_image_output
 from ..engine import Engine, can_batch
-from ..forms import TooLarge, parse_body, read_body
+from ..forms import TooLarge, WrongContentType, parse_body, read_body
 from ..jobs import SUCCEEDED, Job, JobBoard, QueueFull
 from ..metrics import Metrics
 
@@ -23,6 +24,20 @@ def error(status: int, message: str, field: str | None = None, headers: dict | N
     if field is not None:
         body["error"]["field"] = field
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def image_answer(result: dict) -> dict:
+    """A finished image job's answer (its image encoded): OpenAI's `created` and `data`, and
+    under `dtgen` what else the job reports (seed, size, timings, the step cache's decisions).
+    The synchronous routes and a job's result both answer this."""
+    return {"created": int(time.time()), "data": [result["image"]],
+            "dtgen": {k: v for k, v in result.items() if k != "image"}}
+
+
+def unknown_job(job_id: str, what: str = "job") -> JSONResponse:
+    """404 for an id this server does not hold: ids are never reused, so the job is gone, not someone else's."""
+    return error(404, f"no {what} {job_id!r} on this server: jobs live in the server's memory (the last finished "
+                      "ones are kept) and do not survive a restart")
 
 
 @dataclass(eq=False)
@@ -80,6 +95,8 @@ class Served:
             return self.refuse(413, f"{what}: {e}", what)
         try:
             parsed, output = await self._parse(request, body, route)
+        except WrongContentType as e:
+            return self.refuse(415, str(e), e.field)
         except RequestError as e:
             return self.refuse(422, str(e), e.field)
         return await self._queue(parsed, output)

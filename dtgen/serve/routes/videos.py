@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..jobs import FINISHED, SUCCEEDED, Job
-from .shared import Served, ServedBy, error
+from .shared import Served, ServedBy, error, unknown_job
 
 router = APIRouter()
 
@@ -36,7 +36,7 @@ def video_body(served: Served, job: Job) -> dict:
 def video_job(served: Served, job_id: str) -> Job | JSONResponse:
     job = served.board.get(job_id)
     if job is None:
-        return error(404, f"no video {job_id!r}")
+        return unknown_job(job_id, "video")
     if job.kind != "video":
         return error(404, f"{job_id} is an image job: GET /v1/jobs/{job_id}")
     return job
