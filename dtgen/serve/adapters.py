@@ -201,6 +201,14 @@ SECONDS = extra_field("seconds", None, kind="number",
 VIDEO_FIELDS = (SECONDS, FPS, MODEL_FIELD)
 
 
+def seconds_number(text: str) -> float:
+    """A video's `seconds` written as a string, as a number (its range is `num_frames`'s check)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise RequestError("seconds", f'must be a number of seconds (4 or "4"), got {text!r}') from None
+
+
 @dataclass(frozen=True)
 class VideoJob:
     """What a video job runs: the pipeline's request and the MP4's frame rate."""
@@ -233,6 +241,8 @@ class VideoAdapter(DiffusionAdapter):
     # ---- rank 0: fields -> request ----------------------------------------------------
     def parse(self, fields: dict, form: bool = False) -> VideoJob:
         fields = self.fields.read(fields, form)
+        if isinstance(fields.get("seconds"), str):   # OpenAI's spelling (and this server's answers): "4"
+            fields = {**fields, "seconds": seconds_number(fields["seconds"])}
         for name, problem in self.refused.items():
             if name in fields:
                 raise RequestError(name, problem)

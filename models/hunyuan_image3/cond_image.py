@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Union
 
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .resolutions import resolution_table
 
@@ -78,7 +78,10 @@ def _open_checked(source, label: str) -> Image.Image:
     except Image.DecompressionBombError as err:
         raise ValueError(f"{label}: too large to decode safely "
                          f"(MAX_SIDE={MAX_SIDE} px): {_one_line(err)}") from None
-    except (OSError, SyntaxError) as err:  # UnidentifiedImageError is an OSError; some plugins raise SyntaxError
+    except UnidentifiedImageError:   # its message names the source: an upload's is a BytesIO's repr
+        raise ValueError(f"{label}: not a readable image file (no image format PIL reads: PNG, JPEG, WebP, "
+                         "...)") from None
+    except (OSError, SyntaxError) as err:  # some plugins raise SyntaxError
         raise ValueError(f"{label}: not a readable image file ({_one_line(err)})") from None
 
 

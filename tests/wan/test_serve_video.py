@@ -52,6 +52,16 @@ def test_a_video_job_runs_through_every_phase_and_gives_an_mp4(wan):
     assert f'"GET /v1/videos/{video["id"]}/content" 200' in log.read_text()
 
 
+def test_seconds_as_openai_writes_it_a_string(wan):
+    """OpenAI's API, and this server's own video objects, write `seconds` as a string."""
+    base, _ = wan
+    for seconds in ("0.5", 0.5):
+        status, video, _ = call(base, "POST", "/v1/videos", {"prompt": "a fox", "seconds": seconds,
+                                                             "num_inference_steps": 1})
+        assert status == 202 and video["num_frames"] == 9 and video["seconds"] == "0.5", video
+        assert wait_video(base, video["id"])[0]["status"] == "completed"
+
+
 def test_a_video_job_is_cancelled_and_its_content_says_so(wan):
     base, _ = wan
     status, video, _ = call(base, "POST", "/v1/videos", {"prompt": "a fox", "num_inference_steps": 400})
@@ -92,6 +102,8 @@ def test_a_video_job_takes_its_own_step_cache(wan):
     ({"prompt": "x", "seconds": 63, "fps": 16}, "seconds", "got 63"),
     ({"prompt": "x", "seconds": -1}, "seconds", "got -1"),
     ({"prompt": "x", "seconds": 0.3}, "seconds", "0.3 s at 16 fps is 5.8 frames; it must make 4k + 1 frames"),
+    ({"prompt": "x", "seconds": "four"}, "seconds", "must be a number of seconds (4 or \"4\"), got 'four'"),
+    ({"prompt": "x", "seconds": "0.3"}, "seconds", "0.3 s at 16 fps is 5.8 frames; it must make 4k + 1 frames"),
     ({"prompt": "x", "guidance_scale_2": 3.0}, "guidance_scale_2", "one transformer (Wan 2.1)"),
     ({"prompt": "x", "input_reference": "a.png"}, "input_reference", "text only"),
     ({"prompt": "x", "num_inference_steps": "2"}, "num_inference_steps", "must be an integer"),
@@ -123,7 +135,8 @@ def test_video_ui_in_headless_chromium(wan, tmp_path):
     dom = chromium_dom(f"{base}/?prompt=a+fox&steps=2&frames=9&go=1", tmp_path / "a")
     assert '<progress id="bar" max="100" value="100">' in dom and '<div id="status">completed' in dom, dom[-2000:]
     assert_page_saw_phases_in_order(dom, ["encode", "denoise", "decode"])
-    assert re.search(r'<video id="video" controls="" class="" src="/v1/videos/job-\d+/content">', dom), dom[-2000:]
+    video = r'<video id="video" controls="" class="" src="/v1/videos/job-[0-9a-f]{32}/content">'
+    assert re.search(video, dom), dom[-2000:]
     dom = chromium_dom(f"{base}/?prompt=a+fox&steps=400&frames=9&go=1&cancel_at=denoise:2", tmp_path / "b")
     log = progress_log(dom)
     # the page polls every 200 ms, so it may see step 3 first: it cancels at the first step >= 2
