@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -146,9 +147,11 @@ def serve_main(argv=None, prog: str = "dtgen serve", only: str | None = None) ->
     problem = _server_problem(args, spec) or cli.prepare(args)[0]
     if problem is None and hasattr(cli, "serve_problem"):
         problem = cli.serve_problem(args)
+    from dtgen.serve.server import ServerStopped, address_problem
+    if problem is None and int(os.environ.get("RANK", "0")) == 0:  # under torchrun rank 0 alone listens
+        problem = address_problem(args.host, args.port)
     if problem is not None:
         return refuse(problem)
-    from dtgen.serve.server import ServerStopped
     try:
         run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout, job_deadline_s=float("inf"),
                      preload=(spec.cli, "dtgen.serve.app"))

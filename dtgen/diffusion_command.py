@@ -27,8 +27,8 @@ from . import schema
 from .compile import CompileOptions, unique_graphs
 from .fp8 import add_fp8_flags, attention_head_problem
 from .harness import (add_run_flags, compile_facts, compile_problem, example_main, finish_launch_args,
-                      gather_rank_facts, launch_problem, max_diff, peak_memory, rank_device, reference_threads,
-                      rel_l2, table)
+                      gather_rank_facts, launch_problem, max_diff, output_path_problem, peak_memory, rank_device,
+                      reference_threads, rel_l2, table)
 from .host import GcPauses, settle_heap
 from .image_files import image_path_problem, save_image
 from .launch import RankContext
@@ -126,7 +126,9 @@ class DiffusionCommand:
                 setattr(args, key, value)
         try:
             problem = launch_problem(args, self.get_plan(args.plan)) or compile_problem(args) \
-                or vae_parallel_problem(args) or (image_path_problem(args.output) if self.makes == "image" else None)
+                or vae_parallel_problem(args) or output_path_problem(args.output, "--output") \
+                or (image_path_problem(args.output) if self.makes == "image" else None) \
+                or output_path_problem(args.report, "--report")
             if problem is None and not tiny:
                 problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT)
             if problem is not None:

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -135,6 +136,25 @@ def launch_problem(args: argparse.Namespace, plan) -> str | None:
         return "spawned ranks run on the CPU (gloo); start multi-GPU runs with torchrun"
     parse_dtype(args.dtype, parse_device(args.device) if args.world_size == 1 or under_torchrun()
                 else torch.device("cpu"))  # raises ValueError naming a bad --dtype / --device
+    return None
+
+
+def output_path_problem(path: str | None, flag: str) -> str | None:
+    """One line when the file `flag` names could not be written (checked before anything
+    loads): a folder at that path, or a first existing folder above it that is a file or
+    cannot be written in. Folders still missing are fine: the writer makes them."""
+    if path is None:
+        return None
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path} is a folder; name the file to write"
+    above = target.absolute().parent
+    while not above.exists():
+        above = above.parent
+    if not above.is_dir():
+        return f"{flag} {path}: {above} is a file, not a folder"
+    if not os.access(above, os.W_OK | os.X_OK):  # as root: still refused on a read-only file system
+        return f"{flag} {path}: the folder {above} cannot be written"
     return None
 
 

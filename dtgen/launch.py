@@ -14,15 +14,21 @@ Failures end the whole job quickly, with the failing rank's story, under both la
   `destroy_process_group()` blocked forever on NCCL).
 - spawned ranks: the first failure (an exception, or a rank that died) is raised here as
   `RankFailure`; ranks still running a few seconds later are stopped, not waited for.
+  A spawned rank also ends when its launcher is gone, even killed with SIGKILL
+  (`_die_with_launcher`), so no orphan keeps serving on the launcher's port.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime
 import os
 import queue
+import select
 import socket
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -89,7 +95,58 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, environ: dict) -> None:
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+LAUNCHER_POLL_S = 0.5  # how often a rank without a pidfd checks that its launcher is alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def _watch_launcher(launcher_pid: int) -> None:
+    """Exit this rank once the launcher has exited. A pidfd turns readable when the process
+    exits, even while its parent has not reaped it yet (a zombie still answers kill(pid, 0));
+    without one, poll."""
+    try:
+        pidfd = os.pidfd_open(launcher_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+        select.select([pidfd], [], [])
+    else:
+        while _alive(launcher_pid):
+            time.sleep(LAUNCHER_POLL_S)
+    os._exit(1)
+
+
+def _die_with_launcher(launcher_pid: int) -> None:
+    """End this rank when the launcher dies, even by SIGKILL, so that no orphan rank keeps
+    serving. On Linux the kernel sends SIGKILL when the rank's parent exits
+    (PR_SET_PDEATHSIG); the parent may be gone already, so check right after asking. Under
+    spawn the parent is the launcher. Under the fork server it is that server, which outlives
+    the launcher as long as its children hold its liveness pipe, so a thread also watches
+    the launcher itself (as it does wherever prctl is missing)."""
+    parent = os.getppid()
+    try:
+        armed = sys.platform.startswith("linux") and \
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        armed = False
+    if os.getppid() != parent or not _alive(launcher_pid):
+        os._exit(1)
+    if not (armed and parent == launcher_pid):
+        threading.Thread(target=_watch_launcher, args=(launcher_pid,), name="launcher-watch", daemon=True).start()
+
+
+def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, environ: dict,
+            launcher_pid: int) -> None:
+    _die_with_launcher(launcher_pid)
     # A forked rank has the fork server's environment, from when it started: take the
     # caller's, as a spawned process would (tests and callers set cache folders in it).
     os.environ.clear()
@@ -150,7 +207,8 @@ class RankPool:
         self._tasks = [spawn.Queue() for _ in range(world_size)]
         port = _free_port()
         self._procs = [spawn.Process(target=_worker, args=(r, world_size, port, timeout_s, self._tasks[r],
-                                                          self._results, dict(os.environ)), daemon=True)
+                                                          self._results, dict(os.environ), os.getpid()),
+                                    daemon=True)
                        for r in range(world_size)]
         for p in self._procs:
             p.start()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import datetime
+import errno
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +36,23 @@ class ServeOptions:
     # (what it makes, its title) of every model the launcher knows (its registry's; dtgen knows
     # none): a route of the other kind is refused naming the models that serve it.
     models: tuple[tuple[str, str], ...] = ()
+
+
+def address_problem(host: str, port: int) -> str | None:
+    """Whether the server could listen on host:port, as one line, or None: asked before any
+    weight is loaded, so that a port in use costs a second, not a model load and a traceback.
+    The socket is bound the way uvicorn binds it (SO_REUSEADDR, so a port with connections
+    in TIME_WAIT is free) and released: a program taking the port between this check and
+    the server's start is still caught there, later."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return f"--port {port}: the address {host}:{port} is in use; stop what holds it or pick another port"
+            return f"--host {host} --port {port}: cannot listen there ({e.strerror or e})"
+    return None
 
 
 def log_line(text: str) -> None:

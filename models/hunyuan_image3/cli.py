@@ -30,8 +30,8 @@ from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, process_age_s, settle_heap
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
                            example_main, run_device_type,
-                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, peak_memory,
-                           rank_device, reference_threads, rel_l2, table)
+                           finish_launch_args, gather_rank_facts, launch_problem, max_diff, output_path_problem,
+                           peak_memory, rank_device, reference_threads, rel_l2, table)
 from dtgen.devices import parse_dtype
 from dtgen.image_files import image_path_problem, save_image
 from dtgen.launch import RankContext
@@ -573,7 +573,8 @@ def prepare(args) -> tuple[str | None, bool]:
     --max-new-tokens): (the first problem as one line or None, whether the tiny default runs)."""
     tiny = args.checkpoint is None and not args.random_weights
     try:
-        problem = _check_args(args, get_plan(args.plan)) or image_path_problem(args.output)
+        problem = _check_args(args, get_plan(args.plan)) or output_path_problem(args.output, "--output") \
+            or image_path_problem(args.output) or output_path_problem(args.report, "--report")
         if args.max_new_tokens is None:
             args.max_new_tokens = 16 if tiny else 0
         if problem is None:

@@ -76,6 +76,22 @@ def test_bad_commands_are_one_line(argv, line, capsys):
         assert err == [line]
 
 
+@pytest.mark.parametrize("model, suffix", [("qwen-image", "png"), ("wan", "mp4"), ("hunyuan-image3", "png")])
+def test_an_output_that_cannot_be_written_is_one_line_before_loading(model, suffix, tmp_path, capsys):
+    """Refused while the command line is checked: no rank starts, no tiny checkpoint is made."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = [
+        ("--output", str(blocker / "sub" / f"out.{suffix}"), f"{blocker} is a file, not a folder"),
+        ("--output", str(tmp_path), None),
+        ("--report", str(blocker / "report.json"), f"{blocker} is a file, not a folder"),
+    ]
+    for flag, path, why in cases:
+        assert main(["run", "--model", model, flag, path]) == 2
+        line = f"error: {flag} {path}: {why}" if why else f"error: {flag} {path} is a folder; name the file to write"
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
 @pytest.mark.parametrize("model, pipeline, components", [
     ("wan", "WanPipeline", "['text_encoder', 'tokenizer', 'transformer', 'vae']"),
     ("qwen-image", "QwenImagePipeline", "['text_encoder', 'transformer', 'vae', 'tokenizer', 'scheduler']"),
