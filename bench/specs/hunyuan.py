@@ -47,18 +47,25 @@ def _attention(shape, run, key="ms"):
     return Value(f'shapes["{shape}"].runs["{run}"].{key}', file=ATTENTION)
 
 
+def taylor_rows(kind: str, label: str, target_ms: int) -> list[Row]:
+    """A request with the official Taylor cache (its full steps of 50, its time against the
+    target) and the same request with no cache: bench_step_cache's `<kind>_taylor`, `<kind>_full`."""
+    taylor, full = f"summary.{kind}_taylor", f"summary.{kind}_full"
+    return [Row([label, Join([Value(f"{taylor}.full_steps"), Value(f"{taylor}.steps")], " of "),
+                 summary(STEP_CACHE, f"{kind}_taylor", "total_ms"), Value(f"{taylor}.peak_memory_gb", "{:.1f} GB"),
+                 target(summary(STEP_CACHE, f"{kind}_taylor", "total_ms"), target_ms, f"<= {target_ms} ms")],
+                file=STEP_CACHE),
+            Row(["... no cache", "50 of 50", summary(STEP_CACHE, f"{kind}_full", "total_ms"),
+                 Value(f"{full}.peak_memory_gb", "{:.1f} GB"), ""], file=STEP_CACHE)]
+
+
 REQUEST = Table("hunyuan-h200-requests", "Whole requests (AR, denoise, VAE)", [
     "request (1024x1024, 256 AR tokens)", "steps in full", "end to end", "peak", "target"], [
     Row(["T2I: FP8 experts, dense linears and attention; serial CFG", "10 of 10",
          requests([T2I], "timings_ms.total", "{:.0f}"), _peak(T2I), ""]),
     Row(["... both CFG branches as one batch (`--cfg-mode batch`)", "10 of 10",
          requests([T2I_CFG_BATCH], "timings_ms.total", "{:.0f}"), _peak(T2I_CFG_BATCH), ""]),
-    Row(["T2I: FP8 experts; 50 steps, the Taylor cache (official defaults)",
-         Join([Value("summary.t2i_taylor.full_steps"), Value("summary.t2i_taylor.steps")], " of "),
-         summary(STEP_CACHE, "t2i_taylor", "total_ms"), Value("summary.t2i_taylor.peak_memory_gb", "{:.1f} GB"),
-         target(summary(STEP_CACHE, "t2i_taylor", "total_ms"), 7000, "<= 7000 ms")], file=STEP_CACHE),
-    Row(["... no cache", "50 of 50", summary(STEP_CACHE, "t2i_full", "total_ms"),
-         Value("summary.t2i_full.peak_memory_gb", "{:.1f} GB"), ""], file=STEP_CACHE),
+    *taylor_rows("t2i", "T2I: FP8 experts; 50 steps, the Taylor cache (official defaults)", 7000),
     Row(["T2I: FP8 experts; Instruct-Distil, 8 steps", "8 of 8", summary(DISTIL, "distil", "total_ms"),
          Value("summary.distil.peak_memory_gb", "{:.1f} GB"),
          target(summary(DISTIL, "distil", "total_ms"), 4500, "<= 4500 ms")], file=DISTIL),
@@ -70,12 +77,7 @@ REQUEST = Table("hunyuan-h200-requests", "Whole requests (AR, denoise, VAE)", [
          "10 of 10", requests([TI2I], "timings_ms.total", "{:.0f}"), _peak(TI2I), ""]),
     Row(["... `--cfg-mode batch`", "10 of 10", requests([TI2I_CFG_BATCH], "timings_ms.total", "{:.0f}"),
          _peak(TI2I_CFG_BATCH), ""]),
-    Row(["edit: FP8 experts; 50 steps, the Taylor cache",
-         Join([Value("summary.ti2i_taylor.full_steps"), Value("summary.ti2i_taylor.steps")], " of "),
-         summary(STEP_CACHE, "ti2i_taylor", "total_ms"), Value("summary.ti2i_taylor.peak_memory_gb", "{:.1f} GB"),
-         target(summary(STEP_CACHE, "ti2i_taylor", "total_ms"), 9000, "<= 9000 ms")], file=STEP_CACHE),
-    Row(["... no cache", "50 of 50", summary(STEP_CACHE, "ti2i_full", "total_ms"),
-         Value("summary.ti2i_full.peak_memory_gb", "{:.1f} GB"), ""], file=STEP_CACHE),
+    *taylor_rows("ti2i", "edit: FP8 experts; 50 steps, the Taylor cache", 9000),
 ], note="Random weights at the released shapes (32 layers), 1251 prompt tokens (the edit: a random 1024x1024 "
         "reference), 256 forced AR tokens, one region per layer compiled, the decode step a CUDA graph; a run is "
         "one request, after the process's warm-up. The 10-step requests keep the VAE in the checkpoint's float32 "
