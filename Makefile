@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m examples.hunyuan_t2i --world-size 4 --plan hybrid --check --report outputs/hunyuan_t2i.json
 
-# The suite on every core, 4 workers at most (pytest-xdist): many tests wait on spawned ranks,
-# so even 2 cores run it in far less time than one process does.
-TEST_WORKERS ?= auto
+# The suite in one more worker than there are cores, 4 at most (pytest-xdist), each worker on one
+# thread (tests/conftest.py): many tests wait on spawned ranks, so a core would otherwise idle.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, (os.cpu_count() or 1) + 1))")
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal --durations=25 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 # On a GPU machine: `make test-gpu` (one GPU), `make test-gpu2` (two GPUs, torchrun + NCCL).
 # They use .venv when there is one, else the machine's python3 as it is (GPU images come
