@@ -151,6 +151,7 @@ class DiffusionPipeline:
     cfg_together: bool = False
     makes: str = "image"   # or "video": what `decode_latents` gives
     result_type: type   # built as result_type(pixels, latents, timings, record)
+    loras = None   # dtgen.lora.ResidentLoras: the adapters a request's rows may carry (its `loras`)
 
     def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None, buckets: ShapeBuckets | None = None):

@@ -113,6 +113,7 @@ class ResidentLoras:
         self._hooks: dict[str, object] = {}
         self._groups: list[_RowGroup] = []
         self._rows: int | None = None
+        self._last: tuple | None = None
         self.set_rows(None)
 
     # ---- matching -------------------------------------------------------------------
@@ -240,6 +241,10 @@ class ResidentLoras:
                     raise LoraError(f"LoRA {name!r} is not loaded; loaded: {sorted(self.adapters)}")
                 if not math.isfinite(weight):
                     raise LoraError(f"LoRA {name!r}: weight {weight} is not finite")
+        key = None if rows is None else tuple(rows)
+        if key == self._last and key is not None:
+            return   # the same rows as the last call (every call of a step, most steps)
+        self._last = key
         if rows is None:
             self._rows = None
             self._groups = [_RowGroup(n, None, float(w)) for n, w in self.default]
