@@ -1,0 +1,168 @@
+"""LoRA adapters on Qwen-Image (dtgen/lora) against diffusers 0.42 + peft on the tiny default: files
+diffusers writes (rank/alpha header, rank and alpha patterns, alpha != r), one adapter at 0.7, two
+stacked, folded into the weights, rows of one batch carrying different adapters, every plan on
+gloo CPU ranks against one process, and the one-line refusals. CPU, float32."""
+import dataclasses
+
+import pytest
+import torch
+
+from dtgen.launch import RankPool
+from dtgen.lora import LoraError, ResidentLoras
+from models.qwen_image.model import load
+from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
+from models.qwen_image.tiny import ensure_tiny_checkpoint
+from placements.qwen_image import PLANS, get_plan
+from tests.support.batching import assert_rel_close, quiet
+from tests.support.lora import diffusers_transformer, diffusers_with, save_adapter
+
+diffusers = pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+# Column-split (to_q/k/v, add_*_proj, net.0.proj), row-split (to_out.0, to_add_out, net.2) and
+# replicated (img_mod.1) targets of the TP2 plan, so every sharding rule runs.
+TARGETS_A = ["to_q", "to_k", "to_v", "add_k_proj", "to_out.0", "to_add_out", "img_mlp.net.0.proj", "img_mlp.net.2",
+             "txt_mlp.net.2", "img_mod.1"]
+TARGETS_B = ["to_q", "add_q_proj", "add_v_proj", "txt_mlp.net.0.proj", "img_mlp.net.2", "txt_mod.1"]
+REQUEST = T2IRequest(prompt="a red fox runs on the snow at night", negative_prompt="blurry", height=48, width=80,
+                     steps=2, true_cfg_scale=4.0, seed=5)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("qwen-lora"))
+
+
+@pytest.fixture(scope="module")
+def files(ckpt, tmp_path_factory):
+    """Adapter a: r 4, alpha 6 (to_k: r 2, alpha 3); adapter b: r 2, alpha 5."""
+    root = tmp_path_factory.mktemp("qwen-lora-files")
+    source = diffusers_transformer(diffusers.QwenImageTransformer2DModel, ckpt)
+    a = save_adapter(diffusers.QwenImagePipeline, source, root / "a", r=4, alpha=6, targets=TARGETS_A, seed=1,
+                     rank_pattern={"to_k": 2}, alpha_pattern={"to_k": 3})
+    b = save_adapter(diffusers.QwenImagePipeline, source, root / "b", r=2, alpha=5, targets=TARGETS_B, seed=2)
+    return {"a": a, "b": b}
+
+
+@pytest.fixture(scope="module")
+def built(ckpt):
+    return load(ckpt, get_plan("single"))
+
+
+def _inputs(batch: int = 2):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(batch, 12, 64, generator=g), torch.tensor([0.9, 0.31, 0.5][:batch]),
+            torch.randn(batch, 9, 32, generator=g))
+
+
+def _reference(ckpt, files, adapters):
+    ref = diffusers_with(diffusers.QwenImagePipeline,
+                         diffusers_transformer(diffusers.QwenImageTransformer2DModel, ckpt),
+                         [(files[n], w) for n, w in adapters])
+    x, t, text = _inputs()
+    with torch.no_grad():
+        return ref, ref(hidden_states=x, encoder_hidden_states=text, timestep=t, img_shapes=[[(1, 4, 3)]] * 2,
+                        return_dict=False)[0]
+
+
+@torch.no_grad()
+def _ours(built, loras, adapters):
+    loras.set_default(tuple(adapters))
+    try:
+        x, t, text = _inputs()
+        return built.model.transformer(x, t, text, 4, 3)
+    finally:
+        loras.set_default(())
+
+
+@pytest.fixture(scope="module")
+def loras(built, files):
+    loras = ResidentLoras(built, torch.float32)
+    for name, path in files.items():
+        loras.load(name, path)
+    return loras
+
+
+@pytest.mark.parametrize("adapters", [[("a", 0.7)], [("a", 0.7), ("b", -0.5)]], ids=["one-at-0.7", "two-stacked"])
+def test_transformer_with_adapters_matches_diffusers(ckpt, files, built, loras, adapters):
+    _, want = _reference(ckpt, files, adapters)
+    got = _ours(built, loras, adapters)
+    base = _ours(built, loras, [])
+    assert float((want - base).abs().max()) > 1e-2   # the adapters change the output far beyond the tolerance
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)   # measured: 1.2e-7
+
+
+def test_folded_adapter_matches_diffusers_fused_and_unfused(ckpt, files, built, loras):
+    """--lora-merge: W + 0.7 s B A folded at load equals diffusers' fuse_lora and the unmerged delta."""
+    ref, unfused = _reference(ckpt, files, [("a", 0.7)])
+    ref.fuse_lora(adapter_names=["a0"])
+    x, t, text = _inputs()
+    with torch.no_grad():
+        fused = ref(hidden_states=x, encoder_hidden_states=text, timestep=t, img_shapes=[[(1, 4, 3)]] * 2,
+                    return_dict=False)[0]
+        merged = load(ckpt, get_plan("single"))
+        ResidentLoras(merged, torch.float32).merge(files["a"], 0.7)
+        got = merged.model.transformer(x, t, text, 4, 3)
+    torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, fused, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, _ours(built, loras, [("a", 0.7)]), atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_rows_with_different_adapters_equal_each_row_alone(built, loras):
+    x, t, text = _inputs(3)
+    rows = [(("a", 0.7),), (("b", 0.5), ("a", -0.2)), ()]
+    loras.set_rows(rows)
+    together = built.model.transformer(x, t, text, 4, 3)
+    for i, row in enumerate(rows):
+        loras.set_rows([row])
+        alone = built.model.transformer(x[i:i + 1], t[i:i + 1], text[i:i + 1], 4, 3)
+        assert_rel_close(together[i:i + 1], alone, 1e-5, f"row {i}")
+    loras.set_rows(None)
+
+
+def _pipe(ckpt, files, plan="single", rank=0, world=1):
+    import torch.distributed as dist
+    loaded = load(ckpt, get_plan(plan), rank, world)
+    pipe = QwenImagePipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0,
+                             vae_group=dist.group.WORLD if world > 1 else None)
+    pipe.loras = ResidentLoras(loaded, torch.float32)
+    for name, path in files.items():
+        pipe.loras.load(name, path)
+    return pipe
+
+
+def _requests():
+    """Two adapters stacked; and a batch of a request with adapter b and one with none."""
+    stacked = dataclasses.replace(REQUEST, loras=(("a", 0.7), ("b", 0.5)))
+    batch = [dataclasses.replace(REQUEST, loras=(("b", 0.8),), seed=6), dataclasses.replace(REQUEST, seed=7)]
+    return stacked, batch
+
+
+def job_plan(ctx, ckpt, files, plan):
+    pipe = _pipe(ckpt, files, plan, ctx.rank, ctx.world_size)
+    stacked, batch = _requests()
+    together = pipe.generate_batch(batch, quiet(2), decode=False)
+    return {"stacked": pipe.generate(stacked, decode=False).latents, "batch": [r.latents for r in together]}
+
+
+def test_every_plan_and_a_mixed_batch_match_one_process(ckpt, files):
+    """TP2 (A whole and B split for the column-split targets, A split and B whole for the row-split
+    ones, the partial sums reduced with the base's), Ulysses SP2 and CFG2, against one process;
+    a batch whose rows carry adapter b and none equals each request alone."""
+    single = _pipe(ckpt, files)
+    stacked, batch = _requests()
+    want = single.generate(stacked, decode=False).latents
+    base = single.generate(dataclasses.replace(stacked, loras=()), decode=False).latents
+    assert float((want - base).abs().max()) > 1e-2
+    alone = [single.generate(r, decode=False).latents for r in batch]
+    for got, one in zip(single.generate_batch(batch, quiet(2), decode=False), alone):
+        assert_rel_close(got.latents, one, 1e-5, "single, batch")
+    plans = [n for n, p in PLANS.items() if p.world_size == 2]
+    with RankPool(2, timeout_s=240) as pool:
+        for plan in plans:
+            for rank, got in enumerate(pool.run(job_plan, ckpt, files, plan)):
+                where = f"plan {plan}, rank {rank}"
+                torch.testing.assert_close(got["stacked"], want, atol=2e-5, rtol=1e-5, msg=where)
+                for g, one in zip(got["batch"], alone, strict=True):
+                    assert_rel_close(g, one, 1e-5, f"{where}, batch")
