@@ -139,9 +139,11 @@ class ResidentLoras:
             matched = sorted(p for p, m in found.items() if m is not None)
             what = ("it looks like an adapter for another model" if not matched else
                     f"matched {len(matched)}, e.g. {matched[:3]}")
+            targets = sorted({p.removesuffix(".weight") for p in self._by_key.values()
+                              if p.startswith(tuple(self.prefixes.values()))
+                              and len(self.built.storage.specs[p].official_shape) == 2})
             raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
-                            f"(e.g. {missing[:3]}); {what}; the model's modules look like "
-                            f"{sorted(self._by_key)[:2]} (name map {self.prefixes})")
+                            f"(e.g. {missing[:3]}); {what}; its linears are named like {targets[-2:]}")
         return found
 
     # ---- loading --------------------------------------------------------------------

@@ -158,3 +158,114 @@ def test_every_plan_and_a_mixed_batch_match_one_process(ckpt, files):
             for rank, got in enumerate(pool.run(job_plan, ckpt, files, plan)):
                 for g, one in zip(got, alone, strict=True):
                     assert_rel_close(g, one, 1e-5, f"plan {plan}, rank {rank}")
+
+
+def _write(path, tensors, metadata=None):
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=metadata)
+    return path
+
+
+def _refused(match: str, fn, *args, error=LoraError):
+    with pytest.raises(error) as e:
+        fn(*args)
+    text = str(e.value)
+    assert "\n" not in text and match in text, text
+
+
+def test_bad_input_is_refused_in_one_line_and_leaves_the_resident_adapters(ckpt, files, built, loras, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+    good = load_file(files["a"])
+    key = "transformer.transformer_blocks.0.attn.to_q"
+    pair = {key + ".lora_A.weight": good[key + ".lora_A.weight"], key + ".lora_B.weight": good[key + ".lora_B.weight"]}
+    before = (dict(loras.adapters), dict(loras._hooks))
+    bad = {
+        "match nothing": {**pair, "transformer.blocks.0.attn9.lora_A.weight": torch.ones(4, 8),
+                          "transformer.blocks.0.attn9.lora_B.weight": torch.ones(8, 4)},
+        "do not fit": {key + ".lora_A.weight": torch.ones(4, 63), key + ".lora_B.weight": torch.ones(64, 4)},
+        "NaN or inf": {**pair, key + ".lora_B.weight": torch.full((64, 4), float("nan"))},
+        "kohya": {"lora_unet_blocks_0.lora_down.weight": torch.ones(2, 2)},
+        "`.alpha` tensors": {**pair, key + ".alpha": torch.tensor(4.0)},
+        "only lora_A": {key + ".lora_A.weight": torch.ones(4, 64)},
+    }
+    for i, (match, tensors) in enumerate(bad.items()):
+        _refused(match, loras.load, f"bad{i}", _write(tmp_path / f"bad{i}.safetensors", tensors))
+    # an adapter for another model: the Wan DiT's module names
+    wan = {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.ones(2, 32),
+           "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.ones(64, 2)}
+    _refused("another model", loras.load, "wan", _write(tmp_path / "wan.safetensors", wan))
+    # a rank that is not the header's, a file that is not safetensors, a missing one, a name twice
+    header = {"lora_adapter_metadata": json.dumps({"transformer.r": 8, "transformer.lora_alpha": 8})}
+    _refused("has rank 4, but its config says r=8", loras.load, "r", _write(tmp_path / "r.safetensors", pair, header))
+    (tmp_path / "text.safetensors").write_text("not a tensor file")
+    _refused("not a safetensors file", loras.load, "text", tmp_path / "text.safetensors")
+    _refused("no such file", loras.load, "missing", tmp_path / "missing.safetensors")
+    _refused("already loaded", loras.load, "a", files["a"])
+    assert (dict(loras.adapters), dict(loras._hooks)) == before   # nothing resident changed
+    # weights and names a row carries
+    _refused("not finite", loras.set_rows, [(("a", float("inf")),)])
+    _refused("is not loaded", loras.set_rows, [(("zzz", 1.0),)])
+    _refused("not finite", loras.merge, files["a"], float("nan"))
+
+
+def test_folding_into_fp8_weights_is_refused(ckpt, files):
+    """--lora-merge on FP8 weights would re-quantize them: refused before any weight changes."""
+    loaded = load(ckpt, get_plan("single"))
+    name = "transformer.transformer_blocks.0.attn.to_q.weight"
+    loaded.storage.specs[name] = dataclasses.replace(loaded.storage.specs[name], fp8="channels")
+    weights = {n: t.clone() for n, t in loaded.storage.tensors.items()}
+    _refused("FP8", ResidentLoras(loaded, torch.float32).merge, files["a"], 0.7)
+    assert all(torch.equal(t, weights[n]) for n, t in loaded.storage.tensors.items())
+
+
+def test_flags_and_request_field_are_refused_in_one_line(files, tmp_path):
+    import argparse
+
+    from dtgen.lora.flags import lora_problem, parse_lora_flag
+    from dtgen.requests import RequestError
+    from dtgen.schema import parse_loras
+
+    def problem(*loras, merge=False, dense="model"):
+        return lora_problem(argparse.Namespace(lora=list(loras), lora_merge=merge, dense_dtype=dense))
+    assert parse_lora_flag(f"{files['a']}:0.8") == (str(files["a"]), 0.8)
+    assert parse_lora_flag(str(files["a"])) == (str(files["a"]), 1.0)
+    assert problem(f"{files['a']}:0.8", f"{files['b']}:-0.5") is None
+    for text, match in ((problem(f"{files['a']}:inf"), "not a finite number"),
+                        (problem(str(files["a"]), str(files["b"]), merge=True), "exactly one --lora"),
+                        (problem(str(files["a"]), merge=True, dense="fp8"), "--dense-dtype fp8"),
+                        (problem(str(tmp_path / "none.safetensors")), "no such file"),
+                        (problem(str(files["a"]), f"{files['a']}:0.5"), "given twice")):
+        assert text is not None and text.startswith("--lora") and match in text and "\n" not in text, text
+    assert parse_loras([{"name": "a", "weight": 0.5}, ["b", 1]]) == (("a", 0.5), ("b", 1.0))
+    for value, field in (([{"name": "a", "weight": float("nan")}], "loras[0].weight"),
+                         ([{"name": ""}], "loras[0].name"), ([{"name": "a", "scale": 1}], "loras[0].scale"),
+                         ("a", "loras"),
+                         ([{"name": "a"}, {"name": "a"}], "loras[1].name")):
+        with pytest.raises(RequestError) as e:
+            parse_loras(value)
+        assert e.value.field == field, (value, e.value.field)
+
+
+def test_a_peft_adapter_folder_reads_as_the_diffusers_file(ckpt, built, tmp_path):
+    """peft's own `save_pretrained` folder (adapter_config.json + adapter_model.safetensors, keys
+    `base_model.model.<path>`, no component prefix) gives the delta of the same adapter in diffusers'
+    file (rank and alpha patterns included)."""
+    from peft import LoraConfig, get_peft_model
+    source = diffusers_transformer(diffusers.QwenImageTransformer2DModel, ckpt)
+    config = LoraConfig(r=4, lora_alpha=6, target_modules=["to_q", "to_k", "img_mlp.net.2"],
+                        rank_pattern={"to_k": 2}, alpha_pattern={"to_k": 3}, init_lora_weights=False)
+    torch.manual_seed(3)
+    peft_model = get_peft_model(source, config)
+    peft_model.save_pretrained(tmp_path / "peft")
+    x, t, text = _inputs()
+    with torch.no_grad():
+        want = peft_model(hidden_states=x, encoder_hidden_states=text, timestep=t, img_shapes=[[(1, 4, 3)]] * 2,
+                          return_dict=False)[0]
+    loras = ResidentLoras(built, torch.float32)
+    loras.load("peft", tmp_path / "peft")
+    try:
+        torch.testing.assert_close(_ours(built, loras, [("peft", 1.0)]), want, atol=1e-5, rtol=1e-5)
+    finally:
+        loras.unload("peft")
