@@ -79,6 +79,9 @@ class DiffusionCommand:
     # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
     scheduler_defaults: dict = field(default_factory=dict)
     profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
+    # the model's LoRA name map (`ModelAdapter.lora_prefixes`): --lora files are matched against the
+    # checkpoint with it before any rank loads
+    lora_prefixes: dict = field(default_factory=dict)
 
     @property
     def makes(self) -> str:
@@ -137,6 +140,9 @@ class DiffusionCommand:
             if tiny:
                 args.checkpoint = str(self.ensure_tiny())
             folder = Path(args.checkpoint)
+            problem = lora_problem(args, folder, self.lora_prefixes) if args.lora else None
+            if problem is not None:
+                return problem, tiny
             scheduler_file = folder / "scheduler" / "scheduler_config.json"
             scheduler = json.loads(scheduler_file.read_text()) if scheduler_file.is_file() else {}
             for key, fallback in self.scheduler_defaults.items():

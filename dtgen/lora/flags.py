@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import ComponentsReader
 from .files import LoraError, read_lora
-from .resident import ResidentLoras
+from .resident import ResidentLoras, match_keys
 
 
 def add_lora_flags(p: argparse.ArgumentParser) -> None:
@@ -35,8 +36,12 @@ def parse_lora_flag(text: str) -> tuple[str, float]:
     return text, 1.0
 
 
-def lora_problem(args: argparse.Namespace) -> str | None:
-    """The first problem of the LoRA flags as one line (files read and checked), or None."""
+def lora_problem(args: argparse.Namespace, checkpoint: Path | None = None,
+                 prefixes: dict[str, str] | None = None) -> str | None:
+    """The first problem of the LoRA flags as one line, or None: each file read and checked,
+    and, given the `checkpoint` folder and the model's name map `prefixes`, matched against
+    the checkpoint's weights (names and shapes, from the safetensors headers alone) before any
+    rank loads."""
     given = args.lora or []
     if args.lora_merge and len(given) != 1:
         return f"--lora-merge folds exactly one --lora adapter into the weights; {len(given)} given"
@@ -49,12 +54,25 @@ def lora_problem(args: argparse.Namespace) -> str | None:
         twice = sorted({f for f in files if files.count(f) > 1})
         if twice:
             return f"--lora {twice[0]}: given twice (give one --lora FILE:WEIGHT with the summed weight)"
+        shapes = _checkpoint_shapes(checkpoint, prefixes) if checkpoint is not None and adapters else None
         for path, _ in adapters:
-            read_lora(path)
+            lora = read_lora(path)
+            if shapes is not None:
+                match_keys(lora, prefixes, shapes)
     except LoraError as e:
         text = str(e)
         return text if text.startswith("--lora") else f"--lora: {text}"
     return None
+
+
+def _checkpoint_shapes(checkpoint: Path, prefixes: dict[str, str]) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of the checkpoint's components that the name map targets (headers only)."""
+    components = tuple(sorted({target.split(".", 1)[0] for target in prefixes.values()}))
+    reader = ComponentsReader(checkpoint, components)
+    try:
+        return {key: tuple(reader.info(key).shape) for key in reader.keys()}
+    finally:
+        reader.close()
 
 
 def request_loras(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:

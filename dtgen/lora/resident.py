@@ -60,6 +60,43 @@ def pair_specs(weight: ParamSpec, rank: int) -> tuple[ParamSpec, ParamSpec]:
     return plain, b
 
 
+def _key_of(path: str, prefixed: bool, prefixes: dict[str, str], shapes: dict) -> str | None:
+    """The checkpoint key of the base weight a file's module path names (longest prefix first;
+    a PEFT folder's unprefixed paths take the "" entry), or None."""
+    for prefix, target in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
+        if bool(prefix) == prefixed and path.startswith(prefix):
+            key = target + path[len(prefix):] + ".weight"
+            if key in shapes:
+                return key
+    return None
+
+
+def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Module path in the file -> the checkpoint key of its base weight, through the model's name
+    map `prefixes` (`ModelAdapter.lora_prefixes`); `shapes`: checkpoint key -> official shape.
+    One line for paths that match nothing (how many, a few, what the model's linears are named
+    like) and for a pair whose shape does not fit its weight."""
+    if not prefixes:
+        raise LoraError(f"LoRA {lora.path}: this model declares no LoRA name map (ModelAdapter.lora_prefixes)")
+    found = {p: _key_of(p, lora.prefixed, prefixes, shapes) for p in lora.layers}
+    missing = sorted(p for p, k in found.items() if k is None)
+    if missing:
+        matched = sorted(p for p, k in found.items() if k is not None)
+        what = "it looks like an adapter for another model" if not matched else \
+            f"matched {len(matched)}, e.g. {matched[:3]}"
+        linears = sorted(k.removesuffix(".weight") for k, shape in shapes.items()
+                         if k.startswith(tuple(prefixes.values())) and k.endswith(".weight") and len(shape) == 2)
+        raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
+                        f"(e.g. {missing[:3]}); {what}; its linears are named like {linears[-2:]}")
+    for path, key in found.items():
+        layer, (rows, cols) = lora.layers[path], shapes[key]
+        if layer.A.shape[1] != cols or layer.B.shape[0] != rows:
+            raise LoraError(f"LoRA {lora.path}: {path}: lora_A {list(layer.A.shape)} / lora_B "
+                            f"{list(layer.B.shape)} do not fit {key.removesuffix('.weight')} [{rows}, {cols}] "
+                            f"(rank {layer.rank}: A must be [r, {cols}], B [{rows}, r])")
+    return found
+
+
 @dataclass
 class ResidentLayer:
     """One adapter's pair on one module: per phase, this rank's (A, B) views, and s = alpha / r."""
@@ -108,7 +145,8 @@ class ResidentLoras:
         specs = self.built.storage.specs
         # checkpoint key -> the parameter that reads it (single-key weights only: a pair is per matrix)
         self._by_key = {spec.keys[0]: name for name, spec in specs.items()
-                        if len(spec.keys) == 1 and spec.scale_of is None and name.endswith(".weight")}
+                        if len(spec.keys) == 1 and spec.scale_of is None and name.endswith(".weight")
+                        and len(spec.official_shape) == 2}
         self._modules = dict(self.built.model.named_modules())
         self._hooks: dict[str, object] = {}
         self._groups: list[_RowGroup] = []
@@ -117,34 +155,12 @@ class ResidentLoras:
         self.set_rows(None)
 
     # ---- matching -------------------------------------------------------------------
-    def _module_of(self, path: str, prefixed: bool) -> str | None:
-        for prefix, target in sorted(self.prefixes.items(), key=lambda kv: -len(kv[0])):
-            if not prefixed and prefix:
-                continue
-            if prefixed and not prefix:
-                continue
-            if path.startswith(prefix):
-                param = self._by_key.get(target + path[len(prefix):] + ".weight")
-                if param is not None:
-                    return param.removesuffix(".weight")
-        return None
-
     def match(self, lora: LoraFile) -> dict[str, str]:
-        """Module path in the file -> module of the model; one line listing what matches nothing."""
-        if not self.prefixes:
-            raise LoraError(f"LoRA {lora.path}: this model declares no LoRA name map (ModelAdapter.lora_prefixes)")
-        found = {p: self._module_of(p, lora.prefixed) for p in lora.layers}
-        missing = sorted(p for p, m in found.items() if m is None)
-        if missing:
-            matched = sorted(p for p, m in found.items() if m is not None)
-            what = ("it looks like an adapter for another model" if not matched else
-                    f"matched {len(matched)}, e.g. {matched[:3]}")
-            targets = sorted({p.removesuffix(".weight") for p in self._by_key.values()
-                              if p.startswith(tuple(self.prefixes.values()))
-                              and len(self.built.storage.specs[p].official_shape) == 2})
-            raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
-                            f"(e.g. {missing[:3]}); {what}; its linears are named like {targets[-2:]}")
-        return found
+        """Module path in the file -> module of the model (`match_keys` on the build's weights)."""
+        specs = self.built.storage.specs
+        shapes = {key: specs[param].official_shape for key, param in self._by_key.items()}
+        return {path: self._by_key[key].removesuffix(".weight")
+                for path, key in match_keys(lora, self.prefixes, shapes).items()}
 
     # ---- loading --------------------------------------------------------------------
     def _shards(self, module: str, spec: ParamSpec, A: torch.Tensor, B: torch.Tensor):
@@ -171,19 +187,7 @@ class ResidentLoras:
             raise LoraError(f"LoRA {lora.path}: weight {weight} is not finite")
         found = self.match(lora)
         specs = self.built.storage.specs
-        out = []
-        for path, layer in lora.layers.items():
-            module = found[path]
-            spec = specs[module + ".weight"]
-            if len(spec.official_shape) != 2:
-                raise LoraError(f"LoRA {lora.path}: {path} targets {module}, whose weight is not a matrix")
-            rows, cols = spec.official_shape
-            if layer.A.shape[1] != cols or layer.B.shape[0] != rows:
-                raise LoraError(f"LoRA {lora.path}: {path}: lora_A {list(layer.A.shape)} / lora_B "
-                                f"{list(layer.B.shape)} do not fit {module} [{rows}, {cols}] "
-                                f"(rank {layer.rank}: A must be [r, {cols}], B [{rows}, r])")
-            out.append((module, spec, layer))
-        return out
+        return [(found[path], specs[found[path] + ".weight"], layer) for path, layer in lora.layers.items()]
 
     def load(self, name: str, path: str | Path) -> ResidentAdapter:
         """Read, check and shard adapter `path` as `name`. On any error nothing resident changes."""

@@ -269,3 +269,14 @@ def test_a_peft_adapter_folder_reads_as_the_diffusers_file(ckpt, built, tmp_path
         torch.testing.assert_close(_ours(built, loras, [("peft", 1.0)]), want, atol=1e-5, rtol=1e-5)
     finally:
         loras.unload("peft")
+
+
+def test_the_command_refuses_an_adapter_for_another_model_before_any_rank_starts(files, tmp_path):
+    """`dtgen run --lora`: names and shapes matched against the checkpoint's headers in `prepare`."""
+    from models.qwen_image import cli
+    wan = _write(tmp_path / "wan.safetensors", {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.ones(2, 32),
+                                                "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.ones(64, 2)})
+    for given, match in (([f"{wan}:0.5"], "another model"), ([str(files["a"]), str(files["b"])], None)):
+        argv = [a for f in given for a in ("--lora", f)] + ["--output", str(tmp_path / "x.png")]
+        problem, _ = cli.prepare(cli.parse_args(argv))
+        assert (problem is None) if match is None else (match in problem and problem.startswith("--lora")), problem
