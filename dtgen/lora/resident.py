@@ -19,6 +19,7 @@ Which adapters a row carries is set by the caller per step (`set_rows`, the deno
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -267,6 +268,22 @@ class ResidentLoras:
                 groups.append(_RowGroup(name, torch.tensor([i for i, _ in per], device=device),
                                         torch.tensor([w for _, w in per], dtype=torch.float32, device=device)))
         self._groups = groups
+
+    @contextmanager
+    def picked_rows(self, picked: list[int]):
+        """Inside: the evaluations run on the rows `picked` of the batch `set_rows` described (a
+        step cache's first-block step that runs the later blocks on some rows only)."""
+        saved = (self._groups, self._rows)
+        if self._rows is not None and any(g.index is not None for g in self._groups):
+            rows = self._last
+            self._last = None
+            self.set_rows([rows[i] for i in picked])
+            self._last = None
+        try:
+            yield
+        finally:
+            self._groups, self._rows = saved
+            self._last = None
 
     def set_default(self, adapters: RowAdapters) -> None:
         self.set_rows([tuple(adapters)])  # checks names and weights

@@ -280,3 +280,20 @@ def test_the_command_refuses_an_adapter_for_another_model_before_any_rank_starts
         argv = [a for f in given for a in ("--lora", f)] + ["--output", str(tmp_path / "x.png")]
         problem, _ = cli.prepare(cli.parse_args(argv))
         assert (problem is None) if match is None else (match in problem and problem.startswith("--lora")), problem
+
+
+@torch.no_grad()
+def test_blocks_on_some_rows_carry_those_rows_adapters(built, loras):
+    """A first-block step that runs the later blocks on some rows only (`DenoiserCall.row_blocks`)
+    gives each picked row its own adapters (`ResidentLoras.picked_rows`)."""
+    x, t, text = _inputs(3)
+    rows = [(("a", 0.7),), (("b", 0.5),), ()]
+    loras.set_rows(rows)
+    together = built.model.transformer(x, t, text, 4, 3)
+    picked = [2, 0]
+    with loras.picked_rows(picked):
+        some = built.model.transformer(x[picked], t[picked], text[picked], 4, 3)
+    again = built.model.transformer(x, t, text, 4, 3)   # the whole batch's rows again after it
+    loras.set_rows(None)
+    assert_rel_close(some, together[picked], 1e-5, "picked rows")
+    torch.testing.assert_close(again, together)
