@@ -156,12 +156,13 @@ class ResidentLoras:
         self.set_rows(None)
 
     # ---- matching -------------------------------------------------------------------
-    def match(self, lora: LoraFile) -> dict[str, str]:
-        """Module path in the file -> module of the model (`match_keys` on the build's weights)."""
+    def match(self, lora: LoraFile, prefixes: dict[str, str] | None = None) -> dict[str, str]:
+        """Module path in the file -> module of the model (`match_keys` on the build's weights,
+        through `prefixes`, default the model's name map)."""
         specs = self.built.storage.specs
         shapes = {key: specs[param].official_shape for key, param in self._by_key.items()}
         return {path: self._by_key[key].removesuffix(".weight")
-                for path, key in match_keys(lora, self.prefixes, shapes).items()}
+                for path, key in match_keys(lora, prefixes or self.prefixes, shapes).items()}
 
     # ---- loading --------------------------------------------------------------------
     def _shards(self, module: str, spec: ParamSpec, A: torch.Tensor, B: torch.Tensor):
@@ -182,22 +183,24 @@ class ResidentLoras:
             views[phase] = (a, b.flatten(0, 1) if b_spec.micro_packed else b)
         return views, sum(t.numel() * t.element_size() for t in tensors.values())
 
-    def _checked_pairs(self, lora: LoraFile, weight: float | None = None):
+    def _checked_pairs(self, lora: LoraFile, weight: float | None = None, prefixes: dict[str, str] | None = None):
         """(module, spec, layer) for every layer, every shape checked against its base weight."""
         if weight is not None and not math.isfinite(weight):
             raise LoraError(f"LoRA {lora.path}: weight {weight} is not finite")
-        found = self.match(lora)
+        found = self.match(lora, prefixes)
         specs = self.built.storage.specs
         return [(found[path], specs[found[path] + ".weight"], layer) for path, layer in lora.layers.items()]
 
-    def load(self, name: str, path: str | Path) -> ResidentAdapter:
-        """Read, check and shard adapter `path` as `name`. On any error nothing resident changes."""
+    def load(self, name: str, path: str | Path, prefixes: dict[str, str] | None = None) -> ResidentAdapter:
+        """Read, check and shard adapter `path` as `name`. On any error nothing resident changes.
+        `prefixes`: a name map other than the model's for this adapter (Wan2.2-A14B's low-noise
+        expert: models.wan.model.LORA_PREFIXES_EXPERT_2, diffusers' `load_into_transformer_2`)."""
         if name in self.adapters:
             raise LoraError(f"LoRA name {name!r} is already loaded")
         lora = read_lora(path)
         layers = {}
         nbytes = 0
-        for module, spec, layer in self._checked_pairs(lora):
+        for module, spec, layer in self._checked_pairs(lora, prefixes=prefixes):
             if module in layers:
                 raise LoraError(f"LoRA {lora.path}: two of its entries target {module}")
             views, n = self._shards(module, spec, layer.A, layer.B)
@@ -239,15 +242,20 @@ class ResidentLoras:
         self.merged.append((str(path), weight))
 
     # ---- which rows carry what ------------------------------------------------------
+    def check(self, adapters: RowAdapters) -> None:
+        """One line for a name that is not loaded or a weight that is not finite (a request's
+        `loras`, before any work)."""
+        for name, weight in adapters:
+            if name not in self.adapters:
+                raise LoraError(f"LoRA {name!r} is not loaded; loaded: {sorted(self.adapters)}")
+            if not math.isfinite(weight):
+                raise LoraError(f"LoRA {name!r}: weight {weight} is not finite")
+
     def set_rows(self, rows: list[RowAdapters] | None) -> None:
         """The adapters of each batch row of the next evaluations (None: every row carries
         `default`). A row may carry none, one or several (their deltas add)."""
         for row in rows or ():
-            for name, weight in row:
-                if name not in self.adapters:
-                    raise LoraError(f"LoRA {name!r} is not loaded; loaded: {sorted(self.adapters)}")
-                if not math.isfinite(weight):
-                    raise LoraError(f"LoRA {name!r}: weight {weight} is not finite")
+            self.check(row)
         key = None if rows is None else tuple(rows)
         if key == self._last and key is not None:
             return   # the same rows as the last call (every call of a step, most steps)

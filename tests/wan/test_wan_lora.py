@@ -149,3 +149,28 @@ def test_every_plan_and_a_mixed_batch_match_one_process(ckpt, files, world):
             for rank, got in enumerate(pool.run(job_plan, ckpt, files, plan)):
                 for g, one in zip(got, alone, strict=True):
                     assert_rel_close(g, one, 1e-5, f"plan {plan}, rank {rank}")
+
+
+def test_an_adapter_for_the_low_noise_expert(tmp_path, files):
+    """Wan2.2-A14B: the same file loaded under LORA_PREFIXES_EXPERT_2 goes into `transformer_2` (what
+    diffusers' `load_into_transformer_2` does) and leaves the high-noise expert as it was."""
+    from models.wan.model import LORA_PREFIXES_EXPERT_2
+    from models.wan.tiny import write_random_checkpoint
+    from safetensors.torch import load_file
+    folder = tmp_path / "a14b"
+    folder.mkdir()
+    write_random_checkpoint(folder, seed=7, two_experts=True)
+    built = load(folder, get_plan("single"))
+    cls = diffusers.WanTransformer3DModel
+    ref = cls.from_config(cls.load_config(folder / "transformer_2"))
+    ref.load_state_dict(load_file(folder / "transformer_2" / "diffusion_pytorch_model.safetensors"))
+    ref = diffusers_with(diffusers.WanPipeline, ref.eval(), [(files["a"], 0.7)])
+    loras = ResidentLoras(built, torch.float32)
+    with torch.no_grad():
+        high = built.model.transformer(*_inputs())
+        loras.load("a", files["a"], prefixes=LORA_PREFIXES_EXPERT_2)
+        assert all(m.startswith("transformer_2.") for m in loras.adapters["a"].layers)
+        loras.set_default((("a", 0.7),))
+        torch.testing.assert_close(built.model.transformer_2(*_inputs()), ref(*_inputs(), return_dict=False)[0],
+                                   atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(built.model.transformer(*_inputs()), high, atol=0, rtol=0)
