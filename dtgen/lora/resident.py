@@ -114,14 +114,13 @@ class ResidentAdapter:
     nbytes: int = 0
 
 
-@dataclass
-class _RowGroup:
-    """The rows of one step's batch that carry adapter `name`: all rows at one weight (`index`
-    None, `weight` a float), or the rows `index` each at its own weight ([n] tensor)."""
+@dataclass(frozen=True)
+class _MixedRows:
+    """A batch whose rows carry different adapters: `names` (every adapter some row carries) and
+    `weights` [rows, len(names)], each row's weight of each (0 where it carries none)."""
 
-    name: str
-    index: torch.Tensor | None
-    weight: float | torch.Tensor
+    names: tuple[str, ...]
+    weights: torch.Tensor
 
 
 @dataclass
@@ -150,8 +149,12 @@ class ResidentLoras:
                         and len(spec.official_shape) == 2}
         self._modules = dict(self.built.model.named_modules())
         self._hooks: dict[str, object] = {}
-        self._groups: list[_RowGroup] = []
-        self._rows: int | None = None
+        self._uniform: RowAdapters = ()            # every row carries these
+        self._mixed: _MixedRows | None = None      # or each row its own
+        # per (module, phase), for the adapters of `_mixed`: their pairs stacked along the rank
+        # (A [sum r, in], B [out, sum r]), each rank column's adapter and scale
+        self._stacked: dict[tuple[str, str], tuple] = {}
+        self._stacked_names: tuple[str, ...] = ()
         self._last: tuple | None = None
         self.set_rows(None)
 
@@ -208,6 +211,7 @@ class ResidentLoras:
             nbytes += n
         adapter = ResidentAdapter(name, str(path), layers, nbytes)
         self.adapters[name] = adapter   # commit: all checks passed
+        self._stacked, self._stacked_names = {}, ()
         for module in layers:
             self._hook(module)
         return adapter
@@ -220,6 +224,7 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
+        self._stacked, self._stacked_names, self._last = {}, (), None
         self.set_rows(None)
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
@@ -256,42 +261,34 @@ class ResidentLoras:
         `default`). A row may carry none, one or several (their deltas add)."""
         for row in rows or ():
             self.check(row)
-        key = None if rows is None else tuple(rows)
+        key = None if rows is None else tuple(tuple((n, float(w)) for n, w in row) for row in rows)
         if key == self._last and key is not None:
             return   # the same rows as the last call (every call of a step, most steps)
         self._last = key
-        if rows is None:
-            self._rows = None
-            self._groups = [_RowGroup(n, None, float(w)) for n, w in self.default]
+        if rows is None or len(set(key)) == 1:   # every row alike: no per-row work
+            self._uniform, self._mixed = (self.default if rows is None else key[0]), None
             return
+        names = tuple(dict.fromkeys(n for row in key for n, _ in row))
+        weights = torch.zeros(len(key), len(names))
+        for i, row in enumerate(key):
+            for n, w in row:
+                weights[i, names.index(n)] += w
         device = next(iter(self.built.storage.tensors.values())).device
-        self._rows = len(rows)
-        groups = []
-        for name in dict.fromkeys(n for row in rows for n, _ in row):
-            per = [(i, sum(w for n, w in row if n == name)) for i, row in enumerate(rows)
-                   if any(n == name for n, _ in row)]
-            if len(per) == len(rows) and len({w for _, w in per}) == 1:
-                groups.append(_RowGroup(name, None, per[0][1]))
-            else:
-                groups.append(_RowGroup(name, torch.tensor([i for i, _ in per], device=device),
-                                        torch.tensor([w for _, w in per], dtype=torch.float32, device=device)))
-        self._groups = groups
+        self._uniform, self._mixed = (), _MixedRows(names, weights.to(device))
+        if names != self._stacked_names:
+            self._stacked, self._stacked_names = {}, names
 
     @contextmanager
     def picked_rows(self, picked: list[int]):
         """Inside: the evaluations run on the rows `picked` of the batch `set_rows` described (a
         step cache's first-block step that runs the later blocks on some rows only)."""
-        saved = (self._groups, self._rows)
-        if self._rows is not None and any(g.index is not None for g in self._groups):
-            rows = self._last
-            self._last = None
-            self.set_rows([rows[i] for i in picked])
-            self._last = None
+        saved = (self._uniform, self._mixed, self._last)
+        if self._mixed is not None:
+            self._mixed = _MixedRows(self._mixed.names, self._mixed.weights[picked])
         try:
             yield
         finally:
-            self._groups, self._rows = saved
-            self._last = None
+            self._uniform, self._mixed, self._last = saved
 
     def set_default(self, adapters: RowAdapters) -> None:
         self.set_rows([tuple(adapters)])  # checks names and weights
@@ -306,25 +303,39 @@ class ResidentLoras:
                                                                               prepend=True)
 
     def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
-        if not self._groups:
-            return out
         x = args[0]
         phase = self.built.controller.active
-        if self._rows is not None and any(g.index is not None for g in self._groups) and x.shape[0] != self._rows:
+        for name, weight in self._uniform:
+            layer = self.adapters[name].layers.get(module)
+            if layer is not None:
+                a, b = (t.to(x.dtype) for t in layer.views[phase])
+                out = out + F.linear(F.linear(x, a), b) * (weight * layer.scale)
+        mixed = self._mixed
+        if mixed is None:
+            return out
+        if x.shape[0] != mixed.weights.shape[0]:
             raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters were "
-                            f"set for {self._rows}")
-        for g in self._groups:
-            layer = self.adapters[g.name].layers.get(module)
-            if layer is None:
-                continue
-            a, b = layer.views[phase]
-            if a.dtype != x.dtype:
-                a, b = a.to(x.dtype), b.to(x.dtype)
-            rows = x if g.index is None else x.index_select(0, g.index)
-            delta = F.linear(F.linear(rows, a), b)
-            if g.index is None:
-                out = out + delta * (g.weight * layer.scale)
-            else:
-                w = (g.weight * layer.scale).to(delta.dtype).view(-1, *([1] * (delta.dim() - 1)))
-                out = out.index_add(0, g.index, delta * w)
+                            f"set for {mixed.weights.shape[0]}")
+        stacked = self._stacked.get((module, phase))
+        if stacked is None:
+            stacked = self._stacked[(module, phase)] = self._stack(module, phase, mixed.names)
+        if stacked is not False:
+            # every adapter on every row in two GEMMs over the stacked rank, each rank column scaled
+            # per row by that row's weight of its adapter (0: the row does not carry it)
+            a, b, column_adapter, column_scale = stacked
+            coef = (mixed.weights[:, column_adapter] * column_scale).to(x.dtype)
+            z = F.linear(x, a.to(x.dtype))
+            out = out + F.linear(z * coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1), b.to(x.dtype))
         return out
+
+    def _stack(self, module: str, phase: str, names: tuple[str, ...]):
+        """The pairs of `names` on `module` stacked along the rank, or False where none targets it."""
+        found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
+                 if module in self.adapters[n].layers]
+        if not found:
+            return False
+        a = torch.cat([layer.views[phase][0] for _, layer in found])
+        b = torch.cat([layer.views[phase][1] for _, layer in found], dim=1)
+        column_adapter = torch.cat([torch.full((layer.views[phase][0].shape[0],), k) for k, layer in found])
+        column_scale = torch.cat([torch.full((layer.views[phase][0].shape[0],), layer.scale) for _, layer in found])
+        return a, b, column_adapter.to(a.device), column_scale.to(a.device)
