@@ -14,7 +14,11 @@ says (`dtgen.storage.ParamSpec` of `<module>.weight`), through the same storage 
 Each phase uses the view of that shard its micros select, as the base weight does.
 
 Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
-`default` for every row: nothing about requests is baked into the modules.
+`default` for every row: nothing about requests is baked into the modules. When every row carries
+the same adapters each one's delta is two GEMMs on the whole batch; when rows differ, the pairs of
+every adapter the batch carries are stacked along the rank (A [sum r, in], B [out, sum r]) and run
+as two GEMMs, each rank column scaled per row by that row's weight of its adapter (0 where the row
+carries none): no gather or scatter per adapter.
 """
 from __future__ import annotations
 
