@@ -3,6 +3,7 @@ diffusers writes (rank/alpha header, rank and alpha patterns, alpha != r), one a
 stacked, folded into the weights, rows of one batch carrying different adapters, every plan on
 gloo CPU ranks against one process, and the one-line refusals. CPU, float32."""
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -297,3 +298,27 @@ def test_blocks_on_some_rows_carry_those_rows_adapters(built, loras):
     loras.set_rows(None)
     assert_rel_close(some, together[picked], 1e-5, "picked rows")
     torch.testing.assert_close(again, together)
+
+
+def test_a_step_cached_batch_of_different_adapters_equals_each_request_alone(ckpt, files):
+    """first-block on a batch whose rows carry adapter a, adapter b and none, its threshold between
+    the requests' measures at one step (read off a run without reuse), so that the later blocks run
+    on some rows only, each with its own adapters."""
+    pipe = _pipe(ckpt, files)
+    base = T2IRequest(prompt="a red fox runs on the snow at night", negative_prompt="blurry", height=64, width=48,
+                      steps=5, true_cfg_scale=4.0, seed=1, step_cache="first-block:threshold=0.001")
+    reqs = [dataclasses.replace(base, loras=(("a", 1.5),)), dataclasses.replace(base, seed=2, loras=(("b", -1.0),)),
+            dataclasses.replace(base, seed=3)]
+    measures = [pipe.generate(r, decode=False).record["step_cache"]["first_block_diff"] for r in reqs]
+    # the first step k where a threshold 0.01 away from every measure splits the requests, with every
+    # earlier measure above it (so the decisions before step k are all "run in full")
+    threshold = next(t for k in range(2, base.steps) for lo, hi in itertools.pairwise(sorted(m[k][0] for m in measures))
+                     if hi - lo > 0.02 and (t := (lo + hi) / 2) < min(m[j][0] for m in measures for j in range(1, k)))
+    reqs = [dataclasses.replace(r, step_cache=f"first-block:threshold={threshold:.4f}") for r in reqs]
+    alone = [pipe.generate(r, decode=False) for r in reqs]
+    steps = [tuple(r.record["step_cache"]["full_steps"]) for r in alone]
+    assert len(set(steps)) > 1, steps   # the requests decide differently: blocks on some rows only
+    together = pipe.generate_batch(reqs, quiet(3), decode=False, record=True)
+    for i, (got, want) in enumerate(zip(together, alone)):
+        assert tuple(got.record["step_cache"]["full_steps"]) == steps[i]
+        assert_rel_close(got.latents, want.latents, 1e-5, f"request {i}")
