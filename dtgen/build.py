@@ -19,7 +19,7 @@ Nothing here knows a model: HunyuanImage-3 and Wan are two adapters.
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -95,6 +95,13 @@ class ModelAdapter:
         """Name prefixes of modules this instance was built without (a plan's rules for them
         match nothing here)."""
         return ()
+
+    def lora_prefixes(self, model: nn.Module) -> dict[str, str]:
+        """The LoRA name map (dtgen/lora): an adapter file's module-path prefix -> the checkpoint
+        key prefix it stands for ("" keys a PEFT folder's unprefixed paths). A path then names
+        the checkpoint key `<prefix><rest>.weight`, and the parameter that reads that key (its
+        `ParamSource`) is the module an adapter pair targets. Empty: no adapters."""
+        return {}
 
 
 def official_shape(meta_shape: torch.Size, stacked: bool, micro_packed: bool) -> tuple[int, ...]:
@@ -259,6 +266,7 @@ class Built:
     plan: Plan
     specs: dict[str, ParamSpec]
     tokenizer: object = None   # a model's `load` puts its tokenizer here
+    lora_prefixes: dict[str, str] = field(default_factory=dict)   # ModelAdapter.lora_prefixes
 
 
 def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, rank: int = 0,
@@ -299,4 +307,4 @@ def build(adapter: ModelAdapter, plan: Plan, reader: CheckpointReader | None, ra
     topology.barrier("start-up (every rank loaded its shard)", startup_timeout_s)
     controller = PhaseController(model, storage, topology, outputs, list(heads))
     controller.activate(next(iter(plan.phases)))
-    return Built(model, controller, storage, plan, specs)
+    return Built(model, controller, storage, plan, specs, lora_prefixes=adapter.lora_prefixes(model))

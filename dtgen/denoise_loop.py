@@ -24,7 +24,9 @@ What a model supplies (`BatchDenoiser`), and nothing of the loop:
   (`CallRows`), cut at its split points (`DenoiserCall`), its own text layout included (a
   prompt padded to the call's longest, the padding masked per row);
 - `guide(member, segment, branches)`: a member's guided prediction from its branches' rows;
-- `cfg_together`: both branches as rows of one call, or one call each.
+- `cfg_together`: both branches as rows of one call, or one call each;
+- `loras` (optional, `dtgen.lora.ResidentLoras`): the resident adapters; before each call the
+  loop sets which of them each row carries (its request's `loras`).
 """
 from __future__ import annotations
 
@@ -168,6 +170,9 @@ def denoise(members: list[DenoiseMember], rt, model: BatchDenoiser, batch: Batch
     segment_of = [k for k, s in enumerate(segments) for _ in range(s.steps)]
     if len(segment_of) != steps:
         raise ValueError(f"the segments cover {len(segment_of)} steps, the schedule has {steps}")
+    adapters = getattr(model, "loras", None)
+    if adapters is None and any(getattr(m.request, "loras", ()) for m in members):
+        raise ValueError("loras: a request names LoRA adapters, but this pipeline has none resident")
     active = list(members)
     for i, t in enumerate(timesteps):
         start = time.perf_counter()
@@ -177,6 +182,8 @@ def denoise(members: list[DenoiseMember], rt, model: BatchDenoiser, batch: Batch
         outs = []
         for c, branches in enumerate(layout.calls):
             rows = CallRows(_latent_rows(active, len(branches)), active, branches)
+            if adapters is not None:   # each row carries its request's LoRA adapters (dtgen/lora)
+                adapters.set_rows([getattr(m.request, "loras", ()) for m in active for _ in branches])
             call = model.denoise_call(rt, segment, t, rows)
             outs.append(run_step_batch([m.caches[k][c] for m in active], i - segment.first, call, [len(branches)] * n))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)

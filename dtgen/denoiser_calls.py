@@ -36,6 +36,7 @@ DiT's compiled `run_block`). The SP split and gather are the framework's (`embed
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -74,6 +75,10 @@ class DenoiserCalls:
     their pieces run as `steps` asks (None: eager). `dits`: the DiTs whose `run_block` becomes
     the compiled region in regions mode (one compiled function for every DiT sharing it)."""
 
+    # Entered around blocks run on some rows of the call only (`row_blocks`): what keeps per-row
+    # state in step with them (the resident LoRA adapters' row map, `ResidentLoras.picked_rows`).
+    picked_rows: Callable = staticmethod(lambda picked: nullcontext())   # nothing keeps per-row state
+
     def __init__(self, steps: CompiledSteps | None = None, dits: list = ()):
         step: Callable[[Callable], Callable] = steps.step if steps is not None else (lambda fn: fn)
         self._predict, self._embed, self._time, self._blocks, self._head = map(
@@ -111,7 +116,8 @@ class DenoiserCalls:
         def row_blocks(h: torch.Tensor, lo: int, hi: int, picked: list[int]) -> torch.Tensor:
             local = made["local"]
             some = local._replace(inputs=dit.select_rows(local.inputs, torch.tensor(picked, device=h.device)))
-            return self._blocks(rt, dit, some, h, None, lo, hi)[0]
+            with self.picked_rows(picked):
+                return self._blocks(rt, dit, some, h, None, lo, hi)[0]
 
         def run_head(h: torch.Tensor) -> torch.Tensor:
             temb = made["local"].inputs.temb if "local" in made else self._time(rt, dit, *args)

@@ -32,6 +32,7 @@ from .harness import (add_run_flags, compile_facts, compile_problem, example_mai
 from .host import GcPauses, settle_heap
 from .image_files import image_path_problem, save_image
 from .launch import RankContext
+from .lora.flags import add_lora_flags, lora_problem, request_loras, resident_loras
 from .media import FPS, encode_mp4
 from .profiling import PhaseProfiler
 from .registry import resolve
@@ -78,6 +79,9 @@ class DiffusionCommand:
     # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
     scheduler_defaults: dict = field(default_factory=dict)
     profile_rows: tuple = PROFILE_ROWS   # the profile table's rows (dtgen.profiling.PhaseProfiler)
+    # the model's LoRA name map (`ModelAdapter.lora_prefixes`): --lora files are matched against the
+    # checkpoint with it before any rank loads
+    lora_prefixes: dict = field(default_factory=dict)
 
     @property
     def makes(self) -> str:
@@ -115,7 +119,7 @@ class DiffusionCommand:
     def request_from_args(self, args: argparse.Namespace):
         """The request the flags say (a server's: the defaults of the fields a request leaves out);
         `RequestError` naming a field for a size or step cache that does not parse."""
-        return schema.from_args(self.request, args)
+        return schema.from_args(self.request, args, loras=request_loras(args))
 
     def prepare(self, args: argparse.Namespace) -> tuple[str | None, bool]:
         """Check the command line and fill the defaults that depend on the checkpoint: (the first
@@ -128,7 +132,7 @@ class DiffusionCommand:
             problem = launch_problem(args, self.get_plan(args.plan)) or compile_problem(args) \
                 or vae_parallel_problem(args) or output_path_problem(args.output, "--output") \
                 or (image_path_problem(args.output) if self.makes == "image" else None) \
-                or output_path_problem(args.report, "--report")
+                or output_path_problem(args.report, "--report") or lora_problem(args)
             if problem is None and not tiny:
                 problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT)
             if problem is not None:
@@ -136,6 +140,9 @@ class DiffusionCommand:
             if tiny:
                 args.checkpoint = str(self.ensure_tiny())
             folder = Path(args.checkpoint)
+            problem = lora_problem(args, folder, self.lora_prefixes) if args.lora else None
+            if problem is not None:
+                return problem, tiny
             scheduler_file = folder / "scheduler" / "scheduler_config.json"
             scheduler = json.loads(scheduler_file.read_text()) if scheduler_file.is_file() else {}
             for key, fallback in self.scheduler_defaults.items():
@@ -193,6 +200,7 @@ def add_diffusion_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run the request once with 2 steps first, so that compilation and first-call kernel JIT "
                         "stay out of the figures (default: on with --compile or on GPU; a server: on, before /ready)")
+    add_lora_flags(p)
 
 
 def vae_parallel_problem(args: argparse.Namespace) -> str | None:
@@ -218,6 +226,7 @@ def build_pipeline(command: DiffusionCommand, ctx: RankContext, args: argparse.N
     vae_group = dist.group.WORLD if args.vae_parallel is not False and ctx.world_size > 1 else None
     pipe = command.pipeline(loaded.model, loaded.tokenizer, loaded.controller, device, ctx.rank == 0, options,
                             vae_group)
+    pipe.loras = resident_loras(loaded, args, dtype)
     return pipe, loaded, device, dtype
 
 
@@ -231,8 +240,9 @@ def _check(command: DiffusionCommand, ctx, args, req, result, dtype, device) -> 
     """Rank 0: this run against the same request on one process (`--check`)."""
     with reference_threads(ctx, device):
         reference = _load(command, args, "single", 0, 1, dtype, device)
-        ref = command.pipeline(reference.model, reference.tokenizer, reference.controller, device).generate(
-            req, record=True)
+        ref_pipe = command.pipeline(reference.model, reference.tokenizer, reference.controller, device)
+        ref_pipe.loras = resident_loras(reference, args, dtype)   # the same adapters, on one process
+        ref = ref_pipe.generate(req, record=True)
     mine, theirs = getattr(result, command.makes), getattr(ref, command.makes)
     check = {"max_abs_diff_noise": max_diff(result.record["noise"], ref.record["noise"]),
              "max_abs_diff_latents": max_diff([result.latents], [ref.latents]),

@@ -151,6 +151,7 @@ class DiffusionPipeline:
     cfg_together: bool = False
     makes: str = "image"   # or "video": what `decode_latents` gives
     result_type: type   # built as result_type(pixels, latents, timings, record)
+    _loras = None
 
     def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
                  compile_options: CompileOptions | None = None, vae_group=None, buckets: ShapeBuckets | None = None):
@@ -164,6 +165,19 @@ class DiffusionPipeline:
         self.steps = CompiledSteps(compile_options, self.device)
         self.compiler = self.steps.compiler
         self.calls = DenoiserCalls(self.steps, self.denoisers())
+
+    @property
+    def loras(self):
+        """dtgen.lora.ResidentLoras: the adapters a request's rows may carry (its `loras`), or None."""
+        return self._loras
+
+    @loras.setter
+    def loras(self, loras) -> None:
+        self._loras = loras
+        if loras is not None:   # blocks run on some rows only carry those rows' adapters
+            self.calls.picked_rows = loras.picked_rows
+        else:
+            self.calls.__dict__.pop("picked_rows", None)
 
     # ---- what the model supplies -------------------------------------------------------
     def denoisers(self) -> list:

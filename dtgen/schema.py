@@ -42,10 +42,10 @@ from dtgen.step_cache import StepCacheError, describe, parse_step_cache
 
 KEY = "dtgen.schema"     # the dataclass field metadata key holding a field's Spec
 SAME = object()          # a flag's default: the request's own
-KINDS = ("text", "int", "number", "choice", "bool", "step_cache", "size", "any")
+KINDS = ("text", "int", "number", "choice", "bool", "step_cache", "size", "loras", "any")
 # What a field's kind reads as in tables and type errors.
 TYPE_NAMES = {"text": "string", "int": "integer", "number": "number", "choice": "string", "bool": "boolean",
-              "step_cache": "step cache", "size": "WIDTHxHEIGHT", "any": "any"}
+              "step_cache": "step cache", "size": "WIDTHxHEIGHT", "loras": "adapters", "any": "any"}
 
 
 @dataclass(frozen=True)
@@ -274,6 +274,8 @@ def check_value(spec: Spec, value, name: str | None = None) -> None:
         check_type(spec, value, name)
     elif kind == "step_cache":
         check_step_cache(value, spec.model, spec.methods)
+    elif kind == "loras":
+        parse_loras(value, name)
 
 
 def _choices_text(choices: tuple) -> str:
@@ -308,6 +310,34 @@ def parse_step_cache_value(spec: Spec, value, name: str, knob_names: bool = Fals
         raise RequestError(name, f"{e.knob}: {e.message}") from None
 
 
+def parse_loras(value, name: str = "loras") -> tuple[tuple[str, float], ...]:
+    """LoRA adapters a request carries: [{"name": N, "weight": W}, ...] (weight default 1.0) or
+    (name, weight) pairs -> ((name, weight), ...); `RequestError` naming the entry's key."""
+    if not isinstance(value, (list, tuple)):
+        raise RequestError(name, f'must be a list of {{"name": ..., "weight": ...}}, got {value!r}')
+    out = []
+    for i, entry in enumerate(value):
+        where = f"{name}[{i}]"
+        if isinstance(entry, dict):
+            unknown = sorted(set(entry) - {"name", "weight"})
+            if unknown:
+                raise RequestError(f"{where}.{unknown[0]}", 'unknown key (an adapter has "name" and "weight")')
+            adapter, weight = entry.get("name"), entry.get("weight", 1.0)
+        elif isinstance(entry, (list, tuple)) and len(entry) == 2:
+            adapter, weight = entry
+        else:
+            raise RequestError(where, f'must be {{"name": ..., "weight": ...}}, got {entry!r}')
+        if not isinstance(adapter, str) or not adapter.strip():
+            raise RequestError(f"{where}.name", f"must be a non-empty string (a loaded adapter), got {adapter!r}")
+        if (not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight != weight
+                or abs(weight) == float("inf")):
+            raise RequestError(f"{where}.weight", f"must be a finite number, got {weight!r}")
+        if adapter in (a for a, _ in out):
+            raise RequestError(f"{where}.name", f"{adapter!r} is given twice")
+        out.append((adapter, float(weight)))
+    return tuple(out)
+
+
 def json_value(spec: Spec, request):
     """The field's value in `request`, as a JSON body gives it (a size as "WIDTHxHEIGHT", a
     step cache as its dict form)."""
@@ -316,6 +346,8 @@ def json_value(spec: Spec, request):
     value = getattr(request, spec.name)
     if spec.kind == "step_cache":
         return describe(parse_step_cache(value))
+    if spec.kind == "loras":
+        return [{"name": n, "weight": w} for n, w in parse_loras(value, spec.name)]
     return value
 
 
@@ -349,6 +381,14 @@ def steps_field(default: int = 50, tiny: int = 4):
 def step_cache_field():
     """A step cache (dtgen/step_cache.py): a config, its text or dict form; None runs every step in full."""
     return request_field(None, kind="step_cache", help=STEP_CACHE_HELP)
+
+
+def loras_field():
+    """The LoRA adapters a request's rows carry (dtgen/lora): ((name, weight), ...), their deltas
+    added. The CLI fills it from its --lora FILE[:WEIGHT] flags (the name is the file); no JSON
+    name of its own yet (a server route that loads adapters by name gives it one)."""
+    return request_field((), kind="loras", flag=None, json=None,
+                         help="LoRA adapters applied to this request: (name, weight) pairs (the CLI's --lora)")
 
 
 def side_field(default: int, help: str, **options):
@@ -444,6 +484,8 @@ def bounds_text(spec: Spec) -> str:
         return "any" if spec.empty_ok else "non-empty"
     if spec.kind == "size":
         return "WIDTHxHEIGHT" + (" or `auto`" if spec.auto else "")
+    if spec.kind == "loras":
+        return 'a list of {"name": ..., "weight": ...}; weight finite (default 1)'
     if spec.kind == "step_cache":
         methods = ", ".join(spec.methods) if spec.methods else "any method"
         return f"METHOD[:KNOB=VALUE,...] or an object ({methods}); none: every step in full"

@@ -14,7 +14,7 @@ folder and loaded through the real loader. Writes the PNG, prints a timing table
 from __future__ import annotations
 
 from dtgen.diffusion_command import DiffusionCommand
-from models.qwen_image.model import QwenImageConfigs, load
+from models.qwen_image.model import LORA_PREFIXES, QwenImageConfigs, load
 from models.qwen_image.pipeline import QwenImagePipeline, T2IRequest
 from models.qwen_image.tiny import ensure_tiny_checkpoint
 from models.registry import checkpoint_problem
@@ -33,7 +33,8 @@ COMMAND = DiffusionCommand(
     multi_rank_plan="cfg2", tiny_defaults=dict(image_size="64x48", steps=4),
     checkpoint_defaults=dict(image_size="1024x1024", steps=50), ensure_tiny=ensure_tiny_checkpoint,
     checkpoint_problem=checkpoint_problem, configs=QwenImageConfigs.from_folder, loader=load,
-    pipeline=QwenImagePipeline, describe=describe, adapter="models.qwen_image.serving:QwenServeAdapter")
+    pipeline=QwenImagePipeline, describe=describe, adapter="models.qwen_image.serving:QwenServeAdapter",
+    lora_prefixes=LORA_PREFIXES)
 
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Qwen-Image.
 build_parser, finish_args, parse_args, prepare, request_from_args = (

@@ -29,6 +29,10 @@ COMPONENTS = ("text_encoder", "transformer", "vae")
 FP8_LINEARS = ("transformer.transformer_blocks.*.attn.*", "transformer.transformer_blocks.*_mlp.net.*",
                "transformer.transformer_blocks.*_mod.1")
 
+# LoRA name map (dtgen/lora): diffusers' files name the MMDiT's modules `transformer.<path>`, as
+# its checkpoint keys do; a PEFT folder made on the transformer names them `<path>`.
+LORA_PREFIXES = {"transformer.": "transformer.", "": "transformer."}
+
 
 @dataclass(frozen=True)
 class QwenImageConfigs:
@@ -92,6 +96,9 @@ class QwenImageAdapter(ModelAdapter):
 
     def param_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
         return self.vae_dtype if name.startswith("vae.") else dtype
+
+    def lora_prefixes(self, model: QwenImageT2I) -> dict[str, str]:
+        return dict(LORA_PREFIXES)
 
 
 def load(checkpoint: str | Path, plan: Plan, rank: int = 0, world_size: int = 1,

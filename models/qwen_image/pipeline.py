@@ -38,8 +38,8 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, result_type
 from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
 from dtgen.requests import RequestError, check_multiple
-from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
-                          size_field, step_cache_field, steps_field)
+from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, request_field, seed_field,
+                          side_field, size_field, step_cache_field, steps_field)
 from dtgen.seq_split import padded_rows
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
@@ -66,6 +66,7 @@ class T2IRequest:
     max_sequence_length: int = request_field(512, low=1, high=1024, flag=None, json=None,
                                              help="the prompt's text tokens at most")
     step_cache: StepCacheConfig | str | dict | None = step_cache_field()
+    loras: tuple[tuple[str, float], ...] = loras_field()
 
     def check(self, multiple: int = 16, min_steps: int = 1) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before any

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dtgen.diffusion_command import DiffusionCommand
 from models.registry import checkpoint_problem
-from models.wan.model import WanConfigs, load
+from models.wan.model import LORA_PREFIXES, WanConfigs, load
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
 from models.wan.tiny import ensure_tiny_checkpoint
 from placements.wan import PLANS, get_plan
@@ -32,7 +32,8 @@ COMMAND = DiffusionCommand(
     multi_rank_plan="ulysses2", tiny_defaults=dict(height=48, width=64, num_frames=9, steps=4),
     checkpoint_defaults=dict(height=480, width=832, num_frames=81, steps=50), scheduler_defaults={"flow_shift": 3.0},
     ensure_tiny=ensure_tiny_checkpoint, checkpoint_problem=checkpoint_problem, configs=WanConfigs.from_folder,
-    loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter")
+    loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter",
+    lora_prefixes=LORA_PREFIXES)
 
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Wan.
 build_parser, finish_args, parse_args, prepare, request_from_args = (

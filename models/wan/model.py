@@ -30,6 +30,12 @@ TEXT_TO_VIDEO = ("text_encoder", "tokenizer", "transformer", "vae")
 # the time projection and proj_out stay in the model dtype (small; the time path is float32).
 FP8_LINEARS = ("blocks.*.attn?.to_?", "blocks.*.attn?.to_out.0", "blocks.*.ffn.net.0.proj", "blocks.*.ffn.net.2")
 
+# LoRA name map (dtgen/lora): diffusers' files name the DiT's modules `transformer.<path>`, as its
+# checkpoint keys do; a PEFT folder made on the DiT names them `<path>`. Wan2.2-A14B's low-noise
+# expert takes the same file under `LORA_PREFIXES_EXPERT_2` (diffusers' `load_into_transformer_2`).
+LORA_PREFIXES = {"transformer.": "transformer.", "": "transformer."}
+LORA_PREFIXES_EXPERT_2 = {"transformer.": "transformer_2.", "": "transformer_2."}
+
 
 @dataclass(frozen=True)
 class WanConfigs:
@@ -115,6 +121,9 @@ class WanAdapter(ModelAdapter):
         sources = super().param_sources(model)
         sources["text_encoder.shared.weight"] = ParamSource((f"text_encoder.{self.embedding_key}",))
         return sources
+
+    def lora_prefixes(self, model: WanT2V) -> dict[str, str]:
+        return dict(LORA_PREFIXES)
 
     def unbuilt_modules(self, model: WanT2V) -> tuple[str, ...]:
         return () if model.transformer_2 is not None else ("transformer_2.",)

@@ -32,8 +32,8 @@ from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
 from dtgen.requests import RequestError, check_multiple, nearest_valid
-from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, request_field, seed_field, side_field,
-                          size_field, step_cache_field, steps_field)
+from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, request_field, seed_field,
+                          side_field, size_field, step_cache_field, steps_field)
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
 from .transformer import WanTransformer
@@ -65,6 +65,7 @@ class T2VRequest:
     sampler: str = request_field("unipc", choices=sorted(SAMPLERS), help="the flow-matching sampler")
     seed: int = seed_field()
     step_cache: StepCacheConfig | str | dict | None = step_cache_field()
+    loras: tuple[tuple[str, float], ...] = loras_field()
 
     def check(self, temporal: int, spatial: int, two_experts: bool | None = None) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before

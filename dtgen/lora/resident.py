@@ -1,0 +1,345 @@
+"""Adapters resident beside one copy of the base weights, applied unmerged, per batch row.
+
+y = base(x) + sum_k w_k s_k B_k (A_k x), s_k = alpha_k / r_k: the base weight (float, bf16 or
+FP8) is never touched. Every targeted linear gets one forward hook (registered ahead of the
+phase controller's reduce hooks), which adds the deltas of the adapters its batch rows carry.
+
+Sharding is derived, not declared per model: a pair is split as its base weight's plan rule
+says (`dtgen.storage.ParamSpec` of `<module>.weight`), through the same storage code:
+- rows split (COLUMN, COLUMN_KV_GROUPS, PAIR, VOCAB): A whole, B split like the weight's rows
+  (same unit: whole heads stay whole);
+- columns split (ROW): A split like the weight's columns, B whole; the delta is then a partial
+  sum like the base output, and the controller's reduce hook sums both at once;
+- REPLICATE: both whole.
+Each phase uses the view of that shard its micros select, as the base weight does.
+
+Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
+`default` for every row: nothing about requests is baked into the modules. When every row carries
+the same adapters each one's delta is two GEMMs on the whole batch; when rows differ, the pairs of
+every adapter the batch carries are stacked along the rank (A [sum r, in], B [out, sum r]) and run
+as two GEMMs, each rank column scaled per row by that row's weight of its adapter (0 where the row
+carries none): no gather or scatter per adapter.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..plan import Rule
+from ..storage import ParamSpec, ResidentStorage, load_resident
+from .files import LoraError, LoraFile, read_lora
+
+# A row's adapters: (name, weight) pairs, applied summed.
+RowAdapters = tuple[tuple[str, float], ...]
+
+
+class _TensorReader:
+    """`dtgen.checkpoint.CheckpointReader.read` over tensors in memory (the adapter's pairs), so
+    the storage's own slicing shards them exactly like the base weights."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def read(self, key: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        t = self.tensors[key]
+        return t if dim is None else t.narrow(dim, start, (stop if stop is not None else t.shape[dim]) - start)
+
+
+def pair_specs(weight: ParamSpec, rank: int) -> tuple[ParamSpec, ParamSpec]:
+    """The specs of A [r, in] and B [out, r] for a base weight [out, in] split as `weight` says."""
+    if weight.stacked:
+        raise LoraError(f"LoRA on stacked expert weights ({weight.keys[0]}, ...) is not supported")
+    out, inp = weight.official_shape
+    plain = ParamSpec(keys=("A",), rule=Rule.REPLICATE, official_shape=(rank, inp))
+    if weight.rule == Rule.ROW:
+        a = replace(plain, rule=Rule.ROW, unit=weight.unit, unit_name=weight.unit_name)
+        return a, ParamSpec(keys=("B",), rule=Rule.REPLICATE, official_shape=(out, rank))
+    b = ParamSpec(keys=("B",), rule=weight.rule, official_shape=(out, rank), micro_packed=weight.micro_packed,
+                  unit=weight.unit, unit_name=weight.unit_name)
+    return plain, b
+
+
+def _key_of(path: str, prefixed: bool, prefixes: dict[str, str], shapes: dict) -> str | None:
+    """The checkpoint key of the base weight a file's module path names (longest prefix first;
+    a PEFT folder's unprefixed paths take the "" entry), or None."""
+    for prefix, target in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
+        if bool(prefix) == prefixed and path.startswith(prefix):
+            key = target + path[len(prefix):] + ".weight"
+            if key in shapes:
+                return key
+    return None
+
+
+def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """Module path in the file -> the checkpoint key of its base weight, through the model's name
+    map `prefixes` (`ModelAdapter.lora_prefixes`); `shapes`: checkpoint key -> official shape.
+    One line for paths that match nothing (how many, a few, what the model's linears are named
+    like) and for a pair whose shape does not fit its weight."""
+    if not prefixes:
+        raise LoraError(f"LoRA {lora.path}: this model declares no LoRA name map (ModelAdapter.lora_prefixes)")
+    found = {p: _key_of(p, lora.prefixed, prefixes, shapes) for p in lora.layers}
+    missing = sorted(p for p, k in found.items() if k is None)
+    if missing:
+        matched = sorted(p for p, k in found.items() if k is not None)
+        what = "it looks like an adapter for another model" if not matched else \
+            f"matched {len(matched)}, e.g. {matched[:3]}"
+        linears = sorted(k.removesuffix(".weight") for k, shape in shapes.items()
+                         if k.startswith(tuple(prefixes.values())) and k.endswith(".weight") and len(shape) == 2)
+        raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
+                        f"(e.g. {missing[:3]}); {what}; its linears are named like {linears[-2:]}")
+    for path, key in found.items():
+        layer, (rows, cols) = lora.layers[path], shapes[key]
+        if layer.A.shape[1] != cols or layer.B.shape[0] != rows:
+            raise LoraError(f"LoRA {lora.path}: {path}: lora_A {list(layer.A.shape)} / lora_B "
+                            f"{list(layer.B.shape)} do not fit {key.removesuffix('.weight')} [{rows}, {cols}] "
+                            f"(rank {layer.rank}: A must be [r, {cols}], B [{rows}, r])")
+    return found
+
+
+@dataclass
+class ResidentLayer:
+    """One adapter's pair on one module: per phase, this rank's (A, B) views, and s = alpha / r."""
+
+    scale: float
+    views: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class ResidentAdapter:
+    name: str
+    path: str
+    layers: dict[str, ResidentLayer]   # by module name in the model
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class _MixedRows:
+    """A batch whose rows carry different adapters: `names` (every adapter some row carries) and
+    `weights` [rows, len(names)], each row's weight of each (0 where it carries none)."""
+
+    names: tuple[str, ...]
+    weights: torch.Tensor
+
+
+@dataclass
+class ResidentLoras:
+    """The adapters resident on one rank of a built model (`dtgen.build.Built`).
+
+    `prefixes`: the model's name map (`ModelAdapter.lora_prefixes`): adapter-file path prefix ->
+    checkpoint key prefix; a module path then names the checkpoint key `<prefix><rest>.weight`,
+    and the parameter reading that key (the build's `ParamSpec.keys`) is the module's weight.
+    `dtype`: what the pairs are stored in (the model dtype; an FP8 base takes them in this)."""
+
+    built: object
+    dtype: torch.dtype
+    prefixes: dict[str, str] = field(default_factory=dict)
+    adapters: dict[str, ResidentAdapter] = field(default_factory=dict)
+    default: RowAdapters = ()
+    merged: list[tuple[str, float]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.prefixes:
+            self.prefixes = dict(getattr(self.built, "lora_prefixes", {}) or {})
+        specs = self.built.storage.specs
+        # checkpoint key -> the parameter that reads it (single-key weights only: a pair is per matrix)
+        self._by_key = {spec.keys[0]: name for name, spec in specs.items()
+                        if len(spec.keys) == 1 and spec.scale_of is None and name.endswith(".weight")
+                        and len(spec.official_shape) == 2}
+        self._modules = dict(self.built.model.named_modules())
+        self._hooks: dict[str, object] = {}
+        self._uniform: RowAdapters = ()            # every row carries these
+        self._mixed: _MixedRows | None = None      # or each row its own
+        # per (module, phase), for the adapters of `_mixed`: their pairs stacked along the rank
+        # (A [sum r, in], B [out, sum r]), each rank column's adapter and scale
+        self._stacked: dict[tuple[str, str], tuple] = {}
+        self._stacked_names: tuple[str, ...] = ()
+        self._last: tuple | None = None
+        self.set_rows(None)
+
+    # ---- matching -------------------------------------------------------------------
+    def match(self, lora: LoraFile, prefixes: dict[str, str] | None = None) -> dict[str, str]:
+        """Module path in the file -> module of the model (`match_keys` on the build's weights,
+        through `prefixes`, default the model's name map)."""
+        specs = self.built.storage.specs
+        shapes = {key: specs[param].official_shape for key, param in self._by_key.items()}
+        return {path: self._by_key[key].removesuffix(".weight")
+                for path, key in match_keys(lora, prefixes or self.prefixes, shapes).items()}
+
+    # ---- loading --------------------------------------------------------------------
+    def _shards(self, module: str, spec: ParamSpec, A: torch.Tensor, B: torch.Tensor):
+        """This rank's (A, B) views per phase, split like `spec` (the base weight's)."""
+        storage = self.built.storage
+        topology = self.built.controller.topology
+        device = next(iter(storage.tensors.values())).device
+        a_spec, b_spec = pair_specs(spec, A.shape[0])
+        reader = _TensorReader({"A": A.to(self.dtype), "B": B.to(self.dtype)})
+        tensors = {k: load_resident(reader, s, storage.shard, self.dtype, device)
+                   for k, s in (("A", a_spec), ("B", b_spec))}
+        pair = ResidentStorage(tensors, {"A": a_spec, "B": b_spec}, storage.shard, 0)
+        views = {}
+        S = topology.resolved.storage_tp
+        for phase, groups in topology.phases.items():
+            micros, group = groups.layout.micros_per_rank, groups.layout.micro_group(topology.rank, S)
+            a, b = pair.phase_view("A", micros, group), pair.phase_view("B", micros, group)
+            views[phase] = (a, b.flatten(0, 1) if b_spec.micro_packed else b)
+        return views, sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _checked_pairs(self, lora: LoraFile, weight: float | None = None, prefixes: dict[str, str] | None = None):
+        """(module, spec, layer) for every layer, every shape checked against its base weight."""
+        if weight is not None and not math.isfinite(weight):
+            raise LoraError(f"LoRA {lora.path}: weight {weight} is not finite")
+        found = self.match(lora, prefixes)
+        specs = self.built.storage.specs
+        return [(found[path], specs[found[path] + ".weight"], layer) for path, layer in lora.layers.items()]
+
+    def load(self, name: str, path: str | Path, prefixes: dict[str, str] | None = None) -> ResidentAdapter:
+        """Read, check and shard adapter `path` as `name`. On any error nothing resident changes.
+        `prefixes`: a name map other than the model's for this adapter (Wan2.2-A14B's low-noise
+        expert: models.wan.model.LORA_PREFIXES_EXPERT_2, diffusers' `load_into_transformer_2`)."""
+        if name in self.adapters:
+            raise LoraError(f"LoRA name {name!r} is already loaded")
+        lora = read_lora(path)
+        layers = {}
+        nbytes = 0
+        for module, spec, layer in self._checked_pairs(lora, prefixes=prefixes):
+            if module in layers:
+                raise LoraError(f"LoRA {lora.path}: two of its entries target {module}")
+            views, n = self._shards(module, spec, layer.A, layer.B)
+            layers[module] = ResidentLayer(layer.scale, views)
+            nbytes += n
+        adapter = ResidentAdapter(name, str(path), layers, nbytes)
+        self.adapters[name] = adapter   # commit: all checks passed
+        self._stacked, self._stacked_names = {}, ()
+        for module in layers:
+            self._hook(module)
+        return adapter
+
+    def unload(self, name: str) -> None:
+        if name not in self.adapters:
+            raise LoraError(f"LoRA {name!r} is not loaded; loaded: {sorted(self.adapters)}")
+        del self.adapters[name]
+        self.default = tuple((n, w) for n, w in self.default if n != name)
+        used = {m for a in self.adapters.values() for m in a.layers}
+        for module in [m for m in self._hooks if m not in used]:
+            self._hooks.pop(module).remove()
+        self._stacked, self._stacked_names, self._last = {}, (), None
+        self.set_rows(None)
+
+    def merge(self, path: str | Path, weight: float = 1.0) -> None:
+        """Fold adapter `path` at `weight` into the resident weights (W += w s B A, in float32, then
+        the weight's dtype): refused on an FP8 weight. Every phase sees it (views of one tensor)."""
+        lora = read_lora(path)
+        pairs = self._checked_pairs(lora, weight)
+        storage = self.built.storage
+        names = [m + ".weight" for m, _, _ in pairs]
+        fp8 = [n for n in names if storage.specs[n].fp8]
+        if fp8:
+            raise LoraError(f"--lora-merge: {len(fp8)} target weight(s) are FP8 (e.g. {fp8[0]}): folding would "
+                            f"re-quantize them; apply the adapter unmerged (--lora) instead")
+        for (module, spec, layer), name in zip(pairs, names):
+            delta = (weight * layer.scale) * (layer.B.float() @ layer.A.float())
+            resident = storage.tensors[name]
+            shard = load_resident(_TensorReader({spec.keys[0]: delta}), spec, storage.shard, torch.float32,
+                                  resident.device)
+            resident.copy_((resident.float() + shard).to(resident.dtype))
+        self.merged.append((str(path), weight))
+
+    # ---- which rows carry what ------------------------------------------------------
+    def check(self, adapters: RowAdapters) -> None:
+        """One line for a name that is not loaded or a weight that is not finite (a request's
+        `loras`, before any work)."""
+        for name, weight in adapters:
+            if name not in self.adapters:
+                raise LoraError(f"LoRA {name!r} is not loaded; loaded: {sorted(self.adapters)}")
+            if not math.isfinite(weight):
+                raise LoraError(f"LoRA {name!r}: weight {weight} is not finite")
+
+    def set_rows(self, rows: list[RowAdapters] | None) -> None:
+        """The adapters of each batch row of the next evaluations (None: every row carries
+        `default`). A row may carry none, one or several (their deltas add)."""
+        for row in rows or ():
+            self.check(row)
+        key = None if rows is None else tuple(tuple((n, float(w)) for n, w in row) for row in rows)
+        if key == self._last and key is not None:
+            return   # the same rows as the last call (every call of a step, most steps)
+        self._last = key
+        if rows is None or len(set(key)) == 1:   # every row alike: no per-row work
+            self._uniform, self._mixed = (self.default if rows is None else key[0]), None
+            return
+        names = tuple(dict.fromkeys(n for row in key for n, _ in row))
+        weights = torch.zeros(len(key), len(names))
+        for i, row in enumerate(key):
+            for n, w in row:
+                weights[i, names.index(n)] += w
+        device = next(iter(self.built.storage.tensors.values())).device
+        self._uniform, self._mixed = (), _MixedRows(names, weights.to(device))
+        if names != self._stacked_names:
+            self._stacked, self._stacked_names = {}, names
+
+    @contextmanager
+    def picked_rows(self, picked: list[int]):
+        """Inside: the evaluations run on the rows `picked` of the batch `set_rows` described (a
+        step cache's first-block step that runs the later blocks on some rows only)."""
+        saved = (self._uniform, self._mixed, self._last)
+        if self._mixed is not None:
+            self._mixed = _MixedRows(self._mixed.names, self._mixed.weights[picked])
+        try:
+            yield
+        finally:
+            self._uniform, self._mixed, self._last = saved
+
+    def set_default(self, adapters: RowAdapters) -> None:
+        self.set_rows([tuple(adapters)])  # checks names and weights
+        self.default = tuple(adapters)
+        self.set_rows(None)
+
+    # ---- application ----------------------------------------------------------------
+    def _hook(self, module: str) -> None:
+        if module not in self._hooks:
+            # prepend: the delta joins the base output before any reduce hook of the controller
+            self._hooks[module] = self._modules[module].register_forward_hook(partial(self._apply, module),
+                                                                              prepend=True)
+
+    def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
+        x = args[0]
+        phase = self.built.controller.active
+        for name, weight in self._uniform:
+            layer = self.adapters[name].layers.get(module)
+            if layer is not None:
+                a, b = (t.to(x.dtype) for t in layer.views[phase])
+                out = out + F.linear(F.linear(x, a), b) * (weight * layer.scale)
+        mixed = self._mixed
+        if mixed is None:
+            return out
+        if x.shape[0] != mixed.weights.shape[0]:
+            raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters were "
+                            f"set for {mixed.weights.shape[0]}")
+        stacked = self._stacked.get((module, phase))
+        if stacked is None:
+            stacked = self._stacked[(module, phase)] = self._stack(module, phase, mixed.names)
+        if stacked is not False:
+            # every adapter on every row in two GEMMs over the stacked rank, each rank column scaled
+            # per row by that row's weight of its adapter (0: the row does not carry it)
+            a, b, column_adapter, column_scale = stacked
+            coef = (mixed.weights[:, column_adapter] * column_scale).to(x.dtype)
+            z = F.linear(x, a.to(x.dtype))
+            out = out + F.linear(z * coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1), b.to(x.dtype))
+        return out
+
+    def _stack(self, module: str, phase: str, names: tuple[str, ...]):
+        """The pairs of `names` on `module` stacked along the rank, or False where none targets it."""
+        found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
+                 if module in self.adapters[n].layers]
+        if not found:
+            return False
+        a = torch.cat([layer.views[phase][0] for _, layer in found])
+        b = torch.cat([layer.views[phase][1] for _, layer in found], dim=1)
+        column_adapter = torch.cat([torch.full((layer.views[phase][0].shape[0],), k) for k, layer in found])
+        column_scale = torch.cat([torch.full((layer.views[phase][0].shape[0],), layer.scale) for _, layer in found])
+        return a, b, column_adapter.to(a.device), column_scale.to(a.device)
