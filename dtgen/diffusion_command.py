@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import schema
+from .checkpoint import unreadable
 from .compile import CompileOptions, unique_graphs
 from .fp8 import add_fp8_flags, attention_head_problem
 from .harness import (add_run_flags, compile_facts, compile_problem, example_main, finish_launch_args,
@@ -130,7 +131,8 @@ class DiffusionCommand:
                 or (image_path_problem(args.output) if self.makes == "image" else None) \
                 or output_path_problem(args.report, "--report")
             if problem is None and not tiny:
-                problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT)
+                problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT) \
+                    or unreadable(args.checkpoint)
             if problem is not None:
                 return problem, tiny
             if tiny:

@@ -77,11 +77,6 @@ class RankStopped(RuntimeError):
     cannot go on): the launcher reports it with no traceback and prints nothing more."""
 
 
-class OneLineError(ValueError):
-    """An error whose message says all a user needs (a checkpoint or a plan that cannot be
-    used): raised on every rank alike, the launcher prints it once, without a traceback."""
-
-
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
@@ -190,9 +185,13 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, 
         fn, args = task
         try:
             results.put((rank, True, fn(ctx, *args), None))
-        except (RankStopped, OneLineError) as e:
-            results.put((rank, False, traceback.format_exc(), ("told" if isinstance(e, RankStopped) else "line",
-                                                               str(e).strip().splitlines()[0])))
+        except Exception as e:
+            # an error whose message says it all (`one_line`: a checkpoint or plan that cannot be
+            # used, raised on every rank alike) is printed once, without a traceback
+            told = isinstance(e, RankStopped)
+            brief = ("told" if told else "line", str(e).strip().splitlines()[0]) \
+                if told or getattr(e, "one_line", False) else None
+            results.put((rank, False, traceback.format_exc(), brief))
         except BaseException:  # report everything, including collective timeouts
             results.put((rank, False, traceback.format_exc(), None))
     dist.destroy_process_group()
