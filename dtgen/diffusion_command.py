@@ -33,7 +33,7 @@ from .harness import (add_run_flags, compile_facts, compile_problem, example_mai
 from .host import GcPauses, settle_heap
 from .image_files import image_path_problem, save_image
 from .launch import RankContext
-from .media import FPS, encode_mp4
+from .media import FPS, encode_mp4, video_path_problem
 from .profiling import PhaseProfiler
 from .registry import resolve
 from .requests import RequestError, flag_line
@@ -128,7 +128,7 @@ class DiffusionCommand:
         try:
             problem = launch_problem(args, self.get_plan(args.plan)) or compile_problem(args) \
                 or vae_parallel_problem(args) or output_path_problem(args.output, "--output") \
-                or (image_path_problem(args.output) if self.makes == "image" else None) \
+                or (image_path_problem(args.output) if self.makes == "image" else video_path_problem(args.output)) \
                 or output_path_problem(args.report, "--report")
             if problem is None and not tiny:
                 problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT) \
