@@ -24,6 +24,11 @@ data-plane communicators:
 - `finish()`: every rank checks in under `DONE_KEY` and waits until all have, watching
   for failures, before the process group is destroyed: a clean end never blocks on a
   peer that is gone.
+
+Spawned ranks (one host, dtgen.launch.RankPool) also watch each other's processes
+(`PeerWatch`): a rank that dies without a word, even by SIGKILL, is one line on every other
+rank at once (a server's rank 0 answers its requests with it), and no rank stays blocked in
+a collective on it.
 """
 from __future__ import annotations
 
