@@ -1,5 +1,5 @@
-"""`--max-new-tokens` past the model's positions is refused under its own name (it once was
-under the prompt's), with how many new tokens this prompt leaves room for."""
+"""`--max-new-tokens` past the model's positions is refused under its own name, not the
+prompt's (the prompt alone fits), with how many new tokens this prompt leaves room for."""
 from __future__ import annotations
 
 from models.hunyuan_image3 import cli

@@ -1,7 +1,7 @@
 """Wan's request flags refused in one line before any work, as HunyuanImage-3's and
-Qwen-Image's are: --fps out of range (0 was once taken as 24, -5 failed in the encoder after
-the whole job), an empty prompt, an MP4 written into a .png, a prompt longer than the text
-encoder reads (refused, never cut short silently)."""
+Qwen-Image's are: --fps out of range (0 must not fall back to a default, -5 must not reach
+the encoder after the whole job), an empty prompt, an MP4 written into a .png, a prompt
+longer than the text encoder reads (refused, never cut short silently)."""
 from __future__ import annotations
 
 import pytest
