@@ -48,9 +48,12 @@ import torch.distributed as dist
 from dtgen.host import trim_heap
 
 from .errors import Cancelled
-from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard
+from .jobs import CANCELLED, FAILED, RANK_GONE, SUCCEEDED, Job, JobBoard
 
 GO, STOP, FAIL = 0, 1, 2
+
+# A lost control channel where no peer watch names the dead rank (under torchrun its agent does).
+LINK_LOST = f"{RANK_GONE}: the control channel to the other ranks broke"
 
 # How a rank left a job (its post at the job's end).
 OK, STOPPED, PEER, OOM, ERROR = "ok", "cancelled", "peer", "out_of_memory", "error"
@@ -139,7 +142,7 @@ class RankLink:
             try:
                 dist.broadcast_object_list([command], src=0, group=self.group)
             except Exception as e:  # a rank that is gone: gloo fails the send
-                raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+                raise LinkBroken(f"{RANK_GONE} ({type(e).__name__}: {_first_line(e)})") from None
 
     def receive(self) -> dict:
         box = [None]
@@ -159,7 +162,7 @@ class RankLink:
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         except Exception as e:
-            raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+            raise LinkBroken(f"{RANK_GONE} ({type(e).__name__}: {_first_line(e)})") from None
         return [int(v) for v in t.tolist()]
 
     # ---- the job-end check, through the store -------------------------------------------
@@ -477,8 +480,8 @@ class Engine:
                 last, idle = time.monotonic(), False
             if self.broken is None:
                 self.link.send({"op": "exit"})
-        except LinkBroken as e:
-            self.lost(self._peer_line(str(e)) or str(e))
+        except LinkBroken as e:   # the transport's own text is no answer for a client
+            self.lost(self._peer_line(str(e)) or LINK_LOST)
         except BaseException:
             self._break("the engine failed:\n" + traceback.format_exc())
 
@@ -495,7 +498,7 @@ class Engine:
     def lost(self, line: str) -> None:
         """A rank is gone (`line` names it): every running and waiting job answers 503 with
         it, /ready turns 503, the server ends. Called from the peer watch's thread too."""
-        why = line if line.startswith("a rank is gone") else f"a rank is gone: {line}"
+        why = line if line.startswith(RANK_GONE) else f"{RANK_GONE}: {line}"
         with self._lock:
             if self.broken is not None or self.stopped.is_set():   # stopping anyway: the peers leave too
                 return
@@ -508,7 +511,7 @@ class Engine:
         `error` reads like a lost connection (it may come before the peer's exit shows)."""
         if self.peer_gone is None:
             return None
-        lost_link = "gloo" in error.lower() or "connection" in error.lower() or "a rank is gone" in error
+        lost_link = "gloo" in error.lower() or "connection" in error.lower() or RANK_GONE in error
         return self.peer_gone(1.0 if lost_link else 0.0)
 
     def _end(self, job: Job, state: str, error: str | None, status: int, result: Any = None) -> None:
@@ -543,7 +546,7 @@ class Engine:
                 mine, results = run_jobs_on_rank(self.link, self.adapter, [job.request for job in jobs], jobs,
                                                  on_step, on_show)
             except LinkBroken as e:
-                self.lost(self._peer_line(str(e)) or "a rank is gone; the server stops")
+                self.lost(self._peer_line(str(e)) or LINK_LOST)
                 return
             if mine["kind"] in (ERROR, OOM) and self.link.world_size > 1:
                 gone = self._peer_line(mine["message"])

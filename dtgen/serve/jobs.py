@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
+RANK_GONE = "a rank is gone"   # how the error of every job a dead rank ended begins
 
 
 class QueueFull(Exception):
