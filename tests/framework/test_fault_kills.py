@@ -164,7 +164,7 @@ def test_a_restart_on_the_same_port_disconnects_memory_and_kills_between_steps(t
     log = tmp_path / "server0.log"
     with running_server(log, *SERVER, module="dtgen serve") as (base, proc):
         port = int(base.rsplit(":", 1)[1])
-        run_jobs(base, 3)
+        run_jobs(base, 2)
         os.kill(ranks_of(proc.pid, port)[0], signal.SIGKILL)
         t_kill = time.monotonic()
         assert_all_gone(proc, port, t_kill)
@@ -175,7 +175,7 @@ def test_a_restart_on_the_same_port_disconnects_memory_and_kills_between_steps(t
     with running_server(log, *SERVER, module="dtgen serve", port=port, faults=f"0:denoise:{HOLD_AT}:hang") \
             as (base, proc):
         assert base.endswith(f":{port}")
-        run_jobs(base, 3)
+        run_jobs(base, 2)
         disconnect_while_running(base, port)
         rank0 = ranks_of(proc.pid, port)[0]
         sizes = []
