@@ -31,6 +31,8 @@ _SAFETENSORS_DTYPES = {
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded as it is; the message says what and where."""
 
+    one_line = True   # its message is the whole story: spawned ranks' launcher prints it once (dtgen.launch)
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -62,6 +64,29 @@ def _read_header(path: Path) -> dict:
         raise CheckpointError(f"{path}: truncated safetensors file: tensors need {8 + n + end} bytes, "
                               f"file has {size}")
     return header
+
+
+def unreadable(folder: str | os.PathLike) -> str | None:
+    """The first reason the checkpoint in `folder` cannot be read, as one line naming the file,
+    or None; asked before any rank starts or any weight loads. Every JSON file of the folder
+    and of its component folders (configs, indexes) must parse, and every folder holding
+    safetensors files must read as a checkpoint (headers, sizes, the shards its index lists):
+    only headers are read. A folder that does not exist is left to the caller's own check."""
+    root = Path(folder)
+    if not root.is_dir():
+        return None
+    for path in [root, *sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]:
+        for config in sorted(path.glob("*.json")):
+            try:
+                json.loads(config.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                return f"{config}: not valid JSON ({e})"
+        if any(path.glob("*.safetensors")) or (path / INDEX_NAME).exists() or (path / DIFFUSERS_INDEX_NAME).exists():
+            try:
+                CheckpointReader(path)
+            except CheckpointError as e:
+                return str(e)
+    return None
 
 
 class CheckpointReader:

@@ -129,7 +129,7 @@ def choose_model(argv, only: str | None = None, prog: str = "dtgen") -> tuple[Mo
 def serve_rank(ctx: RankContext, args) -> None:
     from dtgen.serve.server import serve
     adapter = _registry().spec(args.model).load("cli").serve_adapter(ctx, args, _max_batch(args))
-    serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress)
+    serve(ctx.rank, ctx.world_size, adapter, _options(args), heartbeat=ctx.progress, peers=ctx.peers)
 
 
 def serve_main(argv=None, prog: str = "dtgen serve", only: str | None = None) -> int:
@@ -156,7 +156,8 @@ def serve_main(argv=None, prog: str = "dtgen serve", only: str | None = None) ->
         run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout, job_deadline_s=float("inf"),
                      preload=(spec.cli, "dtgen.serve.app"))
     except RankFailure as e:
-        print(f"error: the server stops: {e}", file=sys.stderr)
+        if e.report() is not None:   # else rank 0 printed why, in one line
+            print(f"error: the server stops: {e.report()}", file=sys.stderr)
         return 1
     except ServerStopped:  # one process: rank 0 printed why
         return 1

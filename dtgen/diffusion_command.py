@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import schema
+from .checkpoint import unreadable
 from .compile import CompileOptions, unique_graphs
 from .fp8 import add_fp8_flags, attention_head_problem
 from .harness import (add_run_flags, compile_facts, compile_problem, example_main, finish_launch_args,
@@ -33,7 +34,7 @@ from .host import GcPauses, settle_heap
 from .image_files import image_path_problem, save_image
 from .launch import RankContext
 from .lora.flags import add_lora_flags, lora_problem, request_loras, resident_loras
-from .media import FPS, encode_mp4
+from .media import FPS, encode_mp4, video_path_problem
 from .profiling import PhaseProfiler
 from .registry import resolve
 from .requests import RequestError, flag_line
@@ -131,10 +132,11 @@ class DiffusionCommand:
         try:
             problem = launch_problem(args, self.get_plan(args.plan)) or compile_problem(args) \
                 or vae_parallel_problem(args) or output_path_problem(args.output, "--output") \
-                or (image_path_problem(args.output) if self.makes == "image" else None) \
+                or (image_path_problem(args.output) if self.makes == "image" else video_path_problem(args.output)) \
                 or output_path_problem(args.report, "--report") or lora_problem(args)
             if problem is None and not tiny:
-                problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT)
+                problem = self.checkpoint_problem(self.name, args.checkpoint, NOT_A_CHECKPOINT) \
+                    or unreadable(args.checkpoint)
             if problem is not None:
                 return problem, tiny
             if tiny:

@@ -196,7 +196,8 @@ def example_main(args: argparse.Namespace, prepare: Callable, run_rank: Callable
     try:
         results = run_on_ranks(run_rank, args.world_size, args, stall_s=args.stall_timeout, preload=preload)
     except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
-        print(f"error: {e}", file=sys.stderr)
+        if e.report() is not None:
+            print(f"error: {e.report()}", file=sys.stderr)
         return 1
     main_result = next((r for r in results if r["rank"] == 0), None)
     if main_result is not None:  # under torchrun only rank 0 reports

@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .watchdog import RankWatch, abort_and_exit, say
+from .watchdog import PEER_DIED_EXIT, PeerWatch, RankWatch, abort_and_exit, how_it_ended, say
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class RankContext:
     device: torch.device
     backend: str
     watch: RankWatch | None = None   # under torchrun: progress reports and failure propagation
+    peers: PeerWatch | None = None   # spawned ranks: the other ranks' processes, watched
 
     def progress(self, where: str) -> None:
         """Tell the stall watch this rank made progress (a step, a token)."""
@@ -57,7 +58,23 @@ class RankContext:
 
 
 class RankFailure(RuntimeError):
-    """One or more ranks failed; the message holds each failing rank's traceback."""
+    """One or more ranks failed; the message holds each failing rank's traceback. `line`: the
+    whole story in one line where there is one (a rank that died, an error every rank raised
+    alike), else None; `told`: a rank printed it already (it ended with `RankStopped`)."""
+
+    def __init__(self, message: str, line: str | None = None, told: bool = False):
+        super().__init__(message)
+        self.line, self.told = line, told
+
+    def report(self) -> str | None:
+        """What a command prints after 'error: ': the one line, the whole message, or None
+        (a rank told it already)."""
+        return None if self.told else self.line or str(self)
+
+
+class RankStopped(RuntimeError):
+    """A rank's job ended for a reason it has already printed as one line (a server that
+    cannot go on): the launcher reports it with no traceback and prints nothing more."""
 
 
 def under_torchrun() -> bool:
@@ -156,20 +173,35 @@ def _worker(rank: int, world: int, port: int, timeout_s: float, tasks, results, 
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
+        ctx = dataclasses.replace(ctx, peers=PeerWatch(rank, _rank_pids(rank, world)))
     except Exception:
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, traceback.format_exc(), None))
         return
-    results.put((rank, True, "ready"))
+    results.put((rank, True, "ready", None))
     while True:
         task = tasks.get()
         if task is None:
             break
         fn, args = task
         try:
-            results.put((rank, True, fn(ctx, *args)))
+            results.put((rank, True, fn(ctx, *args), None))
+        except Exception as e:
+            # an error whose message says it all (`one_line`: a checkpoint or plan that cannot be
+            # used, raised on every rank alike) is printed once, without a traceback
+            told = isinstance(e, RankStopped)
+            brief = ("told" if told else "line", str(e).strip().splitlines()[0]) \
+                if told or getattr(e, "one_line", False) else None
+            results.put((rank, False, traceback.format_exc(), brief))
         except BaseException:  # report everything, including collective timeouts
-            results.put((rank, False, traceback.format_exc()))
+            results.put((rank, False, traceback.format_exc(), None))
     dist.destroy_process_group()
+
+
+def _rank_pids(rank: int, world: int) -> dict[int, int]:
+    """Every rank's process id, swapped through the group's store (spawned ranks share a host)."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"dtgen/pid/{rank}", str(os.getpid()))
+    return {r: int(store.get(f"dtgen/pid/{r}")) for r in range(world)}
 
 
 # Modules every rank process imports before it forks (see `_rank_context`); a program or a
@@ -192,6 +224,9 @@ def _rank_context(preload: tuple[str, ...]):
     main_module = getattr(sys.modules["__main__"].__spec__, "name", None)
     ctx.set_forkserver_preload([m for m in (*FORKSERVER_PRELOAD, *preload) if m != main_module])
     return ctx
+
+
+STOPPED_AFTER = "was stopped after another rank failed"
 
 
 class RankPool:
@@ -227,12 +262,13 @@ class RankPool:
     def _collect(self, what: str, deadline_s: float, grace_s: float = 3.0) -> list[Any]:
         """Every rank's result; on the first failure, wait `grace_s` for the others' stories,
         then stop the ranks still running (they are most likely blocked on the failed one)."""
-        got: dict[int, tuple[bool, Any]] = {}
+        got: dict[int, tuple[bool, Any, tuple | None]] = {}
+        died: list[int] = []    # ranks whose process ended without a word, in the order seen
         end = time.monotonic() + deadline_s
         while len(got) < self.world_size:
             try:
-                rank, ok, payload = self._results.get(timeout=0.2)
-                got[rank] = (ok, payload)
+                rank, ok, payload, brief = self._results.get(timeout=0.2)
+                got[rank] = (ok, payload, brief)
                 if not ok:
                     end = min(end, time.monotonic() + grace_s)
                 continue
@@ -244,24 +280,29 @@ class RankPool:
                 time.sleep(0.5)
                 try:
                     while True:
-                        rank, ok, payload = self._results.get_nowait()
-                        got[rank] = (ok, payload)
+                        rank, ok, payload, brief = self._results.get_nowait()
+                        got[rank] = (ok, payload, brief)
                 except queue.Empty:
                     pass
                 if r not in got:
-                    got[r] = (False, f"rank {r} died (exit code {self._procs[r].exitcode})")
+                    code = self._procs[r].exitcode
+                    if code == PEER_DIED_EXIT:   # it saw another rank die: that one is the story
+                        got[r] = (False, f"rank {r} {STOPPED_AFTER}", None)
+                    else:
+                        got[r] = (False, f"rank {r} died ({how_it_ended(code)})", None)
+                        died.append(r)
                     end = min(end, time.monotonic() + grace_s)
             if time.monotonic() > end:
-                failed_first = any(not ok for ok, _ in got.values())
+                failed_first = any(not ok for ok, *_ in got.values())
                 for r in range(self.world_size):
-                    got.setdefault(r, (False, f"rank {r} was stopped after another rank failed" if failed_first
-                                       else f"rank {r} did not finish {what} within {deadline_s:.0f} s"))
-        failures = {r: msg for r, (ok, msg) in sorted(got.items()) if not ok}
+                    got.setdefault(r, (False, f"rank {r} {STOPPED_AFTER}" if failed_first
+                                       else f"rank {r} did not finish {what} within {deadline_s:.0f} s", None))
+        failures = {r: (msg, brief) for r, (ok, msg, brief) in sorted(got.items()) if not ok}
         if failures:
             self.broken = True
             self.close()
             raise RankFailure(f"{what} failed on ranks {sorted(failures)}:\n" + "\n".join(
-                f"--- rank {r} ---\n{msg}" for r, msg in failures.items()))
+                f"--- rank {r} ---\n{msg}" for r, (msg, _) in failures.items()), *_one_line(failures, died))
         return [got[r][1] for r in range(self.world_size)]
 
     def close(self) -> None:
@@ -284,6 +325,21 @@ class RankPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _one_line(failures: dict[int, tuple[str, tuple | None]], died: list[int]) -> tuple[str | None, bool]:
+    """(a failure of spawned ranks in one line, or None where a traceback tells it; whether a
+    rank printed that line already): the first rank that died, else the one line every
+    failing rank gave alike (ranks stopped after another's failure aside). A rank that ended
+    with `RankStopped` printed its own line."""
+    told = any(brief is not None and brief[0] == "told" for _, brief in failures.values())
+    if died:
+        return failures[died[0]][0], told
+    lines = {brief[1] for _, brief in failures.values() if brief is not None}
+    others = [msg for msg, brief in failures.values() if brief is None and STOPPED_AFTER not in msg]
+    if len(lines) == 1 and not others:
+        return lines.pop(), told
+    return None, False
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int, *args, timeout_s: float = 600.0,
@@ -329,10 +385,28 @@ def exit_process(code: int) -> None:
 
     Under torchrun the communicators are still up (see `run_on_ranks`); interpreter
     shutdown would destroy them, which can block on NCCL, so `os._exit` skips it. Elsewhere
-    this is `sys.exit(code)`.
+    this is `sys.exit(code)` after success and `os._exit(code)` after a failure, so that a
+    failed job is gone at once (its ranks are stopped; its fork server is stopped here).
     """
     sys.stdout.flush()
     sys.stderr.flush()
     if under_torchrun() and dist.is_initialized():
         os._exit(code)
+    _end_fork_server()
+    if code:   # a failure has said all it had to: tearing torch down took seconds on a loaded machine
+        from multiprocessing import util
+        util._exit_function()   # multiprocessing's own exit: its queues' named semaphores are released
+        os._exit(code)
     sys.exit(code)
+
+
+def _end_fork_server() -> None:
+    """Stop this program's rank fork server now (it holds no state): left to notice that its
+    launcher has gone, it would take seconds more to tear its torch import down."""
+    from multiprocessing import forkserver
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -5,11 +5,21 @@ is the output's, declared here once as `FPS` (the CLI's `--fps`, the server's `f
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .schema import extra_field
 
 FPS = extra_field("fps", 16, low=1, high=120, flag="--fps", help="frames per second of the MP4")
+
+
+def video_path_problem(path: str | Path | None, flag: str = "--output") -> str | None:
+    """One line when `path` does not end in .mp4, the one container a video is written in
+    (checked before a run: an MP4 written into `o.png` opens nowhere as a PNG)."""
+    if path is None or Path(path).suffix.lower() == ".mp4":
+        return None
+    return f"{flag} {path}: a video is written as an MP4; name a .mp4 file"
 
 
 def encode_mp4(frames: torch.Tensor, target, fps: int) -> None:

@@ -25,6 +25,8 @@ from typing import Mapping
 class PlanError(ValueError):
     """A plan that cannot work (for this world size, or for this model); the message says why."""
 
+    one_line = True   # its message is the whole story: spawned ranks' launcher prints it once (dtgen.launch)
+
 
 class Rule(str, Enum):
     """How one parameter is split across a phase's TP ranks."""

@@ -24,10 +24,17 @@ data-plane communicators:
 - `finish()`: every rank checks in under `DONE_KEY` and waits until all have, watching
   for failures, before the process group is destroyed: a clean end never blocks on a
   peer that is gone.
+
+Spawned ranks (one host, dtgen.launch.RankPool) also watch each other's processes
+(`PeerWatch`): a rank that dies without a word, even by SIGKILL, is one line on every other
+rank at once (a server's rank 0 answers its requests with it), and no rank stays blocked in
+a collective on it.
 """
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -236,3 +243,121 @@ class RankWatch:
                 remove(cb)
             except ValueError:
                 pass
+
+
+def how_it_ended(exitcode: int | None) -> str:
+    """A process's end in words: 'killed by SIGKILL', 'exit code 1'."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+# The exit status of a rank that ended because a peer died: its launcher names the peer, not it.
+PEER_DIED_EXIT = 75
+
+
+class PeerWatch:
+    """Ranks of one host (spawned ranks) watch each other's processes: a thread waits on a
+    pidfd per peer, which turns readable the moment that process exits, however it died.
+
+    A peer's death is one line, `rank r died (killed by SIGKILL)`. Handlers registered with
+    `when_gone` (a server's rank 0: answer every request with it; its other ranks: `exit`)
+    run once, on the watch thread. Whatever they do, a rank still running `exit_after_s`
+    later exits (`PEER_DIED_EXIT`): its launcher normally stops it sooner, but nothing may
+    stay blocked in a collective on a peer that is gone. Without pidfds (not Linux) the
+    thread polls every `poll_s`."""
+
+    def __init__(self, rank: int, pids: dict[int, int], exit_after_s: float = 8.0, poll_s: float = 0.2):
+        self.rank, self.pids = rank, {r: p for r, p in pids.items() if r != rank}
+        self.exit_after_s, self.poll_s = exit_after_s, poll_s
+        self._line: str | None = None
+        self._gone = threading.Event()
+        self._handlers: list = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._run, name="dtgen-peer-watch", daemon=True).start()
+
+    def when_gone(self, fn) -> None:
+        """Call fn(line) once a peer has died (at once if one has)."""
+        with self._lock:
+            self._handlers.append(fn)
+            line = self._line
+        if line is not None:
+            fn(line)
+
+    def gone(self, wait_s: float = 0.0) -> str | None:
+        """The line of the peer that died, waiting up to `wait_s` for one (a collective's
+        transport error may come a moment before the kernel marks its process as exited)."""
+        self._gone.wait(wait_s)
+        return self._line
+
+    def _wait_for_death(self) -> int:
+        """The rank of the first peer to exit."""
+        fds = {}
+        for r, pid in self.pids.items():
+            try:
+                fds[os.pidfd_open(pid)] = r
+            except ProcessLookupError:
+                return r
+            except (AttributeError, OSError):
+                fds = {}
+                break
+        if len(fds) == len(self.pids):
+            ready, _, _ = select.select(list(fds), [], [])
+            return fds[ready[0]]
+        while True:
+            for r, pid in self.pids.items():
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return r
+                except PermissionError:
+                    pass
+            time.sleep(self.poll_s)
+
+    def _run(self) -> None:
+        if not self.pids:
+            return
+        rank = self._wait_for_death()
+        code = _exit_code(self.pids[rank])
+        line = f"rank {rank} died" + ("" if code is None else f" ({how_it_ended(code)})")
+        with self._lock:
+            self._line = line
+            handlers = list(self._handlers)
+        self._gone.set()
+        for fn in handlers:
+            try:
+                fn(line)
+            except Exception:
+                pass
+        time.sleep(self.exit_after_s)
+        self.exit()
+
+    @staticmethod
+    def exit(*_) -> None:
+        """End this rank now, as one whose peer died (`PEER_DIED_EXIT`)."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(PEER_DIED_EXIT)
+
+
+def _exit_code(pid: int, wait_s: float = 0.5) -> int | None:
+    """How process `pid` ended, as multiprocessing writes it (-signal, or the exit status),
+    read from its /proc entry while its parent has not reaped it (a zombie keeps its exit
+    status there); None when that is gone too."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        if fields[0] in ("Z", "X"):
+            status = int(fields[49])  # exit_code: the wait status
+            return -(status & 0x7F) if status & 0x7F else status >> 8
+        if time.monotonic() > end:
+            return None
+        time.sleep(0.01)

@@ -78,6 +78,10 @@ def encode_answer(result: dict, output: ImageOutput | None) -> dict:
     return encoded
 
 
+# A server takes frames of at most this many times its default size's pixels (or 1024x1024).
+PIXELS_OVER_DEFAULT = 4
+
+
 class DiffusionAdapter:
     """`pipe`: a `DiffusionPipeline`; `defaults`: the request every field not given comes from
     (the CLI's flags); `warmup`: run it once (2 steps) before /ready; `warmup_batch`: the
@@ -91,8 +95,23 @@ class DiffusionAdapter:
         self.warmup_batch = warmup_batch
 
     def checked(self, request):
-        """`request` once the pipeline's check passes (`RequestError` under the JSON name)."""
-        return self.fields.checked(request, *self.pipe.check_args(self.pipe.model.cfgs))
+        """`request` once the pipeline's check passes (`RequestError` under the JSON name) and
+        its size is within what this server takes (`max_pixels`)."""
+        request = self.fields.checked(request, *self.pipe.check_args(self.pipe.model.cfgs))
+        most = self.max_pixels
+        if request.width * request.height > most:
+            d = self.defaults
+            raise RequestError("size", f"{request.width}x{request.height} is {request.width * request.height} pixels; "
+                                       f"this server takes at most {most} (the larger of {PIXELS_OVER_DEFAULT} times "
+                                       f"its default {d.width}x{d.height} and 1024x1024)")
+        return request
+
+    @property
+    def max_pixels(self) -> int:
+        """The largest frame a request may ask for, in pixels: the schema's sides alone (4096 px
+        each) let one tiny-model request hold a CPU server for minutes in its VAE decode, which
+        no cancel or deadline stops."""
+        return max(PIXELS_OVER_DEFAULT * self.defaults.width * self.defaults.height, 1024 * 1024)
 
     def defaults_dict(self) -> dict:
         return self.fields.defaults(self.defaults)

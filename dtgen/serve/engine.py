@@ -48,9 +48,12 @@ import torch.distributed as dist
 from dtgen.host import trim_heap
 
 from .errors import Cancelled
-from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard
+from .jobs import CANCELLED, FAILED, RANK_GONE, SUCCEEDED, Job, JobBoard
 
 GO, STOP, FAIL = 0, 1, 2
+
+# A lost control channel where no peer watch names the dead rank (under torchrun its agent does).
+LINK_LOST = f"{RANK_GONE}: the control channel to the other ranks broke"
 
 # How a rank left a job (its post at the job's end).
 OK, STOPPED, PEER, OOM, ERROR = "ok", "cancelled", "peer", "out_of_memory", "error"
@@ -139,7 +142,7 @@ class RankLink:
             try:
                 dist.broadcast_object_list([command], src=0, group=self.group)
             except Exception as e:  # a rank that is gone: gloo fails the send
-                raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+                raise LinkBroken(f"{RANK_GONE} ({type(e).__name__}: {_first_line(e)})") from None
 
     def receive(self) -> dict:
         box = [None]
@@ -159,7 +162,7 @@ class RankLink:
         try:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         except Exception as e:
-            raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+            raise LinkBroken(f"{RANK_GONE} ({type(e).__name__}: {_first_line(e)})") from None
         return [int(v) for v in t.tolist()]
 
     # ---- the job-end check, through the store -------------------------------------------
@@ -399,12 +402,15 @@ class Engine:
 
     def __init__(self, link: RankLink, adapter: ServeAdapter, board: JobBoard | None = None,
                  ping_s: float = 1.0, metrics: Any = None, heartbeat: Callable[[str], None] | None = None,
-                 end_timeout_s: float = 10.0, log: Callable[[str], None] | None = None, max_batch: int = 1):
+                 end_timeout_s: float = 10.0, log: Callable[[str], None] | None = None, max_batch: int = 1,
+                 peer_gone: Callable[[float], str | None] | None = None):
         """`heartbeat(where)`: called at every ping, step and command (a stall watch that
         must not take an idle server for a hung one). `end_timeout_s`: how long every rank
         has to leave a job once one left it (see the module's docstring). `log(line)`:
         where a job's end is written (one line per job). `max_batch`: the most waiting jobs
-        of one batch key run together (> 1 needs a `BatchingAdapter`)."""
+        of one batch key run together (> 1 needs a `BatchingAdapter`). `peer_gone(wait_s)`:
+        the line of a rank whose process died, or None (`dtgen.watchdog.PeerWatch.gone`):
+        a collective's transport error is then told as that line, never as gloo's text."""
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"--max-batch must be an integer >= 1, got {max_batch!r}")
         if max_batch > 1 and not can_batch(adapter):
@@ -417,6 +423,7 @@ class Engine:
         self.metrics = metrics
         self.end_timeout_s = end_timeout_s
         self.log = log or (lambda line: None)
+        self.peer_gone = peer_gone
         self.ready = threading.Event()
         self.broken: str | None = None       # why the server cannot go on
         self.stopped = threading.Event()
@@ -473,8 +480,8 @@ class Engine:
                 last, idle = time.monotonic(), False
             if self.broken is None:
                 self.link.send({"op": "exit"})
-        except LinkBroken as e:
-            self._break(str(e))
+        except LinkBroken as e:   # the transport's own text is no answer for a client
+            self.lost(self._peer_line(str(e)) or LINK_LOST)
         except BaseException:
             self._break("the engine failed:\n" + traceback.format_exc())
 
@@ -484,9 +491,28 @@ class Engine:
         self.broken = why
         self.ready.clear()
         if self.board is not None:
-            self.board.close()
+            self.board.close(why.splitlines()[0], 503)
         if self._on_broken is not None:
             self._on_broken(why)
+
+    def lost(self, line: str) -> None:
+        """A rank is gone (`line` names it): every running and waiting job answers 503 with
+        it, /ready turns 503, the server ends. Called from the peer watch's thread too."""
+        why = line if line.startswith(RANK_GONE) else f"{RANK_GONE}: {line}"
+        with self._lock:
+            if self.broken is not None or self.stopped.is_set():   # stopping anyway: the peers leave too
+                return
+            for job in list(self._current):
+                self._end(job, FAILED, why, 503)
+            self._break(why)
+
+    def _peer_line(self, error: str) -> str | None:
+        """The line of a rank whose process died, if one did: waited for a moment when
+        `error` reads like a lost connection (it may come before the peer's exit shows)."""
+        if self.peer_gone is None:
+            return None
+        lost_link = "gloo" in error.lower() or "connection" in error.lower() or RANK_GONE in error
+        return self.peer_gone(1.0 if lost_link else 0.0)
 
     def _end(self, job: Job, state: str, error: str | None, status: int, result: Any = None) -> None:
         if self.board.finish(job, state, error=error, http_status=status, result=result):
@@ -519,10 +545,14 @@ class Engine:
             try:
                 mine, results = run_jobs_on_rank(self.link, self.adapter, [job.request for job in jobs], jobs,
                                                  on_step, on_show)
-            except LinkBroken:
-                for job in jobs:
-                    self._end(job, FAILED, "a rank is gone; the server stops", 503)
-                raise
+            except LinkBroken as e:
+                self.lost(self._peer_line(str(e)) or LINK_LOST)
+                return
+            if mine["kind"] in (ERROR, OOM) and self.link.world_size > 1:
+                gone = self._peer_line(mine["message"])
+                if gone is not None:   # the error is the lost peer's, not this job's
+                    self.lost(gone)
+                    return
             for k, member in enumerate(mine["members"]):
                 if member["kind"] == ERROR and "traceback" in member:
                     print(f"[rank 0] {jobs[k].id} failed:\n{member['traceback']}", flush=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = "queued", "running", "succeeded", "failed", "cancelled"
 FINISHED = (SUCCEEDED, FAILED, CANCELLED)
+RANK_GONE = "a rank is gone"   # how the error of every job a dead rank ended begins
 
 
 class QueueFull(Exception):
@@ -215,13 +216,13 @@ class JobBoard:
         while len(self._finished) > self._keep:
             self._jobs.pop(self._finished.popleft(), None)
 
-    def close(self) -> list[Job]:
-        """Refuse new jobs; cancel and return the queued ones."""
+    def close(self, reason: str = "the server is shutting down", http_status: int = 503) -> list[Job]:
+        """Refuse new jobs; cancel and return the queued ones, answering `reason`."""
         with self._lock:
             self.closed = True
             queued = list(self._queue)
             self._queue.clear()
             for job in queued:
-                self._finish_locked(job, CANCELLED, "the server is shutting down", 503)
+                self._finish_locked(job, CANCELLED, reason, http_status)
             self._lock.notify_all()
             return queued

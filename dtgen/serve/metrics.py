@@ -5,7 +5,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .jobs import FAILED, Job, JobBoard
+from .jobs import FAILED, RANK_GONE, Job, JobBoard
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
 
@@ -39,7 +39,9 @@ class Metrics:
         self.jobs.labels(job.state).inc()
         self.e2e_s.observe(time.monotonic() - job.created)
         if job.state == FAILED:
-            self.errors.labels("out_of_memory" if job.http_status == 503 else "job_failed").inc()
+            kind = "rank_gone" if (job.error or "").startswith(RANK_GONE) else \
+                "out_of_memory" if job.http_status == 503 else "job_failed"
+            self.errors.labels(kind).inc()
         timings = (job.result or {}).get("timings_ms", {}) if isinstance(job.result, dict) else {}
         for phase, ms in timings.items():
             if isinstance(ms, (int, float)):

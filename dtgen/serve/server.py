@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from dtgen.launch import RankStopped
+
 from .engine import Engine, RankLink, ServeAdapter
 from .jobs import JobBoard
 
@@ -19,8 +21,9 @@ from .jobs import JobBoard
 CONTROL_TIMEOUT_S = 3600.0
 
 
-class ServerStopped(RuntimeError):
-    """The server could not go on (a rank gone, or ranks that left a job out of step)."""
+class ServerStopped(RankStopped):
+    """The server could not go on (a rank gone, or ranks that left a job out of step); rank 0
+    has printed why, in one line."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,9 @@ def address_problem(host: str, port: int) -> str | None:
 
 def log_line(text: str) -> None:
     """The server's log: one timestamped line on stderr (requests, job ends)."""
-    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=sys.stderr, flush=True)
+    # one write: the engine's and the event loop's lines never run into each other
+    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+    sys.stderr.flush()
 
 
 def control_link(rank: int, world_size: int) -> RankLink:
@@ -70,13 +75,18 @@ def control_link(rank: int, world_size: int) -> RankLink:
     return RankLink(rank, world_size, group, dist.distributed_c10d._get_default_store())
 
 
-def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptions, heartbeat=None) -> None:
+def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptions, heartbeat=None,
+          peers=None) -> None:
     """Serve until stopped (rank 0: Ctrl-C / SIGTERM). Raises `ServerStopped` with the
     reason when the server cannot go on (rank 0; a worker told so by rank 0), so that the
     launcher ends every rank, including one stuck in a collective. `heartbeat(where)`: a
-    stall watch's progress report (`RankContext.progress`)."""
+    stall watch's progress report (`RankContext.progress`); `peers`: the other ranks'
+    processes, watched (`RankContext.peers`, spawned ranks): on rank 0 a peer's death ends
+    every request and the server at once, with one line naming the rank."""
     link = control_link(rank, world_size)
     if rank != 0:
+        if peers is not None:   # rank 0 answers the requests; here nothing is left to do
+            peers.when_gone(peers.exit)
         why = Engine(link, adapter, heartbeat=heartbeat, end_timeout_s=options.end_timeout_s).serve_worker()
         if why is not None:
             raise ServerStopped(why)
@@ -90,17 +100,21 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
     board = JobBoard(options.max_queued)
     metrics = Metrics(board)
     engine = Engine(link, adapter, board, ping_s=options.ping_s, metrics=metrics, heartbeat=heartbeat,
-                    end_timeout_s=options.end_timeout_s, log=log_line, max_batch=options.max_batch)
+                    end_timeout_s=options.end_timeout_s, log=log_line, max_batch=options.max_batch,
+                    peer_gone=None if peers is None else peers.gone)
     app = create_app(engine, board, metrics, deadline_s=options.deadline_s,
                      max_upload_bytes=options.max_upload_bytes, log=log_line, models=options.models)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                            lifespan="off", access_log=False))
 
     def on_broken(why: str) -> None:
-        print(f"error: the server stops: {why}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: the server stops: {why}\n")
+        sys.stderr.flush()
         server.should_exit = True
 
     engine.start(on_broken)
+    if peers is not None:
+        peers.when_gone(engine.lost)
     print(f"dtgen: serving {adapter.name} on http://{options.host}:{options.port} ({world_size} rank(s)); "
           f"/ready answers 200 once every rank has warmed up", flush=True)
     server.run()

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 
+from dtgen.checkpoint import unreadable
 from dtgen.compile import CompileOptions, unique_graphs
 from dtgen.host import GcPauses, process_age_s, settle_heap
 from dtgen.harness import (add_run_flags, compile_facts, compile_problem,
@@ -574,7 +575,8 @@ def prepare(args) -> tuple[str | None, bool]:
     tiny = args.checkpoint is None and not args.random_weights
     try:
         problem = _check_args(args, get_plan(args.plan)) or output_path_problem(args.output, "--output") \
-            or image_path_problem(args.output) or output_path_problem(args.report, "--report")
+            or image_path_problem(args.output) or output_path_problem(args.report, "--report") \
+            or (None if args.checkpoint is None else unreadable(args.checkpoint))
         if args.max_new_tokens is None:
             args.max_new_tokens = 16 if tiny else 0
         if problem is None:

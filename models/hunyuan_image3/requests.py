@@ -235,8 +235,13 @@ def check_positions(req: T2IRequest, prompt_ids: list[int], special, base: int, 
     head = 1 + len(prompt_ids) if condition_prefix is None else len(condition_prefix.ids) + 1
     ar = head + req.max_new_tokens + 2
     if ar > max_positions:
-        raise RequestError("prompt", f"{head} prompt rows + {req.max_new_tokens} new tokens + 2 image-head tokens "
-                                     f"need {ar} positions; the model has {max_positions}")
+        # the new tokens are at fault when the prompt alone would fit: name the field to lower
+        room = max_positions - head - 2
+        field_at_fault = "max_new_tokens" if req.max_new_tokens > 0 and room >= 0 else "prompt"
+        raise RequestError(field_at_fault, f"{head} prompt rows + {req.max_new_tokens} new tokens + 2 image-head "
+                                           f"tokens need {ar} positions; the model has {max_positions}"
+                                           + (f" (at most {room} new tokens with this prompt)"
+                                              if field_at_fault == "max_new_tokens" else ""))
     table = resolution_table(base)
     forced = parse_image_size(req.image_size, base)
     if forced is None and condition_prefix is not None:

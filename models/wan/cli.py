@@ -13,7 +13,12 @@ a per-stage timing table and, with --report, a JSON report. Plans: placements/wa
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from dtgen.diffusion_command import DiffusionCommand
+from dtgen.harness import example_main
+from dtgen.layers.t5 import load_tokenizer
+from dtgen.requests import RequestError, flag_line
 from models.registry import checkpoint_problem
 from models.wan.model import LORA_PREFIXES, WanConfigs, load
 from models.wan.pipeline import T2VRequest, WanT2VPipeline
@@ -35,8 +40,27 @@ COMMAND = DiffusionCommand(
     loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter",
     lora_prefixes=LORA_PREFIXES)
 
+
+
+def prepare(args) -> tuple[str | None, bool]:
+    """The command's checks, then the prompts' lengths against what the text encoder reads
+    (models.wan.serving.check_prompt_lengths, the server's check too)."""
+    from models.wan.serving import check_prompt_lengths
+    problem, tiny = COMMAND.prepare(args)
+    if problem is None and getattr(args, "prompt", None) is not None:
+        try:
+            check_prompt_lengths(load_tokenizer(Path(args.checkpoint) / "tokenizer"), COMMAND.request_from_args(args))
+        except RequestError as e:
+            problem = flag_line(e, COMMAND.flag_of_field)
+    return problem, tiny
+
+
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Wan.
-build_parser, finish_args, parse_args, prepare, request_from_args = (
-    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.prepare, COMMAND.request_from_args)
-build_pipeline, run_rank, write_report, main, serve_adapter = (
-    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.main, COMMAND.serve_adapter)
+build_parser, finish_args, parse_args, request_from_args = (
+    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.request_from_args)
+build_pipeline, run_rank, write_report, serve_adapter = (
+    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.serve_adapter)
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    return example_main(parse_args(argv, prog), prepare, run_rank, write_report, (__name__,))

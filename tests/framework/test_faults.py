@@ -25,7 +25,7 @@ def test_each_fault_fires_once_on_its_rank_at_its_step():
 
 def test_a_bad_spec_is_one_line_and_a_cli_cannot_fail_inside_a_step():
     for bad in ("1:vae", "x:ar:1", "1:ar:one", "1:ar:2:later"):
-        with pytest.raises(ValueError, match=r"expected RANK:PHASE:STEP\[:hang\|:inside\|:oom\]"):
+        with pytest.raises(ValueError, match=r"expected RANK:PHASE:STEP\[:hang\|:inside\|:oom\|:hang_inside\]"):
             parse(bad)
     with pytest.raises(ValueError, match="give them to a server"):
         Injections(parse("1:ar:2:inside"), 1)   # a CLI's hook has no block to raise from

@@ -3,7 +3,6 @@
 use is refused before anything loads."""
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -14,33 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.serve import ROOT, running_server
+from tests.support.serve import ROOT, alive_in_group, port_free, running_server
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads process groups from /proc")
-
-
-def alive_in_group(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes of process group `pgid`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ')'
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def test_ranks_die_with_a_killed_launcher(tmp_path):

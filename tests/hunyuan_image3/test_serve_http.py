@@ -132,6 +132,8 @@ def test_a_client_that_disconnects_cancels_its_job(server):
     ({"prompt": "x", "response_format": "url"}, "response_format", "must be 'b64_json'"),
     ({"prompt": "x", "guidance_scale": -1}, "guidance_scale", "must be >= 0"),
     ({"prompt": "x " * 5000}, "prompt", "positions; the model has"),
+    # the new tokens, not the prompt, are what does not fit: named as such
+    ({"prompt": "x", "max_new_tokens": 100000}, "max_new_tokens", "positions; the model has 2048 (at most"),
     (["x"], "body", "must be a JSON object"),
     ({"prompt": "x", "step_cache": "taylor:interval=0"}, "step_cache.interval", "must be >= 1, got 0"),
     ({"prompt": "x", "step_cache": {"method": "taylor", "intervall": 5}}, "step_cache.intervall", "is not a knob"),

@@ -92,6 +92,10 @@ def test_the_answer_comes_as_the_output_format_asks(qwen):
     ({"prompt": "x", "guidance": 3}, "guidance", "unknown field"),
     ({"prompt": "x", "quality": "hd"}, "quality", "output_format, output_compression"),   # named as accepted
     ({"prompt": "x", "step_cache": "nocache"}, "step_cache.method", "nocache"),
+    ({"prompt": ""}, "prompt", "must be a non-empty string"),
+    # within the schema's 4096 px sides, past the server's pixel bound: refused before it is queued
+    ({"prompt": "x", "size": "4096x4096"}, "size", "4096x4096 is 16777216 pixels; this server takes at most 1048576 "
+                                                   "(the larger of 4 times its default 64x48 and 1024x1024)"),
 ])
 def test_bad_fields_get_422_naming_the_field(qwen, body, field, message):
     status, answer, _ = call(qwen, "POST", "/v1/images/generations", body)

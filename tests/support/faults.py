@@ -9,7 +9,8 @@ SPEC armed.
 SPEC is RANK:PHASE:STEP[:MODE][,...]; each item fires once, on RANK (* every rank) after STEP
 of PHASE: it raises there (no MODE), hangs there ("hang": a stall watch must notice), or makes
 the model's last block raise inside the next step ("inside": a RuntimeError, "oom": an
-out-of-memory error), after the collectives of the blocks before it.
+out-of-memory error) or hang there ("hang_inside": a rank to kill in the middle of a step),
+after the collectives of the blocks before it.
 - A server fails in its adapter's step hook (`ServeAdapter.on_step`, which every rank calls
   before the ranks agree to go on), in the first job that gets there; warm-ups never call it.
 - A CLI fails in its timed requests' progress hook (`request_progress` of the model's CLI
@@ -32,7 +33,7 @@ import time
 import torch
 
 SPEC_ENV, MODULE_ENV = "DTGEN_TEST_FAULTS", "DTGEN_TEST_FAULTS_MODULE"
-MODES = ("", "hang", "inside", "oom")
+MODES = ("", "hang", "inside", "oom", "hang_inside")
 
 # The block an "inside" or "oom" failure raises from, by pipeline class: the model's last.
 _LAST_BLOCK = {
@@ -55,7 +56,7 @@ def parse(text: str) -> list[tuple]:
         if (len(parts) not in (3, 4) or not (parts[0].isdigit() or parts[0] == "*")
                 or not re.fullmatch(r"[a-z_]+", parts[1]) or not parts[2].isdigit()
                 or (parts[3:] or [""])[0] not in MODES):
-            raise ValueError(f"faults {text!r}: expected RANK:PHASE:STEP[:hang|:inside|:oom][,...], "
+            raise ValueError(f"faults {text!r}: expected RANK:PHASE:STEP[:hang|:inside|:oom|:hang_inside][,...], "
                              "RANK a number or *")
         out.append((parts[0] if parts[0] == "*" else int(parts[0]), parts[1], int(parts[2]), (parts[3:] or [""])[0]))
     return out
@@ -67,8 +68,9 @@ class Injections:
 
     def __init__(self, faults: list[tuple], rank: int, last_block=None, error: type = RuntimeError):
         self.faults, self.rank, self.last_block, self.error = list(faults), rank, last_block, error
-        if last_block is None and any(mode in ("inside", "oom") for *_, mode in self.faults):
-            raise ValueError("faults: 'inside' and 'oom' raise from the model's last block: give them to a server")
+        if last_block is None and any(mode in ("inside", "oom", "hang_inside") for *_, mode in self.faults):
+            raise ValueError("faults: 'inside', 'oom' and 'hang_inside' act in the model's last block: give them "
+                             "to a server")
 
     def at(self, phase: str, done: int) -> None:
         for i, (rank, p, step, mode) in enumerate(self.faults):
@@ -79,6 +81,9 @@ class Injections:
             return
         while mode == "hang":  # a stall watch must notice, report and end the job
             time.sleep(1.0)
+        if mode == "hang_inside":
+            hang_inside(self.last_block())
+            return
         what = f"injected failure: rank {self.rank} fails"
         if mode == "":
             raise self.error(f"{what} after {phase} step {done}")
@@ -93,6 +98,15 @@ def raise_inside(module: torch.nn.Module, error: BaseException) -> None:
         handle.remove()
         raise error
     handle = module.register_forward_pre_hook(hook)
+
+
+def hang_inside(module: torch.nn.Module) -> None:
+    """Make `module`'s next forward hang: a rank stuck in the middle of a step, its peers in
+    the step's next collective."""
+    def hook(*_):
+        while True:
+            time.sleep(1.0)
+    module.register_forward_pre_hook(hook)
 
 
 def last_block(pipe):

@@ -53,11 +53,11 @@ def call(base: str, method: str, path: str, body=None, timeout: float = 120.0,
 
 @contextlib.contextmanager
 def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: str = "examples.hunyuan_serve",
-                   faults: str | None = None):
+                   faults: str | None = None, port: int | None = None):
     """`module` (a server: "examples.serve", or a command and its words, "dtgen serve") with
-    `flags` on a free port, until /ready; yields (base, proc). `faults`: failures forced on its
-    ranks (tests/support/faults.py), e.g. "1:ar:2"."""
-    port = _free_port()
+    `flags` on `port` (default: a free one), until /ready; yields (base, proc). `faults`:
+    failures forced on its ranks (tests/support/faults.py), e.g. "1:ar:2"."""
+    port = port or _free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     run = ["-m", *module.split()] if faults is None else ["-m", "tests.support.faults", faults, *module.split()]
     with open(log, "w") as out:
@@ -84,6 +84,30 @@ def running_server(log: Path, *flags: str, ready_within_s: float = 180, module: 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(5)
+
+
+def alive_in_group(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes of process group `pgid`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after its ')'
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def wait_done(base: str, job_id: str, timeout_s: float = 120.0) -> dict:

@@ -110,6 +110,14 @@ def test_a_video_job_takes_its_own_step_cache(wan):
     ({"size": "64x48"}, "prompt", "is required"),
     ({"prompt": "x", "step_cache": "nocache"}, "step_cache.method", "nocache"),
     ({"prompt": "x", "step_cache": "first-block:threshold=-1"}, "step_cache.threshold", "threshold"),
+    ({"prompt": ""}, "prompt", "must be a non-empty string"),   # as HunyuanImage-3 and Qwen-Image refuse it
+    ({"prompt": "x", "fps": 0}, "fps", "must be >= 1 and <= 120, got 0"),
+    ({"prompt": "x", "fps": -5}, "fps", "must be >= 1 and <= 120, got -5"),
+    # longer than the text encoder reads: refused, never cut short silently
+    ({"prompt": "fox " * 600}, "prompt", "is 601 tokens; Wan's text encoder reads at most 512"),
+    ({"prompt": "x", "negative_prompt": "fox " * 600}, "negative_prompt", "is 601 tokens"),
+    # a frame past the server's pixel bound (4 x its 64x48 default, or 1024x1024): one request cannot hold it
+    ({"prompt": "x", "size": "2048x2048"}, "size", "2048x2048 is 4194304 pixels; this server takes at most 1048576"),
 ])
 def test_bad_video_fields_get_422_naming_the_field(wan, body, field, message):
     base, _ = wan
