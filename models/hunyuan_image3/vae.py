@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dtgen.layers.conv import conv3d
+
 _GROUPS = 32
 _NORM_EPS = 1e-6
 # DiagonalGaussianDistribution clamps the log-variance to this range before exp().
@@ -165,7 +167,7 @@ class VAEConv3d(nn.Conv3d):
             return y.view(b, self.out_channels, t, h, w)
         ph = k // 2 if pad_rows else 0
         if k != 3 or t > self.FOLD_MAX_FRAMES:
-            return F.conv3d(x, self.weight, self.bias, padding=(k // 2, ph, k // 2))
+            return conv3d(x, self.weight, self.bias, (k // 2, ph, k // 2))
         b, c, _, h, w = x.shape
         if t == 1:
             return F.conv2d(x[:, :, 0], self.weight[:, :, 1], self.bias, padding=(ph, 1)).unsqueeze(2)
