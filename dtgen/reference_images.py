@@ -15,6 +15,8 @@ import io
 from pathlib import Path
 from typing import Union
 
+import numpy as np
+import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 RGB_CONVERTIBLE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX")
@@ -69,3 +71,37 @@ def _open_checked(source, label: str, min_side: int, max_side: int) -> Image.Ima
                          "...)") from None
     except (OSError, SyntaxError) as err:  # some plugins raise SyntaxError
         raise ValueError(f"{label}: not a readable image file ({_one_line(err)})") from None
+
+
+class ReferenceImage:
+    """A user's reference image, opened and checked: `pixels` uint8 [H, W, 3] (RGB, upright) and
+    `name`, where it came from (a path, an upload's file name). A request holds one as a value:
+    compared by identity, written in reports as its name and size, never as its pixels."""
+
+    __slots__ = ("pixels", "name")
+
+    def __init__(self, pixels: torch.Tensor, name: str):
+        if pixels.dtype != torch.uint8 or pixels.dim() != 3 or pixels.shape[2] != 3:
+            raise ValueError(f"{name}: reference pixels must be uint8 [H, W, 3], got {pixels.dtype} "
+                             f"{list(pixels.shape)}")
+        self.pixels, self.name = pixels, name
+
+    @classmethod
+    def from_pil(cls, image: Image.Image, name: str) -> "ReferenceImage":
+        return cls(torch.from_numpy(np.array(image.convert("RGB"), dtype=np.uint8, copy=True)), name)
+
+    @property
+    def height(self) -> int:
+        return int(self.pixels.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.pixels.shape[1])
+
+    def pil(self) -> Image.Image:
+        return Image.fromarray(self.pixels.numpy())
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.width}x{self.height})"
+
+    __repr__ = __str__

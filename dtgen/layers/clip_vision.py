@@ -133,8 +133,8 @@ class CLIPVisionTower(nn.Module):
         emb = self.embeddings
         w = emb.patch_embedding.weight
         if tuple(pixel_values.shape[1:]) != (self.cfg.num_channels, self.cfg.image_size, self.cfg.image_size):
-            raise ValueError(f"pixel values of shape {tuple(pixel_values.shape)}; expected [B, {self.cfg.num_channels}, "
-                             f"{self.cfg.image_size}, {self.cfg.image_size}]")
+            c, size = self.cfg.num_channels, self.cfg.image_size
+            raise ValueError(f"pixel values of shape {tuple(pixel_values.shape)}; expected [B, {c}, {size}, {size}]")
         patches = F.conv2d(pixel_values.to(w.dtype), w, stride=self.cfg.patch_size).flatten(2).transpose(1, 2)
         cls = emb.class_embedding.expand(patches.shape[0], 1, -1)
         x = torch.cat([cls, patches], dim=1) + emb.position_embedding.weight

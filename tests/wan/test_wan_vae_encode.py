@@ -9,6 +9,16 @@ TINY = {"base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 
         "temperal_downsample": [False, True, True]}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny convolutions on a busy 2-core machine: one intra-op thread is several times faster
+    than two (as tests/wan/test_wan_vae.py measures); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def pair():
     diffusers = pytest.importorskip("diffusers")
