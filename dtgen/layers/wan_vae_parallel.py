@@ -45,7 +45,7 @@ from dtgen.spatial import (POINTWISE_LEAVES, SpatialSplit, SplitDecoder, SplitOu
                            check_pointwise_convs, route_output, split_attention)
 
 from .norms import ChannelRMSNorm
-from .wan_vae import AttentionBlock, Upsample2x, WanVAE, _from_frames, _per_frame
+from .wan_vae import AttentionBlock, Upsample2x, WanEncoder, WanVAE, _from_frames, _per_frame
 
 
 class ParallelAttentionBlock(nn.Module):
@@ -65,12 +65,17 @@ class ParallelAttentionBlock(nn.Module):
         return x + _from_frames(a.proj(split_attention(q, k, v, self.split)), x.shape[0])
 
 
+def _unchanged(module: nn.Module, split: SpatialSplit) -> nn.Module:
+    return module
+
+
 class ParallelWanVAE(SplitDecoder):
     """Decodes with ``vae``'s own parameters, split along ``dim`` over ``group`` (arguments:
     see ``SplitDecoder``)."""
 
     latent_layout = ("B", "C", "T", "h", "w")
-    overrides = {AttentionBlock: ParallelAttentionBlock}
+    # The encoder (an image-to-video VAE's) stays as it is: the decode twin never runs it.
+    overrides = {AttentionBlock: ParallelAttentionBlock, WanEncoder: _unchanged}
     # Leaves that act on each spatial position alone (see the module docstring).
     pointwise = (*POINTWISE_LEAVES, ChannelRMSNorm, Upsample2x)
 

@@ -57,6 +57,8 @@ from .transformer import WanTransformer
 
 MAX_FRAMES = 1001
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
+# The side every Wan video's height and width are a multiple of: the Wan 2.1 VAE's 8 x the 2 x 2 patches.
+SIZE_MULTIPLE = 16
 # A reference image's sides: below one 16-px token there is nothing to start from; the upper
 # bound keeps the decode under Pillow's decompression-bomb size (the video is resized anyway).
 REFERENCE_MIN_SIDE, REFERENCE_MAX_SIDE = 16, 8192
