@@ -218,3 +218,40 @@ def test_bad_input_is_refused_in_one_line(i2v_checkpoint, tmp_path):
         with pytest.raises(RequestError, match=message) as e:
             T2VRequest(**{**BASE, "image": str(path)})
         assert e.value.field == "image" and "\n" not in str(e.value)
+
+
+# ---- every Wan plan against one process ---------------------------------------------------------
+CACHED = "first-block:threshold=0.05"
+
+
+def job_plan(ctx, ckpt, plan):
+    torch.set_num_threads(1)
+    pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
+    result = pipe.generate(_request(), decode=False, record=True)
+    cached = pipe.generate(_request(steps=4, step_cache=CACHED), decode=False)
+    return {"latents": result.latents, "noise": result.record["noise"], "cached": cached.latents,
+            "decisions": cached.record["step_cache"]["full_steps"]}
+
+
+@pytest.mark.parametrize("world", [2, 4], ids=["2-ranks", "4-ranks"])
+def test_every_plan_matches_one_process(i2v_checkpoint, world):
+    """Wan2.1-I2V on every shipped plan of `world` ranks (Ulysses, pipelined Ulysses, ring,
+    Attention2D, CFG and their 4-rank combinations; the text encoder replicated or TP; the
+    condition made on every rank): every step's guided prediction and the latents of one
+    process, and with a first-block cache its decisions and latents."""
+    from dtgen.launch import RankPool
+    from placements.wan import PLANS
+    single = _pipe(i2v_checkpoint)
+    want = single.generate(_request(), decode=False, record=True)
+    want_cached = single.generate(_request(steps=4, step_cache=CACHED), decode=False)
+    assert 0 < len(want_cached.record["step_cache"]["full_steps"]) < 4   # some steps reused, some not
+    plans = [n for n, p in PLANS.items() if p.world_size == world]
+    with RankPool(world, timeout_s=240) as pool:
+        for plan in plans:
+            for rank, got in enumerate(pool.run(job_plan, i2v_checkpoint, plan)):
+                where = f"plan {plan}, rank {rank}"
+                for a, b in zip(got["noise"], want.record["noise"], strict=True):
+                    torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5, msg=where)
+                torch.testing.assert_close(got["latents"], want.latents, atol=2e-5, rtol=1e-5, msg=where)
+                assert got["decisions"] == want_cached.record["step_cache"]["full_steps"], where
+                torch.testing.assert_close(got["cached"], want_cached.latents, atol=2e-5, rtol=1e-5, msg=where)
