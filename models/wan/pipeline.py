@@ -107,8 +107,8 @@ class T2VRequest:
     step_cache: StepCacheConfig | str | dict | None = step_cache_field()
     # Image to video: the first frame (a path is opened and checked here, once per process).
     image: ReferenceImage | None = reference_image_field(
-        "image to video (an I2V checkpoint): the image the video starts from; its aspect ratio sizes the video "
-        "unless a size is given")
+        "image to video (an I2V checkpoint): the image file the video starts from (the server: a multipart file); "
+        "its aspect ratio sizes the video unless a size is given")
 
     def __post_init__(self):
         if isinstance(self.image, (str, Path)):
