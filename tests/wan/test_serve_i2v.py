@@ -49,7 +49,8 @@ def i2v(tmp_path_factory):
 def test_a_video_from_an_uploaded_image_keeps_its_aspect_ratio(i2v):
     body, kind = multipart({"prompt": "a fox runs", "seed": "1"}, {"input_reference": ("fox.png", _png(40, 80))})
     status, video, _ = call(i2v, "POST", "/v1/videos", body, content_type=kind)
-    assert status == 202 and video["size"] == "32x64", video   # 48 x 64 px of area at 1:2, multiples of 16 (rounded down)
+    # 48 x 64 px of area at 1:2, each side a multiple of 16 (rounded down)
+    assert status == 202 and video["size"] == "32x64", video
     end = time.monotonic() + 120
     while video["status"] in ("queued", "in_progress"):
         assert time.monotonic() < end, video

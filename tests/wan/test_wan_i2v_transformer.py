@@ -48,7 +48,8 @@ def test_condition_channels_without_image_tokens_match_diffusers():
     cfg = {**CFG_I2V, "image_dim": None, "added_kv_proj_dim": None}
     ref, ours = _pair(cfg)
     g = torch.Generator().manual_seed(2)
-    x, t, text = torch.randn(2, 9, 2, 4, 4, generator=g), torch.tensor([900.0, 10.0]), torch.randn(2, 7, 24, generator=g)
+    x, t = torch.randn(2, 9, 2, 4, 4, generator=g), torch.tensor([900.0, 10.0])
+    text = torch.randn(2, 7, 24, generator=g)
     want = ref(x, t, text, return_dict=False)[0]
     assert (ours(x, t, text) - want).abs().max().item() < 1e-5 * want.abs().max().item()
 
