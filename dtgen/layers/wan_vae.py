@@ -374,8 +374,12 @@ class Downsample(nn.Module):
         self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(channels, channels, 3, stride=2))
         self.time_conv = nn.Conv3d(channels, channels, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
 
+    def spatial(self, frames: Tensor) -> Tensor:
+        """[N, C, H, W] frames -> [N, C, H / 2, W / 2] (a split encode swaps this step alone)."""
+        return self.resample(frames)
+
     def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
-        x = _from_frames(self.resample(_per_frame(x)), x.shape[0])
+        x = _from_frames(self.spatial(_per_frame(x)), x.shape[0])
         if self.time_conv is None:
             return x
         previous = cache.tails.get(self.time_conv)

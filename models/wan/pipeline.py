@@ -47,6 +47,7 @@ from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
+from dtgen.layers.wan_vae_parallel import parallel_encode
 from dtgen.reference_images import ReferenceImage, open_image_file
 from dtgen.requests import RequestError, check_multiple, nearest_valid
 from dtgen.schema import (check_bounds, negative_prompt_field, prompt_field, reference_image_field, request_field,
@@ -211,11 +212,13 @@ class WanT2VPipeline(DiffusionPipeline):
 
     def condition(self, req: T2VRequest) -> torch.Tensor:
         """[1, 4 + z, T, h, w] float32: the frame mask, then the normalized latents of the video
-        whose first frame is the reference (resized to the request's size) and the rest zeros."""
+        whose first frame is the reference (resized to the request's size) and the rest zeros
+        (encoded split over `vae_group` when the pipeline has one, as its decode)."""
         vae = self.model.vae
         first = vae_pixels(req.image.pil(), req.height, req.width).to(self.device).unsqueeze(2)
         video = torch.cat([first, first.new_zeros(1, 3, req.num_frames - 1, req.height, req.width)], dim=2)
-        latents = vae.encode(video).float()
+        # split by rows over the VAE's group where there is one, as the decode (every rank takes part)
+        latents = (vae.encode(video) if self.vae_group is None else parallel_encode(vae, video, self.vae_group)).float()
         mask = frame_mask(req.num_frames, vae.cfg.temporal_factor, tuple(latents.shape[3:])).to(latents.device)
         return torch.cat([mask, latents], dim=1)
 

@@ -59,9 +59,10 @@ def a14b_checkpoint(tmp_path_factory):
     return folder
 
 
-def _pipe(ckpt, plan="single", rank=0, world=1):
+def _pipe(ckpt, plan="single", rank=0, world=1, vae_group=None):
     loaded = load(ckpt, get_plan(plan), rank, world)
-    return WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0)
+    return WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0,
+                          vae_group=vae_group)
 
 
 def _diffusers_pipeline(ckpt):
@@ -225,8 +226,10 @@ CACHED = "first-block:threshold=0.05"
 
 
 def job_plan(ctx, ckpt, plan):
+    import torch.distributed as dist
     torch.set_num_threads(1)
-    pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size)
+    # the condition's VAE encode split over every rank, as the command does (--vae-parallel)
+    pipe = _pipe(ckpt, plan, ctx.rank, ctx.world_size, vae_group=dist.group.WORLD)
     result = pipe.generate(_request(), decode=False, record=True)
     cached = pipe.generate(_request(steps=4, step_cache=CACHED), decode=False)
     return {"latents": result.latents, "noise": result.record["noise"], "cached": cached.latents,
@@ -237,7 +240,7 @@ def job_plan(ctx, ckpt, plan):
 def test_every_plan_matches_one_process(i2v_checkpoint, world):
     """Wan2.1-I2V on every shipped plan of `world` ranks (Ulysses, pipelined Ulysses, ring,
     Attention2D, CFG and their 4-rank combinations; the text encoder replicated or TP; the
-    condition made on every rank): every step's guided prediction and the latents of one
+    condition's VAE encode split over the ranks): every step's guided prediction and the latents of one
     process, and with a first-block cache its decisions and latents."""
     from dtgen.launch import RankPool
     from placements.wan import PLANS

@@ -58,3 +58,31 @@ def test_encode_matches_diffusers(pair, frames):
 def test_encode_refuses_a_frame_count_off_the_chunks(pair):
     with pytest.raises(ValueError, match="4k \\+ 1"):
         pair[1].encode(torch.zeros(1, 3, 4, 16, 16))
+
+
+# ---- the encode split over 2 gloo ranks ---------------------------------------------------------
+def job_parallel_encode(ctx, state, video, dim):
+    torch.set_num_threads(1)
+    from dtgen.layers.wan_vae_parallel import parallel_encode
+    vae = WanVAE(WanVAEConfig.from_dict(TINY), encoder=True).eval()
+    vae.load_state_dict(state)
+    with torch.no_grad():
+        return parallel_encode(vae, video, None, dim)
+
+
+@pytest.mark.parametrize("dim, size", [("height", (40, 24)), ("width", (16, 48))],
+                         ids=["height-uneven", "width-even"])
+def test_split_encode_matches_one_process(pair, dim, size):
+    """The condition's encode split by latent rows over 2 ranks (5 latent rows: 3 + 2) gives the
+    single process's latents on every rank."""
+    from dtgen.launch import RankPool
+    _, ours = pair
+    g = torch.Generator().manual_seed(4)
+    video = torch.zeros(1, 3, 5, *size)
+    video[:, :, 0] = torch.rand(1, 3, *size, generator=g) * 2 - 1
+    video[:, :, 2] = torch.rand(1, 3, *size, generator=g) * 2 - 1
+    with torch.no_grad():
+        want = ours.encode(video)
+    with RankPool(2, timeout_s=120) as pool:
+        for rank, got in enumerate(pool.run(job_parallel_encode, ours.state_dict(), video, dim)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"rank {rank}: {m}")
