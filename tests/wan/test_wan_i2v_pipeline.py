@@ -281,3 +281,50 @@ def test_compiled_bf16_on_gpu_matches_eager(i2v_checkpoint, regions):
     scale = float(eager.latents.abs().max())
     assert float((first.latents - eager.latents).abs().max()) <= 0.05 * scale
     assert first.video.shape == eager.video.shape == (9, 48, 32, 3)
+
+
+def test_two_image_to_video_jobs_run_their_denoise_steps_as_one_batch(i2v_checkpoint):
+    """POST /v1/videos with two different `input_reference` files to a server with max_batch 2
+    (its engine held until both wait): both run as one batch (denoise_batch 2), and each job's
+    latents are those of its request alone."""
+    pytest.importorskip("fastapi")
+    import io
+
+    from models.wan.serving import WanServeAdapter
+    from tests.support.engine import serving
+    from tests.support.serve import call
+    from tests.wan.test_serve_i2v import multipart
+
+    pipe = _pipe(i2v_checkpoint)
+    adapter = WanServeAdapter(pipe, 0, T2VRequest(**{**BASE, "prompt": "x"}), fps=8, warmup=False)
+    pngs = []
+    for image in (_image(), _image(40, 56, 1)):
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
+    forms = [({"prompt": p, "seed": str(s), "size": "32x48"}, {"input_reference": (f"{k}.png", png)})
+             for k, (p, s, png) in enumerate(zip(("a fox", "a dog"), (1, 2), pngs))]
+    parsed = [adapter.parse(f, True, {k: [v] for k, v in files.items()}).request for f, files in forms]
+    alone = [pipe.generate(req, decode=False).latents for req in parsed]
+    decoded, decode = [], pipe.decode_latents
+    pipe.decode_latents = lambda req, latents: decoded.append(latents) or decode(req, latents)
+    try:
+        with serving(adapter, max_batch=2) as (base, board):
+            ids = []
+            for fields, files in forms:
+                body, kind = multipart(fields, files)
+                status, video, _ = call(base, "POST", "/v1/videos", body, content_type=kind)
+                assert status == 202, video
+                ids.append(video["id"])
+            board.release()
+            for job in (board.get(i) for i in ids):
+                assert job.finished.wait(120), job.as_dict()
+            for i in ids:
+                _, video, _ = call(base, "GET", f"/v1/videos/{i}")
+                assert video["status"] == "completed" and video["dtgen"]["denoise_batch"] == 2, video
+    finally:
+        del pipe.decode_latents
+    assert len(decoded) == 2
+    for got, want in zip(decoded, alone):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert float((alone[0] - alone[1]).abs().max()) > 1e-2
