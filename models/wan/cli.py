@@ -33,12 +33,22 @@ from placements.wan import PLANS, get_plan
 
 @dataclass(frozen=True)
 class WanCommand(DiffusionCommand):
-    """The diffusion command, with image to video's two choices: --image without --checkpoint
-    runs the tiny image-to-video default, and without --height / --width the video takes the
-    image's aspect ratio."""
+    """The diffusion command, with image to video's choices: --image (a server: --image-to-video)
+    without --checkpoint runs the tiny image-to-video default, and without --height / --width
+    the video takes the image's aspect ratio."""
+
+    def build_parser(self, prog: str | None = None, description: str | None = None,
+                     cli: bool = True) -> argparse.ArgumentParser:
+        p = super().build_parser(prog, description, cli)
+        if not cli:   # a server's requests bring their images: only which tiny default is its choice
+            p.add_argument("--image-to-video", action="store_true",
+                           help="without --checkpoint: serve the tiny image-to-video default (Wan2.1-I2V's layout; "
+                                "every request brings input_reference)")
+        return p
 
     def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
-        return ensure_tiny_i2v_checkpoint() if getattr(args, "image", None) is not None else self.ensure_tiny()
+        i2v = getattr(args, "image", None) is not None or getattr(args, "image_to_video", False)
+        return ensure_tiny_i2v_checkpoint() if i2v else self.ensure_tiny()
 
     def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
         """A server's defaults have no image (each request brings its own): on an image-to-video
@@ -47,6 +57,9 @@ class WanCommand(DiffusionCommand):
         req.check(temporal, spatial, two_experts, image_to_video if hasattr(args, "image") else None)
 
     def prepare(self, args: argparse.Namespace) -> tuple[str | None, bool]:
+        if getattr(args, "image_to_video", False) and args.checkpoint is not None:
+            return ("--image-to-video picks the tiny default; a --checkpoint's model_index.json says whether it makes "
+                    "video from an image"), False
         if getattr(args, "image", None) is not None and args.height is None and args.width is None:
             try:
                 reference = open_reference(args.image)

@@ -1,5 +1,5 @@
-"""Image to video over real HTTP on 127.0.0.1 (`examples.serve --model wan` on the tiny Wan2.1-I2V
-folder, one process): OpenAI's `input_reference` as a multipart file makes a video of the
+"""Image to video over real HTTP on 127.0.0.1 (`examples.serve --model wan --image-to-video`: the
+tiny Wan2.1-I2V default, one process): OpenAI's `input_reference` as a multipart file makes a video of the
 image's aspect ratio; a text-only request, a bad image or a bad frame count is one 422 naming
 its field before any job is queued."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ av = pytest.importorskip("av")
 
 from PIL import Image  # noqa: E402
 
-from models.wan.tiny import write_random_i2v_checkpoint  # noqa: E402
+from models.wan.tiny import ensure_tiny_i2v_checkpoint  # noqa: E402
 from tests.support.serve import call, running_server  # noqa: E402
 
 
@@ -37,13 +37,21 @@ def _png(width: int, height: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def i2v(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("wan-i2v") / "tiny-i2v"
-    folder.mkdir()
-    write_random_i2v_checkpoint(folder)
-    log = folder.parent / "server.log"
-    with running_server(log, "--model", "wan", "--checkpoint", str(folder), "--steps", "2", "--height", "48",
-                        "--width", "64", "--num-frames", "9", module="examples.serve") as (base, _):
-        yield base
+    """The server on the tiny image-to-video default (--image-to-video: 48 x 64 px, 9 frames)."""
+    import os
+    cache = tmp_path_factory.mktemp("wan-i2v-cache")
+    ensure_tiny_i2v_checkpoint(cache)
+    before = os.environ.get("DTGEN_CACHE")
+    os.environ["DTGEN_CACHE"] = str(cache)
+    try:
+        with running_server(cache / "server.log", "--model", "wan", "--image-to-video", "--steps", "2",
+                            module="examples.serve") as (base, _):
+            yield base
+    finally:
+        if before is None:
+            del os.environ["DTGEN_CACHE"]
+        else:
+            os.environ["DTGEN_CACHE"] = before
 
 
 def test_a_video_from_an_uploaded_image_keeps_its_aspect_ratio(i2v):
@@ -78,3 +86,11 @@ def test_bad_requests_are_one_422_naming_the_field(i2v, fields, files, field, me
     status, answer, _ = call(i2v, "POST", "/v1/videos", body, content_type=kind)
     assert status == 422 and answer["error"]["field"] == field and message in answer["error"]["message"], answer
     assert "\n" not in answer["error"]["message"]
+
+
+def test_image_to_video_with_a_checkpoint_is_one_line(tmp_path, capsys):
+    from dtgen.cli import serve_main
+    folder = ensure_tiny_i2v_checkpoint(tmp_path)
+    assert serve_main(["--model", "wan", "--image-to-video", "--checkpoint", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --image-to-video picks the tiny default") and "\n" not in err, err
