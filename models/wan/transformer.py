@@ -1,4 +1,4 @@
-"""The Wan 2.1 / 2.2 text-to-video DiT (diffusers' `WanTransformer3DModel`) as plain modules.
+"""The Wan 2.1 / 2.2 DiT (diffusers' `WanTransformer3DModel`), text- and image-to-video, as plain modules.
 
 No module here knows about process groups. Parameter names and shapes are exactly diffusers'
 state-dict keys, so a diffusers checkpoint loads by name:
@@ -14,6 +14,10 @@ state-dict keys, so a diffusers checkpoint loads by name:
     blocks.N.norm2.{weight, bias} [D]                         only with cross_attn_norm
     blocks.N.ffn.net.0.proj.{weight [ffn, D], bias}, blocks.N.ffn.net.2.{weight [D, ffn], bias}
     proj_out.{weight [pt*ph*pw*C_out, D], bias}, scale_shift_table [1, 2, D]
+  Wan2.1-I2V only (image_dim, added_kv_proj_dim set):
+    condition_embedder.image_embedder.{norm1, norm2}.{weight, bias}, .ff.net.0.proj, .ff.net.2
+                                                              CLIP features -> D (LN, GELU MLP, LN)
+    blocks.N.attn2.add_{k,v}_proj.{weight [D, added_kv], bias}, blocks.N.attn2.norm_added_k.weight [D]
 
 Forward, in three separately callable pieces (how the framework shards the token rows over
 sequence-parallel ranks: every rank runs `blocks_forward` on its rows with those rows' RoPE):
@@ -25,7 +29,11 @@ Tokens are the patches in (frame, row, column) order. The self-attention (attn1)
 rotated); the whole video is ONE bidirectional image block of the `AttentionMeta`. Rows past
 the real sequence (sequence-parallel padding) are harmless: everything else is per row, and
 the meta's image block hides them from the real rows. Cross-attention (attn2) attends each
-video row to all text rows without a mask (as diffusers does for T2V) and stays local.
+video row to all text rows without a mask (as diffusers does) and stays local; with image tokens
+it also attends each row to the image rows through their own key / value projections and adds
+the two attentions' outputs before `to_out` (diffusers' I2V processor). Image to video's
+condition channels (mask and reference latents) are input channels like the noise's: only
+`in_channels` (36) says so.
 
 RoPE is 3-D: head_dim hd splits into t = hd - 4*(hd // 6), h = w = 2*(hd // 6) channels (128 ->
 44 / 42 / 42), each axis with its own frequencies theta^(-2i/dim) over its own dim, and the
@@ -344,7 +352,7 @@ def full_sequence_meta(rows: int, real_rows: int | None = None, device=None) -> 
 
 
 class WanTransformer(nn.Module):
-    """diffusers' WanTransformer3DModel (text-to-video), same parameter names."""
+    """diffusers' WanTransformer3DModel (text- and image-to-video), same parameter names."""
 
     # Under sequence parallelism (dtgen/seq_split.py, diffusers' `_cp_plan`): `embed`'s per-token
     # outputs are split along their token rows (temb and temb_proj only with per-token
