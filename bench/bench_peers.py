@@ -1,7 +1,9 @@
 """A registered model's DiT against its reference library's, same weights and inputs, one process.
 
 `--model` names a model of models/registry.py with a peer here: `wan` (diffusers' WanTransformer3DModel;
-sizes 1.3B at its 30 blocks and 14B-8, the 14B width at 8 blocks, 480p x 81 frames) and `qwen-image`
+sizes 1.3B at its 30 blocks and 14B-8, the 14B width at 8 blocks, 480p x 81 frames; the image-to-video
+DiT as I2V-14B and I2V-14B-8: Wan2.1-I2V's 36 input channels and 257 CLIP tokens through the added
+key / value projections, random image features as the tokens) and `qwen-image`
 (diffusers' QwenImageTransformer2DModel at the published 60 blocks, one CFG branch, 1024x1024). Both
 modules hold the same random weights. Per size, mode and variant: the median of `--iters` forwards after
 `--warmup` (CUDA events; the first call, which compiles, is timed apart). Modes: eager; regions (one
@@ -41,12 +43,13 @@ def set_attention(attentions, head_dim: int, variant: str) -> None:
             attention.core = LocalAttention()
 
 
-def wan_config(text_dim: int = 4096, **shape):
-    """Wan's DiT config at a size (`WanPeer.sizes`: heads, head size, FFN width, blocks)."""
+def wan_config(text_dim: int = 4096, in_channels: int = 16, **shape):
+    """Wan's DiT config at a size (`WanPeer.sizes`: heads, head size, FFN width, blocks; image to
+    video: 36 input channels, the image features' width and the added K/V projections')."""
     from models.wan.transformer import WanTransformerConfig
     return WanTransformerConfig.from_dict(dict(
-        patch_size=[1, 2, 2], in_channels=16, out_channels=16, text_dim=text_dim, freq_dim=256, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **shape))
+        patch_size=[1, 2, 2], in_channels=in_channels, out_channels=16, text_dim=text_dim, freq_dim=256,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024, **shape))
 
 
 def random_wan_dit(cfg, device, dtype):
@@ -72,7 +75,12 @@ class WanPeer:
         "14B": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=40),
         "14B-8": dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, num_layers=8),
         "tiny": dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=256, num_layers=2)}
+    # Wan2.1-I2V-14B's DiT (transformer/config.json): the 14B shapes, 36 input channels, CLIP ViT-H features.
+    I2V = dict(in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+    sizes.update({"I2V-14B": dict(sizes["14B"], **I2V), "I2V-14B-8": dict(sizes["14B-8"], **I2V),
+                  "I2V-tiny": dict(sizes["tiny"], in_channels=36, image_dim=32, added_kv_proj_dim=128)})
     default_sizes = "1.3B,14B-8"
+    IMAGE_TOKENS = 257   # the CLIP ViT-H/14 tower's 1 + 16 x 16 tokens at 224 px
 
     def __init__(self, size: str, args, device: str, dtype: torch.dtype):
         import diffusers
@@ -80,42 +88,49 @@ class WanPeer:
         from models.wan.model import FP8_LINEARS
         from models.wan.transformer import run_block
         self.run_block, self.fp8_linears = run_block, FP8_LINEARS
-        cfg = wan_config(**self.sizes[size], text_dim=64 if size == "tiny" else 4096)
+        tiny = size.endswith("tiny")
+        cfg = wan_config(**self.sizes[size], text_dim=64 if tiny else 4096)
         ours = random_wan_dit(cfg, device, dtype)
         with torch.device(device):
             theirs = diffusers.WanTransformer3DModel(
                 patch_size=tuple(cfg.patch_size), num_attention_heads=cfg.num_attention_heads,
-                attention_head_dim=cfg.attention_head_dim, in_channels=16, out_channels=16, text_dim=cfg.text_dim,
-                freq_dim=256, ffn_dim=cfg.ffn_dim, num_layers=cfg.num_layers, cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+                attention_head_dim=cfg.attention_head_dim, in_channels=cfg.in_channels, out_channels=16,
+                text_dim=cfg.text_dim, freq_dim=256, ffn_dim=cfg.ffn_dim, num_layers=cfg.num_layers,
+                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+                image_dim=cfg.image_dim, added_kv_proj_dim=cfg.added_kv_proj_dim)
         keys = theirs.load_state_dict(ours.state_dict())
         assert not keys.missing_keys and not keys.unexpected_keys, keys
         keep = tuple(getattr(theirs, "_keep_in_fp32_modules", None) or ())
         for name, param in theirs.named_parameters():
             param.data = param.data.to(torch.float32 if any(m in name.split(".") for m in keep) else dtype)
         self.ours, self.theirs, self.cfg = ours.eval(), theirs.eval(), cfg
-        frames, height, width = (3, 6, 8) if size == "tiny" else (21, 60, 104)   # 480x832 x 81 frames
+        frames, height, width = (3, 6, 8) if tiny else (21, 60, 104)   # 480x832 x 81 frames
+        # diffusers' I2V attention takes the text as the last 512 rows: image to video needs all 512
         text_rows = 16 if size == "tiny" else 512
+        image_rows = (5 if tiny else self.IMAGE_TOKENS) if cfg.image_tokens else 0
         g = torch.Generator(device=device).manual_seed(1)
-        self.x = torch.randn(args.batch, 16, frames, height, width, generator=g, device=device).to(dtype)
+        self.x = torch.randn(args.batch, cfg.in_channels, frames, height, width, generator=g, device=device).to(dtype)
         self.t = torch.full((args.batch,), 500.0, device=device)
         self.text = torch.randn(args.batch, text_rows, cfg.text_dim, generator=g, device=device).to(dtype)
+        self.image = (torch.randn(args.batch, image_rows, cfg.image_dim, generator=g, device=device).to(dtype)
+                      if image_rows else None)
         tokens, D, F = frames * (height // 2) * (width // 2), cfg.inner_dim, cfg.ffn_dim
-        self.shape = {"latent": [16, frames, height, width], "tokens": tokens, "text_rows": text_rows,
-                      "batch": args.batch}
+        self.shape = {"latent": [cfg.in_channels, frames, height, width], "tokens": tokens, "text_rows": text_rows,
+                      "image_rows": image_rows, "batch": args.batch}
         self.flops = args.batch * cfg.num_layers * (8 * tokens * D * D + 4 * tokens * tokens * D   # self-attention
                                                     + 4 * tokens * D * D + 4 * text_rows * D * D
-                                                    + 4 * tokens * text_rows * D + 4 * tokens * D * F)
+                                                    + 4 * tokens * text_rows * D + 4 * tokens * D * F
+                                                    + 4 * image_rows * D * D + 4 * tokens * image_rows * D)
 
     def attentions(self, module):
         return module.self_attentions()
 
     def call_ours(self, module):
-        return lambda: module(self.x, self.t, self.text)
+        return lambda: module(self.x, self.t, self.text, self.image)
 
     def call_theirs(self, module):
         return lambda: module(hidden_states=self.x, timestep=self.t, encoder_hidden_states=self.text,
-                              return_dict=False)[0]
+                              encoder_hidden_states_image=self.image, return_dict=False)[0]
 
     def dense_fp8(self):
         from dtgen.fp8 import quantize_linears_
@@ -248,8 +263,9 @@ def main(argv=None) -> int:
     Peer = PEERS[args.model]
     sizes, modes = (args.sizes or Peer.default_sizes).split(","), args.modes.split(",")
     variants = list(dict.fromkeys(["bf16"] + args.variants.split(",")))
-    if args.tiny:
-        sizes, modes, device, dtype = ["tiny"], ["eager"], "cpu", torch.float32
+    if args.tiny:   # the tiny size of each kind asked for (text to video, image to video)
+        tiny = ["I2V-tiny" if s.startswith("I2V") else "tiny" for s in sizes]
+        sizes, modes, device, dtype = list(dict.fromkeys(tiny)), ["eager"], "cpu", torch.float32
     else:
         device, dtype = "cuda", torch.bfloat16
         if not torch.cuda.is_available():

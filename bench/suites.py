@@ -151,6 +151,8 @@ SUITES: tuple[Suite, ...] = (
                    "--out {out}/qwen_peers.json", 240),
               Step("wan_peers", "wan", "--sizes 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
                    "--out {out}/wan_peers.json", 300),
+              Step("wan_i2v_peers", "wan", "--sizes I2V-14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
+                   "--out {out}/wan_i2v_peers.json", 300),
           )),
 )
 

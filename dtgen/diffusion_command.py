@@ -102,8 +102,9 @@ class DiffusionCommand:
         p = argparse.ArgumentParser(prog=prog or f"dtgen run --model {self.name}",
                                     description=description or self.description)
         p.add_argument("--checkpoint", help=f"diffusers-format {self.title} folder (default: the embedded tiny model)")
-        # the request's fields; a server's requests give their prompt
-        schema.add_flags(p, self.request, omit=() if cli else ("prompt",), defaults={"prompt": self.default_prompt})
+        # the request's fields; a server's requests give their prompt and reference image (an upload)
+        schema.add_flags(p, self.request, omit=() if cli else ("prompt", "image"),
+                         defaults={"prompt": self.default_prompt})
         if self.makes == "video":
             schema.add_flags(p, [FPS])
         add_fp8_flags(p, *self.fp8_reach)
@@ -140,7 +141,7 @@ class DiffusionCommand:
             if problem is not None:
                 return problem, tiny
             if tiny:
-                args.checkpoint = str(self.ensure_tiny())
+                args.checkpoint = str(self.tiny_checkpoint(args))
             folder = Path(args.checkpoint)
             problem = lora_problem(args, folder, self.lora_prefixes) if args.lora else None
             if problem is not None:
@@ -151,7 +152,7 @@ class DiffusionCommand:
                 if getattr(args, key) is None:
                     setattr(args, key, scheduler.get(key, fallback))
             req = self.request_from_args(args)
-            req.check(*self.pipeline.check_args(self.configs(folder)))
+            self.check_request(args, req, folder)
             args.step_cache = req.step_cache    # parsed once, for the ranks and the report
             if self.makes == "video":
                 schema.check_value(FPS, args.fps, "--fps")
@@ -164,6 +165,16 @@ class DiffusionCommand:
             return str(e), tiny
         except (KeyError, ValueError) as e:
             return (str(e.args[0]) if e.args else str(e)), tiny
+
+    def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
+        """The request the flags make, checked against the checkpoint's configs before any rank
+        loads (a server's: the defaults its requests start from)."""
+        req.check(*self.pipeline.check_args(self.configs(folder)))
+
+    def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
+        """The tiny default's folder for this command line (a model with several tiny defaults
+        picks one from the flags)."""
+        return self.ensure_tiny()
 
     def main(self, argv=None, prog: str | None = None) -> int:
         return example_main(self.parse_args(argv, prog), self.prepare, self.run_rank, self.write_report,

@@ -94,11 +94,13 @@ def diffusers_class(folder: Path) -> str | None:
 
 @dataclass(frozen=True)
 class DiffusersFolder:
-    """A spec's `detect`: a diffusers-format folder whose model_index.json names `pipeline`."""
+    """A spec's `detect`: a diffusers-format folder whose model_index.json names `pipeline`, or
+    one of the spec's other pipelines (`also`: Wan's image-to-video beside its text-to-video)."""
     pipeline: str   # the diffusers pipeline class, e.g. "WanPipeline"
+    also: tuple[str, ...] = ()
 
     def __call__(self, folder: Path) -> bool:
-        return diffusers_class(folder) == self.pipeline
+        return diffusers_class(folder) in (self.pipeline, *self.also)
 
 
 def find(specs: Iterable[ModelSpec], name: str) -> ModelSpec:

@@ -367,6 +367,13 @@ def negative_prompt_field(default: str = "", help: str = "what CFG steers away f
     return request_field(default, help=help)
 
 
+def reference_image_field(help: str):
+    """A reference image (`dtgen.reference_images.ReferenceImage`): `--image FILE` on the
+    command line, the multipart file `input_reference` on the server (OpenAI's videos API name);
+    the front ends open and check the file."""
+    return request_field(None, kind="any", flag="--image", json="input_reference", metavar="FILE", help=help)
+
+
 def seed_field():
     return request_field(0, low=0, high=MAX_SEED, help="the initial noise's seed")
 

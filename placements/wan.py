@@ -1,6 +1,8 @@
-"""Placement plans for Wan text-to-video, as data.
+"""Placement plans for Wan text-to-video and image-to-video, as data.
 
-Three phases over one resident copy of the weights: `encode` (the UMT5 text encoder),
+Three phases over one resident copy of the weights: `encode` (the UMT5 text encoder; for image
+to video also the CLIP image encoder and the VAE encode of the reference frame: every rank makes
+the same condition, the encode split spatially by the harness's VAE group as the decode is),
 `denoise` (the DiT) and `decode` (the VAE; split spatially by the harness's VAE group, not by
 the plan). The DiT is never tensor-parallel: its QK norms are RMSNorms across all heads, so it
 runs replicated and spreads over ranks by sequence (SP) and by CFG branch. The text encoder
@@ -27,6 +29,7 @@ PARAM_RULES = {
     "transformer.*": Rule.REPLICATE,
     "transformer_2.*": Rule.REPLICATE,   # Wan2.2-A14B's low-noise expert
     "vae.*": Rule.REPLICATE,
+    "image_encoder.*": Rule.REPLICATE,   # Wan2.1-I2V's CLIP vision tower
 }
 
 TP_OUTPUTS = {

@@ -2,8 +2,9 @@
 
 Wan 2.1 and Wan 2.2 A14B share this VAE, and Qwen-Image's (``AutoencoderKLQwenImage``) is the
 same architecture (``WanVAEConfig.from_qwen_image`` reads its config into this one's): 16 latent
-channels, 8x spatial and 4x temporal compression. Only the decode path is built (text-to-video
-and text-to-image never encode); the checkpoint's encoder weights are listed in
+channels, 8x spatial and 4x temporal compression. The decode path is always built; the encode
+path (``WanEncoder``, ``quant_conv``: image-to-video encodes its reference frame) only when asked
+(``WanVAE(cfg, encoder=True)``); without it the checkpoint's encoder weights are listed in
 ``IGNORED_CHECKPOINT_PREFIXES`` for the loader to skip.
 Module and parameter names mirror the diffusers ``vae/`` state dict, so
 ``WanVAE.state_dict()`` keys are exactly its ``post_quant_conv.*`` and ``decoder.*`` keys.
@@ -57,7 +58,7 @@ from torch import Tensor, nn
 from .config import JsonConfig, config_values
 from .norms import ChannelRMSNorm
 
-# Checkpoint keys of the encoder side: text-to-video never encodes, so the loader skips them.
+# Checkpoint keys of the encoder side: text-to-video never encodes, so its loader skips them.
 IGNORED_CHECKPOINT_PREFIXES = ("encoder.", "quant_conv.")
 
 # diffusers' AutoencoderKLWan defaults (the Wan 2.1 VAE): a config.json that omits a field
@@ -362,6 +363,72 @@ class UpBlock(nn.Module):
         return x
 
 
+class Downsample(nn.Module):
+    """An encoder downsampler: zero-pad one row and column at the bottom / right, 3x3 stride-2
+    conv per frame; with ``temporal``, then a 3x1x1 stride-2 time conv over the previous chunk's
+    last frame and this chunk's (the video's first chunk, its first frame alone, passes through
+    undownsampled in time, as in diffusers)."""
+
+    def __init__(self, channels: int, temporal: bool):
+        super().__init__()
+        self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(channels, channels, 3, stride=2))
+        self.time_conv = nn.Conv3d(channels, channels, (3, 1, 1), stride=(2, 1, 1)) if temporal else None
+
+    def spatial(self, frames: Tensor) -> Tensor:
+        """[N, C, H, W] frames -> [N, C, H / 2, W / 2] (a split encode swaps this step alone)."""
+        return self.resample(frames)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        x = _from_frames(self.spatial(_per_frame(x)), x.shape[0])
+        if self.time_conv is None:
+            return x
+        previous = cache.tails.get(self.time_conv)
+        cache.tails[self.time_conv] = x[:, :, -1:].clone()
+        return x if previous is None else self.time_conv(torch.cat([previous, x], dim=2))
+
+
+class WanEncoder(nn.Module):
+    """diffusers ``WanEncoder3d`` (Wan 2.1): one chunk of video frames [B, 3, t, H, W] -> its
+    latent frames [B, 2 z, t', H / 8, W / 8] (mean and log-variance), continuing the video held
+    in ``cache``. Its blocks are one flat list, as the checkpoint's ``down_blocks.N`` keys are:
+    per level ``num_res_blocks`` residual blocks, then a downsampler but on the last level."""
+
+    def __init__(self, cfg: WanVAEConfig):
+        super().__init__()
+        if cfg.attn_scales:
+            raise ValueError(f"Wan VAE config: attn_scales={list(cfg.attn_scales)}: the encoder builds no "
+                             "attention outside its mid block (every Wan 2.1 VAE has none)")
+        widths = [cfg.base_dim * m for m in (1, *cfg.dim_mult)]
+        self.conv_in = CausalConv3d(cfg.in_channels, widths[0], 3)
+        blocks: list[nn.Module] = []
+        for level, (cin, cout) in enumerate(zip(widths[:-1], widths[1:])):
+            for _ in range(cfg.num_res_blocks):
+                blocks.append(ResidualBlock(cin, cout))
+                cin = cout
+            if level != len(cfg.dim_mult) - 1:
+                blocks.append(Downsample(cout, cfg.temperal_downsample[level]))
+        self.down_blocks = nn.ModuleList(blocks)
+        self.mid_block = MidBlock(widths[-1])
+        self.norm_out = ChannelRMSNorm(widths[-1], 3)
+        self.conv_out = CausalConv3d(widths[-1], 2 * cfg.z_dim, 3)
+
+    def forward(self, x: Tensor, cache: CausalCache) -> Tensor:
+        x = self.conv_in(cache.window(self.conv_in, x))
+        for block in self.down_blocks:
+            x = block(x, cache)
+        x = self.mid_block(x, cache)
+        return self.conv_out(cache.window(self.conv_out, F.silu(self.norm_out(x))))
+
+
+def normalize_latents(z: Tensor, latents_mean, latents_std) -> Tensor:
+    """WanImageToVideoPipeline's step after ``vae.encode``: VAE-space latents -> normalized,
+    ``(z - mean) * (1 / std)``, the reciprocal taken in fp32 and cast to z's dtype, as it does."""
+    shape = (1, -1, 1, 1, 1)
+    mean = torch.tensor(latents_mean).view(shape).to(z.device, z.dtype)
+    inv_std = (1.0 / torch.tensor(latents_std)).view(shape).to(z.device, z.dtype)
+    return (z - mean) * inv_std
+
+
 class WanDecoder(nn.Module):
     """diffusers ``WanDecoder3d`` (Wan 2.1): one chunk of latent frames [B, z, t, h, w] ->
     its video frames [B, out_channels, t', 8h, 8w], continuing the video held in ``cache``."""
@@ -392,19 +459,38 @@ class WanDecoder(nn.Module):
 
 
 class WanVAE(nn.Module):
-    """The decode side of ``AutoencoderKLWan``: ``post_quant_conv`` and ``decoder``.
+    """``AutoencoderKLWan``: ``post_quant_conv`` and ``decoder``; with ``encoder=True`` also
+    ``encoder`` and ``quant_conv`` (image-to-video's reference frame).
 
     Built like any module (on the meta device by the loader, which then assigns the
-    checkpoint's tensors by name; keys under ``IGNORED_CHECKPOINT_PREFIXES`` have no
-    counterpart here).
+    checkpoint's tensors by name; without the encoder, keys under ``IGNORED_CHECKPOINT_PREFIXES``
+    have no counterpart here).
     """
 
-    def __init__(self, cfg: WanVAEConfig):
+    def __init__(self, cfg: WanVAEConfig, encoder: bool = False):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
+        if encoder:
+            self.encoder = WanEncoder(cfg)
+            self.quant_conv = CausalConv3d(2 * cfg.z_dim, 2 * cfg.z_dim, 1)
         self.post_quant_conv = CausalConv3d(cfg.z_dim, cfg.z_dim, 1)
         self.decoder = WanDecoder(cfg)
+
+    def encode(self, video: Tensor) -> Tensor:
+        """Video [B, in_channels, 1 + 4k, H, W] in [-1, 1] -> normalized latents [B, z, 1 + k,
+        H / 8, W / 8]: the posterior's mean (diffusers' ``retrieve_latents(sample_mode="argmax")``),
+        normalized as WanImageToVideoPipeline does. Encoded as diffusers does, chunk by chunk
+        carrying a ``CausalCache``: the first frame alone, then ``temporal_factor`` frames at a time."""
+        w = self.quant_conv.weight
+        x = video.to(w.device, w.dtype)
+        step = self.cfg.temporal_factor
+        if x.dim() != 5 or (x.shape[2] - 1) % step:
+            raise ValueError(f"expected a video [B, C, {step}k + 1, H, W], got shape {tuple(x.shape)}")
+        cache = CausalCache()
+        chunks = [x[:, :, :1]] + (list(x[:, :, 1:].split(step, dim=2)) if x.shape[2] > 1 else [])
+        moments = self.quant_conv(torch.cat([self.encoder(c, cache) for c in chunks], dim=2))
+        return normalize_latents(moments[:, :self.cfg.z_dim], self.cfg.latents_mean, self.cfg.latents_std)
 
     def decode(self, latents: Tensor, chunk_frames: int = 1) -> Tensor:
         """Normalized latents [B, z, T, h, w], as WanPipeline hands them over after denoising,

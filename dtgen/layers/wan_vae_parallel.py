@@ -1,4 +1,5 @@
-"""Wan VAE decode split along the video height or width over a process group.
+"""Wan VAE decode (and the image-to-video condition's encode) split along the video height or
+width over a process group.
 
 The generic pieces (and the driver, ``SplitDecoder``) live in ``dtgen/spatial.py``; this file
 maps them onto ``WanVAE`` (``dtgen/layers/wan_vae.py``: Wan's and Qwen-Image's decoder), as
@@ -33,6 +34,14 @@ Usage (every member of ``group`` calls it with the same full latents)::
 
 Uneven extents are allowed (``torch.tensor_split`` sizes: the first ``h % P`` members hold one
 latent row more); each member needs at least one latent row (the 3x3 halo of ``conv_in``).
+
+The encode (``parallel_encode``, an image-to-video VAE's ``encoder``) splits the same way, by
+latent rows: a member holds 8 pixel rows per latent row, so every level's rows and offsets stay
+even. Its convs and mid-block attention are the decode's; its downsamplers
+(``ParallelDownsample``) pad one zero row at the bottom / right edge and run a 3x3 stride-2
+conv, so an output row reads its two input rows and the next one: each member takes the next
+member's first row (zeros past the image's edge: the unsplit zero pad). The latents are
+gathered on every member.
 """
 from __future__ import annotations
 
@@ -41,11 +50,12 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from dtgen.spatial import (POINTWISE_LEAVES, SpatialSplit, SplitDecoder, SplitOutput, check_output,
-                           check_pointwise_convs, route_output, split_attention)
+from dtgen.spatial import (POINTWISE_LEAVES, SPLIT_DIMS, SpatialSplit, SplitDecoder, SplitOutput, check_output,
+                           check_pointwise_convs, gather_split, halo_pad, route_output, spatial_parallel,
+                           split_attention)
 
 from .norms import ChannelRMSNorm
-from .wan_vae import AttentionBlock, Upsample2x, WanVAE, _from_frames, _per_frame
+from .wan_vae import AttentionBlock, Downsample, Upsample2x, WanEncoder, WanVAE, _from_frames, _per_frame
 
 
 class ParallelAttentionBlock(nn.Module):
@@ -65,12 +75,36 @@ class ParallelAttentionBlock(nn.Module):
         return x + _from_frames(a.proj(split_attention(q, k, v, self.split)), x.shape[0])
 
 
+class ParallelDownsample(nn.Module):
+    """An encoder ``Downsample`` on this member's rows (see the module docstring); its time conv
+    (3x1x1) reads no neighbour and runs as the original's."""
+
+    def __init__(self, down: Downsample, split: SpatialSplit, exchange: str = "p2p"):
+        super().__init__()
+        self.down, self.split, self.exchange = down, split, exchange
+        self.time_conv = down.time_conv
+
+    def spatial(self, frames: Tensor) -> Tensor:
+        conv = self.down.resample[1]
+        x = halo_pad(frames, self.split, 0, 1, self.exchange)   # the next member's first row, or the zero pad
+        # the unsplit dim's own zero pad (F.pad's order: width's left, right, then height's top, bottom)
+        pad = [0, 1, 0, 0] if self.split.dim == -2 else [0, 0, 0, 1]
+        return conv(torch.nn.functional.pad(x, pad))
+
+    forward = Downsample.forward
+
+
+def _unchanged(module: nn.Module, split: SpatialSplit) -> nn.Module:
+    return module
+
+
 class ParallelWanVAE(SplitDecoder):
     """Decodes with ``vae``'s own parameters, split along ``dim`` over ``group`` (arguments:
     see ``SplitDecoder``)."""
 
     latent_layout = ("B", "C", "T", "h", "w")
-    overrides = {AttentionBlock: ParallelAttentionBlock}
+    # The encoder (an image-to-video VAE's) stays as it is: the decode twin never runs it.
+    overrides = {AttentionBlock: ParallelAttentionBlock, WanEncoder: _unchanged}
     # Leaves that act on each spatial position alone (see the module docstring).
     pointwise = (*POINTWISE_LEAVES, ChannelRMSNorm, Upsample2x)
 
@@ -94,6 +128,23 @@ def parallel_decode(vae: WanVAE, latents: Tensor, group=None, dim: str = "height
                     exchange: str = "p2p", chunk_frames: int = 1) -> Optional[Tensor]:
     """``vae.decode(latents)`` split along ``dim`` ("height" or "width") over ``group``."""
     return ParallelWanVAE(vae, group, dim, exchange).decode(latents, output, chunk_frames)
+
+
+def parallel_encode(vae: WanVAE, video: Tensor, group=None, dim: Optional[str] = None,
+                    exchange: str = "p2p") -> Tensor:
+    """``vae.encode(video)`` (normalized latents, on every member of ``group``) split along ``dim``
+    ("height" or "width"; default: the longer side) by latent rows."""
+    factor = vae.cfg.spatial_factor
+    if video.shape[-2] % factor or video.shape[-1] % factor:
+        raise ValueError(f"video of {video.shape[-2]}x{video.shape[-1]} px: both sides must be multiples of {factor}")
+    dim = dim or ("height" if video.shape[-2] >= video.shape[-1] else "width")
+    d = SPLIT_DIMS[dim]
+    split = SpatialSplit.build(group, d, video.shape[d] // factor, what=f"latent {dim}")
+    local = video.narrow(d, split.offset() * factor, split.sizes[split.rank] * factor)
+    overrides = {AttentionBlock: ParallelAttentionBlock,
+                 Downsample: lambda down, s: ParallelDownsample(down, s, exchange)}
+    twin = spatial_parallel(vae, split, overrides, exchange=exchange, pointwise=ParallelWanVAE.pointwise)
+    return gather_split(twin.encode(local), split)
 
 
 def decode_uint8(vae: WanVAE, latents: Tensor, group=None, is_main: bool = True) -> Optional[Tensor]:

@@ -182,12 +182,16 @@ class DiffusionAdapter:
         text rows: a prompt of a length not seen yet still compiles in its request.)"""
         if not self.warmup:
             return
-        request = replace(self.defaults, steps=min(self.defaults.steps, 2))
+        request = self.warmup_request()
         self.pipe.generate(request, progress=progress)
         if self.pipe.compiler.options.enabled:
             for n in range(2, self.warmup_batch + 1):
                 self.pipe.generate_batch([replace(request, seed=request.seed + k) for k in range(n)],
                                          per_member([progress] * n))
+
+    def warmup_request(self):
+        """What the warm-up runs: the defaults with 2 steps at most."""
+        return replace(self.defaults, steps=min(self.defaults.steps, 2))
 
     def free_caches(self) -> None:
         if torch.cuda.is_available():
@@ -239,7 +243,8 @@ class VideoAdapter(DiffusionAdapter):
     """Async video jobs (`POST /v1/videos`, progress, the MP4, DELETE): a request with
     `num_frames`, `width`, `height` and `seed`, and the job's `fps` (default: the server's
     `--fps`) and `seconds`. `temporal`: frames per latent frame (a subclass's); `refused`:
-    fields OpenAI's API has that the model does not take, each with its one line."""
+    fields OpenAI's API has that the model does not take, each with its one line (as text or
+    as a file); `file_values`: the request attributes a form's files set (none by default)."""
 
     kind = "video"
     temporal: int
@@ -258,12 +263,13 @@ class VideoAdapter(DiffusionAdapter):
                 "seconds": str(round((r.num_frames - 1) / job.fps, 2))}
 
     # ---- rank 0: fields -> request ----------------------------------------------------
-    def parse(self, fields: dict, form: bool = False) -> VideoJob:
-        fields = self.fields.read(fields, form)
+    def parse(self, fields: dict, form: bool = False, files: dict | None = None) -> VideoJob:
+        """A job from the body's fields and, in a multipart body, its files (field -> [(filename, bytes)])."""
+        fields, files = self.fields.read(fields, form), files or {}
         if isinstance(fields.get("seconds"), str):   # OpenAI's spelling (and this server's answers): "4"
             fields = {**fields, "seconds": seconds_number(fields["seconds"])}
         for name, problem in self.refused.items():
-            if name in fields:
+            if name in fields or name in files:
                 raise RequestError(name, problem)
         self.fields.check_names(fields)
         self.fields.check_types(fields)
@@ -274,7 +280,16 @@ class VideoAdapter(DiffusionAdapter):
             if "num_frames" in fields:
                 raise RequestError("seconds", "give seconds or num_frames, not both")
             values["num_frames"] = self.num_frames(fields["seconds"], fps)
+        values.update(self.file_values(files, values))
         return VideoJob(self.checked(replace(self.defaults, **values)), fps)
+
+    def file_values(self, files: dict, values: dict) -> dict:
+        """The request attributes the form's files set, given the fields' `values`; a model that
+        takes no file refuses the first one."""
+        if files:
+            name = sorted(files)[0]
+            raise RequestError(name, "a file is not taken here")
+        return {}
 
     def num_frames(self, seconds: float, fps: int) -> int:
         """OpenAI's length as frames (seconds * fps + 1): whole latent frames, within the

@@ -8,12 +8,13 @@ same pixels as the official code.
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import Union
 
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
+
+from dtgen.reference_images import open_image_bytes, open_image_file
 
 from .resolutions import resolution_table
 
@@ -23,66 +24,22 @@ MIN_SIDE = 16
 # model only ever sees the bucket, at most 2x the base size a side.
 MAX_SIDE = 8192
 
-# Modes whose convert("RGB") keeps the colours as displayed: grey, bilevel and palette images
-# are expanded, RGBX drops padding, and alpha is DROPPED without compositing (what the
-# official loader, transformers ``load_image``, does; matching it keeps the pixels identical).
-# Rejected, though the official loader would take them: 16/32-bit integer and float modes
-# (convert clips to 0..255 instead of rescaling, so a 16-bit image turns mostly white) and
-# CMYK (converted by a naive formula that ignores the ICC profile, so colours shift).
-RGB_CONVERTIBLE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX")
-
 PathLike = Union[str, Path]
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
 
 
 def load_reference_image(path: PathLike) -> Image.Image:
     """The image at ``path`` as RGB, upright (EXIF orientation applied, as the official loader).
 
     ValueError (one line, naming the path and the problem) for a missing or unreadable file,
-    a mode outside ``RGB_CONVERTIBLE_MODES``, or a side outside [MIN_SIDE, MAX_SIDE].
+    a mode RGB conversion would change, or a side outside [MIN_SIDE, MAX_SIDE]
+    (dtgen/reference_images.py).
     """
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"reference image {path}: no such file")
-    if not path.is_file():
-        raise ValueError(f"reference image {path}: not a file")
-    return _open_checked(path, f"reference image {path}")
+    return open_image_file(path, MIN_SIDE, MAX_SIDE)
 
 
 def load_reference_bytes(data: bytes, name: str = "image") -> Image.Image:
     """An uploaded image (a server's edit request), with the checks of `load_reference_image`."""
-    if not data:
-        raise ValueError(f"{name}: the file is empty")
-    return _open_checked(io.BytesIO(data), name)
-
-
-def _open_checked(source, label: str) -> Image.Image:
-    try:
-        with Image.open(source) as image:
-            # Size and mode come from the header: check them before decoding any pixel.
-            width, height = image.size
-            if min(width, height) < MIN_SIDE:
-                raise ValueError(f"{label}: {width}x{height} (WxH) is too small, "
-                                 f"each side must be at least MIN_SIDE={MIN_SIDE} px")
-            if max(width, height) > MAX_SIDE:
-                raise ValueError(f"{label}: {width}x{height} (WxH) is too large, "
-                                 f"each side must be at most MAX_SIDE={MAX_SIDE} px")
-            if image.mode not in RGB_CONVERTIBLE_MODES:
-                raise ValueError(f"{label}: mode {image.mode!r} is not supported "
-                                 f"(supported: {', '.join(RGB_CONVERTIBLE_MODES)}); convert it to 8-bit RGB first")
-            image.load()
-            return ImageOps.exif_transpose(image).convert("RGB")
-    except Image.DecompressionBombError as err:
-        raise ValueError(f"{label}: too large to decode safely "
-                         f"(MAX_SIDE={MAX_SIDE} px): {_one_line(err)}") from None
-    except UnidentifiedImageError:   # its message names the source: an upload's is a BytesIO's repr
-        raise ValueError(f"{label}: not a readable image file (no image format PIL reads: PNG, JPEG, WebP, "
-                         "...)") from None
-    except (OSError, SyntaxError) as err:  # some plugins raise SyntaxError
-        raise ValueError(f"{label}: not a readable image file ({_one_line(err)})") from None
+    return open_image_bytes(data, name, MIN_SIDE, MAX_SIDE)
 
 
 def vae_bucket(height: int, width: int, base_size: int) -> tuple[int, int]:

@@ -1,36 +1,90 @@
-"""Wan text-to-video (Wan 2.1, Wan 2.2-A14B) from a diffusers-format checkpoint.
+"""Wan text-to-video (Wan 2.1, Wan 2.2-A14B) and image-to-video (Wan2.1-I2V, Wan2.2-I2V-A14B)
+from a diffusers-format checkpoint.
 
     dtgen run --model wan                                      # tiny default, one process
     dtgen run --model wan --world-size 2 --plan ulysses2       # 2 gloo ranks spawned here (CPU)
     torchrun --nproc-per-node 2 -m dtgen run --model wan --world-size 2 --plan cfg2 \\
         --checkpoint /path/to/Wan2.1-T2V-14B-Diffusers --height 480 --width 832 --num-frames 81
+    dtgen run --model wan --image ref.png                      # image to video, the tiny I2V default
+    dtgen run --model wan --image ref.png --checkpoint /path/to/Wan2.1-I2V-14B-480P-Diffusers
 
 With no --checkpoint, a tiny random model is written once (diffusers format) into the cache
-folder and loaded through the real loader. Writes the MP4 (PyAV's own H.264 encoder), prints
+folder and loaded through the real loader (with --image, Wan2.1-I2V's layout). With --image and
+no --height / --width, the video keeps the image's aspect ratio at about the default area
+(480 x 832 on a checkpoint), each side a multiple of 16. Writes the MP4 (PyAV's own H.264 encoder), prints
 a per-stage timing table and, with --report, a JSON report. Plans: placements/wan.py.
 
 `python -m examples.wan_t2v` runs the same command.
 """
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from dtgen.diffusion_command import DiffusionCommand
-from dtgen.harness import example_main
 from dtgen.layers.t5 import load_tokenizer
 from dtgen.requests import RequestError, flag_line
 from models.registry import checkpoint_problem
 from models.wan.model import LORA_PREFIXES, WanConfigs, load
-from models.wan.pipeline import T2VRequest, WanT2VPipeline
-from models.wan.tiny import ensure_tiny_checkpoint
+from models.wan.pipeline import SIZE_MULTIPLE, T2VRequest, WanT2VPipeline, open_reference, reference_size
+from models.wan.tiny import ensure_tiny_checkpoint, ensure_tiny_i2v_checkpoint
 from placements.wan import PLANS, get_plan
 
 
+@dataclass(frozen=True)
+class WanCommand(DiffusionCommand):
+    """The diffusion command, with image to video's choices: --image (a server: --image-to-video)
+    without --checkpoint runs the tiny image-to-video default, and without --height / --width
+    the video takes the image's aspect ratio."""
+
+    def build_parser(self, prog: str | None = None, description: str | None = None,
+                     cli: bool = True) -> argparse.ArgumentParser:
+        p = super().build_parser(prog, description, cli)
+        if not cli:   # a server's requests bring their images: only which tiny default is its choice
+            p.add_argument("--image-to-video", action="store_true",
+                           help="without --checkpoint: serve the tiny image-to-video default (Wan2.1-I2V's layout; "
+                                "every request brings input_reference)")
+        return p
+
+    def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
+        i2v = getattr(args, "image", None) is not None or getattr(args, "image_to_video", False)
+        return ensure_tiny_i2v_checkpoint() if i2v else self.ensure_tiny()
+
+    def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
+        """A server's defaults have no image (each request brings its own): on an image-to-video
+        checkpoint they are checked as any request but for the image."""
+        temporal, spatial, two_experts, image_to_video = self.pipeline.check_args(self.configs(folder))
+        req.check(temporal, spatial, two_experts, image_to_video if hasattr(args, "image") else None)
+
+    def prepare(self, args: argparse.Namespace) -> tuple[str | None, bool]:
+        if getattr(args, "image_to_video", False) and args.checkpoint is not None:
+            return ("--image-to-video picks the tiny default; a --checkpoint's model_index.json says whether it makes "
+                    "video from an image"), False
+        if getattr(args, "image", None) is not None and args.height is None and args.width is None:
+            try:
+                reference = open_reference(args.image)
+            except RequestError as e:
+                return flag_line(e, self.flag_of_field), args.checkpoint is None
+            defaults = self.tiny_defaults if args.checkpoint is None else self.checkpoint_defaults
+            args.height, args.width = reference_size(reference, defaults["height"] * defaults["width"], SIZE_MULTIPLE)
+        problem, tiny = super().prepare(args)
+        if problem is None and getattr(args, "prompt", None) is not None:
+            # the prompts' lengths against what the text encoder reads (the server's check too)
+            from models.wan.serving import check_prompt_lengths
+            try:
+                check_prompt_lengths(load_tokenizer(Path(args.checkpoint) / "tokenizer"), self.request_from_args(args))
+            except RequestError as e:
+                problem = flag_line(e, self.flag_of_field)
+        return problem, tiny
+
+
 def describe(args, main: dict) -> str:
-    return f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
+    made = f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
+    return made if getattr(args, "image", None) is None else f"{made}, from {args.image}"
 
 
-COMMAND = DiffusionCommand(
+COMMAND = WanCommand(
     name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], request=T2VRequest,
     default_prompt="A red fox runs through fresh snow at golden hour, cinematic", output="outputs/wan_t2v.mp4",
     fp8_reach=("the DiT blocks' linears", "the DiT self-attention"), plans=PLANS, get_plan=get_plan,
@@ -40,27 +94,8 @@ COMMAND = DiffusionCommand(
     loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter",
     lora_prefixes=LORA_PREFIXES)
 
-
-
-def prepare(args) -> tuple[str | None, bool]:
-    """The command's checks, then the prompts' lengths against what the text encoder reads
-    (models.wan.serving.check_prompt_lengths, the server's check too)."""
-    from models.wan.serving import check_prompt_lengths
-    problem, tiny = COMMAND.prepare(args)
-    if problem is None and getattr(args, "prompt", None) is not None:
-        try:
-            check_prompt_lengths(load_tokenizer(Path(args.checkpoint) / "tokenizer"), COMMAND.request_from_args(args))
-        except RequestError as e:
-            problem = flag_line(e, COMMAND.flag_of_field)
-    return problem, tiny
-
-
 # The registry's command pieces (dtgen/registry.py): the command's, bound to Wan.
-build_parser, finish_args, parse_args, request_from_args = (
-    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.request_from_args)
-build_pipeline, run_rank, write_report, serve_adapter = (
-    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.serve_adapter)
-
-
-def main(argv=None, prog: str | None = None) -> int:
-    return example_main(parse_args(argv, prog), prepare, run_rank, write_report, (__name__,))
+build_parser, finish_args, parse_args, prepare, request_from_args = (
+    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.prepare, COMMAND.request_from_args)
+build_pipeline, run_rank, write_report, main, serve_adapter = (
+    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.main, COMMAND.serve_adapter)

@@ -1,4 +1,5 @@
-"""Wan text-to-video: encode the prompt, denoise with CFG, decode the video (diffusers' WanPipeline).
+"""Wan text-to-video and image-to-video: encode the prompt (and the reference image), denoise with
+CFG, decode the video (diffusers' WanPipeline and WanImageToVideoPipeline).
 
 Three phases over one resident copy of the weights (placements/wan.py): `encode` runs UMT5 on
 the prompt and the negative prompt; `denoise` runs the DiT once per step on both CFG rows (as
@@ -19,27 +20,67 @@ enter the blocks, the last block's rows are what a cache keeps, the final layer 
 make the prediction); the framework builds every call from them (dtgen/denoiser_calls.py).
 One step cache per request, call site (the CFG batch of 2 is one, with two rows; on a CFG axis
 each rank's branch is one) and expert, made for the request and dropped with it.
+
+Image to video (an I2V checkpoint, `WanConfigs.image_to_video`) starts from a reference image
+(`T2VRequest.image`); its `encode` also makes, as WanImageToVideoPipeline does, the condition:
+the image resized to the video (Lanczos), then the video of that first frame and zero frames
+VAE-encoded (`WanVAE.encode`, normalized), behind the frame mask (4 channels per latent frame:
+1 where a video frame is the reference, the first latent frame's 4 from the one first frame);
+[mask, latents] is concatenated to the noise on the channel axis at every step (16 + 4 + 16 =
+the DiT's 36 input channels). Wan2.1-I2V also attends to the image's CLIP features (the folder's
+image processor's resize and crop, the tower's penultimate hidden state) in every cross-attention,
+the same rows for both CFG branches. The image does not change the schedule or the shapes, so
+image-to-video requests batch as text-to-video ones do; each member keeps its own condition.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 import torch
+from PIL import Image
 
 from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
 from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
 from dtgen.layers.t5 import encode_prompt_embeds
+from dtgen.layers.wan_vae_parallel import parallel_encode
+from dtgen.reference_images import ReferenceImage, open_image_file
 from dtgen.requests import RequestError, check_multiple, nearest_valid
-from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, request_field, seed_field,
-                          side_field, size_field, step_cache_field, steps_field)
+from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, reference_image_field,
+                          request_field, seed_field, side_field, size_field, step_cache_field, steps_field)
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
 
 from .transformer import WanTransformer
 
 MAX_FRAMES = 1001
 TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded (with zeros) to it
+# The side every Wan video's height and width are a multiple of: the Wan 2.1 VAE's 8 x the 2 x 2 patches.
+SIZE_MULTIPLE = 16
+# A reference image's sides: below one 16-px token there is nothing to start from; the upper
+# bound keeps the decode under Pillow's decompression-bomb size (the video is resized anyway).
+REFERENCE_MIN_SIDE, REFERENCE_MAX_SIDE = 16, 8192
+
+
+def reference_size(image: ReferenceImage, area: int, multiple: int) -> tuple[int, int]:
+    """(height, width) of about `area` pixels with the image's aspect ratio, each a multiple of
+    `multiple` (the model's VAE x patch side), as WanImageToVideoPipeline's example sizes it."""
+    aspect = image.height / image.width
+    height = round(math.sqrt(area * aspect)) // multiple * multiple
+    width = round(math.sqrt(area / aspect)) // multiple * multiple
+    return max(height, multiple), max(width, multiple)
+
+
+def open_reference(path: str | Path) -> ReferenceImage:
+    """`--image FILE` as a checked reference image (`RequestError` naming `image` otherwise)."""
+    try:
+        return ReferenceImage.from_pil(open_image_file(path, REFERENCE_MIN_SIDE, REFERENCE_MAX_SIDE, str(path)),
+                                       str(path))
+    except ValueError as e:
+        raise RequestError("image", str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -66,13 +107,31 @@ class T2VRequest:
     seed: int = seed_field()
     step_cache: StepCacheConfig | str | dict | None = step_cache_field()
     loras: tuple[tuple[str, float], ...] = loras_field()
+    # Image to video: the first frame (a path is opened and checked here, once per process).
+    image: ReferenceImage | None = reference_image_field(
+        "image to video (an I2V checkpoint): the image file the video starts from (the server: a multipart file); "
+        "its aspect ratio sizes the video unless a size is given")
 
-    def check(self, temporal: int, spatial: int, two_experts: bool | None = None) -> None:
+    def __post_init__(self):
+        if isinstance(self.image, (str, Path)):
+            object.__setattr__(self, "image", open_reference(self.image))
+
+    def check(self, temporal: int, spatial: int, two_experts: bool | None = None,
+              image_to_video: bool | None = None) -> None:
         """`RequestError(field, message)` for the first field the model cannot take, before
         any work: the CLI's and the server's one check. `temporal`, `spatial`: frames per
         latent frame, pixels per token side (VAE x patch); `two_experts`: whether the
-        checkpoint has Wan2.2-A14B's second DiT (None: not known here)."""
-        check_bounds(self)
+        checkpoint has Wan2.2-A14B's second DiT; `image_to_video`: whether it starts from a
+        reference image (None: either not known here)."""
+        if self.image is not None and not isinstance(self.image, ReferenceImage):
+            raise RequestError("image", f"must be an image file, got {type(self.image).__name__}")
+        check_bounds(self, skip=("image",))
+        if image_to_video is False and self.image is not None:
+            raise RequestError("image", "this checkpoint makes video from text (WanPipeline); image to video needs "
+                                        "an image-to-video checkpoint (WanImageToVideoPipeline)")
+        if image_to_video and self.image is None:
+            raise RequestError("image", "is required: this checkpoint makes video from an image "
+                                        "(WanImageToVideoPipeline); give the first frame")
         if (self.num_frames - 1) % temporal:
             lo, hi = nearest_valid(self.num_frames, temporal, 1)
             raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
@@ -95,6 +154,29 @@ class T2VRequest:
 T2VResult = result_type("T2VResult", "video", __name__)
 
 
+class I2VContext(NamedTuple):
+    """What an image-to-video request's denoise calls read (a member's `context`)."""
+    text: torch.Tensor              # [2, TEXT_LENGTH, text_dim]: the prompt's and the negative prompt's
+    image: torch.Tensor | None      # [1, N, image_dim] CLIP features (Wan2.1-I2V), else None
+    condition: torch.Tensor         # [1, 4 + z, T, h, w] float32: the frame mask, then the reference's latents
+
+
+def frame_mask(num_frames: int, temporal: int, latent_hw: tuple[int, int]) -> torch.Tensor:
+    """WanImageToVideoPipeline's mask [1, temporal, T, h, w]: 1 on the reference frame, 0 on the
+    others; the first video frame stands for the first latent frame's `temporal` frames."""
+    mask = torch.zeros(1, 1, num_frames, *latent_hw)
+    mask[:, :, 0] = 1
+    mask = torch.cat([mask[:, :, :1].repeat_interleave(temporal, dim=2), mask[:, :, 1:]], dim=2)
+    return mask.view(1, -1, temporal, *latent_hw).transpose(1, 2)
+
+
+def vae_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """diffusers' VideoProcessor.preprocess of a PIL image: Lanczos resize to (width, height),
+    / 255 in float32, to [-1, 1]: [1, 3, height, width]."""
+    resized = np.array(image.resize((width, height), resample=Image.Resampling.LANCZOS)).astype(np.float32) / 255.0
+    return torch.from_numpy(resized).permute(2, 0, 1)[None] * 2.0 - 1.0
+
+
 class WanT2VPipeline(DiffusionPipeline):
     """Wan's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
     (dtgen/denoise_loop.py): requests of one bucket run as rows of one batch, each member's
@@ -110,11 +192,36 @@ class WanT2VPipeline(DiffusionPipeline):
         frames = (req.num_frames - 1) // vae.temporal_factor + 1
         return (1, vae.z_dim, frames, req.height // vae.spatial_factor, req.width // vae.spatial_factor)
 
-    def encode(self, req: T2VRequest) -> torch.Tensor:
-        """[2, TEXT_LENGTH, text_dim]: the prompt's and the negative prompt's embeddings."""
+    def encode(self, req: T2VRequest) -> torch.Tensor | I2VContext:
+        """[2, TEXT_LENGTH, text_dim]: the prompt's and the negative prompt's embeddings; image to
+        video: those with the reference's CLIP features and condition (`I2VContext`)."""
         ids, mask = self.tokenizer([req.prompt, req.negative_prompt], max_length=TEXT_LENGTH)
-        return encode_prompt_embeds(self.model.text_encoder, ids.to(self.device), mask.to(self.device), TEXT_LENGTH,
+        text = encode_prompt_embeds(self.model.text_encoder, ids.to(self.device), mask.to(self.device), TEXT_LENGTH,
                                     dtype=self.dtype)
+        if not self.model.cfgs.image_to_video:
+            return text
+        return I2VContext(text, self.image_features(req), self.condition(req))
+
+    def image_features(self, req: T2VRequest) -> torch.Tensor | None:
+        """Wan2.1-I2V: the reference's CLIP features [1, N, image_dim] (WanImageToVideoPipeline's
+        `encode_image`: the image processor's pixels, the penultimate hidden state); None without
+        an image encoder (Wan2.2-I2V-A14B)."""
+        if self.model.image_encoder is None:
+            return None
+        pixels = self.model.cfgs.image_processor(req.image.pil()).to(self.device)
+        return self.model.image_encoder(pixels)
+
+    def condition(self, req: T2VRequest) -> torch.Tensor:
+        """[1, 4 + z, T, h, w] float32: the frame mask, then the normalized latents of the video
+        whose first frame is the reference (resized to the request's size) and the rest zeros
+        (encoded split over `vae_group` when the pipeline has one, as its decode)."""
+        vae = self.model.vae
+        first = vae_pixels(req.image.pil(), req.height, req.width).to(self.device).unsqueeze(2)
+        video = torch.cat([first, first.new_zeros(1, 3, req.num_frames - 1, req.height, req.width)], dim=2)
+        # split by rows over the VAE's group where there is one, as the decode (every rank takes part)
+        latents = (vae.encode(video) if self.vae_group is None else parallel_encode(vae, video, self.vae_group)).float()
+        mask = frame_mask(req.num_frames, vae.cfg.temporal_factor, tuple(latents.shape[3:])).to(latents.device)
+        return torch.cat([mask, latents], dim=1)
 
     # ---- the denoise loop's model (dtgen/denoise_loop.py) ---------------------------------
     def guidance(self, req: T2VRequest, dit: WanTransformer) -> float:
@@ -136,10 +243,21 @@ class WanT2VPipeline(DiffusionPipeline):
 
     def denoise_call(self, rt, segment: Segment, t: torch.Tensor, rows: CallRows) -> DenoiserCall:
         """One DiT evaluation on a call's rows: each member's latents and text rows, its CFG
-        branches as rows of the batch (Wan's text is always TEXT_LENGTH rows: nothing to pad)."""
-        x = rows.latents.to(self.dtype)
-        text = rows.take([m.context for m in rows.members])
-        return self.calls(rt, segment.denoiser, x, t.expand(x.shape[0]).to(self.device), text)
+        branches as rows of the batch (Wan's text is always TEXT_LENGTH rows: nothing to pad).
+        Image to video: each member's condition beside its latents on the channel axis, and its
+        image features (the same rows for every branch) where the DiT attends to them."""
+        contexts = [m.context for m in rows.members]
+        timestep = t.expand(rows.latents.shape[0]).to(self.device)
+        if not isinstance(contexts[0], I2VContext):
+            x = rows.latents.to(self.dtype)
+            return self.calls(rt, segment.denoiser, x, timestep, rows.take(contexts))
+        per = len(rows.branches)
+        condition = torch.cat([c.condition.expand(per, *c.condition.shape[1:]) for c in contexts])
+        x = torch.cat([rows.latents, condition], dim=1).to(self.dtype)   # as the reference casts it
+        args = (x, timestep, rows.take([c.text for c in contexts]))
+        if segment.denoiser.cfg.image_tokens:
+            args += (torch.cat([c.image.expand(per, *c.image.shape[1:]) for c in contexts]).to(self.dtype),)
+        return self.calls(rt, segment.denoiser, *args)
 
     def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
         """The guided prediction in the DiT's dtype (as WanPipeline combines it)."""
@@ -149,11 +267,11 @@ class WanT2VPipeline(DiffusionPipeline):
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     @staticmethod
-    def check_args(cfgs) -> tuple[int, int, bool]:
+    def check_args(cfgs) -> tuple[int, int, bool, bool]:
         """`T2VRequest.check`'s: frames per latent frame, pixels per token side, whether the
-        checkpoint has Wan2.2-A14B's second expert."""
+        checkpoint has Wan2.2-A14B's second expert, whether it makes video from an image."""
         return (cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
-                cfgs.transformer_2 is not None)
+                cfgs.transformer_2 is not None, cfgs.image_to_video)
 
     def sampler(self, req: T2VRequest):
         return make_sampler(req.sampler, req.steps, req.shift)

@@ -1,4 +1,4 @@
-"""The Wan 2.1 / 2.2 text-to-video DiT (diffusers' `WanTransformer3DModel`) as plain modules.
+"""The Wan 2.1 / 2.2 DiT (diffusers' `WanTransformer3DModel`), text- and image-to-video, as plain modules.
 
 No module here knows about process groups. Parameter names and shapes are exactly diffusers'
 state-dict keys, so a diffusers checkpoint loads by name:
@@ -14,6 +14,10 @@ state-dict keys, so a diffusers checkpoint loads by name:
     blocks.N.norm2.{weight, bias} [D]                         only with cross_attn_norm
     blocks.N.ffn.net.0.proj.{weight [ffn, D], bias}, blocks.N.ffn.net.2.{weight [D, ffn], bias}
     proj_out.{weight [pt*ph*pw*C_out, D], bias}, scale_shift_table [1, 2, D]
+  Wan2.1-I2V only (image_dim, added_kv_proj_dim set):
+    condition_embedder.image_embedder.{norm1, norm2}.{weight, bias}, .ff.net.0.proj, .ff.net.2
+                                                              CLIP features -> D (LN, GELU MLP, LN)
+    blocks.N.attn2.add_{k,v}_proj.{weight [D, added_kv], bias}, blocks.N.attn2.norm_added_k.weight [D]
 
 Forward, in three separately callable pieces (how the framework shards the token rows over
 sequence-parallel ranks: every rank runs `blocks_forward` on its rows with those rows' RoPE):
@@ -25,7 +29,11 @@ Tokens are the patches in (frame, row, column) order. The self-attention (attn1)
 rotated); the whole video is ONE bidirectional image block of the `AttentionMeta`. Rows past
 the real sequence (sequence-parallel padding) are harmless: everything else is per row, and
 the meta's image block hides them from the real rows. Cross-attention (attn2) attends each
-video row to all text rows without a mask (as diffusers does for T2V) and stays local.
+video row to all text rows without a mask (as diffusers does) and stays local; with image tokens
+it also attends each row to the image rows through their own key / value projections and adds
+the two attentions' outputs before `to_out` (diffusers' I2V processor). Image to video's
+condition channels (mask and reference latents) are input channels like the noise's: only
+`in_channels` (36) says so.
 
 RoPE is 3-D: head_dim hd splits into t = hd - 4*(hd // 6), h = w = 2*(hd // 6) channels (128 ->
 44 / 42 / 42), each axis with its own frequencies theta^(-2i/dim) over its own dim, and the
@@ -59,17 +67,20 @@ from dtgen.layers.norms import RMSNorm, layer_norm_f32
 from dtgen.layers.rope import apply_rope, grid_positions, rope_angles
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
 
-# Keys whose only supported value is "unset": they switch on the I2V / FLF2V image branch.
-_MUST_BE_NONE = ("image_dim", "added_kv_proj_dim", "pos_embed_seq_len")
+# Keys whose only supported value is "unset": FLF2V's learned positions of its two images.
+_MUST_BE_NONE = ("pos_embed_seq_len",)
 
 
 @dataclass(frozen=True)
 class WanTransformerConfig(JsonConfig):
     """The DiT's `transformer/config.json`: field names and defaults are diffusers'
-    `WanTransformer3DModel.__init__` arguments. Only the text-to-video variant is supported (Wan
-    2.1 T2V, Wan 2.2 T2V A14B and TI2V-5B used for text-to-video). Image-conditioned variants (an
-    image embedder, added K/V projections in the cross-attention) are refused by key, as is any
-    key this module does not know: a silent default could change the architecture."""
+    `WanTransformer3DModel.__init__` arguments. Text-to-video (Wan 2.1 T2V, Wan 2.2 T2V A14B,
+    TI2V-5B used for text-to-video) and image-to-video: Wan2.1-I2V's image tokens (`image_dim`:
+    the CLIP features' width, embedded and attended through the cross-attention's added key /
+    value projections of width `added_kv_proj_dim`) and the condition channels on the input
+    (`in_channels` 36: 16 noise, 4 mask, 16 condition latents; Wan2.2-I2V-A14B has those alone).
+    FLF2V's image positions (`pos_embed_seq_len`) are refused by key, as is any key this module
+    does not know: a silent default could change the architecture."""
 
     patch_size: tuple[int, int, int] = (1, 2, 2)
     num_attention_heads: int = 40
@@ -84,6 +95,8 @@ class WanTransformerConfig(JsonConfig):
     qk_norm: str = "rms_norm_across_heads"
     eps: float = 1e-6
     rope_max_seq_len: int = 1024
+    image_dim: int | None = None
+    added_kv_proj_dim: int | None = None
     # Not a config.json key: diffusers hard-codes it (WanRotaryPosEmbed's theta).
     rope_theta: float = 10000.0
     raw: dict = field(default_factory=dict, repr=False, compare=False)
@@ -96,7 +109,11 @@ class WanTransformerConfig(JsonConfig):
     def from_dict(cls, d: dict[str, Any]) -> "WanTransformerConfig":
         for key in _MUST_BE_NONE:
             if d.get(key) is not None:
-                raise ValueError(f"Wan transformer config: '{key}'={d[key]!r} (image conditioning) is not supported")
+                raise ValueError(f"Wan transformer config: '{key}'={d[key]!r} (first-last-frame positions) "
+                                 "is not supported")
+        if (d.get("image_dim") is None) != (d.get("added_kv_proj_dim") is None):
+            raise ValueError("Wan transformer config: 'image_dim' and 'added_kv_proj_dim' are set together "
+                             "(image tokens need both the embedder and the added K/V projections)")
         qk_norm = d.get("qk_norm", "rms_norm_across_heads")
         if qk_norm != "rms_norm_across_heads":
             raise ValueError(f"Wan transformer config: 'qk_norm'={qk_norm!r} is not supported "
@@ -112,6 +129,11 @@ class WanTransformerConfig(JsonConfig):
         if kw.get("attention_head_dim", cls.attention_head_dim) % 2:
             raise ValueError("Wan transformer config: 'attention_head_dim' must be even (RoPE pairs)")
         return cls(**kw, raw=dict(d))
+
+    @property
+    def image_tokens(self) -> bool:
+        """Whether the cross-attention also attends to image tokens (Wan2.1-I2V)."""
+        return self.image_dim is not None
 
 
 # diffusers' `_keep_in_fp32_modules` (less "rope", whose tables are computed, not stored): the
@@ -162,6 +184,36 @@ def rope_cos_sin(grid: tuple[int, int, int], head_dim: int, theta: float = 10000
 # --------------------------------------------------------------------------------------
 # Conditioning
 # --------------------------------------------------------------------------------------
+class AffineLayerNorm(nn.Module):
+    """diffusers' FP32LayerNorm with its affine weight and bias (eps 1e-5, torch's default)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param(dim)
+        self.bias = empty_param(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm_f32(x, self.eps, self.weight, self.bias).to(x.dtype)
+
+
+class ImageEmbedder(nn.Module):
+    """diffusers' `WanImageEmbedding` (no positions): norm1 -> Linear, GELU (erf), Linear ->
+    norm2, the CLIP features [B, N, image_dim] -> [B, N, D]."""
+
+    def __init__(self, image_dim: int, dim: int):
+        super().__init__()
+        self.norm1 = AffineLayerNorm(image_dim)
+        self.ff = nn.Module()   # diffusers' FeedForward(mult=1, "gelu"): keys ff.net.0.proj, ff.net.2
+        self.ff.net = nn.ModuleList([nn.Module(), nn.Identity(), Linear(image_dim, dim)])
+        self.ff.net[0].proj = Linear(image_dim, image_dim)
+        self.norm2 = AffineLayerNorm(dim)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        h = F.gelu(self.ff.net[0].proj(self.norm1(image)))
+        return self.norm2(self.ff.net[2](h))
+
+
 class ConditionEmbedder(nn.Module):
     def __init__(self, cfg: WanTransformerConfig):
         super().__init__()
@@ -170,6 +222,7 @@ class ConditionEmbedder(nn.Module):
         self.time_embedder = TwoLayerMLP(cfg.freq_dim, D, "silu")
         self.time_proj = Linear(D, 6 * D)
         self.text_embedder = TwoLayerMLP(cfg.text_dim, D, "gelu_tanh")
+        self.image_embedder = ImageEmbedder(cfg.image_dim, D) if cfg.image_tokens else None
 
     def time(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """timestep [B, T] -> temb [B, T, D] (in `dtype`), temb_proj [B, T, 6, D]."""
@@ -186,9 +239,11 @@ class ConditionEmbedder(nn.Module):
 # Block
 # --------------------------------------------------------------------------------------
 class Attention(nn.Module):
-    """attn1 (self, through `core`, with RoPE) or attn2 (video rows -> text rows, local)."""
+    """attn1 (self, through `core`, with RoPE) or attn2 (video rows -> text rows, local; with
+    `added_kv_dim`, also -> image rows through their own key / value projections, the two
+    attentions' outputs summed before to_out, as diffusers' I2V processor does)."""
 
-    def __init__(self, dim: int, head_dim: int, eps: float, self_attention: bool):
+    def __init__(self, dim: int, head_dim: int, eps: float, self_attention: bool, added_kv_dim: int | None = None):
         super().__init__()
         self.head_dim = head_dim
         self.to_q = Linear(dim, dim)
@@ -201,6 +256,10 @@ class Attention(nn.Module):
         if self_attention:
             # Swapped per phase by the parallel runtime (Ulysses, ring, ...); same signature.
             self.core: nn.Module = LocalAttention()
+        if added_kv_dim is not None:
+            self.add_k_proj = Linear(added_kv_dim, dim)
+            self.add_v_proj = Linear(added_kv_dim, dim)
+            self.norm_added_k = RMSNorm(dim, eps, rounding="torch")
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         # Local head count read off the weights: [B, S, heads * hd] -> [B, S, heads, hd].
@@ -216,12 +275,16 @@ class Attention(nn.Module):
         out = self.core(q, k, v, meta, None)
         return self.to_out[0](out.flatten(2).to(q.dtype))
 
-    def cross(self, x: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def cross(self, x: torch.Tensor, text: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         q = self._heads(self.norm_q(self.to_q(x))).transpose(1, 2)
         k = self._heads(self.norm_k(self.to_k(text))).transpose(1, 2)
         v = self._heads(self.to_v(text)).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.to_out[0](out.transpose(1, 2).flatten(2).to(q.dtype))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2).to(q.dtype)
+        if image is not None:
+            k_img = self._heads(self.norm_added_k(self.add_k_proj(image))).transpose(1, 2)
+            v_img = self._heads(self.add_v_proj(image)).transpose(1, 2)
+            out = out + F.scaled_dot_product_attention(q, k_img, v_img).transpose(1, 2).flatten(2).to(q.dtype)
+        return self.to_out[0](out)
 
 
 class WanBlock(nn.Module):
@@ -232,13 +295,15 @@ class WanBlock(nn.Module):
         D = cfg.inner_dim
         self.eps = cfg.eps
         self.attn1 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=True)
-        self.attn2 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=False)
+        self.attn2 = Attention(D, cfg.attention_head_dim, cfg.eps, self_attention=False,
+                               added_kv_dim=cfg.added_kv_proj_dim)
         self.norm2 = CrossAttnNorm(D, cfg.eps) if cfg.cross_attn_norm else None
         self.ffn = FeedForward(D, cfg.ffn_dim)
         self.scale_shift_table = empty_param(1, 6, D)
 
     def forward(self, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
+                rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta,
+                image: torch.Tensor | None = None) -> torch.Tensor:
         # Modulation in float32: temb_proj [B, T, 6, D] (T = 1, or one row per token) plus the
         # table, six [B, T, D] vectors broadcast over (or matching) the rows.
         mod = self.scale_shift_table.float() + temb_proj.float()
@@ -249,17 +314,18 @@ class WanBlock(nn.Module):
         x = (x.float() + self.attn1(h, rope, meta) * gate).to(dtype)
 
         h = x if self.norm2 is None else self.norm2(x)
-        x = x + self.attn2.cross(h, text)  # diffusers adds this residual in the activation dtype
+        x = x + self.attn2.cross(h, text, image)  # diffusers adds this residual in the activation dtype
 
         h = (layer_norm_f32(x, self.eps) * (1 + c_scale) + c_shift).to(dtype)
         return (x.float() + self.ffn(h).float() * c_gate).to(dtype)
 
 
 def run_block(block: WanBlock, x: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
-              rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta) -> torch.Tensor:
+              rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMeta,
+              image: torch.Tensor | None = None) -> torch.Tensor:
     """One block, as a free function: the unit a runtime may compile once and reuse for every
     block (the block's weights are its inputs, not its constants)."""
-    return block(x, temb_proj, text, rope, meta)
+    return block(x, temb_proj, text, rope, meta, image)
 
 
 # --------------------------------------------------------------------------------------
@@ -274,6 +340,7 @@ class WanInputs(NamedTuple):
     text: torch.Tensor         # [B, L, D] projected text
     rope: tuple[torch.Tensor, torch.Tensor]  # cos, sin [S, hd / 2] float32
     grid: tuple[int, int, int]  # patch grid (f, h, w): S = f * h * w
+    image: torch.Tensor | None = None   # [B, N, D] embedded image tokens (Wan2.1-I2V), else None
 
 
 def full_sequence_meta(rows: int, real_rows: int | None = None, device=None) -> AttentionMeta:
@@ -285,7 +352,7 @@ def full_sequence_meta(rows: int, real_rows: int | None = None, device=None) -> 
 
 
 class WanTransformer(nn.Module):
-    """diffusers' WanTransformer3DModel (text-to-video), same parameter names."""
+    """diffusers' WanTransformer3DModel (text- and image-to-video), same parameter names."""
 
     # Under sequence parallelism (dtgen/seq_split.py, diffusers' `_cp_plan`): `embed`'s per-token
     # outputs are split along their token rows (temb and temb_proj only with per-token
@@ -331,10 +398,15 @@ class WanTransformer(nn.Module):
             timestep = timestep.expand(batch)
         return self.condition_embedder.time(timestep.reshape(batch, -1), dtype)   # T = 1, or S per token
 
-    def embed(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
-              encoder_hidden_states: torch.Tensor) -> WanInputs:
-        """hidden_states [B, C, F, H, W] latents; timestep [B] (or [B, S] per token, Wan 2.2
-        TI2V-5B); encoder_hidden_states [B, L, text_dim]. Returns the blocks' inputs."""
+    def embed(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+              encoder_hidden_states_image: torch.Tensor | None = None) -> WanInputs:
+        """hidden_states [B, C, F, H, W] latents (image-to-video: the noise with its condition
+        channels); timestep [B] (or [B, S] per token, Wan 2.2 TI2V-5B); encoder_hidden_states
+        [B, L, text_dim]; encoder_hidden_states_image [B, N, image_dim], the CLIP features
+        (only and always on a DiT with image tokens). Returns the blocks' inputs."""
+        if (encoder_hidden_states_image is not None) != self.cfg.image_tokens:
+            raise ValueError("image tokens are " + ("required: this DiT attends to them" if self.cfg.image_tokens
+                                                    else "not taken: this DiT has no image embedder"))
         B = hidden_states.shape[0]
         pt, ph, pw = self.patch_size
         grid = self.patch_grid(hidden_states)
@@ -347,22 +419,29 @@ class WanTransformer(nn.Module):
         temb, temb_proj = self.time_embedding(timestep, B, encoder_hidden_states.dtype)
         text = self.condition_embedder.text_embedder(encoder_hidden_states)
         rope = rope_cos_sin(grid, self.head_dim, self.cfg.rope_theta, device=hidden_states.device)
-        return WanInputs(tokens, temb, temb_proj, text, rope, grid)
+        image = None
+        if encoder_hidden_states_image is not None:
+            image = self.condition_embedder.image_embedder(encoder_hidden_states_image)
+        return WanInputs(tokens, temb, temb_proj, text, rope, grid, image)
 
     def blocks_forward(self, tokens: torch.Tensor, temb_proj: torch.Tensor, text: torch.Tensor,
                        rope: tuple[torch.Tensor, torch.Tensor], attention_meta: AttentionMeta | None = None,
-                       start: int = 0, stop: int | None = None) -> torch.Tensor:
+                       start: int = 0, stop: int | None = None, image: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, S, D] -> [B, S, D] through blocks start..stop-1 (default: every block; a
         step cache runs a part of them, dtgen/step_cache.py).
 
         rope: the cos/sin rows of these token rows. temb_proj [B, T, 6, D]: with T > 1 (per-token
         timesteps) it must hold the same rows as `tokens` (slice/pad it alike). Padding rows
         need finite values (zeros are fine): attention multiplies masked-out values by zero.
+        image: the embedded image tokens [B, N, D] (Wan2.1-I2V), else None.
         """
         if attention_meta is None:
             attention_meta = full_sequence_meta(tokens.shape[1], device=tokens.device)
         for block in self.blocks[start:stop]:
-            tokens = self.run_block(block, tokens, temb_proj, text, rope, attention_meta)
+            if image is None:   # the text-to-video call, as before
+                tokens = self.run_block(block, tokens, temb_proj, text, rope, attention_meta)
+            else:
+                tokens = self.run_block(block, tokens, temb_proj, text, rope, attention_meta, image)
         return tokens
 
     def final_layer(self, tokens: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
@@ -391,7 +470,7 @@ class WanTransformer(nn.Module):
         return self.blocks[0].attn1.norm_q.weight.dtype
 
     def embed_time(self, hidden_states: torch.Tensor, timestep: torch.Tensor,
-                   encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+                   encoder_hidden_states: torch.Tensor, *_) -> torch.Tensor:
         """`embed`'s temb alone (a step that runs no block)."""
         return self.time_embedding(timestep, hidden_states.shape[0], encoder_hidden_states.dtype)[0]
 
@@ -400,12 +479,15 @@ class WanTransformer(nn.Module):
 
     def blocks_between(self, inputs: WanInputs, meta: AttentionMeta, tokens: torch.Tensor, carried: None,
                        start: int, stop: int | None) -> tuple[torch.Tensor, None]:
-        return self.blocks_forward(tokens, inputs.temb_proj, inputs.text, inputs.rope, meta, start, stop), None
+        return self.blocks_forward(tokens, inputs.temb_proj, inputs.text, inputs.rope, meta, start, stop,
+                                   inputs.image), None
 
     def select_rows(self, inputs: WanInputs, index: torch.Tensor) -> WanInputs:
-        """The blocks' inputs of batch rows `index` (their modulation and text; the rest is per token)."""
+        """The blocks' inputs of batch rows `index` (their modulation, text and image tokens; the
+        rest is per token)."""
+        image = None if inputs.image is None else inputs.image.index_select(0, index)
         return inputs._replace(temb_proj=inputs.temb_proj.index_select(0, index),
-                               text=inputs.text.index_select(0, index))
+                               text=inputs.text.index_select(0, index), image=image)
 
     def stream_rows(self, hidden_states: torch.Tensor, *_) -> int:
         return math.prod(self.patch_grid(hidden_states))
@@ -414,8 +496,9 @@ class WanTransformer(nn.Module):
         return self.unpatchify(out, self.patch_grid(hidden_states))
 
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                encoder_hidden_states_image: torch.Tensor | None = None,
                 attention_meta: AttentionMeta | None = None) -> torch.Tensor:
         """The model's prediction [B, C_out, F, H, W] (diffusers' `.sample`)."""
-        e = self.embed(hidden_states, timestep, encoder_hidden_states)
-        tokens = self.blocks_forward(e.tokens, e.temb_proj, e.text, e.rope, attention_meta)
+        e = self.embed(hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image)
+        tokens = self.blocks_forward(e.tokens, e.temb_proj, e.text, e.rope, attention_meta, image=e.image)
         return self.unpatchify(self.final_layer(tokens, e.temb), e.grid)

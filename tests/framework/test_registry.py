@@ -86,7 +86,11 @@ def test_a_checkpoint_is_detected_by_its_layout(tmp_path):
         f"--checkpoint {tmp_path / 'empty'}: no model_index.json there"
     assert registry.checkpoint_problem("wan", str(flux), "-") == (f"--checkpoint {flux}: a diffusers folder of "
                                                                   "'FluxPipeline'; Wan's is a diffusers folder, "
-                                                                  "model_index.json naming WanPipeline")
+                                                                  "model_index.json naming WanPipeline or "
+                                                                  "WanImageToVideoPipeline")
+    # Wan's image-to-video folders are Wan's too (one command; --image picks image to video)
+    i2v = _folder(tmp_path, "wan-i2v", {"model_index.json": {"_class_name": "WanImageToVideoPipeline"}})
+    assert registry.detect(i2v).name == "wan" and registry.checkpoint_problem("wan", str(i2v), "-") is None
 
 
 def test_the_server_chooses_the_model_from_the_checkpoint_or_model(tmp_path):

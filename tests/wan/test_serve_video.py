@@ -125,6 +125,16 @@ def test_bad_video_fields_get_422_naming_the_field(wan, body, field, message):
     assert status == 422 and answer["error"]["field"] == field and message in answer["error"]["message"], answer
 
 
+def test_an_uploaded_reference_to_a_text_to_video_checkpoint_is_refused(wan):
+    """OpenAI's `input_reference` as the multipart file it is: one 422 naming it, before any job."""
+    from tests.wan.test_serve_i2v import _png, multipart
+    base, _ = wan
+    body, kind = multipart({"prompt": "x"}, {"input_reference": ("a.png", _png(32, 32))})
+    status, answer, _ = call(base, "POST", "/v1/videos", body, content_type=kind)
+    assert status == 422 and answer["error"]["field"] == "input_reference", answer
+    assert "text only" in answer["error"]["message"] and "WanImageToVideoPipeline" in answer["error"]["message"]
+
+
 def test_an_image_request_to_a_video_model_is_refused_in_one_line(wan):
     base, _ = wan
     for path in ("/v1/images/generations", "/v1/images/edits"):

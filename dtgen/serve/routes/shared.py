@@ -115,6 +115,8 @@ class Served:
                 raise RequestError("body", "an edit is a multipart/form-data upload (an image file and the fields)")
             # decoding the image and sizing its condition is CPU work: off the event loop
             return await asyncio.to_thread(adapter.parse_edit, fields, files, form), output
+        if files and self.kind == "video":   # a video's reference image: the adapter takes or refuses it
+            return await asyncio.to_thread(adapter.parse, fields, form, files), output
         if files:
             name = sorted(files)[0]
             raise RequestError(name, "a file is not taken here (image edits: POST /v1/images/edits)")
