@@ -99,7 +99,7 @@ class DiffusionCommand:
                      cli: bool = True) -> argparse.ArgumentParser:
         """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
         without the flags only the CLI reads (the prompt, --check, --profile, --output, --report)."""
-        p = argparse.ArgumentParser(prog=prog or f"dtgen run --model {self.name}",
+        p = argparse.ArgumentParser(prog=prog or f"dtgen run --model {self.name}", allow_abbrev=False,
                                     description=description or self.description)
         p.add_argument("--checkpoint", help=f"diffusers-format {self.title} folder (default: the embedded tiny model)")
         # the request's fields; a server's requests give their prompt and reference image (an upload)

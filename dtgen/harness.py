@@ -21,6 +21,7 @@ from torch._dynamo.utils import counters
 from .compile import CompileReport, StepCompiler, graph_breaks, unique_graphs
 from .devices import parse_device, parse_dtype
 from .launch import RankContext, RankFailure, run_on_ranks, under_torchrun
+from .requests import RequestError
 
 
 # Under torchrun, how long the ranks other than 0 wait before leaving after a refused command line.
@@ -198,6 +199,9 @@ def example_main(args: argparse.Namespace, prepare: Callable, run_rank: Callable
     except RankFailure as e:  # spawned ranks; under torchrun a failure never returns here
         if e.report() is not None:
             print(f"error: {e.report()}", file=sys.stderr)
+        return 1
+    except RequestError as e:  # one process: a request the model found it cannot take, as ranks say it
+        print(f"error: {e}", file=sys.stderr)
         return 1
     main_result = next((r for r in results if r["rank"] == 0), None)
     if main_result is not None:  # under torchrun only rank 0 reports

@@ -21,6 +21,8 @@ class RequestError(ValueError):
     """A user error in one field of a request: the CLI exits 2 with it, the server answers
     422. `field` is the request's own name for it (the CLI maps it to its flag)."""
 
+    one_line = True   # raised on ranks alike: printed once, without a traceback (dtgen.launch)
+
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field

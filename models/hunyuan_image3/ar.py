@@ -198,7 +198,7 @@ class ARPhase:
         budget = 0
         for i, (ids, n, pad) in enumerate(zip(prompts, steps, padded)):
             self.stack.check_budget(len(ids) + n + 2, f"request {i}'s AR sequence (prompt + max_new_tokens + "
-                                    "<boi><img_size>)")
+                                    "<boi><img_size>)", "max_new_tokens")
             budget = max(budget, len(ids) + n + 2, len(pad))
         length = min(round_up(budget, AR_CACHE_ROUND), self.cfg.max_position_embeddings)
         N = len(reqs)
@@ -314,7 +314,9 @@ class ARPhase:
             stops.add(self.tok.instruct.answer)   # the model would start the image there
         rule = decode_rule(req, stops)
         budget = len(ids) + rule.steps + 2
-        self.stack.check_budget(budget, "AR sequence (prompt + max_new_tokens + <boi><img_size>)")
+        what = "prompt" if edit is None else "the reference image's tokens + prompt"
+        self.stack.check_budget(budget, f"AR sequence ({what} + max_new_tokens + <boi><img_size>)",
+                                "max_new_tokens" if edit is None else "image")
         # The prefill's graph is keyed by the prompt length: pad it to its bucket. Exact: the
         # padding rows sit at the slots right after the prompt, which no real row sees
         # (causal), and each decode step rewrites the next of them before any query can see

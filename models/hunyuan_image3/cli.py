@@ -86,7 +86,7 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
                  cli: bool = True):
     """The model, plan, compile and request flags; `cli=False` (a server, which adds its own):
     without the flags only the CLI reads (`CLI_ONLY`)."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
+    p = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     add = p.add_argument if cli else (lambda *a, **k: None)
     p.add_argument("--checkpoint", help="official checkpoint folder (default: the embedded tiny model)")
     p.add_argument("--random-weights", choices=("full", "full-distil", "tiny"), default=None,

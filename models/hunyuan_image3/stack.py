@@ -13,6 +13,7 @@ import torch
 
 from dtgen.attention import AttentionMeta, KVCache, KVCachePool, SlotRuns, slots_of_runs
 from dtgen.compiled_steps import CompiledSteps
+from dtgen.requests import RequestError
 from dtgen.seq_split import gather_output, split_input
 from dtgen.sequence import SlotHole
 
@@ -73,10 +74,13 @@ class DecoderStack:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def check_budget(self, length: int, what: str) -> None:
+    def check_budget(self, length: int, what: str, field: str | None = None) -> None:
+        """`field`: the request's field to name (a `RequestError`: the CLI's one line, the
+        server's 422), where a request's own content made the sequence too long."""
         if length > self.cfg.max_position_embeddings:
-            raise ValueError(f"{what} needs {length} positions; the model's max_position_embeddings is "
-                             f"{self.cfg.max_position_embeddings}")
+            message = f"{what} needs {length} positions; the model's max_position_embeddings is " \
+                      f"{self.cfg.max_position_embeddings}"
+            raise ValueError(message) if field is None else RequestError(field, message)
 
     # ---- shared step: run rows at given slots through the stack, gather them back -------
     def cache(self, rt, batch: int, length: int, reuse: str | None = None) -> KVCache:

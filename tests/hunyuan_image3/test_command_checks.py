@@ -39,3 +39,29 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_before_loading(tmp_path):
     for folder, line in cases.values():
         problem, tiny = cli.prepare(cli.parse_args(["--checkpoint", str(folder)]))
         assert not tiny and problem is not None and problem.startswith(line), problem
+
+
+def test_an_edit_too_long_for_the_model_is_one_line_naming_the_image(tmp_path):
+    """A reference image whose tokens, with the prompt, overflow the tiny model's positions is
+    found once the ranks process it: one line naming `image` on 1 and on 2 ranks (no traceback),
+    and nothing written."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    from tests.support.serve import ROOT
+    image = tmp_path / "wide.png"
+    Image.fromarray((np.random.default_rng(0).random((90, 160, 3)) * 255).astype("uint8")).save(image)
+    for ranks in (["--world-size", "1"], ["--world-size", "2", "--plan", "tp2"]):
+        output = tmp_path / "edit.png"
+        done = subprocess.run([sys.executable, "-m", "dtgen", "run", "--model", "hunyuan-image3", "--image", str(image),
+                               "--output", str(output), *ranks], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "error: image: AR sequence (the reference image's tokens + prompt + max_new_tokens + <boi><img_size>) "
+            "needs 3756 positions; the model's max_position_embeddings is 2048"], done.stderr
+        assert not output.exists()
