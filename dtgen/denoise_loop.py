@@ -1,5 +1,6 @@
-"""The denoise loop of encode -> denoise -> decode pipelines (Wan, Qwen-Image), written once:
-several requests of one batch key as rows of one batch, the single request as the batch of one.
+"""The denoise loop of every model (Wan, Qwen-Image, HunyuanImage-3's denoise phase), written
+once: several requests of one batch key as rows of one batch, the single request as the batch
+of one.
 
 The loop owns the steps. Each member (`DenoiseMember`) keeps its own latents, its own sampler
 (a multistep sampler, Wan's UniPC, keeps a history of this request's predictions: one sampler
@@ -24,20 +25,35 @@ What a model supplies (`BatchDenoiser`), and nothing of the loop:
   (`CallRows`), cut at its split points (`DenoiserCall`), its own text layout included (a
   prompt padded to the call's longest, the padding masked per row);
 - `guide(member, segment, branches)`: a member's guided prediction from its branches' rows;
-- `cfg_together`: both branches as rows of one call, or one call each;
-- `loras` (optional, `dtgen.lora.ResidentLoras`): the resident adapters; before each call the
-  loop sets which of them each row carries (its request's `loras`).
+- `cfg_together`: both branches as rows of one call, or one call each.
+What a model may supply besides (each off when absent, as Wan and Qwen-Image leave it):
+- `loras` (`dtgen.lora.ResidentLoras`): the resident adapters; before each call the loop sets
+  which of them each row carries (its request's `loras`).
+- `members_left(kept)`: members left at a boundary; `kept` are the positions, in the batch
+  before, of those that stay. For state the model keeps per row across steps (HunyuanImage-3's
+  KV cache of the text, filled by the first step and attended to by every later one).
+- `head_per_member`: the call's head takes one member's rows, so a cached step runs it member
+  after member (`run_step_shared`): the graph a request alone runs, whatever the batch.
+A call's `CallRows.step` is the step's index in the schedule (a model whose first step feeds
+more rows than the others, or whose step reads the next sigma, needs it; `t` alone does not say).
+
+A member's `run` is whatever keeps that request's share (`MemberRun`: dtgen/diffusion_run.py's
+`DiffusionRun`, HunyuanImage-3's `RequestRun`). How the steps are launched, timed and reported
+is the `clock`'s: by default each step is waited for, timed and its boundary reported before
+the next (`StepsInTurn`); `StepsAhead` launches step i before it waits for step i-1, so a
+step's host work overlaps the device time of the one before.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
+from tqdm import tqdm
 
 from .batching import BatchMembers
-from .step_cache import DenoiserCall, StepCache, make_step_cache, run_step_batch
+from .step_cache import DenoiserCall, StepCache, StepCacheConfig, make_step_cache, run_step_batch, run_step_shared
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,22 @@ def cfg_calls(rt, branches: int, together: bool) -> CfgCalls:
     return CfgCalls(calls, calls, False)
 
 
+class MemberRun(Protocol):
+    """What the loop reads and writes of one request's run: its step cache's config, its record
+    of a step (`keep_step`: the latents the step started from, the member's branch rows of the
+    prediction, the guided prediction), its step times (the loop appends them once, at the
+    end) and its step caches' report (`DiffusionRun.report_caches` says the form)."""
+
+    cache_config: StepCacheConfig | None
+    step_ms: list[float]
+
+    def keep_step(self, latents: torch.Tensor, branches: torch.Tensor, guided: torch.Tensor) -> None:
+        ...
+
+    def report_caches(self, segments: list[tuple[int, list[StepCache | None], str | None, Callable | None]]) -> None:
+        ...
+
+
 @dataclass
 class DenoiseMember:
     """One request's share of a denoise batch: its index in the batch, its request, its run
@@ -87,7 +119,7 @@ class DenoiseMember:
 
     index: int
     request: Any
-    run: Any
+    run: MemberRun
     latents: torch.Tensor
     sampler: Any
     context: Any = None
@@ -96,12 +128,14 @@ class DenoiseMember:
 
 @dataclass(frozen=True)
 class CallRows:
-    """The rows of one denoiser call: member after member, each member's `branches` in order.
-    `latents`: each member's latents once per branch, float32."""
+    """The rows of one denoiser call at step `step` (its index in the schedule): member after
+    member, each member's `branches` in order. `latents`: each member's latents once per
+    branch, float32."""
 
     latents: torch.Tensor
     members: list[DenoiseMember]
     branches: tuple[int, ...]
+    step: int
 
     def take(self, per_member: list[torch.Tensor]) -> torch.Tensor:
         """The call's rows of per-member tensors [all branches, ...] (conditional first): each
@@ -144,12 +178,77 @@ def _member_rows(out: torch.Tensor, calls: CfgCalls, j: int, n: int, branches: i
     return out[index[0]:index[0] + 1] if len(index) == 1 else out[index]
 
 
+class StepsInTurn:
+    """Each step launched, waited for (`time.perf_counter` after a device sync) and its boundary
+    reported before the next one starts: what Wan and Qwen-Image run."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def run(self, steps: int, step: Callable[[int], None], boundary: Callable[[int], bool]) -> list[float]:
+        """Runs `step(i)` for i in order; `boundary(done)` is False once no member is left.
+        Returns each step's time, ms."""
+        step_ms = []
+        for i in range(steps):
+            start = time.perf_counter()
+            step(i)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            step_ms.append((time.perf_counter() - start) * 1e3)
+            if not boundary(i + 1):
+                break
+        return step_ms
+
+
+class StepsAhead:
+    """The host one step ahead of the device (HunyuanImage-3's): step i is launched, then step i-1
+    waited for and its boundary reported, so a step's host work overlaps the device time of the
+    one before; a member that leaves there was in step i's rows, which the others do not read.
+    The first step (HunyuanImage-3's feeds the whole sequence) is waited for and reported before
+    the next launches. `timer` (dtgen/timing.py) marks the steps without waiting (CUDA events);
+    each `profiler` region begins and ends on a wait (dtgen/profiling.py); `show`: a progress
+    bar (the main rank's)."""
+
+    def __init__(self, timer, profiler, show: bool):
+        self.timer, self.profiler, self.show = timer, profiler, show
+
+    def run(self, steps: int, step: Callable[[int], None], boundary: Callable[[int], bool]) -> list[float]:
+        timer = self.timer
+        bar = tqdm(total=steps, desc="denoise", disable=not self.show, leave=False)
+
+        def report(done: int) -> bool:
+            bar.update(done - bar.n)
+            return boundary(done)
+
+        marks = [timer.mark()]
+        with self.profiler.region("denoise_first_step"):
+            step(0)
+            marks.append(timer.mark())
+            timer.wait(marks[-1])
+        going = report(1)
+        if steps > 1 and going:
+            with self.profiler.region("denoise_step", units=steps - 1):
+                for i in range(1, steps):
+                    step(i)
+                    marks.append(timer.mark())
+                    timer.wait(marks[-2])
+                    if i > 1 and not report(i):
+                        going = False
+                        break
+                timer.wait(marks[-1])
+            if going:
+                report(steps)
+        bar.close()
+        return [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
+
+
 def denoise(members: list[DenoiseMember], rt, model: BatchDenoiser, batch: BatchMembers,
-            device: torch.device) -> list[DenoiseMember]:
+            device: torch.device, clock: StepsInTurn | StepsAhead | None = None) -> list[DenoiseMember]:
     """The denoise loop of `members` (requests of one batch key) on the phase runtime `rt`.
     Each member's `latents` end denoised; returns the members still in the batch (the others
     left at a step boundary: `batch.left` says why). Every member's sampler must give the
-    same timesteps and `model.segments` the same segments (what the batch key guarantees)."""
+    same timesteps and `model.segments` the same segments (what the batch key guarantees).
+    `clock`: how the steps are launched, timed and reported (default `StepsInTurn`)."""
     if not members:
         return []
     first = members[0]
@@ -173,39 +272,49 @@ def denoise(members: list[DenoiseMember], rt, model: BatchDenoiser, batch: Batch
     adapters = getattr(model, "loras", None)
     if adapters is None and any(getattr(m.request, "loras", ()) for m in members):
         raise ValueError("loras: a request names LoRA adapters, but this pipeline has none resident")
+    head_per_member = getattr(model, "head_per_member", False)
+    members_left = getattr(model, "members_left", None)
     active = list(members)
-    for i, t in enumerate(timesteps):
-        start = time.perf_counter()
+
+    def step(i: int) -> None:
         k = segment_of[i]
         segment, layout = segments[k], layouts[k]
         n = len(active)
         outs = []
         for c, branches in enumerate(layout.calls):
-            rows = CallRows(_latent_rows(active, len(branches)), active, branches)
+            rows = CallRows(_latent_rows(active, len(branches)), active, branches, i)
             if adapters is not None:   # each row carries its request's LoRA adapters (dtgen/lora)
                 adapters.set_rows([getattr(m.request, "loras", ()) for m in active for _ in branches])
-            call = model.denoise_call(rt, segment, t, rows)
-            outs.append(run_step_batch([m.caches[k][c] for m in active], i - segment.first, call, [len(branches)] * n))
+            call = model.denoise_call(rt, segment, timesteps[i], rows)
+            caches, counts = [m.caches[k][c] for m in active], [len(branches)] * n
+            outs.append(run_step_shared(caches, i - segment.first, call, counts, [call.head] * n) if head_per_member
+                        else run_step_batch(caches, i - segment.first, call, counts))
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         if layout.split:
             out = rt.gather_cfg(out)
         for j, m in enumerate(active):
-            noise = model.guide(m, segment, _member_rows(out, layout, j, n, segment.branches))
-            if m.run.record:
-                m.run.kept["noise"].append(noise)
+            mine = _member_rows(out, layout, j, n, segment.branches)
+            noise = model.guide(m, segment, mine)
+            m.run.keep_step(m.latents, mine, noise)
             m.latents = m.sampler.step(noise, m.latents)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        ms = (time.perf_counter() - start) * 1e3
-        for m in active:
-            m.run.step_ms.append(ms)
-        gone = set(batch.boundary("denoise", i + 1, steps, [m.index for m in active]))
-        active = [m for m in active if m.index not in gone]
-        if not active:
-            return []
+
+    def boundary(done: int) -> bool:
+        nonlocal active
+        gone = set(batch.boundary("denoise", done, steps, [m.index for m in active]))
+        if gone:
+            kept = [j for j, m in enumerate(active) if m.index not in gone]
+            active = [active[j] for j in kept]
+            if active and members_left is not None:
+                members_left(kept)
+        return bool(active)
+
+    step_ms = (clock or StepsInTurn(device)).run(steps, step, boundary)
+    if not active:
+        return []
     # One report a request: with the branches on separate ranks, every branch's decisions (a
     # collective over the CFG group, which every rank reaches with the same members).
     for m in active:
+        m.run.step_ms.extend(step_ms)
         m.run.report_caches([(s.first, m.caches[k], s.name if len(segments) > 1 else None,
                               rt.gather_cfg if layout.split else None)
                              for k, (s, layout) in enumerate(zip(segments, layouts))])

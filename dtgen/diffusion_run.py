@@ -105,6 +105,11 @@ class DiffusionRun:
             raise ValueError(f"latents of shape {tuple(latents.shape)} do not fit the request; expected {tuple(shape)}")
         return latents.float().to(self.device)
 
+    def keep_step(self, latents: torch.Tensor, branches: torch.Tensor, guided: torch.Tensor) -> None:
+        """A step's record (dtgen/denoise_loop.py `MemberRun`): with `record`, its guided prediction."""
+        if self.record:
+            self.kept["noise"].append(guided)
+
     def report_caches(self, segments: list[tuple[int, list[StepCache | None], str | None, Callable | None]]) -> None:
         """`kept["step_cache"]`: which steps ran in full and which were reused, for the whole
         request (nothing without a step cache). `segments`: one per run of steps on one

@@ -2,7 +2,8 @@
 
 `DenoisePhase` is the denoise part of `HunyuanT2IPipeline` (pipeline.py). Its full step and a
 step cache's head are compiled here, once per phase object, through the pipeline's
-`CompiledSteps`. Requests of one denoise shape (`denoise_key`) run as rows of one batch;
+`CompiledSteps`. Requests of one denoise shape (`denoise_key`) run as rows of one batch
+through the shared denoise loop (dtgen/denoise_loop.py), whose calls `DenoiseRows` gives;
 `run_denoise` is the batch of one.
 """
 from __future__ import annotations
@@ -11,13 +12,13 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-from tqdm import tqdm
 
+from dtgen import denoise_loop
 from dtgen.attention import KVCache
 from dtgen.batching import BatchMembers, per_member
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.layers.flow_match import classifier_free_guidance, euler_step, flow_match_sigmas
-from dtgen.step_cache import DenoiserCall, make_step_cache, merged_report, run_step_shared
+from dtgen.step_cache import DenoiserCall
 
 from .diffusion_sequence import DiffusionSequence
 from .instruct import ConditionTokens, splice_rows
@@ -155,189 +156,153 @@ class DenoisePhase:
 
     def run_denoise_batch(self, members: list[DenoiseMember], batch: BatchMembers,
                           in_batch: list[int] | None = None) -> list[torch.Tensor | None]:
-        """The denoise loop, for requests of one denoise shape (`denoise_key`) as rows of one
-        batch: final latents [1, C, h, w] per member, None for one that left the batch.
-
-        Each member keeps its own initial noise (its seed), guidance, step caches (one per call
-        site), record and timings; the rows of a call are request-major (member 0's CFG
-        branches, then member 1's, ...), each with its own RoPE positions and padding hole
-        (`batched_sequence`). At every step boundary `batch.boundary("denoise", done, steps,
-        members)` says who leaves (`in_batch`: the members' indices in `batch`, default
-        0..n-1); their rows are dropped before the next step (the latents, the KV caches'
-        rows), and the others go on exactly as before. The batch of one is the plain loop."""
+        """Requests of one denoise shape (`denoise_key`) as rows of one batch, through the shared
+        denoise loop (dtgen/denoise_loop.py, with this phase's calls: `DenoiseRows`): final
+        latents [1, C, h, w] per member, None for one that left the batch. Each keeps its own
+        initial noise (its seed), guidance, step caches, record and timings. At every step
+        boundary `batch.boundary("denoise", done, steps, members)` says who leaves (`in_batch`:
+        the members' indices in `batch`, default 0..n-1); the others go on exactly as before.
+        The host runs one step ahead of the device (`StepsAhead`)."""
         index = list(range(len(members))) if in_batch is None else list(in_batch)
         keys = {denoise_key(m.req, m.seq) for m in members}
         if len(keys) != 1:
             raise ValueError(f"a denoise batch needs one denoise shape; these members have {len(keys)}")
         rt = self.controller.activate("denoise")
-        for m in members:
-            m.run.timings["phase_switch"] = self.controller.last_switch.ms
-        first_run = members[0].run
-        timer = first_run.timer
-        dev = self.device
+        if self.cfg.cfg_distilled and rt.cfg_size > 1:   # the guidance is embedded: one row, no unconditional branch
+            raise ValueError(f"plan '{self.controller.topology.resolved.plan.name}' splits the CFG branches, but "
+                             "this checkpoint is CFG-distilled (one row a step): choose a plan without a cfg axis")
         req0, seq0 = members[0].req, members[0].seq
-        steps = req0.steps
-        distilled = self.cfg.cfg_distilled
-        if distilled:     # the guidance is embedded: one row, no unconditional branch
-            if rt.cfg_size > 1:
-                raise ValueError(f"plan '{self.controller.topology.resolved.plan.name}' splits the CFG branches, but "
-                                 "this checkpoint is CFG-distilled (one row a step): choose a plan without a cfg axis")
-            groups = [[0]]
-        elif rt.cfg_size > 1:   # CFG-parallel: this half of the ranks runs one branch
-            groups = [[rt.cfg_rank]]
-        else:
-            groups = [[0, 1]] if req0.cfg_mode == "batch" else [[0], [1]]
-        # The velocity's rows after the CFG gather: each group's rows (request-major), group after group.
-        gathered = [[0], [1]] if rt.cfg_size > 1 else groups
-        branches = [[m.seq.cond_ids] if distilled else [m.seq.cond_ids, m.seq.uncond_ids] for m in members]
-        # One step cache per request and call site (a CFG branch run on its own is one), new
-        # for every request: nothing carries over to the next (dtgen/step_cache.py).
-        step_caches = [[make_step_cache(m.req.step_cache, steps) for _ in groups] for m in members]
+        sigmas = flow_match_sigmas(req0.steps, req0.flow_shift)   # float32, as the official scheduler
         # The official initial noise: drawn in bfloat16 from a CPU generator seeded by the
         # request, upcast; both CFG branches start from it.
         shape = (1, self.cfg.vae.latent_channels, seq0.height, seq0.width)
-        starts = []
-        for m in members:
+        loop_members = []
+        for k, m in zip(index, members):
+            m.run.timings["phase_switch"] = self.controller.last_switch.ms
+            m.run.cache_config, m.run.step_ms = m.req.step_cache, []   # this denoise's share of the run
             noise = m.noise
             if noise is None:
                 noise = torch.randn(shape, generator=torch.Generator().manual_seed(m.req.seed), dtype=torch.bfloat16)
             elif tuple(noise.shape) != shape:
                 raise ValueError(f"initial noise of shape {tuple(noise.shape)} does not fit the sequence; "
                                  f"expected {shape}")
-            starts.append(noise.float().to(dev))
-        latents = starts[0] if len(starts) == 1 else torch.cat(starts)
-        sigmas = flow_match_sigmas(steps, req0.flow_shift)   # float32, as the official scheduler
-        # A distilled checkpoint embeds 1000 * guidance, rounded to bf16 as the official code does.
-        embedded = [float(torch.tensor([1000.0 * m.req.guidance], dtype=torch.bfloat16)) if distilled else None
-                    for m in members]
-        # Everything a step reads from the host goes to the device once, here (and again only
-        # when members leave): a copy from pageable memory inside the loop waits for the device
-        # to drain, and the device then idles while the host checks the next call's guards
-        # (1-2 ms per branch; more on a rank whose host is slower, which the other rank then
-        # waits for in a collective).
-        caches = [self.denoise_cache(rt, len(g) * len(members), seq0, reuse=f"denoise{i}")
-                  for i, g in enumerate(groups)]
-        now = list(range(len(members)))   # positions in `members` of those still in the batch
-
-        def inputs(now: list[int]) -> list[tuple]:
-            """Per group: (ids [rows, S], the sequence of those rows, their condition, guidance)."""
-            out = []
-            for g in groups:
-                rows = [p for p in now for _ in g]   # the member of each row
-                ids = torch.stack([branches[p][b] for p in now for b in g]).to(dev)
-                seq = batched_sequence([members[p].seq for p in rows], dev)
-                cond = batched_condition([members[p].condition for p in rows])
-                values = [embedded[p] for p in rows]
-                guidance = None if not distilled else (torch.full((len(rows),), values[0], device=dev)
-                                                       if len(set(values)) == 1 else torch.tensor(values, device=dev))
-                out.append((ids, seq, cond, guidance))
-            return out
-
-        batch_in = inputs(now)
-
-        def call(i: int, g: list[int], ids, seq, cond, guidance, cache: KVCache, latents: torch.Tensor) -> torch.Tensor:
-            n = ids.shape[0]
-            t_value, t_end_value = 1000.0 * float(sigmas[i]), 1000.0 * float(sigmas[i + 1])
-            t = torch.full((n,), t_value, device=dev)
-            t_end = torch.full((n,), t_end_value, device=dev) if self.cfg.use_meanflow else None
-            if g is groups[0]:   # what the model is fed (float32 values, kept on the host)
-                f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
-                for p in now:
-                    members[p].run.record.setdefault("step_inputs", []).append(
-                        {"t": f32(t_value), "guidance": embedded[p],
-                         "t_end": f32(t_end_value) if t_end is not None else None})
-            rows = latents if len(g) == 1 else (latents.expand(len(g), -1, -1, -1) if latents.shape[0] == 1
-                                                else latents.repeat_interleave(len(g), 0))
-            # A member's head runs on its own rows (a cached step): the graph of one request's call.
-            heads = [partial(self.head_fn, t=t[:len(g)], step_rows=seq.step_rows, height=seq.height,
-                             width=seq.width) for _ in now]
-            full = partial(self.step_fn, rt, seq, ids, rows, t, cache, i == 0, cond, guidance, t_end)
-            return run_step_shared([step_caches[p][groups.index(g)] for p in now], i,
-                                   DenoiserCall(head=heads[0], full=full), [len(g)] * len(now), heads)
-
-        def step(i: int, latents: torch.Tensor) -> torch.Tensor:
-            v = rt.gather_cfg(torch.cat([call(i, g, *inp, cache, latents)
-                                         for g, inp, cache in zip(groups, batch_in, caches)]))
-            n, out = len(now), []
-            for k, p in enumerate(now):
-                if n == 1:
-                    mine = v
-                else:   # member k's rows, in branch order (cond, uncond)
-                    mine = torch.stack([v[n * sum(len(G) for G in gathered[:gi]) + k * len(G) + G.index(b)]
-                                        for b in range(len(branches[p])) for gi, G in enumerate(gathered) if b in G])
-                record = members[p].run.record
-                record.setdefault("velocity", []).append(mine)
-                record.setdefault("step_latents", []).append(latents if n == 1 else latents[k:k + 1])
-                out.append(mine if distilled
-                           else classifier_free_guidance(mine[0:1], mine[1:2], members[p].req.guidance))
-            return euler_step(latents, out[0] if n == 1 else torch.cat(out), float(sigmas[i]), float(sigmas[i + 1]))
-
-        bar = tqdm(total=steps, desc="denoise", disable=not self.is_main, leave=False)
-        finished: dict[int, torch.Tensor] = {}
-
-        def done(n: int, latents: torch.Tensor) -> torch.Tensor:
-            """Step boundary `n`: report, then drop the rows of the members that left."""
-            nonlocal now, caches, batch_in
-            bar.update(n - bar.n)
-            gone = set(batch.boundary("denoise", n, steps, [index[p] for p in now]))
-            if not gone:
-                return latents
-            keep = [k for k, p in enumerate(now) if index[p] not in gone]
-            now = [now[k] for k in keep]
-            if not now:
-                return latents
-            positions = torch.tensor(keep, device=dev)
-            latents = latents.index_select(0, positions)
-            caches = [self.stack.cache_rows(cache, torch.tensor([k * len(g) + j for k in keep for j in range(len(g))],
-                                                                device=dev)) for g, cache in zip(groups, caches)]
-            batch_in = inputs(now)
-            return latents
-
-        # The first step feeds the whole sequence (and fills the text K/V); the later ones only
-        # the image rows. Each profiled region begins and ends on a wait (dtgen/profiling.py).
-        marks = [timer.mark()]
-        with first_run.profiler.region("denoise_first_step"):
-            latents = step(0, latents)
-            marks.append(timer.mark())
-            timer.wait(marks[-1])
-        latents = done(1, latents)
-        if steps > 1 and now:
-            # The host runs one step ahead: step i is launched, then step i-1 is waited for
-            # (and reported), so a step's host work overlaps the device time of the one before.
-            with first_run.profiler.region("denoise_step", units=steps - 1):
-                for i in range(1, steps):
-                    latents = step(i, latents)
-                    marks.append(timer.mark())
-                    timer.wait(marks[-2])
-                    if i > 1:
-                        latents = done(i, latents)
-                        if not now:
-                            break
-                timer.wait(marks[-1])
-            if now:
-                latents = done(steps, latents)
-        bar.close()
-        step_ms = [timer.ms(a, b) for a, b in zip(marks, marks[1:])]
-        for k, p in enumerate(now):
-            finished[p] = latents if len(now) == 1 else latents[k:k + 1]
-        for p in finished:
-            m = members[p]
-            timings, record = m.run.timings, m.run.record
-            timings["denoise_step"] = sum(step_ms) / len(step_ms)
-            timings["denoise_first_step"] = step_ms[0]
+            loop_members.append(denoise_loop.DenoiseMember(k, m.req, m.run, noise.float().to(self.device),
+                                                           EulerSteps(sigmas), m))
+        first_run = members[0].run
+        clock = denoise_loop.StepsAhead(first_run.timer, first_run.profiler, self.is_main)
+        done = denoise_loop.denoise(loop_members, rt, DenoiseRows(self, rt, members, sigmas), batch, self.device, clock)
+        for m in done:
+            run, step_ms = m.run, m.run.step_ms
+            run.timings["denoise_step"] = sum(step_ms) / len(step_ms)
+            run.timings["denoise_first_step"] = step_ms[0]
             # Later steps apart: in full (the first, whole-sequence one left out) and cached.
-            report = merged_report(step_caches[p])
-            full = set(range(steps) if report is None else report["full_steps"])
+            report = (run.record.get("step_cache") or [None])[0]
+            full = set(range(len(step_ms)) if report is None else report["full_steps"])
             full_ms = [ms for i, ms in enumerate(step_ms) if i in full and i > 0]
             cached_ms = [ms for i, ms in enumerate(step_ms) if i not in full]
             if full_ms:
-                timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
+                run.timings["denoise_full_step"] = sum(full_ms) / len(full_ms)
             if cached_ms:
-                timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
-            if report is not None:
-                record["step_cache"] = [report]
-            record["denoise_step_ms"] = [step_ms]
-            record["latents"] = [finished[p]]
-            record["denoise_length"] = [m.seq.real_length]
-            record["denoise_batch"] = [len(members)]   # requests whose rows shared these steps (at the start)
-        return [finished.get(p) for p in range(len(members))]
+                run.timings["denoise_cached_step"] = sum(cached_ms) / len(cached_ms)
+            run.record["denoise_step_ms"] = [step_ms]
+            run.record["latents"] = [m.latents]
+            run.record["denoise_length"] = [m.context.seq.real_length]
+            run.record["denoise_batch"] = [len(members)]   # requests whose rows shared these steps (at the start)
+        latents = {m.index: m.latents for m in done}
+        return [latents.get(k) for k in index]
+
+
+class EulerSteps:
+    """The official scheduler's steps, one request's (the shared loop's sampler): Euler on
+    `flow_match_sigmas`, in float32."""
+
+    def __init__(self, sigmas: torch.Tensor):
+        self.sigmas, self.index = sigmas, 0
+        self.timesteps = 1000 * sigmas[:-1]   # what the batch's members must share
+
+    def step(self, velocity: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        i, self.index = self.index, self.index + 1
+        return euler_step(latents, velocity, float(self.sigmas[i]), float(self.sigmas[i + 1]))
+
+
+class DenoiseRows:
+    """This phase's side of the shared denoise loop for one batch (dtgen/denoise_loop.py
+    `BatchDenoiser`): its calls' rows (each member's token ids, sequence, edit condition and
+    embedded guidance, request-major), one KV cache per call site, and what each member's
+    branches guide to.
+
+    The KV caches hold the text and condition rows the first step fills and every later step
+    attends to: a member that leaves takes its rows out of them (`members_left`). Everything a
+    step reads from the host goes to the device once, here (and again only when members leave):
+    a copy from pageable memory inside the loop waits for the device to drain, and the device
+    then idles while the host checks the next call's guards (1-2 ms per branch; more on a rank
+    whose host is slower, which the other rank then waits for in a collective)."""
+
+    # A cached step's head runs on one member's rows: the graph of one request's call.
+    head_per_member = True
+
+    def __init__(self, phase: DenoisePhase, rt, members: list[DenoiseMember], sigmas: torch.Tensor):
+        self.phase, self.sigmas, self.members = phase, sigmas, members
+        self.distilled = bool(phase.cfg.cfg_distilled)   # the guidance is embedded: one row, no unconditional one
+        self.cfg_together = members[0].req.cfg_mode == "batch"
+        self.calls = denoise_loop.cfg_calls(rt, 1 if self.distilled else 2, self.cfg_together).calls
+        self.now = list(range(len(members)))   # positions in `members` of those still in the batch
+        self.caches = [phase.denoise_cache(rt, len(g) * len(members), members[0].seq, reuse=f"denoise{i}")
+                       for i, g in enumerate(self.calls)]
+        self.inputs = self._inputs()
+
+    def _inputs(self) -> list[tuple]:
+        """Per call: (ids [rows, S], the sequence of those rows, their condition, guidance)."""
+        out, dev = [], self.phase.device
+        for g in self.calls:
+            rows = [p for p in self.now for _ in g]   # the member of each row
+            ids = torch.stack([(self.members[p].seq.cond_ids, self.members[p].seq.uncond_ids)[b]
+                               for p in self.now for b in g]).to(dev)
+            seq = batched_sequence([self.members[p].seq for p in rows], dev)
+            cond = batched_condition([self.members[p].condition for p in rows])
+            values = [self.embedded(self.members[p].req) for p in rows]
+            guidance = None if not self.distilled else (torch.full((len(rows),), values[0], device=dev)
+                                                        if len(set(values)) == 1 else torch.tensor(values, device=dev))
+            out.append((ids, seq, cond, guidance))
+        return out
+
+    def embedded(self, req: T2IRequest) -> float | None:
+        """A distilled checkpoint's embedded guidance: 1000 * guidance rounded to bf16, as the official code."""
+        return float(torch.tensor([1000.0 * req.guidance], dtype=torch.bfloat16)) if self.distilled else None
+
+    def members_left(self, kept: list[int]) -> None:
+        self.now = [self.now[k] for k in kept]
+        dev = self.phase.device
+        self.caches = [self.phase.stack.cache_rows(cache, torch.tensor([k * len(g) + j for k in kept
+                                                                        for j in range(len(g))], device=dev))
+                       for g, cache in zip(self.calls, self.caches)]
+        self.inputs = self._inputs()
+
+    def segments(self, rt, timesteps: torch.Tensor, request: T2IRequest) -> list[denoise_loop.Segment]:
+        return [denoise_loop.Segment(self.phase, 0, len(timesteps), 1 if self.distilled else 2)]
+
+    def denoise_call(self, rt, segment, t, rows: denoise_loop.CallRows) -> DenoiserCall:
+        """The call of `rows` at step `rows.step`: its timesteps from the official sigmas (and
+        the next one, a meanflow checkpoint's end time); the first step feeds the whole sequence."""
+        c, i, dev = self.calls.index(rows.branches), rows.step, self.phase.device
+        ids, seq, cond, guidance = self.inputs[c]
+        n = ids.shape[0]
+        t_value, t_end_value = 1000.0 * float(self.sigmas[i]), 1000.0 * float(self.sigmas[i + 1])
+        t = torch.full((n,), t_value, device=dev)
+        t_end = torch.full((n,), t_end_value, device=dev) if self.phase.cfg.use_meanflow else None
+        if c == 0:   # what the model is fed (float32 values, kept on the host)
+            f32 = lambda v: float(torch.tensor(v, dtype=torch.float32))  # noqa: E731
+            for m in rows.members:
+                m.run.record.setdefault("step_inputs", []).append(
+                    {"t": f32(t_value), "guidance": self.embedded(m.request),
+                     "t_end": f32(t_end_value) if t_end is not None else None})
+        head = partial(self.phase.head_fn, t=t[:len(rows.branches)], step_rows=seq.step_rows, height=seq.height,
+                       width=seq.width)
+        full = partial(self.phase.step_fn, rt, seq, ids, rows.latents, t, self.caches[c], i == 0, cond, guidance,
+                       t_end)
+        return DenoiserCall(head=head, full=full)
+
+    def guide(self, member: denoise_loop.DenoiseMember, segment, branches: torch.Tensor) -> torch.Tensor:
+        if self.distilled:
+            return branches
+        return classifier_free_guidance(branches[0:1], branches[1:2], member.request.guidance)

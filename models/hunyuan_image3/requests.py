@@ -18,7 +18,7 @@ from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, parse_size
 from dtgen.schema import check_bounds, request_field
 from dtgen.requests import RequestError
-from dtgen.step_cache import StepCacheError, TaylorConfig, step_cache_config
+from dtgen.step_cache import StepCacheError, TaylorConfig, merged_report, step_cache_config
 from dtgen.timing import Timer
 from models.hunyuan_image3.diffusion_sequence import build_diffusion_sequence, build_instruct_diffusion_sequence
 from models.hunyuan_image3.resolutions import parse_image_size, resolution_table
@@ -166,13 +166,31 @@ def no_progress(phase: str, done: int, total: int) -> None:
 
 @dataclass
 class RequestRun:
-    """What one request's phases share: its clock, timings, record, progress hook, profiler."""
+    """What one request's phases share: its clock, timings, record, progress hook, profiler;
+    for the denoise loop (dtgen/denoise_loop.py `MemberRun`) its step cache's config, set by
+    the denoise phase from the request, and the steps' times."""
 
     timer: Timer
     timings: dict
     record: dict
     progress: Progress
     profiler: object
+    cache_config: StepCacheConfig | None = None
+    step_ms: list[float] = field(default_factory=list)
+
+    def keep_step(self, latents: torch.Tensor, branches: torch.Tensor, guided: torch.Tensor) -> None:
+        """A denoise step's record: the latents it started from and this request's rows of the
+        velocity, conditional branch first (the official pipeline's tensors)."""
+        self.record.setdefault("velocity", []).append(branches)
+        self.record.setdefault("step_latents", []).append(latents)
+
+    def report_caches(self, segments: list[tuple]) -> None:
+        """`record["step_cache"]`: the step caches' decisions (one denoiser: one segment). This
+        model's caches (STEP_CACHES) decide ahead, the same on every rank of a CFG axis: there is
+        nothing to gather."""
+        report = merged_report([cache for _, caches, _, _ in segments for cache in caches])
+        if report is not None:
+            self.record["step_cache"] = [report]
 
     @classmethod
     def fresh(cls, device, progress: Progress = no_progress, profiler=None) -> "RequestRun":

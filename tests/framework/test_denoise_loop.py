@@ -187,3 +187,43 @@ def test_what_a_batch_cannot_share_is_refused_in_one_line():
     # a bad request fails alone, before any work; the others run
     out = toy.generate_batch([REQUESTS[0], replace(REQUESTS[1], steps=0)], quiet(2))
     assert str(out[1]) == "steps: must be >= 1, got 0" and out[0].latents.shape == (1, 6, 4)
+
+
+def test_steps_ahead_reports_a_boundary_after_the_next_launch_and_tells_the_model_who_stayed(monkeypatch):
+    """The look-ahead clock (`StepsAhead`, HunyuanImage-3's): step i is launched before step
+    i-1's boundary is reported (the first step's boundary comes before step 1); a member that
+    leaves there was in step i's rows, the model hears which positions stayed
+    (`members_left`), and the others equal their runs alone."""
+    import dtgen.diffusion_run as diffusion_run
+    from dtgen.denoise_loop import StepsAhead, denoise
+    from dtgen.profiling import NullProfiler
+    from dtgen.timing import Timer
+
+    events = []
+
+    class Told(Toy):
+        def denoise_call(self, rt, segment, t, rows):
+            events.append(("call", rows.step, tuple(m.index for m in rows.members)))
+            return super().denoise_call(rt, segment, t, rows)
+
+        def members_left(self, kept):
+            events.append(("left", tuple(kept)))
+
+    toy = Told(True)
+    alone = [toy.generate(r) for r in REQUESTS]
+
+    def hook(phase, done, total, members):
+        events.append(("boundary", done))
+        return {1: RuntimeError("request 1 leaves after step 2")} if done == 2 else {}
+
+    clock = StepsAhead(Timer(torch.device("cpu")), NullProfiler(), show=False)
+    monkeypatch.setattr(diffusion_run, "denoise", lambda *a: denoise(*a, clock=clock))
+    events.clear()
+    out = toy.generate_batch(REQUESTS, hook)
+    assert events == [("call", 0, (0, 1, 2)), ("boundary", 1), ("call", 1, (0, 1, 2)), ("call", 2, (0, 1, 2)),
+                      ("boundary", 2), ("left", (0, 2)), ("call", 3, (0, 2)), ("boundary", 3),
+                      ("boundary", 4)], events
+    assert isinstance(out[1], RuntimeError)
+    for k in (0, 2):
+        torch.testing.assert_close(out[k].latents, alone[k].latents, rtol=1e-6, atol=1e-7)
+        assert len(out[k].timings_ms["denoise_step"]) == 4
