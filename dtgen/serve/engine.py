@@ -36,9 +36,11 @@ Process groups are passed in; nothing here reads a global group inside a step.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -49,6 +51,7 @@ from dtgen.host import trim_heap
 
 from .errors import Cancelled
 from .jobs import CANCELLED, FAILED, SUCCEEDED, Job, JobBoard
+from .loras import run_lora_command
 
 GO, STOP, FAIL = 0, 1, 2
 
@@ -145,6 +148,17 @@ class RankLink:
         box = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+    def gather(self, mine: Any) -> list[Any]:
+        """Every rank's `mine`, by rank (a command run between jobs: each rank's outcome)."""
+        if self.group is None:
+            return [mine]
+        everyone: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(everyone, mine, group=self.group)
+        except Exception as e:
+            raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+        return everyone
 
     def agree(self, flag: int) -> int:
         """The largest flag any rank brings (GO < STOP < FAIL)."""
@@ -424,6 +438,7 @@ class Engine:
         self._on_broken = None
         self._current: list[Job] = []
         self._job_no = 0
+        self._between: queue.Queue = queue.Queue()   # LoRA commands waiting for the end of the running job
         self._lock = threading.Lock()        # the current job's end: the engine thread or the watch
         # The current CUDA device is per thread: the engine thread takes the one this rank set.
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
@@ -449,6 +464,26 @@ class Engine:
         if self._thread is not None and self.broken is None:
             self._thread.join(timeout_s)
 
+    def between_jobs(self, command: dict) -> Future:
+        """Run a LoRA command (dtgen/serve/loras.py) on every rank once no job runs; the future
+        holds rank 0's answer. Jobs and commands never overlap: both run on the engine thread."""
+        done: Future = Future()
+        if self.broken is not None or self.stopped.is_set():
+            done.set_exception(LinkBroken(self.broken or "the server is shutting down"))
+        else:
+            self._between.put((command, done))
+        return done
+
+    def _run_between_jobs(self) -> None:
+        while not self._between.empty():
+            command, done = self._between.get_nowait()
+            try:
+                self.link.send({"op": "loras", "command": command})
+                done.set_result(run_lora_command(self.link, getattr(self.adapter, "loras", None), command))
+            except BaseException as e:
+                done.set_exception(e)
+                raise
+
     def _main(self) -> None:
         if self._cuda_device is not None:
             torch.cuda.set_device(self._cuda_device)
@@ -458,6 +493,7 @@ class Engine:
             self.ready.set()
             last, idle = time.monotonic(), False
             while not self.stopped.is_set() and self.broken is None:
+                self._run_between_jobs()
                 jobs = self.board.next_batch(min(self.ping_s, 0.2), self.max_batch)
                 if not jobs:
                     if not idle:   # the queue ran dry: hand the freed host memory back, once
@@ -646,6 +682,8 @@ class Engine:
                 trim_heap()
             elif op == "warm_up":
                 self.adapter.warm_up(lambda phase, done, total: None)
+            elif op == "loras":
+                run_lora_command(self.link, getattr(self.adapter, "loras", None), command["command"])
             elif op == "run":
                 job_no = command["job"]
                 outcome, _ = run_jobs_on_rank(self.link, self.adapter, command["requests"], None,

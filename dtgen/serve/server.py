@@ -33,6 +33,7 @@ class ServeOptions:
     end_timeout_s: float = 10.0      # how long every rank has to leave a job once one left it
     max_upload_bytes: int = 32 << 20  # a request body (an edit's image) larger than this: 413
     max_batch: int = 1               # waiting jobs of one batch key run together, up to this many
+    max_loras: int = 8               # LoRA adapters resident at once (the least recently used unheld one is evicted)
     # (what it makes, its title) of every model the launcher knows (its registry's; dtgen knows
     # none): a route of the other kind is refused naming the models that serve it.
     models: tuple[tuple[str, str], ...] = ()
@@ -92,7 +93,8 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
     engine = Engine(link, adapter, board, ping_s=options.ping_s, metrics=metrics, heartbeat=heartbeat,
                     end_timeout_s=options.end_timeout_s, log=log_line, max_batch=options.max_batch)
     app = create_app(engine, board, metrics, deadline_s=options.deadline_s,
-                     max_upload_bytes=options.max_upload_bytes, log=log_line, models=options.models)
+                     max_upload_bytes=options.max_upload_bytes, log=log_line, models=options.models,
+                     max_loras=options.max_loras)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                            lifespan="off", access_log=False))
 
