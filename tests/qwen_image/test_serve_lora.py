@@ -271,3 +271,33 @@ def test_a_two_rank_server_loads_an_adapter_on_both_ranks(tmp_path, files, pipe)
         assert status == 201 and answer["evicted"] == "a", answer
         status, answer, _ = call(base, "POST", "/v1/images/generations", {"prompt": "x", "loras": [{"name": "b"}]})
         assert status == 200, answer
+
+
+def test_the_servers_lora_adapters_are_pinned_defaults(pipe, files, capsys):
+    """`dtgen serve --lora FILE`: FILE resident under its path from the start, the default of a
+    request's `loras`, never evicted or deleted; more --lora files than --max-loras, or
+    --max-loras 0, refused in one line before anything loads."""
+    from dtgen.cli import serve_main
+    from dtgen.serve.loras import LoraRefused, ServedLoras
+    from models.qwen_image.serving import QwenServeAdapter
+    assert not pipe.loras.adapters
+    pipe.loras.load(files["a"], files["a"])
+    try:
+        adapter = QwenServeAdapter(pipe, 0, dataclasses.replace(DEFAULTS, loras=((files["a"], 0.5),)), warmup=False)
+        assert adapter.parse({"prompt": "x"}).loras == ((files["a"], 0.5),)
+        assert adapter.parse({"prompt": "x", "loras": []}).loras == ()
+        book = ServedLoras.of(adapter, 1)
+        [entry] = book.listing()
+        assert entry["name"] == files["a"] and entry["pinned"] and entry["ranks"] == [4]
+        for attempt in (lambda: book.begin_unload(files["a"]), lambda: book.begin_load("b", files["b"], "transformer")):
+            with pytest.raises(LoraRefused) as e:
+                attempt()
+            assert e.value.status == 409, e.value.message
+    finally:
+        pipe.loras.unload(files["a"])
+    for argv, line in ((["--max-loras", "0"], "--max-loras must be >= 1, got 0"),
+                       (["--lora", files["a"], "--lora", files["b"], "--max-loras", "1"],
+                        "--max-loras 1: 2 --lora adapters are resident from the start")):
+        capsys.readouterr()
+        assert serve_main(["--model", "qwen-image", *argv]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {line}"
