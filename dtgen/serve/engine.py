@@ -477,6 +477,7 @@ class Engine:
     def _run_between_jobs(self) -> None:
         while not self._between.empty():
             command, done = self._between.get_nowait()
+            self.heartbeat(f"loras {command['op']} {command['name']}")   # a long load is no stall
             try:
                 self.link.send({"op": "loras", "command": command})
                 done.set_result(run_lora_command(self.link, getattr(self.adapter, "loras", None), command))

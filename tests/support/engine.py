@@ -74,7 +74,8 @@ def serving(adapter, max_batch: int, **app_options):
     metrics = Metrics(board)
     engine = Engine(RankLink(0, 1, None), adapter, board, ping_s=0.05, metrics=metrics, max_batch=max_batch)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, board, metrics, **app_options), host="127.0.0.1", port=port,
+    app = create_app(engine, board, metrics, **app_options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     engine.start()
