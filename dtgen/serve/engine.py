@@ -472,6 +472,8 @@ class Engine:
             done.set_exception(LinkBroken(self.broken or "the server is shutting down"))
         else:
             self._between.put((command, done))
+            if self.board is not None:
+                self.board.wake()
         return done
 
     def _run_between_jobs(self) -> None:
