@@ -30,6 +30,9 @@
   a vector), so a cancel, a deadline or an error at a boundary ends that request alone, on
   every rank after the same step, and the others go on. An error inside a shared step ends
   every request of the batch (as it ends a single job).
+- Between two jobs the engine thread also runs LoRA commands (`between_jobs`: load or unload an
+  adapter, dtgen/serve/loras.py): rank 0 sends one to every rank, each runs it and every
+  rank's outcome is gathered on the control group, so it takes effect on all ranks or none.
 
 Process groups are passed in; nothing here reads a global group inside a step.
 """
@@ -461,6 +464,7 @@ class Engine:
         for current in list(self._current):
             current.cancel("the server is shutting down", 503)
         self.stopped.set()
+        self._drop_between_jobs("the server is shutting down")
         if self._thread is not None and self.broken is None:
             self._thread.join(timeout_s)
 
@@ -475,6 +479,12 @@ class Engine:
             if self.board is not None:
                 self.board.wake()
         return done
+
+    def _drop_between_jobs(self, why: str) -> None:
+        """The commands still waiting answer `why` (the engine stops)."""
+        while not self._between.empty():
+            _, done = self._between.get_nowait()
+            done.set_exception(LinkBroken(why))
 
     def _run_between_jobs(self) -> None:
         while not self._between.empty():
@@ -522,6 +532,7 @@ class Engine:
             return
         self.broken = why
         self.ready.clear()
+        self._drop_between_jobs(why.splitlines()[0])
         if self.board is not None:
             self.board.close()
         if self._on_broken is not None:
