@@ -71,6 +71,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         "of one batch (each keeps its seed, guidance, cache, progress, cancel and deadline); "
                         "for models whose spec names what a batch shares (`dtgen models` says which; default: 4 on a "
                         "GPU, 1 on the CPU, where a batch saves no time)")
+    g.add_argument("--max-loras", type=int, default=None, metavar="N",
+                   help="LoRA adapters resident at once (POST /v1/loras, and the --lora files, which every request "
+                        "that gives no `loras` carries); loading one more evicts the least recently used one no "
+                        "queued or running request holds (default 8)")
 
 
 def _server_problem(args, spec: ModelSpec) -> str | None:
@@ -84,6 +88,14 @@ def _server_problem(args, spec: ModelSpec) -> str | None:
         return f"--deadline must be > 0 seconds, got {args.deadline}"
     if args.max_batch is not None and args.max_batch < 1:
         return f"--max-batch must be >= 1, got {args.max_batch}"
+    if args.max_loras is not None and not hasattr(args, "lora"):   # a model whose command has no --lora
+        return f"--max-loras: {spec.title}'s server takes no LoRA adapters"
+    args.max_loras = 8 if args.max_loras is None else args.max_loras
+    if args.max_loras < 1:
+        return f"--max-loras must be >= 1, got {args.max_loras}"
+    resident = 0 if getattr(args, "lora_merge", False) else len(getattr(args, "lora", None) or [])
+    if resident > args.max_loras:
+        return f"--max-loras {args.max_loras}: {resident} --lora adapters are resident from the start"
     if not spec.batches:
         if args.max_batch is not None and args.max_batch > 1:
             return (f"--max-batch {args.max_batch}: {spec.title}'s server runs one request at a time (its spec "
@@ -102,6 +114,7 @@ def _options(args):
     return ServeOptions(host=args.host, port=args.port, max_queued=args.max_queued, deadline_s=args.deadline,
                         ping_s=args.ping, end_timeout_s=args.end_timeout,
                         max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_batch=_max_batch(args),
+                        max_loras=args.max_loras,
                         models=tuple((s.makes, s.title) for s in _registry().specs()))
 
 

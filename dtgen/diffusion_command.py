@@ -33,6 +33,7 @@ from .harness import (add_run_flags, compile_facts, compile_problem, example_mai
 from .host import GcPauses, settle_heap
 from .image_files import image_path_problem, save_image
 from .launch import RankContext
+from .lora import ResidentLoras
 from .lora.flags import add_lora_flags, lora_problem, request_loras, resident_loras
 from .media import FPS, encode_mp4, video_path_problem
 from .profiling import PhaseProfiler
@@ -192,7 +193,9 @@ class DiffusionCommand:
     def serve_adapter(self, ctx: RankContext, args: argparse.Namespace, max_batch: int):
         """This rank's pipeline behind the server (requests of one bucket batch: --max-batch); the
         flags' request holds the defaults."""
-        pipe = self.build_pipeline(ctx, args)[0]
+        pipe, loaded, _, dtype = self.build_pipeline(ctx, args)
+        if pipe.loras is None and loaded.lora_prefixes:   # adapters loaded by name while serving (POST /v1/loras)
+            pipe.loras = ResidentLoras(loaded, dtype)
         output = {"fps": args.fps} if self.makes == "video" else {}
         return resolve(self.adapter)(pipe, ctx.rank, self.request_from_args(args), warmup=args.warmup is not False,
                                      warmup_batch=max_batch, **output)

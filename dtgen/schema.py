@@ -392,10 +392,11 @@ def step_cache_field():
 
 def loras_field():
     """The LoRA adapters a request's rows carry (dtgen/lora): ((name, weight), ...), their deltas
-    added. The CLI fills it from its --lora FILE[:WEIGHT] flags (the name is the file); no JSON
-    name of its own yet (a server route that loads adapters by name gives it one)."""
-    return request_field((), kind="loras", flag=None, json=None,
-                         help="LoRA adapters applied to this request: (name, weight) pairs (the CLI's --lora)")
+    added. The CLI fills it from its --lora FILE[:WEIGHT] flags (the name is the file); a server
+    request names adapters loaded with POST /v1/loras (or the server's --lora files)."""
+    return request_field((), kind="loras", flag=None, json="loras",
+                         help='LoRA adapters applied to this request: [{"name": N, "weight": W}] (weight default 1), '
+                              "each loaded on the server (POST /v1/loras); the CLI's --lora FILE[:WEIGHT]")
 
 
 def side_field(default: int, help: str, **options):

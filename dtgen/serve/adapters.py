@@ -94,6 +94,12 @@ class DiffusionAdapter:
         self.pipe, self.rank, self.defaults, self.warmup = pipe, rank, defaults, warmup
         self.warmup_batch = warmup_batch
 
+    @property
+    def loras(self):
+        """The pipeline's resident LoRA adapters (`dtgen.lora.ResidentLoras`; POST /v1/loras loads
+        into it on every rank), or None where the model takes none."""
+        return getattr(self.pipe, "loras", None)
+
     def checked(self, request):
         """`request` once the pipeline's check passes (`RequestError` under the JSON name) and
         its size is within what this server takes (`max_pixels`)."""

@@ -9,6 +9,9 @@ Routes (an image model's server; a video model's has the video ones instead):
   (status, progress 0-100), `GET /v1/videos/{id}/content` (the MP4), `DELETE /v1/videos/{id}`.
 - `POST /v1/jobs` (202 and an id, any model), `GET /v1/jobs/{id}` (status, phase, progress,
   the image when done), `DELETE /v1/jobs/{id}` (cancel: a queued job leaves the queue now).
+- `POST /v1/loras` (load a LoRA adapter on the server's disk under a name, on every rank),
+  `GET /v1/loras` (the resident ones), `DELETE /v1/loras/{name}`; a request's `loras` names
+  resident adapters (dtgen/serve/loras.py).
 - `GET /health` (the process is up), `GET /ready` (503 until every rank has warmed up, and
   again once the server cannot go on), `GET /metrics` (Prometheus), `GET /info` (the model,
   what it makes, its defaults), `GET /` (a one-page UI).
@@ -32,6 +35,7 @@ from fastapi import FastAPI
 
 from .engine import Engine
 from .jobs import JobBoard
+from .loras import ServedLoras
 from .metrics import Metrics
 from .routes import ROUTERS
 from .routes.shared import Served
@@ -73,12 +77,15 @@ class AccessLog:
 
 def create_app(engine: Engine, board: JobBoard, metrics: Metrics, deadline_s: float | None = None,
                retry_after_s: int = 5, max_upload_bytes: int = 32 << 20,
-               log: Callable[[str], None] | None = None, models: tuple[tuple[str, str], ...] = ()) -> FastAPI:
+               log: Callable[[str], None] | None = None, models: tuple[tuple[str, str], ...] = (),
+               max_loras: int = 8) -> FastAPI:
     """`models`: (what it makes, its title) of every model the launcher knows (dtgen knows
-    none): a route of the other kind is refused naming the models that serve it."""
+    none): a route of the other kind is refused naming the models that serve it. `max_loras`:
+    the most LoRA adapters resident at once (the least recently used one no job holds is evicted)."""
     app = FastAPI(title="dtgen", docs_url=None, redoc_url=None)
     app.state.served = Served(engine, board, metrics, deadline_s=deadline_s, retry_after_s=retry_after_s,
-                              max_upload_bytes=max_upload_bytes, models=models)
+                              max_upload_bytes=max_upload_bytes, models=models,
+                              loras=ServedLoras.of(engine.adapter, max_loras))
     for router in ROUTERS:
         app.include_router(router)
     return AccessLog(app, log) if log is not None else app

@@ -30,15 +30,20 @@
   a vector), so a cancel, a deadline or an error at a boundary ends that request alone, on
   every rank after the same step, and the others go on. An error inside a shared step ends
   every request of the batch (as it ends a single job).
+- Between two jobs the engine thread also runs LoRA commands (`between_jobs`: load or unload an
+  adapter, dtgen/serve/loras.py): rank 0 sends one to every rank, each runs it and every
+  rank's outcome is gathered on the control group, so it takes effect on all ranks or none.
 
 Process groups are passed in; nothing here reads a global group inside a step.
 """
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -49,6 +54,7 @@ from dtgen.host import trim_heap
 
 from .errors import Cancelled
 from .jobs import CANCELLED, FAILED, RANK_GONE, SUCCEEDED, Job, JobBoard
+from .loras import run_lora_command
 
 GO, STOP, FAIL = 0, 1, 2
 
@@ -148,6 +154,17 @@ class RankLink:
         box = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
+
+    def gather(self, mine: Any) -> list[Any]:
+        """Every rank's `mine`, by rank (a command run between jobs: each rank's outcome)."""
+        if self.group is None:
+            return [mine]
+        everyone: list[Any] = [None] * self.world_size
+        try:
+            dist.all_gather_object(everyone, mine, group=self.group)
+        except Exception as e:
+            raise LinkBroken(f"a rank is gone ({type(e).__name__}: {_first_line(e)})") from None
+        return everyone
 
     def agree(self, flag: int) -> int:
         """The largest flag any rank brings (GO < STOP < FAIL)."""
@@ -431,6 +448,7 @@ class Engine:
         self._on_broken = None
         self._current: list[Job] = []
         self._job_no = 0
+        self._between: queue.Queue = queue.Queue()   # LoRA commands waiting for the end of the running job
         self._lock = threading.Lock()        # the current job's end: the engine thread or the watch
         # The current CUDA device is per thread: the engine thread takes the one this rank set.
         self._cuda_device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
@@ -453,8 +471,38 @@ class Engine:
         for current in list(self._current):
             current.cancel("the server is shutting down", 503)
         self.stopped.set()
+        self._drop_between_jobs("the server is shutting down")
         if self._thread is not None and self.broken is None:
             self._thread.join(timeout_s)
+
+    def between_jobs(self, command: dict) -> Future:
+        """Run a LoRA command (dtgen/serve/loras.py) on every rank once no job runs; the future
+        holds rank 0's answer. Jobs and commands never overlap: both run on the engine thread."""
+        done: Future = Future()
+        if self.broken is not None or self.stopped.is_set():
+            done.set_exception(LinkBroken(self.broken or "the server is shutting down"))
+        else:
+            self._between.put((command, done))
+            if self.board is not None:
+                self.board.wake()
+        return done
+
+    def _drop_between_jobs(self, why: str) -> None:
+        """The commands still waiting answer `why` (the engine stops)."""
+        while not self._between.empty():
+            _, done = self._between.get_nowait()
+            done.set_exception(LinkBroken(why))
+
+    def _run_between_jobs(self) -> None:
+        while not self._between.empty():
+            command, done = self._between.get_nowait()
+            self.heartbeat(f"loras {command['op']} {command['name']}")   # a long load is no stall
+            try:
+                self.link.send({"op": "loras", "command": command})
+                done.set_result(run_lora_command(self.link, getattr(self.adapter, "loras", None), command))
+            except BaseException as e:
+                done.set_exception(e)
+                raise
 
     def _main(self) -> None:
         if self._cuda_device is not None:
@@ -465,6 +513,7 @@ class Engine:
             self.ready.set()
             last, idle = time.monotonic(), False
             while not self.stopped.is_set() and self.broken is None:
+                self._run_between_jobs()
                 jobs = self.board.next_batch(min(self.ping_s, 0.2), self.max_batch)
                 if not jobs:
                     if not idle:   # the queue ran dry: hand the freed host memory back, once
@@ -490,6 +539,7 @@ class Engine:
             return
         self.broken = why
         self.ready.clear()
+        self._drop_between_jobs(why.splitlines()[0])
         if self.board is not None:
             self.board.close(why.splitlines()[0], 503)
         if self._on_broken is not None:
@@ -676,6 +726,8 @@ class Engine:
                 trim_heap()
             elif op == "warm_up":
                 self.adapter.warm_up(lambda phase, done, total: None)
+            elif op == "loras":
+                run_lora_command(self.link, getattr(self.adapter, "loras", None), command["command"])
             elif op == "run":
                 job_no = command["job"]
                 outcome, _ = run_jobs_on_rank(self.link, self.adapter, command["requests"], None,

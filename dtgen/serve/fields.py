@@ -63,6 +63,8 @@ class FieldTable(schema.Fields):
                     values.update(schema.parse_size_value(spec, value, name))
             elif spec.kind == "step_cache":
                 values[spec.name] = schema.parse_step_cache_value(spec, value, name, knob_names=True)
+            elif spec.kind == "loras":
+                values[spec.name] = schema.parse_loras(value, name)
             else:
                 values[spec.name] = value
         return values

@@ -104,6 +104,7 @@ class JobBoard:
             raise ValueError(f"max_queued must be >= 1, got {max_queued}")
         self.max_queued = max_queued
         self._lock = threading.Condition()
+        self._woken = False   # `wake()`: the waiting next_batch returns at once
         self._queue: collections.deque[Job] = collections.deque()
         self._jobs: dict[str, Job] = {}
         self._finished: collections.deque[str] = collections.deque()
@@ -182,7 +183,8 @@ class JobBoard:
                         job.state, job.started, job.batch_size = RUNNING, now, len(batch)
                     return batch
                 left = end - time.monotonic()
-                if left <= 0 or self.closed:
+                if left <= 0 or self.closed or self._woken:
+                    self._woken = False
                     return []
                 self._lock.wait(left)
 
@@ -215,6 +217,13 @@ class JobBoard:
         self._finished.append(job.id)
         while len(self._finished) > self._keep:
             self._jobs.pop(self._finished.popleft(), None)
+
+    def wake(self) -> None:
+        """End the engine's wait in `next_batch` now (nothing queued: it returns empty), so that
+        other work for the engine thread (a LoRA load) does not wait out the poll."""
+        with self._lock:
+            self._woken = True
+            self._lock.notify_all()
 
     def close(self, reason: str = "the server is shutting down", http_status: int = 503) -> list[Job]:
         """Refuse new jobs; cancel and return the queued ones, answering `reason`."""

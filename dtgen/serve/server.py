@@ -36,6 +36,7 @@ class ServeOptions:
     end_timeout_s: float = 10.0      # how long every rank has to leave a job once one left it
     max_upload_bytes: int = 32 << 20  # a request body (an edit's image) larger than this: 413
     max_batch: int = 1               # waiting jobs of one batch key run together, up to this many
+    max_loras: int = 8               # LoRA adapters resident at once (the least recently used unheld one is evicted)
     # (what it makes, its title) of every model the launcher knows (its registry's; dtgen knows
     # none): a route of the other kind is refused naming the models that serve it.
     models: tuple[tuple[str, str], ...] = ()
@@ -103,7 +104,8 @@ def serve(rank: int, world_size: int, adapter: ServeAdapter, options: ServeOptio
                     end_timeout_s=options.end_timeout_s, log=log_line, max_batch=options.max_batch,
                     peer_gone=None if peers is None else peers.gone)
     app = create_app(engine, board, metrics, deadline_s=options.deadline_s,
-                     max_upload_bytes=options.max_upload_bytes, log=log_line, models=options.models)
+                     max_upload_bytes=options.max_upload_bytes, log=log_line, models=options.models,
+                     max_loras=options.max_loras)
     server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="warning",
                                            lifespan="off", access_log=False))
 

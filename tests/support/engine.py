@@ -23,14 +23,28 @@ class HeldBoard(JobBoard):
     def __init__(self, max_queued: int):
         super().__init__(max_queued)
         self.open = threading.Event()
+        self._taking = False   # the engine is inside next_batch, past the gate
 
     def release(self) -> None:
         self.open.set()
 
+    def hold(self) -> None:
+        """Hand the engine nothing again until the next `release()` (once this returns, no job
+        is taken: an engine already past the gate has left next_batch)."""
+        self.open.clear()
+        while self._taking:
+            time.sleep(0.005)
+
     def next_batch(self, timeout_s: float, max_jobs: int):
         if not self.open.wait(timeout_s):
             return []
-        return super().next_batch(timeout_s, max_jobs)
+        self._taking = True
+        try:
+            if not self.open.is_set():   # held meanwhile
+                return []
+            return super().next_batch(timeout_s, max_jobs)
+        finally:
+            self._taking = False
 
     def wait_queued(self, count: int, timeout_s: float = 60.0) -> None:
         """Until `count` jobs wait (requests sent from other threads have been queued)."""
@@ -47,9 +61,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(adapter, max_batch: int):
+def serving(adapter, max_batch: int, **app_options):
     """`adapter` served on 127.0.0.1 (engine ready, no warm-up of its own); yields (base URL,
-    the held board). The engine starts taking jobs at `board.release()`."""
+    the held board). The engine starts taking jobs at `board.release()`. `app_options`:
+    `create_app`'s (`max_loras`)."""
     pytest.importorskip("fastapi")
     uvicorn = pytest.importorskip("uvicorn")
     from dtgen.serve.app import Metrics, create_app
@@ -59,7 +74,8 @@ def serving(adapter, max_batch: int):
     metrics = Metrics(board)
     engine = Engine(RankLink(0, 1, None), adapter, board, ping_s=0.05, metrics=metrics, max_batch=max_batch)
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, board, metrics), host="127.0.0.1", port=port,
+    app = create_app(engine, board, metrics, **app_options)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
                                            log_level="warning", lifespan="off", access_log=False))
     thread = threading.Thread(target=server.run, daemon=True)
     engine.start()

@@ -16,6 +16,7 @@ from ..adapters import ImageOutput, encode_answer, take_image_output
 from ..engine import Engine, can_batch
 from ..forms import TooLarge, WrongContentType, parse_body, read_body
 from ..jobs import SUCCEEDED, Job, JobBoard, QueueFull
+from ..loras import ServedLoras
 from ..metrics import Metrics
 
 
@@ -53,6 +54,7 @@ class Served:
     retry_after_s: int = 5
     max_upload_bytes: int = 32 << 20
     models: tuple[tuple[str, str], ...] = ()
+    loras: ServedLoras | None = None   # the resident LoRA adapters (None: the model takes none)
     # a job's answer being encoded, by job id: concurrent readers wait for the one encoding
     encoding: dict[str, asyncio.Task] = field(default_factory=dict)
 
@@ -131,12 +133,22 @@ class Served:
             self.metrics.requests.labels("not_ready").inc()
             return error(503, engine.broken or "warming up: see /ready",
                          headers={"Retry-After": str(self.retry_after_s)})
+        held = ()
+        if self.loras is not None:   # the adapters it names stay resident until its job ends
+            try:
+                held = self.loras.hold(getattr(getattr(adapter, "request_of", lambda r: r)(parsed), "loras", ()))
+            except RequestError as e:
+                return self.refuse(422, str(e), e.field)
         try:
             job = self.board.submit(parsed, self.deadline_s, kind=self.kind, phases=adapter.phases(parsed),
                                     batch_key=key, output=output)
         except QueueFull as e:
+            if held:
+                self.loras.release(held)
             self.metrics.requests.labels("queue_full").inc()
             return error(429, f"queue full: {e}", headers={"Retry-After": str(self.retry_after_s)})
+        if held:
+            job.when_finished(lambda: self.loras.release(held))
         self.metrics.requests.labels("accepted").inc()
         return job
 
