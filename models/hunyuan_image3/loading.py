@@ -7,7 +7,7 @@ never reads. Everything else (plan checks, storage, groups, controller) is the f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,6 +28,10 @@ from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# LoRA name map (dtgen/lora): the checkpoint keys are the official module names, which a PEFT
+# adapter folder made on the official model names as they are ("" : its unprefixed paths), and a
+# diffusers-style file prefixes with its component, `transformer.`. Routed experts are refused.
+LORA_PREFIXES = {"": "", "transformer.": ""}
 # The routed experts' storage: the model dtype, or e4m3 quantized at load in one of
 # kernels/fp8_quant.py's recipes.
 MOE_DTYPES = ("model", "fp8")
@@ -85,6 +89,9 @@ class HunyuanAdapter(ModelAdapter):
     def unbuilt_modules(self, model: HunyuanImage3ForCausalMM) -> tuple[str, ...]:
         return model.unbuilt_modules()
 
+    def lora_prefixes(self, model: HunyuanImage3ForCausalMM) -> dict[str, str]:
+        return dict(LORA_PREFIXES)
+
 
 def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int, dtype: torch.dtype,
                           moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int,
@@ -140,6 +147,7 @@ class LoadedModel:
     tokenizer: object
     plan: Plan
     reader: CheckpointReader | None
+    lora_prefixes: dict[str, str] = field(default_factory=dict)   # HunyuanAdapter.lora_prefixes
 
 
 def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
@@ -208,4 +216,4 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         if reader is not None:
             reader.close()
     tokenizer = ByteTokenizer(cfg) if reader is None else load_tokenizer(checkpoint, cfg)
-    return LoadedModel(built.model, built.controller, built.storage, tokenizer, plan, reader)
+    return LoadedModel(built.model, built.controller, built.storage, tokenizer, plan, reader, built.lora_prefixes)
