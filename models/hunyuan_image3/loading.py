@@ -8,6 +8,7 @@ never reads. Everything else (plan checks, storage, groups, controller) is the f
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from dtgen.build import (ModelAdapter, ParamSource, budget_problem, build, check
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.fp8 import check_dense_dtype
+from dtgen.lora import ResidentLoras
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
@@ -102,6 +104,16 @@ def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int,
     adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8, vae_dtype=vae_dtype,
                              fp8_dense=dense_dtype == "fp8")
     return budget_problem(adapter, plan, world_size, dtype, fp8_scales if fp8 else None, budget_bytes)
+
+
+def lora_targets(cfg: HunyuanImage3Config, image_editing: bool = False) -> ResidentLoras:
+    """What an adapter is matched against before any rank loads: the model on meta, its weights'
+    specs and name map (`ResidentLoras.match`: names, shapes, routed experts refused); nothing
+    read, nothing resident."""
+    model = build_on_meta(cfg, image_editing)
+    specs = param_specs(model, {n: Rule.REPLICATE for n, _ in model.named_parameters()}, torch.float32)
+    meta = SimpleNamespace(model=model, storage=SimpleNamespace(specs=specs), lora_prefixes=dict(LORA_PREFIXES))
+    return ResidentLoras(meta, torch.float32)
 
 
 def build_on_meta(cfg: HunyuanImage3Config, image_editing: bool = False) -> HunyuanImage3ForCausalMM:

@@ -174,3 +174,63 @@ def test_routed_experts_are_refused_naming_the_module(tiny_checkpoint, tmp_path)
               str(folder / "adapter_model.safetensors"))
     with pytest.raises(LoraError, match=r"model\.layers\.0\.mlp\.experts\.3\.down_proj is a routed expert's weight"):
         ResidentLoras(loaded, torch.float32).load("experts", folder)
+
+
+def _flags(files):
+    return ["--lora", f"{files['a']}:0.7", "--lora", f"{files['b']}:-0.5"]
+
+
+def test_the_commands_flags_equal_the_merged_checkpoint(tiny_checkpoint, files, merged):
+    """`dtgen run --model hunyuan-image3 --lora FILE:WEIGHT ...`: the flags' request and this rank's pipeline
+    (the command's own `prepare`, `request_from_args` and `build_pipeline`) give the merged checkpoint's
+    logits and velocities; with --lora-merge, one adapter folded at load gives what it gives unmerged."""
+    from models.hunyuan_image3.cli import build_pipeline, parse_args, prepare, request_from_args
+    from dtgen.launch import RankContext
+    ctx = RankContext(0, 1, 0, torch.device("cpu"), "gloo")
+
+    def run(*flags):
+        args = parse_args(["--checkpoint", str(tiny_checkpoint), "--steps", "2", "--max-new-tokens", "2",
+                           "--temperature", "0", "--image-size", "256x256", "--seed", "7", *flags])
+        assert prepare(args)[0] is None
+        pipe = _without_vae(build_pipeline(ctx, args)[0])
+        return request_from_args(args, prompt=REQUEST.prompt), pipe
+
+    req, pipe = run(*_flags(files))
+    assert req.loras == ((str(files["a"]), 0.7), (str(files["b"]), -0.5))
+    _assert_same(_summary(pipe.generate(req)), merged, "--lora")
+    req, pipe = run("--lora", f"{files['a']}:0.7", "--lora-merge")
+    assert req.loras == () and pipe.loras is None
+    _, unmerged = run("--lora", f"{files['a']}:0.7")
+    _assert_same(_summary(pipe.generate(req)), _summary(unmerged.generate(replace(req, loras=((str(files["a"]), 0.7),)))),
+                 "--lora-merge")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (lambda f: ["--lora", str(f["experts"])], "--lora: LoRA .*experts: model.layers.0.mlp.experts.3.down_proj is a "
+                                              "routed expert's weight, stacked with its layer's other experts"),
+    (lambda f: ["--lora", str(f["nothing"])], r"--lora: LoRA .*nothing: 1 of 1 module\(s\) match nothing in this "
+                                              r"model \(e.g. \['model.layers.0.self_attn.to_q'\]\)"),
+    (lambda f: ["--lora", str(f["shape"])], r"--lora: LoRA .*shape: model.layers.0.self_attn.o_proj: lora_A \[2, 8\] "
+                                            r"/ lora_B \[256, 2\] do not fit model.layers.0.self_attn.o_proj"),
+    (lambda f: ["--lora", str(f["experts"]) + "/nope"], "--lora: LoRA .*nope: no such file or folder"),
+    (lambda f: _flags(f) + ["--lora-merge"], "--lora-merge folds exactly one --lora adapter into the weights; 2 given"),
+    (lambda f: ["--lora", f"{f['a']}:0.7", "--lora-merge", "--dense-dtype", "fp8"],
+     "--lora-merge folds the adapter into float32/bf16 weights; --dense-dtype fp8"),
+])
+def test_command_line_lora_mistakes_are_one_line(tiny_checkpoint, files, tmp_path, capsys, flags, message):
+    import re
+    from models.hunyuan_image3.cli import main
+    bad = {"experts": ("model.layers.0.mlp.experts.3.down_proj", 64, 256),
+           "nothing": ("model.layers.0.self_attn.to_q", 256, 256),
+           "shape": ("model.layers.0.self_attn.o_proj", 8, 256)}
+    made = dict(files)
+    for name, (module, cols, rows) in bad.items():
+        folder = made[name] = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "lora_alpha": 2}))
+        save_file({f"base_model.model.{module}.lora_A.weight": torch.ones(2, cols),
+                   f"base_model.model.{module}.lora_B.weight": torch.ones(rows, 2)},
+                  str(folder / "adapter_model.safetensors"))
+    assert main(["--checkpoint", str(tiny_checkpoint), *flags(made)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
