@@ -17,7 +17,9 @@ The module a pair's delta joins is the weight's own linear (`<module>.weight`), 
 its module multiplies itself (a micro-packed gate/up, say), the `dtgen.layers.linear.ProductSite`
 its module names in `lora_sites` (weight attribute -> site child): the site is called with the
 product's input and output, so a hook on it adds the delta where a linear's hook would.
-Stacked (routed expert) weights take no pair: an adapter that names one is refused in one line.
+A linear's weight takes a pair when the linear computes with its own forward; one that says it
+does not (`lora_refused`: why, e.g. a router whose weight a fused kernel reads) and stacked
+(routed expert) weights take none: an adapter that names one is refused in one line saying why.
 
 Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
 `default` for every row: nothing about requests is baked into the modules. When every row carries
@@ -36,10 +38,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from ..fp8 import FP8Linear
+from ..layers.linear import Linear
 from ..plan import Rule
 from ..storage import ParamSpec, ResidentStorage, load_resident
 from .files import LoraError, LoraFile, read_lora
+
+# The modules whose weight a pair may target: linears that compute with their own forward.
+_LINEARS = (nn.Linear, Linear, FP8Linear)
 
 # A row's adapters: (name, weight) pairs, applied summed.
 RowAdapters = tuple[tuple[str, float], ...]
@@ -83,20 +91,20 @@ def _key_of(path: str, prefixed: bool, prefixes: dict[str, str], shapes: dict) -
 
 
 def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple[int, ...]],
-               stacked: frozenset[str] | set[str] = frozenset()) -> dict[str, str]:
+               refused: dict[str, str] | None = None) -> dict[str, str]:
     """Module path in the file -> the checkpoint key of its base weight, through the model's name
     map `prefixes` (`ModelAdapter.lora_prefixes`); `shapes`: checkpoint key -> official shape.
-    `stacked`: keys read into a stacked (routed expert) weight, which takes no pair.
+    `refused`: checkpoint key -> why its weight takes no pair (routed experts, a fused router).
     One line for paths that match nothing (how many, a few, what the model's linears are named
-    like), for a path that names a stacked weight and for a pair whose shape does not fit its weight."""
+    like), for a path that names a refused weight and for a pair whose shape does not fit its weight."""
     if not prefixes:
         raise LoraError(f"LoRA {lora.path}: this model declares no LoRA name map (ModelAdapter.lora_prefixes)")
+    refused = refused or {}
     found = {p: _key_of(p, lora.prefixed, prefixes, shapes) for p in lora.layers}
-    experts = sorted(p for p, k in found.items() if k in stacked)
-    if experts:
-        raise LoraError(f"LoRA {lora.path}: {experts[0]} is a routed expert's weight, stacked with its layer's "
-                        f"other experts ({len(experts)} such module(s)): LoRA on routed experts is not supported; "
-                        f"leave the experts out of the adapter's targets")
+    no_pair = sorted(p for p, k in found.items() if k in refused)
+    if no_pair:
+        raise LoraError(f"LoRA {lora.path}: {no_pair[0]} {refused[found[no_pair[0]]]}: it takes no LoRA pair "
+                        f"({len(no_pair)} such module(s) in the adapter); leave them out of its targets")
     missing = sorted(p for p, k in found.items() if k is None)
     if missing:
         matched = sorted(p for p, k in found.items() if k is not None)
@@ -104,7 +112,7 @@ def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple
             f"matched {len(matched)}, e.g. {matched[:3]}"
         linears = sorted(k.removesuffix(".weight") for k, shape in shapes.items()
                          if k.startswith(tuple(prefixes.values())) and k.endswith(".weight") and len(shape) == 2
-                         and k not in stacked)
+                         and k not in refused)
         raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
                         f"(e.g. {missing[:3]}); {what}; its linears are named like {linears[-2:]}")
     for path, key in found.items():
@@ -168,7 +176,11 @@ class ResidentLoras:
                          and len(spec.official_shape) == 2 and (site := self._site(name)) is not None}
         self._by_key = {specs[name].keys[0]: name for name in self._site_of}   # checkpoint key -> parameter
         self._weight_of = {site: name for name, site in self._site_of.items()}   # module -> its weight
-        self._stacked_keys = frozenset(k for spec in specs.values() if spec.stacked for k in spec.keys)
+        # checkpoint key -> why its weight takes no pair
+        self._refused = {k: "is a routed expert's weight, stacked with its layer's other experts"
+                         for spec in specs.values() if spec.stacked for k in spec.keys}
+        self._refused.update({spec.keys[0]: why for name, spec in specs.items() if len(spec.keys) == 1
+                              and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
         self._uniform: RowAdapters = ()            # every row carries these
         self._mixed: _MixedRows | None = None      # or each row its own
@@ -183,7 +195,8 @@ class ResidentLoras:
         """The module whose output a pair on `param` joins: `<module>.weight`'s module, or the
         site its module names for it in `lora_sites`; None for any other parameter."""
         owner, _, attr = param.rpartition(".")
-        if attr == "weight" and owner in self._modules:
+        module = self._modules.get(owner)
+        if attr == "weight" and isinstance(module, _LINEARS) and not getattr(module, "lora_refused", None):
             return owner
         site = getattr(self._modules.get(owner), "lora_sites", {}).get(attr)
         return f"{owner}.{site}" if site is not None else None
@@ -194,8 +207,9 @@ class ResidentLoras:
         through `prefixes`, default the model's name map)."""
         specs = self.built.storage.specs
         shapes = {key: specs[param].official_shape for key, param in self._by_key.items()}
-        shapes.update({key: spec.official_shape for spec in specs.values() if spec.stacked for key in spec.keys})
-        found = match_keys(lora, prefixes or self.prefixes, shapes, self._stacked_keys)
+        shapes.update({key: spec.official_shape for name, spec in specs.items() for key in spec.keys
+                       if key in self._refused})
+        found = match_keys(lora, prefixes or self.prefixes, shapes, self._refused)
         return {path: self._site_of[self._by_key[key]] for path, key in found.items()}
 
     # ---- loading --------------------------------------------------------------------

@@ -488,7 +488,8 @@ def _lora_problem(args, config: dict) -> str | None:
     problem = lora_problem(args)
     if problem is not None or not args.lora:
         return problem
-    targets = lora_targets(HunyuanImage3Config.from_dict(config), getattr(args, "image_editing", args.image is not None))
+    editing = getattr(args, "image_editing", args.image is not None)
+    targets = lora_targets(HunyuanImage3Config.from_dict(config), editing)
     try:
         for text in args.lora:
             targets.match(read_lora(parse_lora_flag(text)[0]))

@@ -186,6 +186,9 @@ class Router(nn.Module):
     def __init__(self, hidden: int, num_experts: int):
         super().__init__()
         self.wg = nn.Linear(hidden, num_experts, bias=False, dtype=torch.float32)
+        # a LoRA pair would not reach the logits: `MoE.route` reads the weight itself (the fused
+        # top-k op on GPU), never calls this linear
+        self.wg.lora_refused = "is the MoE router, whose logits are computed from its weight directly"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.float(), self.wg.weight.float())

@@ -184,7 +184,8 @@ def test_routed_experts_are_refused_naming_the_module(tiny_checkpoint, tmp_path)
     save_file({"base_model.model.model.layers.0.mlp.experts.3.down_proj.lora_A.weight": torch.ones(2, 64),
                "base_model.model.model.layers.0.mlp.experts.3.down_proj.lora_B.weight": torch.ones(256, 2)},
               str(folder / "adapter_model.safetensors"))
-    with pytest.raises(LoraError, match=r"model\.layers\.0\.mlp\.experts\.3\.down_proj is a routed expert's weight"):
+    with pytest.raises(LoraError, match=r"model\.layers\.0\.mlp\.experts\.3\.down_proj is a routed expert's weight, "
+                                        r"stacked with its layer's other experts: it takes no LoRA pair"):
         ResidentLoras(loaded, torch.float32).load("experts", folder)
 
 
@@ -213,13 +214,15 @@ def test_the_commands_flags_equal_the_merged_checkpoint(tiny_checkpoint, files, 
     req, pipe = run("--lora", f"{files['a']}:0.7", "--lora-merge")
     assert req.loras == () and pipe.loras is None
     _, unmerged = run("--lora", f"{files['a']}:0.7")
-    _assert_same(_summary(pipe.generate(req)), _summary(unmerged.generate(replace(req, loras=((str(files["a"]), 0.7),)))),
-                 "--lora-merge")
+    want = unmerged.generate(replace(req, loras=((str(files["a"]), 0.7),)))
+    _assert_same(_summary(pipe.generate(req)), _summary(want), "--lora-merge")
 
 
 @pytest.mark.parametrize("flags, message", [
     (lambda f: ["--lora", str(f["experts"])], "--lora: LoRA .*experts: model.layers.0.mlp.experts.3.down_proj is a "
                                               "routed expert's weight, stacked with its layer's other experts"),
+    (lambda f: ["--lora", str(f["router"])], "--lora: LoRA .*router: model.layers.1.mlp.gate.wg is the MoE router, "
+                                             "whose logits are computed from its weight directly: it takes no LoRA"),
     (lambda f: ["--lora", str(f["nothing"])], r"--lora: LoRA .*nothing: 1 of 1 module\(s\) match nothing in this "
                                               r"model \(e.g. \['model.layers.0.self_attn.to_q'\]\)"),
     (lambda f: ["--lora", str(f["shape"])], r"--lora: LoRA .*shape: model.layers.0.self_attn.o_proj: lora_A \[2, 8\] "
@@ -234,6 +237,7 @@ def test_command_line_lora_mistakes_are_one_line(tiny_checkpoint, files, tmp_pat
     from models.hunyuan_image3.cli import main
     bad = {"experts": ("model.layers.0.mlp.experts.3.down_proj", 64, 256),
            "nothing": ("model.layers.0.self_attn.to_q", 256, 256),
+           "router": ("model.layers.1.mlp.gate.wg", 256, 8),
            "shape": ("model.layers.0.self_attn.o_proj", 8, 256)}
     made = dict(files)
     for name, (module, cols, rows) in bad.items():
