@@ -34,6 +34,16 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, None if self.defer_bias else self.bias)
 
 
+class ProductSite(nn.Module):
+    """The identity on a product y = x W^T that its module computes itself from a weight that is
+    no linear's own (a micro-packed gate/up, say): `site(x, y)` returns y. The module names it in
+    its `lora_sites` (weight attribute -> site child), so that a LoRA pair on that weight
+    (dtgen/lora) has a module to join, as a linear's delta joins the linear's output."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y
+
+
 class GeluProj(nn.Module):
     """diffusers' `GELU(approximate="tanh")` module (a feed-forward's `net.0`): proj, then GELU-tanh."""
 

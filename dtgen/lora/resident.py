@@ -13,6 +13,14 @@ says (`dtgen.storage.ParamSpec` of `<module>.weight`), through the same storage 
 - REPLICATE: both whole.
 Each phase uses the view of that shard its micros select, as the base weight does.
 
+The module a pair's delta joins is the weight's own linear (`<module>.weight`), or, for a weight
+its module multiplies itself (a micro-packed gate/up, say), the `dtgen.layers.linear.ProductSite`
+its module names in `lora_sites` (weight attribute -> site child): the site is called with the
+product's input and output, so a hook on it adds the delta where a linear's hook would.
+A linear's weight takes a pair when the linear computes with its own forward; one that says it
+does not (`lora_refused`: why, e.g. a router whose weight a fused kernel reads) and stacked
+(routed expert) weights take none: an adapter that names one is refused in one line saying why.
+
 Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
 `default` for every row: nothing about requests is baked into the modules. When every row carries
 the same adapters each one's delta is two GEMMs on the whole batch; when rows differ, the pairs of
@@ -30,10 +38,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from ..fp8 import FP8Linear
+from ..layers.linear import Linear
 from ..plan import Rule
 from ..storage import ParamSpec, ResidentStorage, load_resident
 from .files import LoraError, LoraFile, read_lora
+
+# The modules whose weight a pair may target: linears that compute with their own forward.
+_LINEARS = (nn.Linear, Linear, FP8Linear)
 
 # A row's adapters: (name, weight) pairs, applied summed.
 RowAdapters = tuple[tuple[str, float], ...]
@@ -76,21 +90,29 @@ def _key_of(path: str, prefixed: bool, prefixes: dict[str, str], shapes: dict) -
     return None
 
 
-def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+def match_keys(lora: LoraFile, prefixes: dict[str, str], shapes: dict[str, tuple[int, ...]],
+               refused: dict[str, str] | None = None) -> dict[str, str]:
     """Module path in the file -> the checkpoint key of its base weight, through the model's name
     map `prefixes` (`ModelAdapter.lora_prefixes`); `shapes`: checkpoint key -> official shape.
+    `refused`: checkpoint key -> why its weight takes no pair (routed experts, a fused router).
     One line for paths that match nothing (how many, a few, what the model's linears are named
-    like) and for a pair whose shape does not fit its weight."""
+    like), for a path that names a refused weight and for a pair whose shape does not fit its weight."""
     if not prefixes:
         raise LoraError(f"LoRA {lora.path}: this model declares no LoRA name map (ModelAdapter.lora_prefixes)")
+    refused = refused or {}
     found = {p: _key_of(p, lora.prefixed, prefixes, shapes) for p in lora.layers}
+    no_pair = sorted(p for p, k in found.items() if k in refused)
+    if no_pair:
+        raise LoraError(f"LoRA {lora.path}: {no_pair[0]} {refused[found[no_pair[0]]]}: it takes no LoRA pair "
+                        f"({len(no_pair)} such module(s) in the adapter); leave them out of its targets")
     missing = sorted(p for p, k in found.items() if k is None)
     if missing:
         matched = sorted(p for p, k in found.items() if k is not None)
         what = "it looks like an adapter for another model" if not matched else \
             f"matched {len(matched)}, e.g. {matched[:3]}"
         linears = sorted(k.removesuffix(".weight") for k, shape in shapes.items()
-                         if k.startswith(tuple(prefixes.values())) and k.endswith(".weight") and len(shape) == 2)
+                         if k.startswith(tuple(prefixes.values())) and k.endswith(".weight") and len(shape) == 2
+                         and k not in refused)
         raise LoraError(f"LoRA {lora.path}: {len(missing)} of {len(found)} module(s) match nothing in this model "
                         f"(e.g. {missing[:3]}); {what}; its linears are named like {linears[-2:]}")
     for path, key in found.items():
@@ -147,11 +169,18 @@ class ResidentLoras:
         if not self.prefixes:
             self.prefixes = dict(getattr(self.built, "lora_prefixes", {}) or {})
         specs = self.built.storage.specs
-        # checkpoint key -> the parameter that reads it (single-key weights only: a pair is per matrix)
-        self._by_key = {spec.keys[0]: name for name, spec in specs.items()
-                        if len(spec.keys) == 1 and spec.scale_of is None and name.endswith(".weight")
-                        and len(spec.official_shape) == 2}
         self._modules = dict(self.built.model.named_modules())
+        # the module each pair-taking weight's delta joins (single-key matrices: a pair is per matrix)
+        self._site_of = {name: site for name, spec in specs.items()
+                         if len(spec.keys) == 1 and not spec.stacked and spec.scale_of is None
+                         and len(spec.official_shape) == 2 and (site := self._site(name)) is not None}
+        self._by_key = {specs[name].keys[0]: name for name in self._site_of}   # checkpoint key -> parameter
+        self._weight_of = {site: name for name, site in self._site_of.items()}   # module -> its weight
+        # checkpoint key -> why its weight takes no pair
+        self._refused = {k: "is a routed expert's weight, stacked with its layer's other experts"
+                         for spec in specs.values() if spec.stacked for k in spec.keys}
+        self._refused.update({spec.keys[0]: why for name, spec in specs.items() if len(spec.keys) == 1
+                              and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
         self._uniform: RowAdapters = ()            # every row carries these
         self._mixed: _MixedRows | None = None      # or each row its own
@@ -162,14 +191,26 @@ class ResidentLoras:
         self._last: tuple | None = None
         self.set_rows(None)
 
+    def _site(self, param: str) -> str | None:
+        """The module whose output a pair on `param` joins: `<module>.weight`'s module, or the
+        site its module names for it in `lora_sites`; None for any other parameter."""
+        owner, _, attr = param.rpartition(".")
+        module = self._modules.get(owner)
+        if attr == "weight" and isinstance(module, _LINEARS) and not getattr(module, "lora_refused", None):
+            return owner
+        site = getattr(self._modules.get(owner), "lora_sites", {}).get(attr)
+        return f"{owner}.{site}" if site is not None else None
+
     # ---- matching -------------------------------------------------------------------
     def match(self, lora: LoraFile, prefixes: dict[str, str] | None = None) -> dict[str, str]:
         """Module path in the file -> module of the model (`match_keys` on the build's weights,
         through `prefixes`, default the model's name map)."""
         specs = self.built.storage.specs
         shapes = {key: specs[param].official_shape for key, param in self._by_key.items()}
-        return {path: self._by_key[key].removesuffix(".weight")
-                for path, key in match_keys(lora, prefixes or self.prefixes, shapes).items()}
+        shapes.update({key: spec.official_shape for name, spec in specs.items() for key in spec.keys
+                       if key in self._refused})
+        found = match_keys(lora, prefixes or self.prefixes, shapes, self._refused)
+        return {path: self._site_of[self._by_key[key]] for path, key in found.items()}
 
     # ---- loading --------------------------------------------------------------------
     def _shards(self, module: str, spec: ParamSpec, A: torch.Tensor, B: torch.Tensor):
@@ -196,7 +237,7 @@ class ResidentLoras:
             raise LoraError(f"LoRA {lora.path}: weight {weight} is not finite")
         found = self.match(lora, prefixes)
         specs = self.built.storage.specs
-        return [(found[path], specs[found[path] + ".weight"], layer) for path, layer in lora.layers.items()]
+        return [(found[path], specs[self._weight_of[found[path]]], layer) for path, layer in lora.layers.items()]
 
     def load(self, name: str, path: str | Path, prefixes: dict[str, str] | None = None) -> ResidentAdapter:
         """Read, check and shard adapter `path` as `name`. On any error nothing resident changes.
@@ -237,7 +278,7 @@ class ResidentLoras:
         lora = read_lora(path)
         pairs = self._checked_pairs(lora, weight)
         storage = self.built.storage
-        names = [m + ".weight" for m, _, _ in pairs]
+        names = [self._weight_of[m] for m, _, _ in pairs]
         fp8 = [n for n in names if storage.specs[n].fp8]
         if fp8:
             raise LoraError(f"--lora-merge: {len(fp8)} target weight(s) are FP8 (e.g. {fp8[0]}): folding would "

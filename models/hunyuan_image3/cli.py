@@ -3,6 +3,7 @@
     dtgen run --model hunyuan-image3                                  # tiny default, one process
     dtgen run --model hunyuan-image3 --prompt "a fox" --prompt "a lighthouse at dusk"   # two requests, one run
     dtgen run --model hunyuan-image3 --world-size 4 --plan hybrid     # 4 gloo ranks spawned here (CPU)
+    dtgen run --model hunyuan-image3 --lora style/:0.8                # a PEFT adapter folder, in both phases
     torchrun --nproc-per-node 4 -m dtgen run --model hunyuan-image3 --world-size 4 --plan hybrid \\
         --checkpoint /path/to/HunyuanImage-3                         # 4 GPUs, NCCL
 
@@ -41,9 +42,11 @@ from dtgen import schema
 from dtgen.requests import flag_line
 from dtgen.requests import RequestError
 from dtgen.fp8 import add_fp8_flags, attention_head_problem, check_attention_dtype
+from dtgen.lora import LoraError, read_lora
+from dtgen.lora.flags import add_lora_flags, lora_problem, parse_lora_flag, request_loras, resident_loras
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
-from models.hunyuan_image3.loading import MOE_DTYPES, load, memory_budget_problem
+from models.hunyuan_image3.loading import MOE_DTYPES, load, lora_targets, memory_budget_problem
 from models.hunyuan_image3.tokenizer import load_tokenizer
 from kernels.moe_dispatch import MOE_IMPLS
 from models.hunyuan_image3.model import set_moe_token_chunk
@@ -178,6 +181,7 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
                         "of that size; default: the device's free memory)")
     p.add_argument("--vae-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="with several ranks, split the VAE decode over all of them (halo exchange; default: on)")
+    add_lora_flags(p)
     server = add_run_flags(p, PLANS, "outputs/hunyuan_t2i.png", cli, CLI_ONLY, "HunyuanImage-3")
     if server is not None:
         server.add_argument("--edits", action=argparse.BooleanOptionalAction, default=None,
@@ -258,7 +262,7 @@ def request_from_args(args, prompt: str = DEFAULT_PROMPT, prompt_ids=None) -> T2
     official Taylor-cache flags, an edit's image."""
     return schema.from_args(T2IRequest, args, prompt=prompt, prompt_ids=prompt_ids, image_size=args.image_size_hw,
                             cfg_mode=args.cfg_mode or "serial", reference=getattr(args, "reference", None),
-                            step_cache=_step_cache(args))
+                            step_cache=_step_cache(args), loras=request_loras(args))
 
 
 def _step_cache(args):
@@ -330,6 +334,7 @@ def build_pipeline(ctx: RankContext, args: argparse.Namespace):
                               compile_options=options, vae_group=vae_group, prompt_bucket=args.prompt_bucket,
                               kv_caches=args.kv_caches, vae_row_chunks=args.vae_chunks or 1,
                               decode_impl=args.decode_impl, vae_layout=args.vae_layout)
+    pipe.loras = resident_loras(loaded, args, dtype)
     return pipe, loaded, device, dtype
 
 
@@ -404,6 +409,7 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
                                  image_editing=args.image is not None, dense_dtype=args.dense_dtype,
                                  attention_dtype=args.attention_dtype)
                 ref_pipe = HunyuanT2IPipeline(reference.model, reference.tokenizer, reference.controller, device)
+                ref_pipe.loras = resident_loras(reference, args, dtype)   # the same adapters, on one process
                 ref = ref_pipe.generate(replace(requests[0], forced_tokens=result.tokens,
                                                 forced_ratio=result.ratio_index))
             out["check"] = {
@@ -475,6 +481,22 @@ def _budget_problem(args, config: dict) -> str | None:
                                  getattr(args, "image_editing", args.image is not None),
                                  int(args.memory_budget * 1e9), args.vae_dtype,
                                  getattr(args, "dense_dtype", "model"))
+
+
+def _lora_problem(args, config: dict) -> str | None:
+    """The --lora flags' first problem as one line, before any rank starts: each file read and
+    matched against the model's weights (names, shapes; routed experts refused), on meta."""
+    problem = lora_problem(args)
+    if problem is not None or not args.lora:
+        return problem
+    editing = getattr(args, "image_editing", args.image is not None)
+    targets = lora_targets(HunyuanImage3Config.from_dict(config), editing)
+    try:
+        for text in args.lora:
+            targets.match(read_lora(parse_lora_flag(text)[0]))
+    except LoraError as e:
+        return f"--lora: {e}"
+    return None
 
 
 def _check_args(args, plan) -> str | None:
@@ -594,6 +616,7 @@ def prepare(args) -> tuple[str | None, bool]:
             problem = problem or _longest_prompt_problem(args, [t for t, _ in shapes],
                                                          int(base.get("max_position_embeddings", 0)))
             problem = problem or _request_problem(args, base)
+            problem = problem or _lora_problem(args, base)
             problem = problem or _budget_problem(args, base)
     except (KeyError, ValueError) as e:
         problem = e.args[0]
@@ -654,6 +677,7 @@ def write_report(args, main_result: dict, tiny: bool) -> dict:
         "vae_layout": args.vae_layout, "kv_caches": args.kv_caches,
         "moe_token_chunk": args.moe_token_chunk, "memory_budget_gb": args.memory_budget,
         "dense_dtype": args.dense_dtype, "attention_dtype": args.attention_dtype,
+        "loras": args.lora or [], "lora_merge": args.lora_merge,
         "cfg_mode": args.cfg_mode,      # None: the default (serial; one row on a CFG-distilled checkpoint)
         "checkpoint": "tiny-default" if tiny else (f"random:{args.random_weights}:{args.layers or 32}-layers"
                                                    if args.random_weights else args.checkpoint),

@@ -7,7 +7,8 @@ never reads. Everything else (plan checks, storage, groups, controller) is the f
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from dtgen.build import (ModelAdapter, ParamSource, budget_problem, build, check
 from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.fp8 import check_dense_dtype
+from dtgen.lora import ResidentLoras
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
@@ -28,6 +30,10 @@ from .tokenizer import ByteTokenizer, load_tokenizer
 from .transformer import Attention
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# LoRA name map (dtgen/lora): the checkpoint keys are the official module names, which a PEFT
+# adapter folder made on the official model names as they are ("" : its unprefixed paths), and a
+# diffusers-style file prefixes with its component, `transformer.`. Routed experts are refused.
+LORA_PREFIXES = {"": "", "transformer.": ""}
 # The routed experts' storage: the model dtype, or e4m3 quantized at load in one of
 # kernels/fp8_quant.py's recipes.
 MOE_DTYPES = ("model", "fp8")
@@ -85,6 +91,9 @@ class HunyuanAdapter(ModelAdapter):
     def unbuilt_modules(self, model: HunyuanImage3ForCausalMM) -> tuple[str, ...]:
         return model.unbuilt_modules()
 
+    def lora_prefixes(self, model: HunyuanImage3ForCausalMM) -> dict[str, str]:
+        return dict(LORA_PREFIXES)
+
 
 def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int, dtype: torch.dtype,
                           moe_dtype: str, fp8_scales: str, image_editing: bool, budget_bytes: int,
@@ -95,6 +104,16 @@ def memory_budget_problem(cfg: HunyuanImage3Config, plan: Plan, world_size: int,
     adapter = HunyuanAdapter(cfg, image_editing, fp8_experts=fp8, vae_dtype=vae_dtype,
                              fp8_dense=dense_dtype == "fp8")
     return budget_problem(adapter, plan, world_size, dtype, fp8_scales if fp8 else None, budget_bytes)
+
+
+def lora_targets(cfg: HunyuanImage3Config, image_editing: bool = False) -> ResidentLoras:
+    """What an adapter is matched against before any rank loads: the model on meta, its weights'
+    specs and name map (`ResidentLoras.match`: names, shapes, routed experts refused); nothing
+    read, nothing resident."""
+    model = build_on_meta(cfg, image_editing)
+    specs = param_specs(model, {n: Rule.REPLICATE for n, _ in model.named_parameters()}, torch.float32)
+    meta = SimpleNamespace(model=model, storage=SimpleNamespace(specs=specs), lora_prefixes=dict(LORA_PREFIXES))
+    return ResidentLoras(meta, torch.float32)
 
 
 def build_on_meta(cfg: HunyuanImage3Config, image_editing: bool = False) -> HunyuanImage3ForCausalMM:
@@ -140,6 +159,7 @@ class LoadedModel:
     tokenizer: object
     plan: Plan
     reader: CheckpointReader | None
+    lora_prefixes: dict[str, str] = field(default_factory=dict)   # HunyuanAdapter.lora_prefixes
 
 
 def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: int = 1,
@@ -208,4 +228,4 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         if reader is not None:
             reader.close()
     tokenizer = ByteTokenizer(cfg) if reader is None else load_tokenizer(checkpoint, cfg)
-    return LoadedModel(built.model, built.controller, built.storage, tokenizer, plan, reader)
+    return LoadedModel(built.model, built.controller, built.storage, tokenizer, plan, reader, built.lora_prefixes)

@@ -23,6 +23,7 @@ from dtgen.batching import BatchHook, BatchMembers, MemberLeft, Progress, per_me
 from dtgen.compile import CompileOptions
 from dtgen.compiled_steps import CompiledSteps
 from dtgen.profiling import NullProfiler
+from dtgen.requests import RequestError
 
 from .ar import ARBatchResult, ARPhase
 from .condition import EditCondition
@@ -143,6 +144,8 @@ class HunyuanT2IPipeline:
                                 decode_impl or ("triton" if self.device.type == "cuda" else "sdpa"), is_main)
         self.denoise_phase = DenoisePhase(self.stack, controller, self.steps, is_main)
         self.edit_condition = EditCondition(model, tokenizer, self.device, vae_row_chunks)
+        # dtgen.lora.ResidentLoras: the adapters a request's `loras` may name (None: no adapters)
+        self.loras = None
         vae = getattr(model, "vae", None)
         self.vae_layout = _resolve_vae_layout(vae_layout, vae, self.device)
         if vae is not None:   # set both ways: the model may have served another pipeline's choice
@@ -235,6 +238,7 @@ class HunyuanT2IPipeline:
         limits = Limits.of(self.cfg)
         for req in reqs:
             req.check(limits)   # the request's one check (the CLI's and the server's): a bad field, before any work
+        self._set_loras(reqs)
         batch = BatchMembers(len(reqs), progress)
         profiler = profiler or NullProfiler()
         runs = [RequestRun.fresh(self.device, batch.progress_of(j), profiler) for j in range(len(reqs))]
@@ -272,6 +276,25 @@ class HunyuanT2IPipeline:
             run.timings.setdefault("ar_decode_per_token", 0.0)
             results.append(T2IResult(image, latents[j], p.tokens, p.ratio, p.image_size, run.timings, run.record))
         return results
+
+    def _set_loras(self, reqs: list[T2IRequest]) -> None:
+        """Every row of every phase carries the requests' adapters (their `loras`), in the AR
+        and the denoise phase alike. The requests of one batch carry the same adapters here:
+        a `RequestError` naming `loras` otherwise, and for a name that is not resident."""
+        adapters = {tuple(req.loras) for req in reqs}
+        if self.loras is None:
+            if any(adapters):
+                raise RequestError("loras", "this pipeline has no LoRA adapters resident (the CLI's --lora)")
+            return
+        if len(adapters) > 1:
+            raise RequestError("loras", f"the requests of one batch carry different adapters ({sorted(adapters)}): "
+                                        "HunyuanImage-3 runs one adapter set a batch")
+        (rows,) = adapters
+        try:
+            self.loras.check(rows)
+        except ValueError as e:
+            raise RequestError("loras", str(e)) from None
+        self.loras.set_rows([rows])
 
     def run_ar_phases(self, reqs: list[T2IRequest], runs: list[RequestRun],
                       batch: BatchMembers) -> dict[int, _Prepared]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from dtgen.batching import Progress
 from dtgen.profiling import NullProfiler
 from dtgen.requests import MAX_SEED, MAX_STEPS, parse_size
-from dtgen.schema import check_bounds, request_field
+from dtgen.schema import check_bounds, loras_field, request_field
 from dtgen.requests import RequestError
 from dtgen.step_cache import StepCacheError, TaylorConfig, merged_report, step_cache_config
 from dtgen.timing import Timer
@@ -127,6 +127,8 @@ class T2IRequest:
              "first_enhance, first_enhance_steps, tailing_enhance, tailing_enhance_steps, low_freqs_order, "
              "high_freqs_order) or 'taylorseer' (diffusers'; interval, disable_before, disable_after, order, "
              "factors_dtype); e.g. taylor:interval=5,order=2")
+    # LoRA adapters (dtgen/lora), applied in both phases (AR and denoise)
+    loras: tuple[tuple[str, float], ...] = loras_field()
 
     def check(self, limits: Limits, edit_prefix=None) -> None:
         """Raise `RequestError(field, message)` for the first bad field; then, with the

@@ -25,7 +25,7 @@ from kernels.qk_norm_rope_kv import qk_norm_rope_kv
 from kernels.split_kv_decode import split_kv_decode
 
 from dtgen.attention import AttentionMeta, DecodeBatch, KVCache, LayerKVCache, LocalAttention
-from dtgen.layers.linear import empty_param
+from dtgen.layers.linear import ProductSite, empty_param
 from dtgen.layers.norms import RMSNorm   # rounding "input": variance in float32, cast back before the weight
 from dtgen.layers.rope import apply_rope
 from dtgen.seq_split import GatherRows, SeqSplits, SplitRows
@@ -97,10 +97,16 @@ def gated_act(u: torch.Tensor) -> torch.Tensor:
 class GatedMLP(nn.Module):
     """down(x1 * silu(x2)) with the gate/up weight held as M micro packs [M, 2*I_m, H]."""
 
+    # Each weight's product passes through a site (the identity) where a LoRA pair on the
+    # official `gate_and_up_proj` / `down_proj` linear adds its delta (dtgen/lora).
+    lora_sites = {"gate_and_up_proj": "gate_and_up_out", "down_proj": "down_out"}
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_and_up_proj = empty_param(1, 2 * intermediate, hidden)
         self.down_proj = empty_param(hidden, intermediate)
+        self.gate_and_up_out = ProductSite()
+        self.down_out = ProductSite()
         # FP8 (`use_fp8`): both weights in e4m3 with one scale per output channel,
         # gate_and_up_scale [M, 2*I_m] (packed like its rows), down_scale [H].
         self.gate_and_up_scale: nn.Parameter | None = None
@@ -113,10 +119,13 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         packs = self.gate_and_up_proj.shape[0]
         if self.gate_and_up_scale is not None:
-            u = fp8_linear(x, self.gate_and_up_proj.flatten(0, 1), self.gate_and_up_scale.flatten())
-            return fp8_linear(gated_act(u.unflatten(-1, (packs, 2, -1))), self.down_proj, self.down_scale)
-        u = F.linear(x, self.gate_and_up_proj.flatten(0, 1)).unflatten(-1, (packs, 2, -1))
-        return F.linear(gated_act(u), self.down_proj)
+            u = self.gate_and_up_out(x, fp8_linear(x, self.gate_and_up_proj.flatten(0, 1),
+                                                   self.gate_and_up_scale.flatten()))
+            h = gated_act(u.unflatten(-1, (packs, 2, -1)))
+            return self.down_out(h, fp8_linear(h, self.down_proj, self.down_scale))
+        u = self.gate_and_up_out(x, F.linear(x, self.gate_and_up_proj.flatten(0, 1))).unflatten(-1, (packs, 2, -1))
+        h = gated_act(u)
+        return self.down_out(h, F.linear(h, self.down_proj))
 
 
 def experts_eager(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -177,6 +186,9 @@ class Router(nn.Module):
     def __init__(self, hidden: int, num_experts: int):
         super().__init__()
         self.wg = nn.Linear(hidden, num_experts, bias=False, dtype=torch.float32)
+        # a LoRA pair would not reach the logits: `MoE.route` reads the weight itself (the fused
+        # top-k op on GPU), never calls this linear
+        self.wg.lora_refused = "is the MoE router, whose logits are computed from its weight directly"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.float(), self.wg.weight.float())
@@ -217,8 +229,8 @@ class MoE(nn.Module):
         else:
             out = torch.cat([self.experts(flat[i:i + chunk], ids[i:i + chunk], weights[i:i + chunk])
                              for i in range(0, flat.shape[0], chunk)])
-        if self.shared_mlp is not None:
-            out = out + self.shared_mlp(flat)
+        if self.shared_mlp is not None:   # on x's own rows: a LoRA delta on it may differ per batch row
+            out = out + self.shared_mlp(x).view_as(flat)
         return out.view_as(x)
 
 
