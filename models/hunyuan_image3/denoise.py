@@ -84,6 +84,7 @@ class DenoisePhase:
     batch); each run gets its timings and record (velocity, step_inputs, latents, ...)."""
 
     def __init__(self, stack: DecoderStack, controller, steps: CompiledSteps, is_main: bool = True):
+        self.loras = None   # the pipeline's resident LoRA adapters (dtgen.lora.ResidentLoras), if any
         self.stack = stack
         self.model, self.cfg, self.device = stack.model, stack.cfg, stack.device
         self.controller = controller
@@ -243,6 +244,7 @@ class DenoiseRows:
 
     def __init__(self, phase: DenoisePhase, rt, members: list[DenoiseMember], sigmas: torch.Tensor):
         self.phase, self.sigmas, self.members = phase, sigmas, members
+        self.loras = phase.loras   # the loop sets each call's rows from its members' requests
         self.distilled = bool(phase.cfg.cfg_distilled)   # the guidance is embedded: one row, no unconditional one
         self.cfg_together = members[0].req.cfg_mode == "batch"
         self.calls = denoise_loop.cfg_calls(rt, 1 if self.distilled else 2, self.cfg_together).calls

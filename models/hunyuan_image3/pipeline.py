@@ -144,7 +144,6 @@ class HunyuanT2IPipeline:
                                 decode_impl or ("triton" if self.device.type == "cuda" else "sdpa"), is_main)
         self.denoise_phase = DenoisePhase(self.stack, controller, self.steps, is_main)
         self.edit_condition = EditCondition(model, tokenizer, self.device, vae_row_chunks)
-        # dtgen.lora.ResidentLoras: the adapters a request's `loras` may name (None: no adapters)
         self.loras = None
         vae = getattr(model, "vae", None)
         self.vae_layout = _resolve_vae_layout(vae_layout, vae, self.device)
@@ -189,6 +188,16 @@ class HunyuanT2IPipeline:
                     condition: ConditionTokens | None = None, noise: torch.Tensor | None = None) -> torch.Tensor:
         """One request's denoise loop (`DenoisePhase.run_denoise`)."""
         return self.denoise_phase.run_denoise(req, seq, run, condition, noise)
+
+    @property
+    def loras(self):
+        """dtgen.lora.ResidentLoras: the adapters a request's `loras` may name (None: no adapters).
+        The denoise phase reads them too: the shared loop sets each call's rows from them."""
+        return self.denoise_phase.loras
+
+    @loras.setter
+    def loras(self, loras) -> None:
+        self.denoise_phase.loras = loras
 
     def run_denoise_batch(self, members: list[DenoiseMember], batch: BatchMembers,
                           in_batch: list[int] | None = None) -> list[torch.Tensor | None]:

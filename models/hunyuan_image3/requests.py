@@ -128,7 +128,9 @@ class T2IRequest:
              "high_freqs_order) or 'taylorseer' (diffusers'; interval, disable_before, disable_after, order, "
              "factors_dtype); e.g. taylor:interval=5,order=2")
     # LoRA adapters (dtgen/lora), applied in both phases (AR and denoise)
-    loras: tuple[tuple[str, float], ...] = loras_field()
+    # The command's adapters only: a CUDA-graph decode step replays the adapter set it was
+    # recorded with, so a server's requests cannot switch sets (yet).
+    loras: tuple[tuple[str, float], ...] = loras_field(per_request=False)
 
     def check(self, limits: Limits, edit_prefix=None) -> None:
         """Raise `RequestError(field, message)` for the first bad field; then, with the

@@ -142,10 +142,12 @@ class HunyuanServeAdapter:
         edit its reference's shape and the system prompt's length too.
         After the AR phase the pipeline groups the batch again by the exact shape, so a
         request whose AR ends early or whose `auto` size differs still comes out right: it
-        only runs its denoise apart."""
+        only runs its denoise apart. Its LoRA adapters too: this pipeline runs one adapter set
+        a batch, in both phases (`HunyuanT2IPipeline._set_loras`)."""
         pipe = self.pipe
         text = 1 + len(pipe.tok.encode(req.prompt) if req.prompt_ids is None else req.prompt_ids) + req.max_new_tokens
-        common = BUCKETS.key(req, pad_rows(text, pipe.prompt_bucket))   # (size, rows, steps, shift, CFG, cache)
+        # (size, rows, steps, shift, CFG, cache), then the adapters
+        common = BUCKETS.key(req, pad_rows(text, pipe.prompt_bucket)) + (tuple(req.loras),)
         if req.reference is None:
             return ("t2i",) + common
         return ("edit", tuple(req.reference.shape), len(pipe.tok.encode(req.system_prompt))) + common

@@ -77,7 +77,8 @@ def test_a_model_whose_spec_names_no_batch_refuses_max_batch_over_one():
 def test_the_batch_key_is_the_specs_bucket():
     """A request's batch key is its bucket as models/hunyuan_image3/spec.py declares it: the
     size, the denoise text (<bos>, the prompt, max_new_tokens) padded to --prompt-bucket
-    rows (0: its exact rows), then the steps, the shift, the CFG mode and the step cache."""
+    rows (0: its exact rows), then the steps, the shift, the CFG mode and the step cache; then
+    its LoRA adapters (the pipeline runs one adapter set a batch)."""
     from types import SimpleNamespace
 
     from models.hunyuan_image3.requests import T2IRequest
@@ -88,7 +89,8 @@ def test_the_batch_key_is_the_specs_bucket():
         return HunyuanServeAdapter.batch_key(SimpleNamespace(pipe=SimpleNamespace(tok=tok, prompt_bucket=bucket)), req)
 
     req = T2IRequest(prompt_ids=tuple(range(10)), max_new_tokens=5, image_size="1024x768", steps=8, cfg_mode="batch")
-    assert key(req, 16) == ("t2i", "1024x768", 16, 8, 3.0, "batch", None)   # 1 + 10 + 5 rows: one bucket of 16
+    assert key(req, 16) == ("t2i", "1024x768", 16, 8, 3.0, "batch", None, ())   # 1 + 10 + 5 rows: a bucket of 16
     assert key(replace(req, max_new_tokens=6), 16)[2] == 32 and key(replace(req, max_new_tokens=6), 0)[2] == 17
     assert key(T2IRequest(prompt="a red fox", max_new_tokens=2), 0)[1:3] == ("auto", 6)
     assert key(replace(req, step_cache="taylor"), 16) != key(req, 16) != key(replace(req, steps=9), 16)
+    assert key(replace(req, loras=(("style", 0.8),)), 16) != key(req, 16)
