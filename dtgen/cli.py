@@ -88,14 +88,16 @@ def _server_problem(args, spec: ModelSpec) -> str | None:
         return f"--deadline must be > 0 seconds, got {args.deadline}"
     if args.max_batch is not None and args.max_batch < 1:
         return f"--max-batch must be >= 1, got {args.max_batch}"
-    if args.max_loras is not None and not hasattr(args, "lora"):   # a model whose command has no --lora
-        return f"--max-loras: {spec.title}'s server takes no LoRA adapters"
-    args.max_loras = 8 if args.max_loras is None else args.max_loras
-    if args.max_loras < 1:
-        return f"--max-loras must be >= 1, got {args.max_loras}"
-    resident = 0 if getattr(args, "lora_merge", False) else len(getattr(args, "lora", None) or [])
-    if resident > args.max_loras:
-        return f"--max-loras {args.max_loras}: {resident} --lora adapters are resident from the start"
+    if not hasattr(args, "lora"):   # a model whose command has no --lora
+        if args.max_loras is not None:
+            return f"--max-loras: {spec.title}'s server takes no LoRA adapters"
+    else:
+        args.max_loras = 8 if args.max_loras is None else args.max_loras
+        if args.max_loras < 1:
+            return f"--max-loras must be >= 1, got {args.max_loras}"
+        resident = 0 if getattr(args, "lora_merge", False) else len(args.lora or [])
+        if resident > args.max_loras:
+            return f"--max-loras {args.max_loras}: {resident} --lora adapters are resident from the start"
     if not spec.batches:
         if args.max_batch is not None and args.max_batch > 1:
             return (f"--max-batch {args.max_batch}: {spec.title}'s server runs one request at a time (its spec "

@@ -10,6 +10,7 @@ import pytest
 from dtgen.checkpoint import CheckpointError
 from dtgen.launch import RankFailure, run_on_ranks
 from dtgen.plan import PlanError
+from dtgen.requests import RequestError
 
 HEADS = "plan 'ulysses2', phase 'denoise' (TP1 x SP2): Ulysses: cannot split 1 query / 1 KV heads over 2 ranks"
 
@@ -24,6 +25,10 @@ def _checkpoint_error_on_rank_0(ctx):
     raise RuntimeError("a bug on rank 1")
 
 
+def _request_error_everywhere(ctx):
+    raise RequestError("image", "the reference image's tokens need 3756 positions; the model has 2048")
+
+
 def _dies(ctx):
     if ctx.rank == 1:
         os._exit(7)
@@ -35,6 +40,21 @@ def test_a_plan_error_on_every_rank_is_one_line_once():
         run_on_ranks(_plan_error_everywhere, 2, timeout_s=30)
     assert err.value.line == HEADS and err.value.report() == HEADS and not err.value.told
     assert "--- rank 1 ---" in str(err.value), "the tracebacks stay in the exception"
+
+
+def test_a_request_the_model_cannot_take_is_one_line_once_and_so_in_one_process(capsys):
+    """A request error found on the ranks (a sequence longer than the model's positions): one
+    line naming the field, once; in one process the command says the same line (exit 1)."""
+    with pytest.raises(RankFailure) as err:
+        run_on_ranks(_request_error_everywhere, 2, timeout_s=30)
+    line = "image: the reference image's tokens need 3756 positions; the model has 2048"
+    assert err.value.report() == line
+    from argparse import Namespace
+
+    from dtgen.harness import example_main
+    code = example_main(Namespace(world_size=1, stall_timeout=60.0), lambda args: (None, False),
+                        lambda ctx, args: _request_error_everywhere(ctx), lambda *a: None)
+    assert code == 1 and capsys.readouterr().err.splitlines() == [f"error: {line}"]
 
 
 def test_another_error_beside_it_keeps_every_traceback():

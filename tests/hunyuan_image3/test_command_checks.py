@@ -41,27 +41,22 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_before_loading(tmp_path):
         assert not tiny and problem is not None and problem.startswith(line), problem
 
 
-def test_an_edit_too_long_for_the_model_is_one_line_naming_the_image(tmp_path):
-    """A reference image whose tokens, with the prompt, overflow the tiny model's positions is
-    found once the ranks process it: one line naming `image` on 1 and on 2 ranks (no traceback),
-    and nothing written."""
-    import subprocess
-    import sys
 
-    import numpy as np
-    from PIL import Image
+def test_a_sequence_too_long_for_the_positions_names_the_requests_field():
+    """Found once the ranks build the sequence (an edit's reference tokens are known only then):
+    a RequestError naming the field (`image`, `max_new_tokens`), which the ranks print once in
+    one line (tests/framework/test_launch_one_line.py) and a server answers with a 422."""
+    import pytest
 
-    from tests.support.serve import ROOT
-    image = tmp_path / "wide.png"
-    Image.fromarray((np.random.default_rng(0).random((90, 160, 3)) * 255).astype("uint8")).save(image)
-    for ranks in (["--world-size", "1"], ["--world-size", "2", "--plan", "tp2"]):
-        output = tmp_path / "edit.png"
-        done = subprocess.run([sys.executable, "-m", "dtgen", "run", "--model", "hunyuan-image3", "--image", str(image),
-                               "--output", str(output), *ranks], cwd=ROOT, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 1, done.stderr
-        assert "Traceback" not in done.stderr, done.stderr
-        assert done.stderr.strip().splitlines() == [
-            "error: image: AR sequence (the reference image's tokens + prompt + max_new_tokens + <boi><img_size>) "
-            "needs 3756 positions; the model's max_position_embeddings is 2048"], done.stderr
-        assert not output.exists()
+    from dtgen.requests import RequestError
+    from models.hunyuan_image3.stack import DecoderStack
+    from models.hunyuan_image3.tiny import tiny_config
+    from types import SimpleNamespace
+    stack = SimpleNamespace(cfg=SimpleNamespace(max_position_embeddings=tiny_config(1)["max_position_embeddings"]))
+    with pytest.raises(RequestError) as err:
+        DecoderStack.check_budget(stack, 3756, "AR sequence (the reference image's tokens + prompt)", "image")
+    assert err.value.field == "image" and str(err.value) == (
+        "image: AR sequence (the reference image's tokens + prompt) needs 3756 positions; the model's "
+        "max_position_embeddings is 2048")
+    with pytest.raises(ValueError, match="^warm-up shape needs 3000 positions"):   # not a request's: no field
+        DecoderStack.check_budget(stack, 3000, "warm-up shape")

@@ -66,7 +66,7 @@ def test_a_model_whose_spec_names_no_batch_refuses_max_batch_over_one():
 
     from dtgen.cli import _server_problem
     args = SimpleNamespace(port=8000, max_queued=16, ping=1.0, end_timeout=10.0, max_upload_mb=32.0, deadline=None,
-                           max_batch=2)
+                           max_batch=2, max_loras=None)
     assert _server_problem(args, SimpleNamespace(batches=False, title="TinyDiT")) == \
         "--max-batch 2: TinyDiT's server runs one request at a time (its spec names nothing a batch shares); " \
         "use --max-batch 1"
