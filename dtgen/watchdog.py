@@ -345,7 +345,7 @@ class PeerWatch:
         os._exit(PEER_DIED_EXIT)
 
 
-def _exit_code(pid: int, wait_s: float = 0.5) -> int | None:
+def _exit_code(pid: int, wait_s: float = 0.2) -> int | None:
     """How process `pid` ended, as multiprocessing writes it (-signal, or the exit status),
     read from its /proc entry while its parent has not reaped it (a zombie keeps its exit
     status there); None when that is gone too."""

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.faults,
 
 SERVER = ("--model", "qwen-image", "--world-size", "2", "--plan", "tp2", "--steps", "2", "--ping", "0.2",
           "--max-queued", "8", "--no-warmup")
+READY_503_WITHIN_S = 1.0
 GONE_WITHIN_S = 5.0
 SEEN_IDS: set[str] = set()   # every job id any server of this module answered
 
@@ -149,7 +150,10 @@ def test_rank_1_killed_inside_a_step_answers_every_request_503_and_ends_the_job(
     for status, body, _ in answers:
         assert status == 503 and line.fullmatch(body["error"]["message"]), (status, body)
     assert answers[0][1] == answers[1][1]
-    assert [s for t, s in ready if t > 0.5] == [503] * len([t for t, _ in ready if t > 0.5]), ready
+    # "at once": within a second of the kill, on a CI machine whose 2 cores run 3 test workers and
+    # their ranks (the peer watch's thread wakes on the pidfd, then reads how the rank ended)
+    late = [s for t, s in ready if t > READY_503_WITHIN_S]
+    assert late == [503] * len(late), ready
     errors = error_lines(log)
     assert len(errors) == 1 and errors[0] == f"error: the server stops: {answers[0][1]['error']['message']}", \
         log.read_text()[-3000:]
