@@ -240,8 +240,8 @@ def _refused(board):
 @pytest.mark.parametrize("failing_rank, what", [(1, "error"), (0, "oom")])
 def test_a_rank_that_raises_inside_a_step_fails_the_job_and_ends_the_server_with_its_message(
         tmp_path, failing_rank, what):
-    """Issue 30's hang: rank 1 raising between two collectives of a step left rank 0 blocked
-    in the second one, its job "running" forever. Now: the job fails with rank 1's message
+    """Rank 1 raising between two collectives of a step must not leave rank 0 blocked in the
+    second one, its job "running" forever: the job fails with rank 1's message
     at once (rank 0 sees it waits in a collective rank 1 left); rank 0's own out of memory
     inside a step answers 503 at once and ends the server after the end timeout (2 s here),
     since rank 1 never leaves the collective. Either way the server ends with the message."""
