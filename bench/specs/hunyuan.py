@@ -215,7 +215,7 @@ CPU = Table("hunyuan-cpu", "Step caches' accuracy, compile time, the server unde
            Verdict(Value(f"load[concurrency={c}].every_request_answered", lambda v: v), 1.0, ">=",
                    "every request answered")], file=SERVE_LOAD) for c in (1, 4, 16)],
 ], note="The step-cache cases are the golden tiny models in float32, each cache against the same case run "
-        "uncached. Compile: the reduced-width model on this CPU. The load: 100 requests a level, random sizes, "
+        "uncached. Compile: the reduced-width model on this CPU. The load: 40 requests a level, random sizes, "
         "10% cancelled, 5% malformed, 5% clients that leave, on a shared 2-core machine (its throughput, not "
         "the server's alone).")
 

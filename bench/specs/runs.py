@@ -40,7 +40,7 @@ REGIONS_WARM = "h200x2-2026-12-01-regions/tp2_32_regions_warm.json"
 # ---- HunyuanImage-3.0, CPU ------------------------------------------------------------------------------
 STEP_CACHE_DEVIATION = "cpu-2026-12-01-step-cache/deviation.json"
 COMPILE_DEPTH = "compile-cpu-2026-11-30.json"
-SERVE_LOAD = "cpu-2026-12-02-serve-load-trim/bench_serve.json"
+SERVE_LOAD = "cpu-2026-12-05-serve-load/bench_serve_3_levels.json"
 # ---- Wan ---------------------------------------------------------------------------------------------------
 WAN_PEERS = ("h200-2026-12-03-fp8-attention/default-tiles/wan_peers.json",
              "h200-2026-12-03-side-stream-cfg/long-key-tiles/wan_peers.json")
@@ -97,8 +97,8 @@ RUNS: dict[str, RunInfo] = {
     STEP_CACHE_DEVIATION: RunInfo("python -m bench step-cache hunyuan --deviation --out deviation.json"),
     COMPILE_DEPTH: RunInfo("python -m bench compile depth --layers 2,16 --modes regions,whole --out compile_depth.json",
                            software=CPU_STACK),
-    SERVE_LOAD: RunInfo("python -m bench serve server --requests 100 --overhead-requests 0 --budget 4200 "
-                        "--out serve_load.json", software=CPU_STACK),
+    SERVE_LOAD: RunInfo("python -m bench.bench_serve --requests 40 --overhead-requests 0 --budget 1000 "
+                        "--out bench_serve_3_levels.json", software=CPU_STACK),
     WAN_PEERS[0]: RunInfo("python -m bench peers wan --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
                           "--out wan_peers.json", software=WITH_DIFFUSERS),
     WAN_PEERS[1]: RunInfo("python -m bench peers wan --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8 "
