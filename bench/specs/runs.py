@@ -97,7 +97,7 @@ RUNS: dict[str, RunInfo] = {
     STEP_CACHE_DEVIATION: RunInfo("python -m bench step-cache hunyuan --deviation --out deviation.json"),
     COMPILE_DEPTH: RunInfo("python -m bench compile depth --layers 2,16 --modes regions,whole --out compile_depth.json",
                            software=CPU_STACK),
-    SERVE_LOAD: RunInfo("python -m bench.bench_serve --requests 40 --overhead-requests 0 --budget 1000 "
+    SERVE_LOAD: RunInfo("python -m bench serve server --requests 40 --overhead-requests 0 --budget 1000 "
                         "--out bench_serve_3_levels.json", software=CPU_STACK),
     WAN_PEERS[0]: RunInfo("python -m bench peers wan --models 1.3B,14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
                           "--out wan_peers.json", software=WITH_DIFFUSERS),
