@@ -206,7 +206,8 @@ def _rank_pids(rank: int, world: int) -> dict[int, int]:
 
 # Modules every rank process imports before it forks (see `_rank_context`); a program or a
 # pytest run (tests/conftest.py) adds its model code here before its first pool.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "dtgen.launch"]
+# `dtgen.forkserver_watch` ends the fork server with its launcher.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "dtgen.launch", "dtgen.forkserver_watch"]
 
 
 def _rank_context(preload: tuple[str, ...]):
