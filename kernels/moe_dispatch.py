@@ -16,6 +16,9 @@ CUDA: decode MoE for <= 16 tokens, the fused grouped GEMMs above); "graph": "aut
 compiled steps trace torch._grouped_mm for inductor to tune; "reference", "fused",
 "grouped_mm", "triton", "two_dispatch", "flashinfer": forced variants of the multi-micro op.
 FP8 experts always run `experts_op_fp8` ("reference" forces its torch emulation).
+FP8_ONLY_IMPLS, for FP8 experts only: "scaled_grouped_mm" runs their GEMMs above
+DECODE_MOE_MAX_TOKENS rows in torch._scaled_grouped_mm (`kernels/moe_scaled_grouped_mm.py`:
+channel scales, sm90) instead of the fused Triton kernels; `moe_impl_problem` says where it cannot.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from kernels.fp8_quant import fp8_support_problem
 from kernels.moe_decode import moe_decode, moe_decode_fp8
 from kernels.moe_multi_micro import (
     MULTI_MICRO_IMPLS,
@@ -32,23 +36,55 @@ from kernels.moe_multi_micro import (
     moe_multi_micro_fp8,
     moe_multi_micro_graph,
 )
+from kernels.moe_scaled_grouped_mm import scaled_grouped_mm_problem
 
 # Up to this many tokens the decode MoE (which reads only the chosen experts) beats the
 # grouped-GEMM path on a GPU.
 DECODE_MOE_MAX_TOKENS = 16
-MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS
+FP8_ONLY_IMPLS = ("scaled_grouped_mm",)
+MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS + FP8_ONLY_IMPLS
+# FP8 recipes whose weight scales are one per row (kernels/fp8_quant.py): "tensor" is held as channels.
+ROWWISE_FP8_RECIPES = ("channels", "tensor")
+
+
+def moe_impl_problem(impl: str, fp8_recipe: str | None) -> str | None:
+    """Why the routed experts cannot run `impl`, in one line naming the option, or None.
+    fp8_recipe: the FP8 experts' scale recipe, None for experts in the model dtype."""
+    if impl not in MOE_IMPLS:
+        return f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}"
+    if impl not in FP8_ONLY_IMPLS:
+        return None
+    if fp8_recipe is None:
+        return f"MoE implementation {impl!r} runs FP8 experts only (--moe-dtype fp8)"
+    if fp8_recipe not in ROWWISE_FP8_RECIPES:
+        return (f"MoE implementation {impl!r} takes one scale per weight row (--fp8-scales "
+                f"{' or '.join(ROWWISE_FP8_RECIPES)}), not {fp8_recipe!r}")
+    return None
+
+
+def moe_impl_device_problem(impl: str, device: torch.device) -> str | None:
+    """Why `impl` cannot run on `device`, in one line naming the option, or None (asked on each
+    rank before any weight is read: the launcher does not touch the GPU)."""
+    if impl not in FP8_ONLY_IMPLS:
+        return None
+    problem = fp8_support_problem(device) or scaled_grouped_mm_problem(device)
+    return f"MoE implementation {impl!r}: {problem}" if problem else None
 
 
 def experts_impl(impl: str, eager: Callable) -> Callable:
     """The routed-experts callable for `impl` (experts_op's signature, bound): `eager` (the
     model's plain loop) for "eager", else `experts_op` with `impl`."""
-    if impl not in MOE_IMPLS:
-        raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
+    problem = moe_impl_problem(impl, None)
+    if problem:
+        raise ValueError(problem)
     return eager if impl == "eager" else partial(experts_op, impl=impl)
 
 
 def experts_impl_fp8(impl: str) -> Callable:
-    """The FP8 experts' callable for `impl`: always `experts_op_fp8` (only "reference" changes it)."""
+    """The FP8 experts' callable for `impl`: always `experts_op_fp8` (only "reference" and the
+    FP8-only impls change it)."""
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}")
     return partial(experts_op_fp8, impl=impl)
 
 
@@ -72,7 +108,10 @@ def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, do
     """FP8 experts: up to DECODE_MOE_MAX_TOKENS tokens the decode op (weight-only FP8: it
     reads weights, so halving their bytes is what pays), above them `moe_multi_micro_fp8`
     (x and the activation in e4m3 too: it is compute-bound). On every device alike, so the
-    CPU's torch emulations follow the GPU's numerics; impl "reference" forces them on CUDA."""
-    impl = "reference" if impl == "reference" else "auto"
-    op = moe_decode_fp8 if x.shape[0] <= DECODE_MOE_MAX_TOKENS else moe_multi_micro_fp8
-    return op(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)
+    CPU's torch emulations follow the GPU's numerics; impl "reference" forces them on CUDA.
+    "scaled_grouped_mm": above DECODE_MOE_MAX_TOKENS, the GEMMs in torch._scaled_grouped_mm."""
+    if x.shape[0] <= DECODE_MOE_MAX_TOKENS:
+        return moe_decode_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
+                              impl="reference" if impl == "reference" else "auto")
+    impl = impl if impl in ("reference",) + FP8_ONLY_IMPLS else "auto"
+    return moe_multi_micro_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)

@@ -27,7 +27,8 @@ Its time on an H200 at HunyuanImage-3's denoise shapes (two micros of 768), agai
 bench/results/h200-2026-12-01-moe/ (bench_moe_prefill.json, bench_grouped_gemm.json).
 
 FP8 experts (`moe_multi_micro_fp8`, bottom of this file): the same pipeline on e4m3 in
-either recipe of `kernels.fp8_quant`.
+either recipe of `kernels.fp8_quant`; with channel scales, impl "scaled_grouped_mm" runs the
+two GEMMs in torch's CUTLASS kernel instead (`kernels.moe_scaled_grouped_mm`).
 """
 from typing import NamedTuple
 
@@ -56,6 +57,7 @@ from kernels.moe_grouped_gemm import (
     moe_experts_fp8_channels_reference,
 )
 from kernels.moe_routing import MoeRouting, moe_route
+from kernels.moe_scaled_grouped_mm import experts_partials, scaled_grouped_mm_problem, shape_problem
 
 MULTI_MICRO_IMPLS = ("auto", "reference", "fused", "grouped_mm", "triton", "two_dispatch", "flashinfer")
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -651,12 +653,24 @@ def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down
     return moe_finalize(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
 
 
+def _moe_fp8_scaled_grouped_mm(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
+    """`kernels.moe_scaled_grouped_mm`: x per token, the GEMMs in torch._scaled_grouped_mm, one
+    bf16 partial per micro and slot; the finalize sums them."""
+    routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
+    x_q, x_scale = quantize_rows(x)
+    partials = experts_partials(x_q, x_scale, routing.pair_of_slot // topk_ids.shape[1], w_gate_up, w_gate_up_scale,
+                                w_down, w_down_scale, routing.expert_ends)
+    return moe_finalize(partials, routing.slot_of_pair, topk_weights, x.dtype)
+
+
 @torch.library.custom_op("dtgen::moe_multi_micro_fp8", mutates_args=())
 def _moe_multi_micro_fp8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                             w_gate_up: torch.Tensor, w_gate_up_scale: torch.Tensor, w_down: torch.Tensor,
                             w_down_scale: torch.Tensor, impl: str) -> torch.Tensor:
     if impl == "reference" or (impl == "auto" and not x.is_cuda):
         return moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
+    if impl == "scaled_grouped_mm":
+        return _moe_fp8_scaled_grouped_mm(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
     return _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
 
 
@@ -665,7 +679,7 @@ def _(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scal
     return x.new_empty(x.shape)
 
 
-FP8_IMPLS = ("auto", "reference", "fused")
+FP8_IMPLS = ("auto", "reference", "fused", "scaled_grouped_mm")
 
 
 def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale,
@@ -677,12 +691,19 @@ def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w
     per output channel, x and the activation per row, scaled once after each GEMM's K loop).
     x stays bf16 (or fp16/fp32) and is quantized inside.
     impl: "auto" (CUDA: the fused kernels; CPU: the emulating reference), "reference",
-    "fused" (on CPU only under TRITON_INTERPRET=1). ONE node of dtgen::moe_multi_micro_fp8."""
+    "fused" (on CPU only under TRITON_INTERPRET=1), "scaled_grouped_mm" (`kernels.moe_scaled_grouped_mm`:
+    torch's CUTLASS rowwise FP8 grouped GEMM; channel scales, sm90). ONE node of dtgen::moe_multi_micro_fp8."""
     if impl not in FP8_IMPLS:
         raise ValueError(f"impl must be one of {FP8_IMPLS}, got {impl!r}")
     dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
-    check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
+    recipe = check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
     problem = fp8_support_problem(x.device)
+    if impl == "scaled_grouped_mm":
+        if recipe != "channels":
+            raise ValueError(f"impl 'scaled_grouped_mm' takes one scale per weight row (FP8 recipe 'channels' or "
+                             f"'tensor'), got {recipe!r} scales")
+        problem = problem or scaled_grouped_mm_problem(x.device) or shape_problem(dims.micros, dims.experts,
+                                                                                  dims.hidden, dims.inter)
     if problem:
         raise RuntimeError(problem)
     if impl == "fused":

@@ -48,7 +48,7 @@ from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
 from models.hunyuan_image3.loading import MOE_DTYPES, load, lora_targets, memory_budget_problem
 from models.hunyuan_image3.tokenizer import load_tokenizer
-from kernels.moe_dispatch import MOE_IMPLS
+from kernels.moe_dispatch import MOE_IMPLS, moe_impl_problem
 from models.hunyuan_image3.model import set_moe_token_chunk
 from models.hunyuan_image3.presets import full_config
 from models.hunyuan_image3.requests import (Limits, OFFICIAL_TAYLOR_KNOBS, T2IRequest, filler_ids, size_to_hw,
@@ -116,7 +116,9 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
         else:
             official.add_argument(flag, type=kind, default=None, metavar="N", help=f"(default: {default})")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
-                   help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant")
+                   help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant; "
+                        "'scaled_grouped_mm': FP8 experts' GEMMs in torch._scaled_grouped_mm (--moe-dtype fp8 with "
+                        "channel or tensor scales, sm90)")
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")
@@ -513,6 +515,9 @@ def _check_args(args, plan) -> str | None:
     if args.fp8_scales is not None and args.moe_dtype != "fp8":
         return f"--fp8-scales {args.fp8_scales} needs --moe-dtype fp8 (the scales of FP8 experts)"
     args.fp8_scales = args.fp8_scales or "channels"
+    problem = moe_impl_problem(args.moe_impl, args.fp8_scales if args.moe_dtype == "fp8" else None)
+    if problem:
+        return f"--moe-impl {args.moe_impl}: {problem}"
     if args.moe_token_chunk is not None and args.moe_token_chunk < 1:
         return f"--moe-token-chunk must be at least 1, got {args.moe_token_chunk}"
     if args.vae_chunks is not None and args.vae_chunks < 1:

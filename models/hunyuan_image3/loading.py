@@ -23,6 +23,7 @@ from dtgen.lora import ResidentLoras
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
+from kernels.moe_dispatch import moe_impl_device_problem, moe_impl_problem
 
 from .config import HunyuanImage3Config
 from .model import HunyuanImage3ForCausalMM, set_moe_impl, unused_checkpoint_prefixes, use_fp8_dense, use_fp8_experts
@@ -208,6 +209,12 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
         problem = fp8_support_problem(device)
         if problem:
             raise RuntimeError(f"--moe-dtype fp8: {problem}")
+    problem = moe_impl_problem(moe_impl, fp8_scales if moe_dtype == "fp8" else None)
+    if problem:
+        raise ValueError(problem)
+    problem = moe_impl_device_problem(moe_impl, device)
+    if problem:
+        raise RuntimeError(problem)
     check_dense_dtype(dense_dtype, device)
     if random_config is not None:
         cfg = HunyuanImage3Config.from_dict(random_config)

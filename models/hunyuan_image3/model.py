@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.moe_dispatch import experts_impl, experts_impl_fp8
+from kernels.moe_dispatch import FP8_ONLY_IMPLS, experts_impl, experts_impl_fp8, moe_impl_problem
 
 from dtgen.build import ParamSource
 from dtgen.fp8 import swap_fp8_linears
@@ -154,12 +154,16 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     """Pick the routed-experts implementation for every MoE layer: a name of
     `kernels.moe_dispatch.MOE_IMPLS` (its docstring says what each runs); "eager" is the
     plain loop in transformer.py. FP8 experts (`use_fp8_experts`) always run
-    `experts_op_fp8` ("reference" forces its torch emulation).
+    `experts_op_fp8` ("reference" forces its torch emulation); an FP8-only impl
+    ("scaled_grouped_mm") is refused for experts in the model dtype.
     """
-    fn = experts_impl(impl, eager=experts_eager)
+    fn = None if impl in FP8_ONLY_IMPLS else experts_impl(impl, eager=experts_eager)
     for module in model.modules():
         if isinstance(module, Experts):
-            module.impl = fn
+            if fn is None and module.gate_and_up_scale is None:
+                raise ValueError(moe_impl_problem(impl, None))
+            if fn is not None:
+                module.impl = fn
             module.impl_fp8 = experts_impl_fp8(impl)
 
 

@@ -197,6 +197,10 @@ def test_unknown_device_or_dtype():
     (["--profile-top", "40"], "--profile-top needs --profile"),
     (["--profile", "/tmp/dtgen-never-written", "--profile-top", "0"], "--profile-top must be at least 1, got 0"),
     (["--fp8-scales", "blocks"], "--fp8-scales blocks needs --moe-dtype fp8"),
+    (["--moe-impl", "scaled_grouped_mm"], "--moe-impl scaled_grouped_mm: MoE implementation 'scaled_grouped_mm' "
+                                          "runs FP8 experts only (--moe-dtype fp8)"),
+    (["--moe-impl", "scaled_grouped_mm", "--moe-dtype", "fp8", "--fp8-scales", "blocks"],
+     "takes one scale per weight row (--fp8-scales channels or tensor), not 'blocks'"),
     (["--world-size", "4", "--plan", "hybrid-ring", "--attention-dtype", "fp8"],
      "--attention-dtype fp8 runs under the attention kinds ('local', 'ulysses', 'ulysses-pipelined'); this plan "
      "uses ['ring']"),
