@@ -7,6 +7,11 @@ against 694 (`--autotune`: also inductor's templates). Then `kernels.moe_grouped
 (gate/up reading x through the routing, the activation in its epilogue; down with the micro sum in its K
 loop) against the CUTLASS path doing the same work, bf16 and on e4m3 experts (channel scales), each
 checked against CUTLASS's result. `--sweep`: more tiles; `--flatten`: each persistent tile's loops flattened.
+Beside the fused FP8 kernels (channel scales), torch._scaled_grouped_mm (CUTLASS's rowwise FP8 grouped GEMM,
+sm90; `kernels.moe_scaled_grouped_mm`) on the same e4m3 inputs: its GEMMs alone, the gate/up stage as the op
+runs it (gather of x's e4m3 rows, the GEMMs, the activation quantized), and both experts ops whole (x to the
+output: quantization, routing, finalize), each with its error against the float reference. `--only
+scaled-grouped-mm`: only these FP8 rows (no bf16 rows).
 """
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ import sys
 
 import torch
 
+from kernels import moe_scaled_grouped_mm as sgmm
 from kernels.fp8_quant import quantize_experts, quantize_rows, quantize_rows_by_amax
 from kernels.moe_grouped_gemm import DEFAULT_FUSED_CONFIG, FP8_CHANNELS_CONFIG, GemmTiles, down_sum, gate_up_act
+from kernels.moe_multi_micro import moe_multi_micro_fp8, moe_multi_micro_reference
 from kernels.moe_routing import moe_route
 
 from bench.harness import Bench, median_ms, need_cuda, rel_err
@@ -70,6 +77,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="time the fused kernels' tile sweep, not only the default")
     p.add_argument("--flatten", action="store_true",
                    help="also each timed tile with its work-item loop and K loop pipelined as one (tl.range flatten)")
+    p.add_argument("--only", choices=("scaled-grouped-mm",), default=None,
+                   help="only the FP8 rows: the fused kernels (channel scales) beside torch._scaled_grouped_mm")
     args = b.parse("outputs/bench_grouped_gemm.json")
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         return need_cuda(MODULE + " (and torch._grouped_mm)")
@@ -112,6 +121,10 @@ def main(argv=None) -> int:
     down_flop = 2 * rows * MICROS * INTER * H
     result = {"tokens": args.tokens,
               "max_rows_per_expert": int(counts.max()), "min_rows_per_expert": int(counts.min())}
+    if args.only == "scaled-grouped-mm":
+        result["fused_fp8"] = _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro)
+        b.write(result)
+        return 0
     cases = [("micro_major_gate_up", micro_gate_up, gate_up_flop),
              ("expert_major_gate_up", expert_gate_up, gate_up_flop),
              ("micro_major_down", micro_down, down_flop),
@@ -184,11 +197,11 @@ def _bench_fused_fp8(args, g, ids, gu_micro, dn_micro, act_micro) -> dict:
     return {"target_tflops": TARGET_FP8_TFLOPS,
             "channels": _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro,
                                             act_expected, y_expected, 2 * rows * H * MICROS * 2 * INTER,
-                                            2 * rows * MICROS * INTER * H)}
+                                            2 * rows * MICROS * INTER * H, ids, g)}
 
 
 def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, act_micro, act_expected, y_expected,
-                        gate_up_flop, down_flop) -> dict:
+                        gate_up_flop, down_flop, ids, g) -> dict:
     """The channel-scale recipe: one scale per weight row (per output channel over all
     micros for down) and per activation row, applied after the K loop. gate/up writes a bf16
     activation and its row maxima; a pass quantizes it; down reads e4m3."""
@@ -211,7 +224,72 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
     report["down"] = _tile_rows(args, "fp8 channels down", FP8_CHANNELS_CONFIG.down, FP8_CHANNELS_DOWN_SWEEP,
                                 lambda t: down_sum(act_q, dn_q, ends, t, act_scale=act_s, w_scale=dn_s),
                                 y_expected, down_flop)
+    report["scaled_grouped_mm"] = _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, (gu_q, gu_s, dn_q, dn_s),
+                                                           act_q, act_s, act_expected, y_expected, gate_up_flop,
+                                                           down_flop)
+    report["experts_op"] = _bench_fp8_ops(x_tok, ids, g, gu_micro, dn_micro, (gu_q, gu_s, dn_q, dn_s),
+                                          gate_up_flop + down_flop)
     return report
+
+
+def _row(name: str, fn, expected, flop, as_float=lambda out: out) -> dict:
+    row = _time_row(fn, expected, flop, as_float)
+    print(f"{name:<60}{row['us']:>9.1f} us {row['tflops']:>7.1f} TFLOP/s  err {row['rel_err']:.1e}"
+          if "us" in row else f"{name:<60} failed: {row['error']}")
+    return row
+
+
+def _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, experts_fp8, act_q, act_s, act_expected, y_expected,
+                             gate_up_flop, down_flop) -> dict:
+    """torch._scaled_grouped_mm on the fused kernels' e4m3 inputs (x per token, the activation per slot:
+    its scale repeated for each micro's row). Errors against the same bf16 results as the fused rows."""
+    problem = sgmm.scaled_grouped_mm_problem(x_q.device)
+    if problem:
+        print(f"scaled_grouped_mm: {problem}")
+        return {"skipped": problem}
+    gu_q, gu_s, dn_q, dn_s = experts_fp8
+    micros, inter = gu_q.shape[0], gu_q.shape[2] // 2
+    x_sorted_q, x_sorted_s = x_q.index_select(0, token_of_slot), x_s.index_select(0, token_of_slot)
+    act_s_rows = act_s.repeat(micros)  # one scale per (micro, slot) row: the slot's, as the fused kernel used
+
+    def act_of_u(us):  # x1 * silu(x2) in float32 from each micro's u
+        return torch.stack([u[:, :inter].float() * torch.nn.functional.silu(u[:, inter:].float()) for u in us])
+
+    def dequantized_act(out):
+        q, scale = out
+        return q.float() * scale.view(micros, -1, 1)
+
+    report = {}
+    for accum, fast in (("", True), (" precise accum", False)):
+        key = "fast_accum" if fast else "precise_accum"
+        report[f"gate_up_gemms_{key}"] = _row(
+            f"scaled_grouped_mm gate_up GEMMs{accum}",
+            lambda fast=fast: [sgmm.gate_up_u(x_sorted_q, x_sorted_s, gu_q, gu_s, ends, m, fast)
+                               for m in range(micros)],
+            act_expected, gate_up_flop, act_of_u)
+        report[f"down_{key}"] = _row(
+            f"scaled_grouped_mm down (M*E groups){accum}",
+            lambda fast=fast: sgmm.down_partials(act_q, act_s_rows, dn_q, dn_s, ends, fast),
+            y_expected, down_flop, lambda out: out.float().sum(0))
+    report["gate_up_with_gather_and_act_quant"] = _row(
+        "scaled_grouped_mm gate_up + gather + act quant",
+        lambda: sgmm.gate_up_act_quant(x_q.index_select(0, token_of_slot), x_s.index_select(0, token_of_slot),
+                                       gu_q, gu_s, ends),
+        act_expected, gate_up_flop, dequantized_act)
+    return report
+
+
+def _bench_fp8_ops(x_tok, ids, g, gu_micro, dn_micro, experts_fp8, flop) -> dict:
+    """Both FP8 experts ops whole, from x to the output (x's quantization, routing, both GEMMs, the
+    activation's quantization, the finalize): "fused" (Triton) and "scaled_grouped_mm", against the
+    float experts (bf16 weights in float32)."""
+    weights = torch.softmax(torch.randn(ids.shape, device=ids.device, generator=g), dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    exact = moe_multi_micro_reference(x_tok.float(), ids, weights, gu_micro.float(), dn_micro.float())
+    impls = ["fused"] + ([] if sgmm.scaled_grouped_mm_problem(x_tok.device) else ["scaled_grouped_mm"])
+    return {impl: _row(f"fp8 experts op {impl} (x to output)",
+                       lambda impl=impl: moe_multi_micro_fp8(x_tok, ids, weights, *experts_fp8, impl=impl),
+                       exact, flop) for impl in impls}
 
 
 def _bench_fused(args, g, ids, gu_micro, dn_micro, act_micro, gate_up_flop, down_flop) -> dict:

@@ -202,3 +202,24 @@ def test_gpu_fp8_experts_stay_near_the_official_outputs(recipe):
         if name in results:
             assert results[name].rel_l2 < bound, f"{recipe}: {name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
     assert results["ar_generated_ids"].agreement == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", ["channels", "tensor"])
+def test_gpu_fp8_experts_through_scaled_grouped_mm_stay_near_the_official_outputs(recipe):
+    """The same golden bounds with the denoise rows' expert GEMMs in torch._scaled_grouped_mm
+    (`--moe-impl scaled_grouped_mm`, sm90): x and the activation rounded to e4m3 as on the Triton
+    path, the activation per (micro, slot) row, u and the partials to bf16."""
+    if not CASES:
+        pytest.skip("no golden case folders found")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("torch._scaled_grouped_mm's rowwise FP8 kernel needs sm90")
+    case = GoldenCase(CASES[0])
+    loaded = loading.load(case.folder, get_plan("single"), dtype=torch.float32, device="cuda", moe_dtype="fp8",
+                          fp8_scales=recipe, moe_impl="scaled_grouped_mm")
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"))
+    results = {c.name: c for c in compare_case(case, pipe)}
+    for name, bound in BOUNDS.items():
+        if name in results:
+            assert results[name].rel_l2 < bound, f"{recipe}: {name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
+    assert results["ar_generated_ids"].agreement == 1.0
