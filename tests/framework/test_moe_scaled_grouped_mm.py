@@ -241,7 +241,9 @@ def test_gpu_op_at_denoise_shapes_and_under_a_cuda_graph():
     assert rel(out, op_reference(*fp8_args)) < 3e-2
     exact = moe_multi_micro_reference(*[t.float() if t.is_floating_point() else t for t in args])
     assert rel(out, exact) < 0.08  # three e4m3 roundings, as the Triton path: 0.065 there
-    assert rel(out, moe_multi_micro_fp8(*fp8_args, impl="fused")) < 5e-2
+    # The fused kernels quantize the activation per slot over both micros, this path per (micro, slot) row:
+    # where the scales differ the e4m3 roundings are independent (~2.6% rms relative each).
+    assert rel(out, moe_multi_micro_fp8(*fp8_args, impl="fused")) < 0.06
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         replayed = moe_multi_micro_fp8(*fp8_args, impl="scaled_grouped_mm")
