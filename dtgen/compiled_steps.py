@@ -25,6 +25,9 @@ class CompiledSteps:
         self.regions = options.enabled and options.regions
         self.cuda_graph = options.enabled and options.decode_cuda_graph and torch.device(device).type == "cuda"
         self._graphed: dict[Callable, GraphedStep] = {}
+        # What the graphed steps read besides their arguments (`GraphedStep.state`): a pipeline
+        # with resident LoRA adapters sets their `graph_key`; None: nothing.
+        self.graph_state: Callable[[], object] | None = None
 
     def region(self, fn: Callable) -> Callable:
         """fn compiled as the region the steps run around (call it in regions mode only)."""
@@ -37,9 +40,12 @@ class CompiledSteps:
         if not self.regions:
             return self.compiler.wrap(fn, cuda_graph=graph)
         if graph:
-            self._graphed[fn] = GraphedStep(fn)
+            self._graphed[fn] = GraphedStep(fn, state=self._graph_state)
             return self.compiler.timed(self._graphed[fn])
         return self.compiler.timed(fn)
+
+    def _graph_state(self):
+        return self.graph_state() if self.graph_state is not None else None
 
     def whole(self, fn: Callable) -> Callable:
         """fn as one graph in both modes (a small step the regions do not cover: a head)."""

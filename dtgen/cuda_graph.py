@@ -8,8 +8,10 @@ call of the region again (torch 2.11 traces each call of a nested compile region
 dedupes them), so its trace, and a warm start, would grow with depth. Recording the eager
 step keeps the trace at one layer.
 
-`GraphedStep(fn)` records one graph per key: the shapes and dtypes of the tensor arguments
-and the identity of every other argument (the phase runtime, the KV cache, static numbers).
+`GraphedStep(fn)` records one graph per key: the shapes and dtypes of the tensor arguments,
+the identity of every other argument (the phase runtime, the KV cache, static numbers), and
+`state()`: what the step reads besides its arguments and a recording bakes in (the resident
+LoRA adapters each row carries: their tensors' addresses and their weights as scalars).
 Each call copies the tensor arguments into that graph's input buffers and replays it; the
 outputs are the graph's own buffers, valid until its next replay (callers clone them).
 
@@ -63,9 +65,10 @@ class GraphedStep:
     writes the same K and V at the same slot each time.
     """
 
-    def __init__(self, fn: Callable, warmup: int = 2):
+    def __init__(self, fn: Callable, warmup: int = 2, state: Callable[[], Any] | None = None):
         self.fn = fn
         self.warmup = warmup
+        self.state = state
         self._recordings: dict[tuple, _Recording] = {}
         self.recorded = 0          # recordings made so far (a counter for reports and tests)
 
@@ -75,7 +78,7 @@ class GraphedStep:
 
     def __call__(self, *args):
         flat, spec = tree_flatten(args)
-        key = (spec, step_key(flat))
+        key = (spec, step_key(flat), self.state() if self.state is not None else None)
         rec = self._recordings.get(key)
         if rec is None:
             rec = self._record(flat, spec)

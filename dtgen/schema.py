@@ -390,15 +390,10 @@ def step_cache_field():
     return request_field(None, kind="step_cache", help=STEP_CACHE_HELP)
 
 
-def loras_field(per_request: bool = True):
+def loras_field():
     """The LoRA adapters a request's rows carry (dtgen/lora): ((name, weight), ...), their deltas
     added. The CLI fills it from its --lora FILE[:WEIGHT] flags (the name is the file); a server
-    request names adapters loaded with POST /v1/loras (or the server's --lora files).
-    `per_request=False`: the adapters are the command's (--lora), the same for every request of
-    a server, and a request has no JSON field for them."""
-    if not per_request:
-        return request_field((), kind="loras", flag=None, json=None,
-                             help="LoRA adapters applied to every request: the command's --lora FILE[:WEIGHT]")
+    request names adapters loaded with POST /v1/loras (or the server's --lora files)."""
     return request_field((), kind="loras", flag=None, json="loras",
                          help='LoRA adapters applied to this request: [{"name": N, "weight": W}] (weight default 1), '
                               "each loaded on the server (POST /v1/loras); the CLI's --lora FILE[:WEIGHT]")

@@ -183,12 +183,20 @@ class ResidentLoras:
                               and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
         self._uniform: RowAdapters = ()            # every row carries these
+        # their weights as a device tensor, one per set of names and updated in place, so that a
+        # compiled step guards on the names only (a new weight neither recompiles nor re-records
+        # a CUDA graph, which reads the tensor where it was recorded)
+        self._coefs: dict[tuple[str, ...], torch.Tensor] = {}
+        self._uniform_names: tuple[str, ...] = ()
         self._mixed: _MixedRows | None = None      # or each row its own
         # per (module, phase), for the adapters of `_mixed`: their pairs stacked along the rank
         # (A [sum r, in], B [out, sum r]), each rank column's adapter and scale
         self._stacked: dict[tuple[str, str], tuple] = {}
         self._stacked_names: tuple[str, ...] = ()
         self._last: tuple | None = None
+        # called after an unload: whatever recorded the unloaded adapter's tensors drops it (a
+        # pipeline's CUDA-graph recordings, `CompiledSteps.reset_graphs`)
+        self.on_unload: list = []
         self.set_rows(None)
 
     def _site(self, param: str) -> str | None:
@@ -269,8 +277,10 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        self._stacked, self._stacked_names, self._last = {}, (), None
+        self._stacked, self._stacked_names, self._last, self._coefs = {}, (), None, {}
         self.set_rows(None)
+        for dropped in self.on_unload:
+            dropped()
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
         """Fold adapter `path` at `weight` into the resident weights (W += w s B A, in float32, then
@@ -312,6 +322,7 @@ class ResidentLoras:
         self._last = key
         if rows is None or len(set(key)) == 1:   # every row alike: no per-row work
             self._uniform, self._mixed = (self.default if rows is None else key[0]), None
+            self._set_coefs(self._uniform)
             return
         names = tuple(dict.fromkeys(n for row in key for n, _ in row))
         weights = torch.zeros(len(key), len(names))
@@ -319,9 +330,32 @@ class ResidentLoras:
             for n, w in row:
                 weights[i, names.index(n)] += w
         device = next(iter(self.built.storage.tensors.values())).device
-        self._uniform, self._mixed = (), _MixedRows(names, weights.to(device))
+        self._uniform, self._uniform_names, self._mixed = (), (), _MixedRows(names, weights.to(device))
         if names != self._stacked_names:
             self._stacked, self._stacked_names = {}, names
+
+    def _set_coefs(self, adapters: RowAdapters) -> None:
+        names = self._uniform_names = tuple(n for n, _ in adapters)
+        if not names:
+            return
+        weights = torch.tensor([float(w) for _, w in adapters], dtype=torch.float32)
+        coef = self._coefs.get(names)
+        if coef is None:
+            device = next(iter(self.built.storage.tensors.values())).device
+            self._coefs[names] = weights.to(device)
+        else:
+            coef.copy_(weights)
+
+    def graph_key(self) -> tuple:
+        """What a CUDA graph recorded over the hooks bakes in from here (`GraphedStep.state`):
+        the names of the adapters every row carries (their tensors' addresses; their weights are
+        read from a tensor kept per set of names). A new key records a new graph; an unload drops
+        every recording (`on_unload`), so no graph reads a freed adapter. Per-row adapters are not for graphed steps: their row
+        weights are a tensor made per batch, which a recording would read after it is gone."""
+        if self._mixed is not None:
+            raise RuntimeError("a CUDA-graphed step ran with per-row LoRA adapters; its batch must carry one "
+                               "adapter set (HunyuanImage-3 batches requests by their `loras`)")
+        return self._uniform_names
 
     @contextmanager
     def picked_rows(self, picked: list[int]):
@@ -350,11 +384,14 @@ class ResidentLoras:
     def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
         x = args[0]
         phase = self.built.controller.active
-        for name, weight in self._uniform:
+        names = self._uniform_names
+        for k, name in enumerate(names):
             layer = self.adapters[name].layers.get(module)
             if layer is not None:
                 a, b = (t.to(x.dtype) for t in layer.views[phase])
-                out = out + F.linear(F.linear(x, a), b) * (weight * layer.scale)
+                # the weight and alpha / r on the rank-wide product: r columns, not the output's
+                z = F.linear(x, a) * self._coefs[names][k] * layer.scale
+                out = out + F.linear(z, b)
         mixed = self._mixed
         if mixed is None:
             return out

@@ -47,6 +47,8 @@ def target_prefixes(loras) -> dict[str, dict[str, str] | None]:
     prefixes = loras.prefixes
     model = loras.built.model
     base = next(iter(prefixes.values())).split(".", 1)[0]
+    if not base:   # the model is its own denoiser (HunyuanImage-3's keys carry no component)
+        return {DEFAULT_TARGET: None}
     targets: dict[str, dict[str, str] | None] = {base: None}
     own = getattr(model, base, None)
     for name, child in model.named_children():

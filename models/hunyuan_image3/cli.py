@@ -42,7 +42,7 @@ from dtgen import schema
 from dtgen.requests import flag_line
 from dtgen.requests import RequestError
 from dtgen.fp8 import add_fp8_flags, attention_head_problem, check_attention_dtype
-from dtgen.lora import LoraError, read_lora
+from dtgen.lora import LoraError, ResidentLoras, read_lora
 from dtgen.lora.flags import add_lora_flags, lora_problem, parse_lora_flag, request_loras, resident_loras
 from dtgen.storage import FP8_RECIPES
 from models.hunyuan_image3.config import HunyuanImage3Config
@@ -647,7 +647,9 @@ def serve_problem(args) -> str | None:
 def serve_adapter(ctx: RankContext, args: argparse.Namespace, max_batch: int):
     """This rank's pipeline behind the server; the flags' request holds the defaults."""
     from models.hunyuan_image3.serving import HunyuanServeAdapter
-    pipe, loaded, _, _ = build_pipeline(ctx, args)
+    pipe, loaded, _, dtype = build_pipeline(ctx, args)
+    if pipe.loras is None and loaded.lora_prefixes:   # adapters loaded by name while serving (POST /v1/loras)
+        pipe.loras = ResidentLoras(loaded, dtype)
     return HunyuanServeAdapter(pipe, ctx.rank, request_from_args(args), warmup=args.warmup is not False,
                                warmup_shapes=_warmup_shapes(args.warmup_shapes, loaded.model.cfg.image_base_size),
                                warmup_batch=max_batch)

@@ -130,7 +130,7 @@ class T2IRequest:
     # LoRA adapters (dtgen/lora), applied in both phases (AR and denoise)
     # The command's adapters only: a CUDA-graph decode step replays the adapter set it was
     # recorded with, so a server's requests cannot switch sets (yet).
-    loras: tuple[tuple[str, float], ...] = loras_field(per_request=False)
+    loras: tuple[tuple[str, float], ...] = loras_field()
 
     def check(self, limits: Limits, edit_prefix=None) -> None:
         """Raise `RequestError(field, message)` for the first bad field; then, with the

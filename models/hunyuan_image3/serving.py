@@ -60,6 +60,12 @@ class HunyuanServeAdapter:
                              "the tokenizer has no Instruct tokens" if pipe.tok.instruct is None else None)
         self.can_edit = self.edit_problem is None
 
+    @property
+    def loras(self):
+        """The pipeline's resident LoRA adapters (`dtgen.lora.ResidentLoras`): POST /v1/loras loads
+        into it on every rank; a request's `loras` names them."""
+        return self.pipe.loras
+
     def defaults_dict(self) -> dict:
         defaults = FIELDS.defaults(self.defaults)
         # the request holds the pipeline's "HxW"; a user reads and gives WIDTHxHEIGHT

@@ -277,7 +277,7 @@ JSON_BEFORE = {
             {"size", "seconds", "fps", "model"}),
     "hunyuan-image3": ({"prompt": "prompt", "seed": "seed", "steps": "num_inference_steps",
                         "guidance": "guidance_scale", "max_new_tokens": "max_new_tokens", "image_size": "size",
-                        "step_cache": "step_cache", "system_prompt": "system_prompt"},
+                        "step_cache": "step_cache", "system_prompt": "system_prompt", "loras": "loras"},
                        {"size", "n", "response_format", "model", "user"}),
 }
 # The request flags' defaults before (None: the command fills them in from the checkpoint or

@@ -294,3 +294,45 @@ def test_fp8_base_with_unmerged_adapters_stays_near_the_merged_checkpoint(tiny_c
         assert errors["fp8 + adapters"][key] < bound, (key, errors)
         # the adapters' deltas are there: without them the FP8 base is much further from the merged weights
         assert errors["fp8, no adapter"][key] > 2 * errors["fp8 + adapters"][key], (key, errors)
+
+
+@pytest.mark.parametrize("device, backend", [("cpu", "eager"), pytest.param("cuda", "inductor", marks=pytest.mark.gpu)],
+                         ids=["cpu-eager", "gpu-inductor"])
+def test_compiled_steps_follow_each_request_s_adapters(tiny_checkpoint, files, device, backend):
+    """--compile (regions; on a GPU the decode step recorded as a CUDA graph around them) with requests
+    that switch adapters: each request's AR logits and velocities equal an eager run with its adapters.
+    A recorded decode step bakes in the adapters it ran with: one recording per adapter set, and an
+    unload drops them all (`ResidentLoras.graph_key`, `on_unload`)."""
+    from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
+    torch._dynamo.reset()
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def pipe_of(options):
+        loaded = load(tiny_checkpoint, get_plan("single"), device=device)
+        pipe = _without_vae(HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
+                                               compile_options=options))
+        pipe.loras = ResidentLoras(loaded, torch.float32)
+        for name, _ in ADAPTERS:
+            pipe.loras.load(name, files[name])
+        return pipe
+    eager = pipe_of(None)
+    compiled = pipe_of(CompileOptions(enabled=True, backend=backend, regions=True))
+    # a new weight of the same adapters: no recompile and, on a GPU, no new recording
+    sets = [(("a", 0.7),), ADAPTERS, (("a", 0.3),)] + ([(), (("a", 0.7),)] if device == "cuda" else [])
+    graphs = []
+    for loras in sets:
+        want = eager.generate(replace(REQUEST, loras=loras))
+        forced = replace(REQUEST, loras=loras, forced_tokens=tuple(want.tokens), forced_ratio=want.ratio_index)
+        _assert_same(_summary(compiled.generate(forced)), _summary(want), f"compiled, {loras}")
+        graphs.append(unique_graphs())
+    assert graph_breaks() == {}
+    assert graphs[2] == graphs[1], graphs   # ("a", 0.3) after ("a", 0.7): the weight is a tensor, not a guard
+    graphed = compiled.ar_phase.graphed_decode
+    if graphed is not None:   # CUDA: one recording per adapter set, the repeated one replayed
+        assert graphed.recorded == 3, graphed.recorded   # {a}, {a, b}, {}
+        compiled.loras.unload("b")
+        assert not graphed._recordings
+        _assert_same(_summary(compiled.generate(replace(forced, loras=(("a", 0.7),)))),
+                     _summary(eager.generate(replace(forced, loras=(("a", 0.7),)))), "after the unload")
+        assert graphed.recorded == 4
