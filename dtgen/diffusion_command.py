@@ -84,6 +84,9 @@ class DiffusionCommand:
     # the model's LoRA name map (`ModelAdapter.lora_prefixes`): --lora files are matched against the
     # checkpoint with it before any rank loads
     lora_prefixes: dict = field(default_factory=dict)
+    # the tiny default that starts from a reference image (a model whose pipeline takes one,
+    # `pipeline.reference`): what --image runs without --checkpoint, and a server's --image-to-<makes>
+    ensure_tiny_from_image: Callable[[], Path] | None = None
 
     @property
     def makes(self) -> str:
@@ -108,6 +111,10 @@ class DiffusionCommand:
                          defaults={"prompt": self.default_prompt})
         if self.makes == "video":
             schema.add_flags(p, [FPS])
+        if not cli and self.ensure_tiny_from_image is not None:   # a server's requests bring their images
+            p.add_argument(f"--image-to-{self.makes}", dest="tiny_from_image", action="store_true",
+                           help=f"without --checkpoint: serve the tiny image-to-{self.makes} default (every "
+                                f"request brings {self.pipeline.reference.upload})")
         add_fp8_flags(p, *self.fp8_reach)
         add_diffusion_flags(p)
         add_run_flags(p, self.plans, self.output, cli, dict(prompt=self.default_prompt), self.title)
@@ -128,6 +135,13 @@ class DiffusionCommand:
         """Check the command line and fill the defaults that depend on the checkpoint: (the first
         problem as one line or None, whether the tiny default runs)."""
         tiny = args.checkpoint is None
+        if getattr(args, "tiny_from_image", False) and not tiny:
+            return (f"--image-to-{self.makes} picks the tiny default; a --checkpoint's model_index.json says whether "
+                    f"it makes {self.makes} from an image"), False
+        try:
+            self.size_from_reference(args)
+        except RequestError as e:
+            return flag_line(e, self.flag_of_field), tiny
         for key, value in (self.tiny_defaults if tiny else self.checkpoint_defaults).items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
@@ -158,8 +172,11 @@ class DiffusionCommand:
             if self.makes == "video":
                 schema.check_value(FPS, args.fps, "--fps")
             transformer = json.loads((folder / "transformer" / "config.json").read_text())
-            return attention_head_problem(args.attention_dtype,
-                                          transformer.get("attention_head_dim", DEFAULT_HEAD_DIM)), tiny
+            problem = attention_head_problem(args.attention_dtype, transformer.get("attention_head_dim",
+                                                                                   DEFAULT_HEAD_DIM))
+            if problem is None and getattr(args, "prompt", None) is not None:   # a server's: per request
+                self.pipeline.check_prompts(self.pipeline.folder_tokenizer(folder), req)
+            return problem, tiny
         except RequestError as e:
             return flag_line(e, self.flag_of_field), tiny
         except OSError as e:   # its text names the file
@@ -173,9 +190,24 @@ class DiffusionCommand:
         req.check(*self.pipeline.check_args(self.configs(folder)))
 
     def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
-        """The tiny default's folder for this command line (a model with several tiny defaults
-        picks one from the flags)."""
+        """The tiny default's folder for this command line: the one that starts from an image
+        where the command line brings one (--image) or a server is told its requests will."""
+        reference = self.pipeline.reference
+        from_image = reference is not None and getattr(args, reference.field, None) is not None
+        if self.ensure_tiny_from_image is not None and (from_image or getattr(args, "tiny_from_image", False)):
+            return self.ensure_tiny_from_image()
         return self.ensure_tiny()
+
+    def size_from_reference(self, args: argparse.Namespace) -> None:
+        """With a reference image (--image) and neither --height nor --width: the output's size
+        from the image's aspect ratio, at about the default size's area (`RequestError` naming
+        the image's field for a file that does not open)."""
+        reference = self.pipeline.reference
+        path = None if reference is None else getattr(args, reference.field, None)
+        if path is None or args.height is not None or args.width is not None:
+            return
+        defaults = self.tiny_defaults if args.checkpoint is None else self.checkpoint_defaults
+        args.height, args.width = reference.output_size(reference.open_file(path), defaults["height"] * defaults["width"])
 
     def main(self, argv=None, prog: str | None = None) -> int:
         return example_main(self.parse_args(argv, prog), self.prepare, self.run_rank, self.write_report,

@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -156,6 +157,9 @@ class DiffusionPipeline:
     cfg_together: bool = False
     makes: str = "image"   # or "video": what `decode_latents` gives
     result_type: type   # built as result_type(pixels, latents, timings, record)
+    # How a model that starts from a reference image takes one (dtgen/reference_images.py): the
+    # command's --image and the server's upload open it; None: the model takes none.
+    reference = None
     _loras = None
 
     def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
@@ -205,6 +209,17 @@ class DiffusionPipeline:
     def check(self, request) -> None:
         """`RequestError(field, message)` for the first field the model cannot take."""
         request.check(*self.check_args(self.model.cfgs))
+
+    @staticmethod
+    def folder_tokenizer(folder: Path):
+        """The tokenizer of a checkpoint folder, for `check_prompts` before any rank loads (None:
+        the model checks no prompt length)."""
+        return None
+
+    @staticmethod
+    def check_prompts(tokenizer, request) -> None:
+        """`RequestError` naming a prompt the text encoder would cut short (the command's check
+        before loading, with `folder_tokenizer`'s, and the server's): none by default."""
 
     def encode(self, request) -> Any:
         """The request's text rows (a member's `context` in the denoise loop)."""
