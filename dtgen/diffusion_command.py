@@ -207,7 +207,8 @@ class DiffusionCommand:
         if path is None or args.height is not None or args.width is not None:
             return
         defaults = self.tiny_defaults if args.checkpoint is None else self.checkpoint_defaults
-        args.height, args.width = reference.output_size(reference.open_file(path), defaults["height"] * defaults["width"])
+        area = defaults["height"] * defaults["width"]
+        args.height, args.width = reference.output_size(reference.open_file(path), area)
 
     def main(self, argv=None, prog: str | None = None) -> int:
         return example_main(self.parse_args(argv, prog), self.prepare, self.run_rank, self.write_report,
