@@ -41,9 +41,9 @@ from typing import NamedTuple
 
 import torch
 
-from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.denoise_loop import CallRows, Segment
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
-from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
+from dtgen.layers.flow_match import SAMPLERS, make_sampler
 from dtgen.layers.t5 import check_prompt_tokens, encode_prompt_embeds, load_tokenizer
 from dtgen.layers.wan_vae_parallel import parallel_encode
 from dtgen.reference_images import ReferenceImage, ReferenceInput, vae_pixels
@@ -234,11 +234,8 @@ class WanT2VPipeline(DiffusionPipeline):
             args += (torch.cat([c.image.expand(per, *c.image.shape[1:]) for c in contexts]).to(self.dtype),)
         return self.calls(rt, segment.denoiser, *args)
 
-    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
-        """The guided prediction in the DiT's dtype (as WanPipeline combines it)."""
-        if segment.branches == 1:
-            return branches
-        return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
+    def guidance_scale(self, req: T2VRequest, segment: Segment) -> float:
+        return self.guidance(req, segment.denoiser)
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     @staticmethod
