@@ -8,7 +8,9 @@ the plan). The DiT is never tensor-parallel: its QK norms are RMSNorms across al
 runs replicated and spreads over ranks by sequence (SP) and by CFG branch. The text encoder
 is replicated (every rank encodes the same prompt, nothing moves) or TP over the ranks.
 """
-from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
+from functools import partial
+
+from dtgen.plan import Output, PhasePlan, Plan, Rule, diffusion_plan, find_plan
 
 _ENCODER = "text_encoder.encoder.block.*.layer."
 PARAM_RULES = {
@@ -38,14 +40,8 @@ TP_OUTPUTS = {
 }
 
 
-def _plan(name, grid, denoise: PhasePlan, summary, encode: PhasePlan | None = None):
-    every = tuple(axis for axis, _ in grid)
-    # Unless the plan says otherwise, every rank encodes the (same) prompt: no rank waits for
-    # another's text encoder and nothing moves afterwards. The VAE is replicated too; the
-    # harness splits its decode spatially over a process group of its own.
-    return Plan(name=name, grid=grid, phases={"encode": encode or PhasePlan(replicate=every), "denoise": denoise,
-                                              "decode": PhasePlan(replicate=every)},
-                params=PARAM_RULES, outputs=TP_OUTPUTS, summary=summary)
+# A plan of Wan's three phases: the DiT's as given, the text encoder's replicated unless given.
+_plan = partial(diffusion_plan, params=PARAM_RULES, outputs=TP_OUTPUTS)
 
 
 PLANS = {
