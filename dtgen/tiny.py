@@ -75,18 +75,22 @@ def model_index(pipeline: str, configs: dict[str, dict], tokenizer: str, **extra
 def write_diffusers_folder(folder: Path, model_index: dict, configs: dict[str, dict],
                            module_tree: Callable[[Path], nn.Module], write_tokenizer: Callable[[Path], None],
                            seed: int = 1234, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                           scales: dict[str, float] | None = None) -> None:
+                           scales: dict[str, float] | None = None, files: dict[str, dict] | None = None) -> None:
     """A diffusers-format folder of random weights: `model_index.json`, per component of
     `configs` its config.json (the scheduler's: scheduler_config.json), the tokenizer
     (`write_tokenizer(folder / "tokenizer")`), and per component with parameters its weights
     under the file name of the library its model_index entry names. `module_tree(folder)`
     builds the model from the written configs (on the meta device: only names and shapes);
     its parameters are drawn by `component_tensors` in their order, from one generator seeded
-    with `seed` on `device` (a GPU's draws differ from the CPU's), stored in `dtype`."""
+    with `seed` on `device` (a GPU's draws differ from the CPU's), stored in `dtype`. `files`:
+    other JSON files by their path in the folder (an image processor's preprocessor_config.json)."""
     for component, config in configs.items():
         (folder / component).mkdir(parents=True, exist_ok=True)
         name = "scheduler_config.json" if component == "scheduler" else "config.json"
         (folder / component / name).write_text(json.dumps(config, indent=1))
+    for path, content in (files or {}).items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(json.dumps(content))
     write_tokenizer(folder / "tokenizer")
     (folder / MODEL_INDEX_FILE).write_text(json.dumps(model_index, indent=1))
     with torch.device("meta"):

@@ -47,7 +47,7 @@ from dtgen.layers.flow_match import SAMPLERS, make_sampler
 from dtgen.layers.t5 import check_prompt_tokens, encode_prompt_embeds, load_tokenizer
 from dtgen.layers.wan_vae_parallel import parallel_encode
 from dtgen.reference_images import ReferenceImage, ReferenceInput, vae_pixels
-from dtgen.requests import RequestError, check_multiple, nearest_valid
+from dtgen.requests import RequestError, check_frame_count, check_multiple
 from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, reference_image_field,
                           request_field, seed_field, side_field, size_field, step_cache_field, steps_field)
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
@@ -113,10 +113,7 @@ class T2VRequest:
         if image_to_video and self.image is None:
             raise RequestError("image", "is required: this checkpoint makes video from an image "
                                         "(WanImageToVideoPipeline); give the first frame")
-        if (self.num_frames - 1) % temporal:
-            lo, hi = nearest_valid(self.num_frames, temporal, 1)
-            raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
-                                             f"{temporal}k + 1); nearest valid: {lo} or {hi}")
+        check_frame_count("num_frames", self.num_frames, temporal)
         for name in ("height", "width"):
             check_multiple(name, getattr(self, name), spatial)
         if two_experts is False and self.guidance_scale_2 is not None:

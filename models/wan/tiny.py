@@ -10,7 +10,6 @@ do). The shape admits every shipped plan: 4 heads (Ulysses 4), 16 latent channel
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -107,12 +106,10 @@ def write_random_i2v_checkpoint(folder: Path, seed: int = 1234, two_experts: boo
     extra = ({"boundary_ratio": I2V_A14B_BOUNDARY, "image_encoder": [None, None], "image_processor": [None, None]}
              if two_experts else {"image_processor": ["transformers", "CLIPImageProcessor"]})
     index = model_index("WanImageToVideoPipeline", configs, "T5TokenizerFast", expand_timesteps=False, **extra)
-    if not two_experts:
-        (folder / "image_processor").mkdir(parents=True, exist_ok=True)
-        (folder / "image_processor" / "preprocessor_config.json").write_text(json.dumps(TINY_IMAGE_PROCESSOR))
+    files = {} if two_experts else {"image_processor/preprocessor_config.json": TINY_IMAGE_PROCESSOR}
     write_diffusers_folder(folder, index, with_overrides(configs, overrides),
                            lambda written: WanT2V(WanConfigs.from_folder(written)), write_tokenizer,
-                           seed, dtype, device, scales)
+                           seed, dtype, device, scales, files)
 
 
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:
