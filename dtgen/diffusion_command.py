@@ -76,7 +76,6 @@ class DiffusionCommand:
     loader: Callable
     # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group): a DiffusionPipeline
     pipeline: Callable
-    describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
     adapter: str                    # "module:Class" of its `dtgen.serve` adapter (imported by a server only)
     # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
     scheduler_defaults: dict = field(default_factory=dict)
@@ -87,6 +86,8 @@ class DiffusionCommand:
     # the tiny default that starts from a reference image (a model whose pipeline takes one,
     # `pipeline.reference`): what --image runs without --checkpoint, and a server's --image-to-<makes>
     ensure_tiny_from_image: Callable[[], Path] | None = None
+    # the table's row for what is made, from the flags and rank 0's facts (default: `describe_made`)
+    describe: Callable[[argparse.Namespace, dict], str] | None = None
 
     @property
     def makes(self) -> str:
@@ -407,7 +408,7 @@ def _rows(command: DiffusionCommand, args, main: dict, report: dict) -> list[tup
     r, switch, ranks = report["timings_ms"], report["phase_switch"], main["ranks"]
     warm = "off" if main["warmup_ms"] is None else f"{main['warmup_ms']:9.1f} ms (not in the figures)"
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
-            (command.makes, command.describe(args, main)), ("warm-up run", warm),
+            (command.makes, (command.describe or describe_made)(args, main)), ("warm-up run", warm),
             ("text encode", f"{r['encode']:9.1f} ms"),
             ("denoise", f"{r['denoise_step']:9.1f} ms/step ({len(r['denoise_steps'])} steps; the first "
                         f"{r['denoise_first_step']:.1f} ms)"),
@@ -424,6 +425,19 @@ def _rows(command: DiffusionCommand, args, main: dict, report: dict) -> list[tup
                                 f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
     rows += [(f"check {k}", str(v) if isinstance(v, bool) else f"{v:.3e}") for k, v in report.get("check", {}).items()]
     return rows
+
+
+def describe_made(args, main: dict) -> str:
+    """The table's row for what is made: its size (a video's frames too), and where a model
+    counts them, the DiT's tokens per step; the reference image it started from, if any."""
+    r = main["request"]
+    made = f"{r['width']}x{r['height']}"
+    if "num_frames" in r:   # a video: its frames, then its size as height x width
+        made = f"{r['num_frames']} frames, {r['height']}x{r['width']}"
+    if main.get("tokens_per_step") is not None:
+        made += f", {main['tokens_per_step']} tokens/step"
+    image = getattr(args, "image", None)
+    return made if image is None else f"{made}, from {image}"
 
 
 def write_report(command: DiffusionCommand, args, main: dict, tiny: bool) -> dict:

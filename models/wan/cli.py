@@ -41,11 +41,6 @@ class WanCommand(DiffusionCommand):
         req.check(temporal, spatial, two_experts, image_to_video if hasattr(args, "image") else None)
 
 
-def describe(args, main: dict) -> str:
-    made = f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
-    return made if getattr(args, "image", None) is None else f"{made}, from {args.image}"
-
-
 COMMAND = WanCommand(
     name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], request=T2VRequest,
     default_prompt="A red fox runs through fresh snow at golden hour, cinematic", output="outputs/wan_t2v.mp4",
@@ -53,7 +48,7 @@ COMMAND = WanCommand(
     multi_rank_plan="ulysses2", tiny_defaults=dict(height=48, width=64, num_frames=9, steps=4),
     checkpoint_defaults=dict(height=480, width=832, num_frames=81, steps=50), scheduler_defaults={"flow_shift": 3.0},
     ensure_tiny=ensure_tiny_checkpoint, checkpoint_problem=checkpoint_problem, configs=WanConfigs.from_folder,
-    loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter",
+    loader=load, pipeline=WanT2VPipeline, adapter="models.wan.serving:WanServeAdapter",
     lora_prefixes=LORA_PREFIXES, ensure_tiny_from_image=ensure_tiny_i2v_checkpoint)
 
 # `python -m examples.wan_t2v` runs it (the registry's spec names COMMAND itself).
