@@ -37,6 +37,7 @@ from .lora import ResidentLoras
 from .lora.flags import add_lora_flags, lora_problem, request_loras, resident_loras
 from .media import FPS, encode_mp4, video_path_problem
 from .profiling import PhaseProfiler
+from .reference_images import ReferenceImage
 from .registry import resolve
 from .requests import RequestError, flag_line
 
@@ -187,8 +188,13 @@ class DiffusionCommand:
 
     def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
         """The request the flags make, checked against the checkpoint's configs before any rank
-        loads (a server's: the defaults its requests start from)."""
-        req.check(*self.pipeline.check_args(self.configs(folder)))
+        loads (a server's: the defaults its requests start from; where its checkpoint starts
+        from a reference image, each request brings its own, so they are checked as one that did)."""
+        cfgs, reference = self.configs(folder), self.pipeline.reference
+        if reference is not None and not hasattr(args, reference.field) and self.pipeline.takes_reference(cfgs):
+            grey = torch.full((reference.min_side, reference.min_side, 3), 128, dtype=torch.uint8)
+            req = replace(req, **{reference.field: ReferenceImage(grey, "a request's own")})
+        req.check(*self.pipeline.check_args(cfgs))
 
     def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
         """The tiny default's folder for this command line: the one that starts from an image

@@ -216,6 +216,11 @@ class DiffusionPipeline:
         request.check(*self.check_args(self.model.cfgs))
 
     @staticmethod
+    def takes_reference(cfgs) -> bool:
+        """Whether a checkpoint of these configs starts from a reference image (`reference`)."""
+        return False
+
+    @staticmethod
     def folder_tokenizer(folder: Path):
         """The tokenizer of a checkpoint folder, for `check_prompts` before any rank loads (None:
         the model checks no prompt length)."""

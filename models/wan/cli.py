@@ -18,10 +18,6 @@ a per-stage timing table and, with --report, a JSON report. Plans: placements/wa
 """
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
-from pathlib import Path
-
 from dtgen.diffusion_command import DiffusionCommand
 from models.registry import checkpoint_problem
 from models.wan.model import LORA_PREFIXES, WanConfigs, load
@@ -30,18 +26,7 @@ from models.wan.tiny import ensure_tiny_checkpoint, ensure_tiny_i2v_checkpoint
 from placements.wan import PLANS, get_plan
 
 
-@dataclass(frozen=True)
-class WanCommand(DiffusionCommand):
-    """The diffusion command, with image to video's check: a server's defaults have no image
-    (each request brings its own), so on an image-to-video checkpoint they are checked as any
-    request but for the image."""
-
-    def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
-        temporal, spatial, two_experts, image_to_video = self.pipeline.check_args(self.configs(folder))
-        req.check(temporal, spatial, two_experts, image_to_video if hasattr(args, "image") else None)
-
-
-COMMAND = WanCommand(
+COMMAND = DiffusionCommand(
     name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], request=T2VRequest,
     default_prompt="A red fox runs through fresh snow at golden hour, cinematic", output="outputs/wan_t2v.mp4",
     fp8_reach=("the DiT blocks' linears", "the DiT self-attention"), plans=PLANS, get_plan=get_plan,

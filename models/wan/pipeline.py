@@ -243,6 +243,10 @@ class WanT2VPipeline(DiffusionPipeline):
                 cfgs.transformer_2 is not None, cfgs.image_to_video)
 
     @staticmethod
+    def takes_reference(cfgs) -> bool:
+        return cfgs.image_to_video
+
+    @staticmethod
     def folder_tokenizer(folder: Path):
         return load_tokenizer(Path(folder) / "tokenizer")
 
