@@ -174,9 +174,11 @@ class DiffusionCommand:
             if self.makes == "video":
                 schema.check_value(FPS, args.fps, "--fps")
             transformer = json.loads((folder / "transformer" / "config.json").read_text())
-            problem = attention_head_problem(args.attention_dtype, transformer.get("attention_head_dim",
-                                                                                   DEFAULT_HEAD_DIM))
-            if problem is None and getattr(args, "prompt", None) is not None:   # a server's: per request
+            head_dim = transformer.get("attention_head_dim", DEFAULT_HEAD_DIM)
+            problem = attention_head_problem(args.attention_dtype, head_dim)
+            # the prompts against what the text encoder reads (a server, with no prompt flag, checks
+            # each request's as it comes)
+            if problem is None and getattr(args, "prompt", None) is not None:
                 self.pipeline.check_prompts(self.pipeline.folder_tokenizer(folder), req)
             return problem, tiny
         except RequestError as e:
