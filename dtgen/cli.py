@@ -169,7 +169,7 @@ def serve_main(argv=None, prog: str = "dtgen serve", only: str | None = None) ->
         return refuse(problem)
     try:
         run_on_ranks(serve_rank, args.world_size, args, stall_s=args.stall_timeout, job_deadline_s=float("inf"),
-                     preload=(spec.cli, "dtgen.serve.app"))
+                     preload=(spec.cli_module, "dtgen.serve.app"))
     except RankFailure as e:
         if e.report() is not None:   # else rank 0 printed why, in one line
             print(f"error: the server stops: {e.report()}", file=sys.stderr)

@@ -37,6 +37,7 @@ from .lora import ResidentLoras
 from .lora.flags import add_lora_flags, lora_problem, request_loras, resident_loras
 from .media import FPS, encode_mp4, video_path_problem
 from .profiling import PhaseProfiler
+from .reference_images import ReferenceImage
 from .registry import resolve
 from .requests import RequestError, flag_line
 
@@ -76,7 +77,6 @@ class DiffusionCommand:
     loader: Callable
     # Pipeline(model, tokenizer, controller, device, is_main, compile_options, vae_group): a DiffusionPipeline
     pipeline: Callable
-    describe: Callable[[argparse.Namespace, dict], str]   # the table's row for what is made
     adapter: str                    # "module:Class" of its `dtgen.serve` adapter (imported by a server only)
     # flag -> fallback: flags whose default is the checkpoint's scheduler_config.json value of that name
     scheduler_defaults: dict = field(default_factory=dict)
@@ -84,6 +84,11 @@ class DiffusionCommand:
     # the model's LoRA name map (`ModelAdapter.lora_prefixes`): --lora files are matched against the
     # checkpoint with it before any rank loads
     lora_prefixes: dict = field(default_factory=dict)
+    # the tiny default that starts from a reference image (a model whose pipeline takes one,
+    # `pipeline.reference`): what --image runs without --checkpoint, and a server's --image-to-<makes>
+    ensure_tiny_from_image: Callable[[], Path] | None = None
+    # the table's row for what is made, from the flags and rank 0's facts (default: `describe_made`)
+    describe: Callable[[argparse.Namespace, dict], str] | None = None
 
     @property
     def makes(self) -> str:
@@ -108,6 +113,10 @@ class DiffusionCommand:
                          defaults={"prompt": self.default_prompt})
         if self.makes == "video":
             schema.add_flags(p, [FPS])
+        if not cli and self.ensure_tiny_from_image is not None:   # a server's requests bring their images
+            p.add_argument(f"--image-to-{self.makes}", dest="tiny_from_image", action="store_true",
+                           help=f"without --checkpoint: serve the tiny image-to-{self.makes} default (every "
+                                f"request brings {self.pipeline.reference.upload})")
         add_fp8_flags(p, *self.fp8_reach)
         add_diffusion_flags(p)
         add_run_flags(p, self.plans, self.output, cli, dict(prompt=self.default_prompt), self.title)
@@ -128,6 +137,13 @@ class DiffusionCommand:
         """Check the command line and fill the defaults that depend on the checkpoint: (the first
         problem as one line or None, whether the tiny default runs)."""
         tiny = args.checkpoint is None
+        if getattr(args, "tiny_from_image", False) and not tiny:
+            return (f"--image-to-{self.makes} picks the tiny default; a --checkpoint's model_index.json says whether "
+                    f"it makes {self.makes} from an image"), False
+        try:
+            self.size_from_reference(args)
+        except RequestError as e:
+            return flag_line(e, self.flag_of_field), tiny
         for key, value in (self.tiny_defaults if tiny else self.checkpoint_defaults).items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
@@ -158,8 +174,13 @@ class DiffusionCommand:
             if self.makes == "video":
                 schema.check_value(FPS, args.fps, "--fps")
             transformer = json.loads((folder / "transformer" / "config.json").read_text())
-            return attention_head_problem(args.attention_dtype,
-                                          transformer.get("attention_head_dim", DEFAULT_HEAD_DIM)), tiny
+            head_dim = transformer.get("attention_head_dim", DEFAULT_HEAD_DIM)
+            problem = attention_head_problem(args.attention_dtype, head_dim)
+            # the prompts against what the text encoder reads (a server, with no prompt flag, checks
+            # each request's as it comes)
+            if problem is None and getattr(args, "prompt", None) is not None:
+                self.pipeline.check_prompts(self.pipeline.folder_tokenizer(folder), req)
+            return problem, tiny
         except RequestError as e:
             return flag_line(e, self.flag_of_field), tiny
         except OSError as e:   # its text names the file
@@ -169,13 +190,34 @@ class DiffusionCommand:
 
     def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
         """The request the flags make, checked against the checkpoint's configs before any rank
-        loads (a server's: the defaults its requests start from)."""
-        req.check(*self.pipeline.check_args(self.configs(folder)))
+        loads (a server's: the defaults its requests start from; where its checkpoint starts
+        from a reference image, each request brings its own, so they are checked as one that did)."""
+        cfgs, reference = self.configs(folder), self.pipeline.reference
+        if reference is not None and not hasattr(args, reference.field) and self.pipeline.takes_reference(cfgs):
+            grey = torch.full((reference.min_side, reference.min_side, 3), 128, dtype=torch.uint8)
+            req = replace(req, **{reference.field: ReferenceImage(grey, "a request's own")})
+        req.check(*self.pipeline.check_args(cfgs))
 
     def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
-        """The tiny default's folder for this command line (a model with several tiny defaults
-        picks one from the flags)."""
+        """The tiny default's folder for this command line: the one that starts from an image
+        where the command line brings one (--image) or a server is told its requests will."""
+        reference = self.pipeline.reference
+        from_image = reference is not None and getattr(args, reference.field, None) is not None
+        if self.ensure_tiny_from_image is not None and (from_image or getattr(args, "tiny_from_image", False)):
+            return self.ensure_tiny_from_image()
         return self.ensure_tiny()
+
+    def size_from_reference(self, args: argparse.Namespace) -> None:
+        """With a reference image (--image) and neither --height nor --width: the output's size
+        from the image's aspect ratio, at about the default size's area (`RequestError` naming
+        the image's field for a file that does not open)."""
+        reference = self.pipeline.reference
+        path = None if reference is None else getattr(args, reference.field, None)
+        if path is None or args.height is not None or args.width is not None:
+            return
+        defaults = self.tiny_defaults if args.checkpoint is None else self.checkpoint_defaults
+        area = defaults["height"] * defaults["width"]
+        args.height, args.width = reference.output_size(reference.open_file(path), area)
 
     def main(self, argv=None, prog: str | None = None) -> int:
         return example_main(self.parse_args(argv, prog), self.prepare, self.run_rank, self.write_report,
@@ -374,7 +416,7 @@ def _rows(command: DiffusionCommand, args, main: dict, report: dict) -> list[tup
     r, switch, ranks = report["timings_ms"], report["phase_switch"], main["ranks"]
     warm = "off" if main["warmup_ms"] is None else f"{main['warmup_ms']:9.1f} ms (not in the figures)"
     rows = [("plan", f"{args.plan} on {args.world_size} rank(s), {main['device']}, {main['dtype']}"),
-            (command.makes, command.describe(args, main)), ("warm-up run", warm),
+            (command.makes, (command.describe or describe_made)(args, main)), ("warm-up run", warm),
             ("text encode", f"{r['encode']:9.1f} ms"),
             ("denoise", f"{r['denoise_step']:9.1f} ms/step ({len(r['denoise_steps'])} steps; the first "
                         f"{r['denoise_first_step']:.1f} ms)"),
@@ -391,6 +433,19 @@ def _rows(command: DiffusionCommand, args, main: dict, report: dict) -> list[tup
                                 f"{c['recompiles_after_warmup']} recompiles after warm-up, {c['compile_s']:.1f} s"))
     rows += [(f"check {k}", str(v) if isinstance(v, bool) else f"{v:.3e}") for k, v in report.get("check", {}).items()]
     return rows
+
+
+def describe_made(args, main: dict) -> str:
+    """The table's row for what is made: its size (a video's frames too), and where a model
+    counts them, the DiT's tokens per step; the reference image it started from, if any."""
+    r = main["request"]
+    made = f"{r['width']}x{r['height']}"
+    if "num_frames" in r:   # a video: its frames, then its size as height x width
+        made = f"{r['num_frames']} frames, {r['height']}x{r['width']}"
+    if main.get("tokens_per_step") is not None:
+        made += f", {main['tokens_per_step']} tokens/step"
+    image = getattr(args, "image", None)
+    return made if image is None else f"{made}, from {image}"
 
 
 def write_report(command: DiffusionCommand, args, main: dict, tiny: bool) -> dict:

@@ -26,6 +26,7 @@ import dataclasses
 import importlib
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -34,8 +35,9 @@ from .batching import BatchHook, BatchMembers, per_member
 from .buckets import ShapeBuckets
 from .compile import CompileOptions
 from .compiled_steps import CompiledSteps
-from .denoise_loop import DenoiseMember, denoise
+from .denoise_loop import DenoiseMember, Segment, denoise
 from .denoiser_calls import DenoiserCalls
+from .layers.flow_match import GUIDANCE
 from .layers.wan_vae_parallel import decode_uint8
 from .profiling import NullProfiler
 from .step_cache import StepCache, concat_reports, merged_report, parse_step_cache
@@ -147,8 +149,9 @@ class DiffusionRun:
 class DiffusionPipeline:
     """The phases of an encode -> denoise -> decode pipeline for a batch of requests (see the
     module docstring). A subclass sets `spec_name` (or is given its `buckets`), `cfg_together`,
-    `makes` and `result_type`, and gives the methods below that raise NotImplementedError,
-    and `segments`, `denoise_call`, `guide` (dtgen/denoise_loop.py `BatchDenoiser`). One with
+    `makes`, `result_type` and `guidance_kind`, and gives the methods below that raise
+    NotImplementedError, and `segments` and `denoise_call` (dtgen/denoise_loop.py
+    `BatchDenoiser`; its `guide` is this class's, from `guidance_scale`). One with
     a constructor of its own sets `controller`, `device`, `is_main`, `vae_group` and `buckets`."""
 
     spec_name: str = ""   # the registered model (`ModelSpec.name`) whose buckets the batches follow
@@ -156,6 +159,12 @@ class DiffusionPipeline:
     cfg_together: bool = False
     makes: str = "image"   # or "video": what `decode_latents` gives
     result_type: type   # built as result_type(pixels, latents, timings, record)
+    # How a step's [cond; uncond] predictions combine (dtgen/layers/flow_match.py GUIDANCE): "cfg", or
+    # "renormed-cfg" (QwenImagePipeline's true CFG)
+    guidance_kind: str = "cfg"
+    # How a model that starts from a reference image takes one (dtgen/reference_images.py): the
+    # command's --image and the server's upload open it; None: the model takes none.
+    reference = None
     _loras = None
 
     def __init__(self, model, tokenizer, controller, device: torch.device, is_main: bool = True,
@@ -206,6 +215,22 @@ class DiffusionPipeline:
         """`RequestError(field, message)` for the first field the model cannot take."""
         request.check(*self.check_args(self.model.cfgs))
 
+    @staticmethod
+    def takes_reference(cfgs) -> bool:
+        """Whether a checkpoint of these configs starts from a reference image (`reference`)."""
+        return False
+
+    @staticmethod
+    def folder_tokenizer(folder: Path):
+        """The tokenizer of a checkpoint folder, for `check_prompts` before any rank loads (None:
+        the model checks no prompt length)."""
+        return None
+
+    @staticmethod
+    def check_prompts(tokenizer, request) -> None:
+        """`RequestError` naming a prompt the text encoder would cut short (the command's check
+        before loading, with `folder_tokenizer`'s, and the server's): none by default."""
+
     def encode(self, request) -> Any:
         """The request's text rows (a member's `context` in the denoise loop)."""
         raise NotImplementedError
@@ -233,6 +258,17 @@ class DiffusionPipeline:
         if frames is None:
             return None
         return frames[0] if self.makes == "video" else frames[0, 0]
+
+    def guidance_scale(self, request, segment: Segment) -> float:
+        """The request's guidance weight on `segment`'s steps."""
+        raise NotImplementedError
+
+    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
+        """A member's guided prediction from its rows [cond; uncond] of a step, combined as the
+        pipeline's `guidance_kind` says (a segment of one branch: the conditional row as it is)."""
+        if segment.branches == 1:
+            return branches
+        return GUIDANCE[self.guidance_kind](branches[0:1], branches[1:2], self.guidance_scale(member.request, segment))
 
     def result(self, request, pixels: torch.Tensor | None, latents: torch.Tensor, timings: dict, record: dict):
         return self.result_type(pixels, latents, timings, record)

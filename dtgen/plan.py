@@ -111,6 +111,18 @@ class Plan:
         return math.prod(size for _, size in self.grid)
 
 
+def diffusion_plan(name: str, grid: tuple[tuple[str, int], ...], denoise: PhasePlan, summary: str, *,
+                   params: Mapping[str, Rule], outputs: Mapping[str, Output] | None = None,
+                   encode: PhasePlan | None = None, decode: PhasePlan | None = None) -> Plan:
+    """A plan of an encode -> denoise -> decode model's three phases. Unless the plan says
+    otherwise, every rank encodes the (same) prompt, so no rank waits for another's text
+    encoder and nothing moves afterwards; the VAE is replicated too (the pipeline splits its
+    decode spatially over a process group of its own, not by the plan)."""
+    every = PhasePlan(replicate=tuple(axis for axis, _ in grid))
+    return Plan(name=name, grid=grid, phases={"encode": encode or every, "denoise": denoise, "decode": decode or every},
+                params=params, outputs=outputs or {}, summary=summary)
+
+
 def find_plan(plans: Mapping[str, Plan], name: str, model: str) -> Plan:
     """`plans[name]` (a placements module's PLANS), or one line naming the model's plans."""
     if name not in plans:

@@ -8,16 +8,25 @@ expanded, RGBX drops padding, and alpha is DROPPED without compositing (what tra
 `load_image`, the reference pipelines' loader, does). Refused: 16/32-bit integer and float modes
 (convert clips to 0..255 instead of rescaling, so a 16-bit image turns mostly white) and CMYK
 (converted by a naive formula that ignores the ICC profile, so colours shift).
+
+A model that starts from a reference image declares how it takes one (`ReferenceInput`: its
+request field, its upload, the sides it opens, the multiple its output's sides keep); the
+command line (`--image FILE`) and the server (a multipart file) open it through that one
+declaration, and where no size is given the image's aspect ratio sizes the output.
 """
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .requests import RequestError
 
 RGB_CONVERTIBLE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX")
 
@@ -105,3 +114,55 @@ class ReferenceImage:
         return f"{self.name} ({self.width}x{self.height})"
 
     __repr__ = __str__
+
+
+def aspect_size(image: ReferenceImage, area: int, multiple: int) -> tuple[int, int]:
+    """(height, width) of about `area` pixels with the image's aspect ratio, each a multiple of
+    `multiple` (the model's VAE x patch side), as diffusers' WanImageToVideoPipeline example sizes it."""
+    aspect = image.height / image.width
+    height = round(math.sqrt(area * aspect)) // multiple * multiple
+    width = round(math.sqrt(area / aspect)) // multiple * multiple
+    return max(height, multiple), max(width, multiple)
+
+
+def vae_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
+    """diffusers' VideoProcessor.preprocess of a PIL image: Lanczos resize to (width, height),
+    / 255 in float32, to [-1, 1]: [1, 3, height, width]."""
+    resized = np.array(image.resize((width, height), resample=Image.Resampling.LANCZOS)).astype(np.float32) / 255.0
+    return torch.from_numpy(resized).permute(2, 0, 1)[None] * 2.0 - 1.0
+
+
+@dataclass(frozen=True)
+class ReferenceInput:
+    """How a model takes a reference image: the request's attribute (`--image FILE` on the
+    command line) and the server's multipart file field, the sides it opens (outside them the
+    file is refused before decoding), and the multiple its output's sides keep where the image
+    sizes the output (`output_size`)."""
+    min_side: int
+    max_side: int
+    multiple: int                       # the output's sides: the model's VAE x patch side
+    field: str = "image"                # the request's attribute
+    upload: str = "input_reference"     # the server's file field (OpenAI's videos API name)
+
+    def open_file(self, path: PathLike) -> ReferenceImage:
+        """`path` opened and checked (`RequestError` naming the request's field otherwise)."""
+        try:
+            return ReferenceImage.from_pil(open_image_file(path, self.min_side, self.max_side, str(path)), str(path))
+        except ValueError as e:
+            raise RequestError(self.field, str(e)) from None
+
+    def open_upload(self, given: list[tuple[str | None, bytes]], per: str = "request") -> ReferenceImage:
+        """The one uploaded (filename, bytes) of the upload field, opened and checked
+        (`RequestError` naming the upload field otherwise; `per`: what one image is for)."""
+        if len(given) > 1:
+            raise RequestError(self.upload, f"one image per {per}, got {len(given)}")
+        filename, data = given[0]
+        try:
+            image = open_image_bytes(data, filename or self.upload, self.min_side, self.max_side)
+        except ValueError as e:
+            raise RequestError(self.upload, str(e)) from None
+        return ReferenceImage.from_pil(image, filename or self.upload)
+
+    def output_size(self, image: ReferenceImage, area: int) -> tuple[int, int]:
+        """(height, width): about `area` pixels (the default size's) at the image's aspect ratio."""
+        return aspect_size(image, area, self.multiple)

@@ -9,8 +9,10 @@ imports nothing of the model, so reading every spec (to detect a checkpoint, to 
 What a spec's pieces must offer:
 - `loader`: `load(checkpoint, plan, rank=0, world_size=1, dtype=float32, device="cpu", ...)`,
   this rank's share of the model (`dtgen.build.build` over the model's `ModelAdapter`);
-- `cli` (the model's command module, `models.<m>.cli`, which `dtgen run` and `dtgen serve`
-  drive; None for a model no command runs, as the docs' tiny DiT):
+- `cli` (the model's command, which `dtgen run` and `dtgen serve` drive: its module
+  `models.<m>.cli`, or an object in it, "models.<m>.cli:COMMAND" (a
+  `dtgen.diffusion_command.DiffusionCommand`); None for a model no command runs, as the docs'
+  tiny DiT), offering:
   `build_parser(prog, description, cli=True)` (with
   `cli=False` without the flags only the CLI reads, plus any server-only flags of the model),
   `finish_args(args)` (the launch defaults: world size, plan), `prepare(args) -> (problem or
@@ -53,7 +55,7 @@ class ModelSpec:
     request: str                    # "module:Class", the request dataclass
     tiny: str                       # "module:function", the tiny default's folder
     buckets: ShapeBuckets           # the request fields its compiled shapes (and batches) are keyed on
-    cli: str | None = None          # the model's command module (see the module docstring)
+    cli: str | None = None          # "module" or "module:attribute": the model's command (module docstring)
     fields: str | None = None       # "module:attribute", its front ends' fields (dtgen/schema.py)
 
     def __post_init__(self):
@@ -64,6 +66,11 @@ class ModelSpec:
     def batches(self) -> bool:
         """Whether the server may run several requests' denoise steps as one batch."""
         return bool(self.buckets.batch)
+
+    @property
+    def cli_module(self) -> str | None:
+        """The module of the model's command (spawned ranks import it first), or None."""
+        return None if self.cli is None else self.cli.partition(":")[0]
 
     def load(self, piece: str):
         """The spec's piece ("loader", "cli", "plans", "request", "tiny", "fields"), imported now."""

@@ -96,6 +96,15 @@ def check_multiple(field: str, value: int, multiple: int) -> None:
                                   f"{lo} or {hi}")
 
 
+def check_frame_count(field: str, frames: int, temporal: int) -> None:
+    """A video's frame count that maps to whole latent frames: `temporal` k + 1 (the first
+    latent frame holds one video frame, each other `temporal`), the nearest valid named otherwise."""
+    if (frames - 1) % temporal:
+        lo, hi = nearest_valid(frames, temporal, 1)
+        raise RequestError(field, f"{frames} does not map to whole latent frames (it must be {temporal}k + 1); "
+                                  f"nearest valid: {lo} or {hi}")
+
+
 def check_step_cache(spec, model: str | None = None, methods: tuple[str, ...] | None = None) -> None:
     """`RequestError("step_cache", ...)` unless `spec` (a config, its text or dict form) is None
     or a valid config (of one of `methods`, the ones `model`'s pipeline runs, when it runs

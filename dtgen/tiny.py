@@ -26,6 +26,23 @@ WEIGHTS_FILE = {"diffusers": "diffusion_pytorch_model.safetensors", "transformer
 MODEL_INDEX_FILE = "model_index.json"
 
 
+# Tiny configs of the framework's own blocks (transformers / diffusers field names), for the tiny
+# defaults of the models that use them.
+TINY_UMT5 = {   # dtgen/layers/t5.py: 4 heads (the text encoder's TP up to 4 ranks)
+    "architectures": ["UMT5EncoderModel"], "model_type": "umt5", "vocab_size": 128, "d_model": 32,
+    "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 16, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
+    "dense_act_fn": "gelu_new", "is_gated_act": True, "pad_token_id": 0, "eos_token_id": 1,
+    "decoder_start_token_id": 0, "tie_word_embeddings": False}
+
+
+def tiny_wan_vae(class_name: str) -> dict:
+    """The Wan 2.1 VAE (dtgen/layers/wan_vae.py) at a tiny width, 16 latent channels, under the
+    diffusers class a model's folder names (AutoencoderKLWan, AutoencoderKLQwenImage)."""
+    return {"_class_name": class_name, "base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1,
+            "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0}
+
+
 def random_weight(key: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     """Every path contributes, nothing explodes (the Hunyuan tiny default's recipe; at the tiny
     shapes every scale is the 0.05 cap, at the published ones 1 / sqrt(fan-in))."""
@@ -75,18 +92,22 @@ def model_index(pipeline: str, configs: dict[str, dict], tokenizer: str, **extra
 def write_diffusers_folder(folder: Path, model_index: dict, configs: dict[str, dict],
                            module_tree: Callable[[Path], nn.Module], write_tokenizer: Callable[[Path], None],
                            seed: int = 1234, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                           scales: dict[str, float] | None = None) -> None:
+                           scales: dict[str, float] | None = None, files: dict[str, dict] | None = None) -> None:
     """A diffusers-format folder of random weights: `model_index.json`, per component of
     `configs` its config.json (the scheduler's: scheduler_config.json), the tokenizer
     (`write_tokenizer(folder / "tokenizer")`), and per component with parameters its weights
     under the file name of the library its model_index entry names. `module_tree(folder)`
     builds the model from the written configs (on the meta device: only names and shapes);
     its parameters are drawn by `component_tensors` in their order, from one generator seeded
-    with `seed` on `device` (a GPU's draws differ from the CPU's), stored in `dtype`."""
+    with `seed` on `device` (a GPU's draws differ from the CPU's), stored in `dtype`. `files`:
+    other JSON files by their path in the folder (an image processor's preprocessor_config.json)."""
     for component, config in configs.items():
         (folder / component).mkdir(parents=True, exist_ok=True)
         name = "scheduler_config.json" if component == "scheduler" else "config.json"
         (folder / component / name).write_text(json.dumps(config, indent=1))
+    for path, content in (files or {}).items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(json.dumps(content))
     write_tokenizer(folder / "tokenizer")
     (folder / MODEL_INDEX_FILE).write_text(json.dumps(model_index, indent=1))
     with torch.device("meta"):

@@ -6,7 +6,7 @@ not by the plan). Unlike Wan's DiT, this one's QK norms are per head, so it spli
 (TP, diffusers' `_tp_plan`), by sequence (SP) and by CFG branch. The TP rules are the same in
 every phase; a phase's `tp` axes say how far they go.
 """
-from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
+from dtgen.plan import Output, PhasePlan, Plan, Rule, diffusion_plan, find_plan
 
 _BLOCK = "transformer.transformer_blocks.*."
 _LAYER = "text_encoder.model.layers.*."
@@ -32,12 +32,11 @@ TP_OUTPUTS = {name: Output.PARTIAL_SUM for name in _ROWS}
 
 
 def _plan(name, grid, phase: PhasePlan, summary, encode: PhasePlan | None = None):
-    every = tuple(axis for axis, _ in grid)
     # TP plans keep the text encoder and the VAE's phase on the same TP axes, so the storage is
     # sharded (the storage axes are those of the phase with the fewest TP ranks).
-    other = PhasePlan(tp=phase.tp) if phase.tp else PhasePlan(replicate=every)
-    return Plan(name=name, grid=grid, phases={"encode": encode or other, "denoise": phase, "decode": other},
-                params=PARAM_RULES, outputs=TP_OUTPUTS, summary=summary)
+    other = PhasePlan(tp=phase.tp) if phase.tp else None
+    return diffusion_plan(name, grid, phase, summary, params=PARAM_RULES, outputs=TP_OUTPUTS, encode=encode or other,
+                          decode=other)
 
 
 PLANS = {

@@ -8,44 +8,25 @@ the plan). The DiT is never tensor-parallel: its QK norms are RMSNorms across al
 runs replicated and spreads over ranks by sequence (SP) and by CFG branch. The text encoder
 is replicated (every rank encodes the same prompt, nothing moves) or TP over the ranks.
 """
-from dtgen.plan import Output, PhasePlan, Plan, Rule, find_plan
+from functools import partial
 
-_ENCODER = "text_encoder.encoder.block.*.layer."
+from dtgen.layers.t5_rules import tp_rules
+from dtgen.plan import PhasePlan, Plan, Rule, diffusion_plan, find_plan
+
+# The UMT5 text encoder splits by heads and FFN columns (its rules: dtgen/layers/t5_rules.py); the
+# rest of Wan's weights are replicated.
+_TEXT_RULES, TP_OUTPUTS = tp_rules("text_encoder.")
 PARAM_RULES = {
-    "text_encoder.shared.weight": Rule.REPLICATE,
-    _ENCODER + "0.layer_norm.weight": Rule.REPLICATE,
-    _ENCODER + "0.SelfAttention.q.weight": Rule.COLUMN,
-    _ENCODER + "0.SelfAttention.k.weight": Rule.COLUMN,
-    _ENCODER + "0.SelfAttention.v.weight": Rule.COLUMN,
-    # [buckets, heads]: split on its last dim into the same head blocks as q (a slicing rule:
-    # its output is per head, not a partial sum, so it has no entry in TP_OUTPUTS).
-    _ENCODER + "0.SelfAttention.relative_attention_bias.weight": Rule.ROW,
-    _ENCODER + "0.SelfAttention.o.weight": Rule.ROW,
-    _ENCODER + "1.layer_norm.weight": Rule.REPLICATE,
-    _ENCODER + "1.DenseReluDense.wi_0.weight": Rule.COLUMN,
-    _ENCODER + "1.DenseReluDense.wi_1.weight": Rule.COLUMN,
-    _ENCODER + "1.DenseReluDense.wo.weight": Rule.ROW,
-    "text_encoder.encoder.final_layer_norm.weight": Rule.REPLICATE,
+    **_TEXT_RULES,
     "transformer.*": Rule.REPLICATE,
     "transformer_2.*": Rule.REPLICATE,   # Wan2.2-A14B's low-noise expert
     "vae.*": Rule.REPLICATE,
     "image_encoder.*": Rule.REPLICATE,   # Wan2.1-I2V's CLIP vision tower
 }
 
-TP_OUTPUTS = {
-    _ENCODER + "0.SelfAttention.o": Output.PARTIAL_SUM,
-    _ENCODER + "1.DenseReluDense.wo": Output.PARTIAL_SUM,
-}
 
-
-def _plan(name, grid, denoise: PhasePlan, summary, encode: PhasePlan | None = None):
-    every = tuple(axis for axis, _ in grid)
-    # Unless the plan says otherwise, every rank encodes the (same) prompt: no rank waits for
-    # another's text encoder and nothing moves afterwards. The VAE is replicated too; the
-    # harness splits its decode spatially over a process group of its own.
-    return Plan(name=name, grid=grid, phases={"encode": encode or PhasePlan(replicate=every), "denoise": denoise,
-                                              "decode": PhasePlan(replicate=every)},
-                params=PARAM_RULES, outputs=TP_OUTPUTS, summary=summary)
+# A plan of Wan's three phases: the DiT's as given, the text encoder's replicated unless given.
+_plan = partial(diffusion_plan, params=PARAM_RULES, outputs=TP_OUTPUTS)
 
 
 PLANS = {

@@ -77,6 +77,18 @@ def classifier_free_guidance(v_cond: torch.Tensor, v_uncond: torch.Tensor, scale
     return v_uncond + scale * (v_cond - v_uncond)
 
 
+def renormed_guidance(v_cond: torch.Tensor, v_uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """QwenImagePipeline's true CFG: the guided prediction, rescaled per row to the conditional
+    prediction's norm over channels (its last axis)."""
+    comb = classifier_free_guidance(v_cond, v_uncond, scale)
+    return comb * (torch.norm(v_cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+
+
+# A pipeline's guidance kind (`DiffusionPipeline.guidance_kind`) -> how it combines a step's
+# conditional and unconditional predictions with the request's scale.
+GUIDANCE = {"cfg": classifier_free_guidance, "renormed-cfg": renormed_guidance}
+
+
 def _check(steps, shift: float, num_train_timesteps: int) -> None:
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")

@@ -90,6 +90,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dtgen.requests import RequestError
+
 from .config import JsonConfig, config_values
 from .linear import empty_param
 from .norms import RMSNorm
@@ -387,6 +389,22 @@ class T5PromptTokenizer:
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, : len(row)] = 1
         return ids, mask
+
+    def token_count(self, text: str) -> int:
+        """The rows `text` takes as the pipeline tokenizes it: cleaned, and an end-of-text token after it."""
+        return len(self.tokenizer.encode(clean_prompt(text) if self.clean else text, add_special_tokens=False).ids) + 1
+
+
+def check_prompt_tokens(tokenizer: T5PromptTokenizer, request, most: int, model: str,
+                        fields: tuple[str, ...] = ("prompt", "negative_prompt")) -> None:
+    """`RequestError` naming the first of the request's `fields` longer than the text encoder
+    reads (`most` tokens, `model`'s): the model would cut it there (diffusers' pipelines do so
+    silently), and a user would never learn that the end of the prompt was not seen."""
+    for name in fields:
+        count = tokenizer.token_count(getattr(request, name))
+        if count > most:
+            raise RequestError(name, f"is {count} tokens; {model}'s text encoder reads at most {most}: "
+                                     "shorten it (it is not cut short silently)")
 
 
 def _special(folder: Path, name: str, default: str) -> str:

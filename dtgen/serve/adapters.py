@@ -27,7 +27,8 @@ import torch
 from dtgen.batching import per_member
 from dtgen.image_files import IMAGE_FORMATS, encode_image
 from dtgen.media import FPS, encode_mp4
-from dtgen.requests import IMAGE_OUTPUT_FIELDS, check_image_fields
+from dtgen.reference_images import ReferenceImage
+from dtgen.requests import IMAGE_OUTPUT_FIELDS, check_image_fields, renamed
 from dtgen.schema import MODEL_FIELD, check_value, extra_field
 
 from .errors import RequestError
@@ -101,8 +102,9 @@ class DiffusionAdapter:
         return getattr(self.pipe, "loras", None)
 
     def checked(self, request):
-        """`request` once the pipeline's check passes (`RequestError` under the JSON name) and
-        its size is within what this server takes (`max_pixels`)."""
+        """`request` once the pipeline's check passes (`RequestError` under the JSON name), its
+        size is within what this server takes (`max_pixels`) and its prompts within what the text
+        encoder reads (`pipe.check_prompts`)."""
         request = self.fields.checked(request, *self.pipe.check_args(self.pipe.model.cfgs))
         most = self.max_pixels
         if request.width * request.height > most:
@@ -110,6 +112,10 @@ class DiffusionAdapter:
             raise RequestError("size", f"{request.width}x{request.height} is {request.width * request.height} pixels; "
                                        f"this server takes at most {most} (the larger of {PIXELS_OVER_DEFAULT} times "
                                        f"its default {d.width}x{d.height} and 1024x1024)")
+        try:
+            self.pipe.check_prompts(self.pipe.tokenizer, request)
+        except RequestError as e:
+            raise renamed(e, self.fields.json_names()) from None
         return request
 
     @property
@@ -250,7 +256,8 @@ class VideoAdapter(DiffusionAdapter):
     `num_frames`, `width`, `height` and `seed`, and the job's `fps` (default: the server's
     `--fps`) and `seconds`. `temporal`: frames per latent frame (a subclass's); `refused`:
     fields OpenAI's API has that the model does not take, each with its one line (as text or
-    as a file); `file_values`: the request attributes a form's files set (none by default)."""
+    as a file); `file_values`: the request attributes a form's files set: the reference image of
+    a pipeline that takes one (`pipe.reference`, dtgen/reference_images.py), none otherwise."""
 
     kind = "video"
     temporal: int
@@ -269,8 +276,20 @@ class VideoAdapter(DiffusionAdapter):
                 "seconds": str(round((r.num_frames - 1) / job.fps, 2))}
 
     # ---- rank 0: fields -> request ----------------------------------------------------
+    @property
+    def reference(self):
+        """How the pipeline takes a reference image (`ReferenceInput`), or None where it takes none."""
+        return getattr(self.pipe, "reference", None)
+
+    @property
+    def takes_reference(self) -> bool:
+        """Whether this server's requests may bring a reference image (its checkpoint takes one)."""
+        return self.reference is not None and self.reference.upload not in self.refused
+
     def parse(self, fields: dict, form: bool = False, files: dict | None = None) -> VideoJob:
         """A job from the body's fields and, in a multipart body, its files (field -> [(filename, bytes)])."""
+        if self.takes_reference and self.reference.upload in fields:   # text where the image belongs
+            raise RequestError(self.reference.upload, "must be an image file: send multipart/form-data with the file")
         fields, files = self.fields.read(fields, form), files or {}
         if isinstance(fields.get("seconds"), str):   # OpenAI's spelling (and this server's answers): "4"
             fields = {**fields, "seconds": seconds_number(fields["seconds"])}
@@ -290,12 +309,34 @@ class VideoAdapter(DiffusionAdapter):
         return VideoJob(self.checked(replace(self.defaults, **values)), fps)
 
     def file_values(self, files: dict, values: dict) -> dict:
-        """The request attributes the form's files set, given the fields' `values`; a model that
-        takes no file refuses the first one."""
-        if files:
-            name = sorted(files)[0]
-            raise RequestError(name, "a file is not taken here")
-        return {}
+        """The request attributes the form's files set, given the fields' `values`: the reference
+        image, opened and checked, and the size it gives the video where `size` is not given
+        (about the default area, the image's aspect ratio); a model that takes no file refuses
+        the first one."""
+        reference = self.reference
+        if reference is None:
+            if files:
+                raise RequestError(sorted(files)[0], "a file is not taken here")
+            return {}
+        other = sorted(set(files) - {reference.upload})
+        if other:
+            raise RequestError(other[0], f"unknown file field; a video takes one {reference.upload} file")
+        if not files.get(reference.upload):
+            return {}
+        image = reference.open_upload(files[reference.upload], per="video")
+        if "height" in values or "width" in values:
+            return {reference.field: image}
+        height, width = reference.output_size(image, self.defaults.height * self.defaults.width)
+        return {reference.field: image, "height": height, "width": width}
+
+    def warmup_request(self):
+        """The defaults with 2 steps at most; where requests bring a reference image, a grey one
+        of the default size."""
+        request = super().warmup_request()
+        if not self.takes_reference or getattr(request, self.reference.field) is not None:
+            return request
+        grey = torch.full((request.height, request.width, 3), 128, dtype=torch.uint8)
+        return replace(request, **{self.reference.field: ReferenceImage(grey, "warm-up")})
 
     def num_frames(self, seconds: float, fps: int) -> int:
         """OpenAI's length as frames (seconds * fps + 1): whole latent frames, within the

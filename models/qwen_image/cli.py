@@ -36,8 +36,5 @@ COMMAND = DiffusionCommand(
     pipeline=QwenImagePipeline, describe=describe, adapter="models.qwen_image.serving:QwenServeAdapter",
     lora_prefixes=LORA_PREFIXES)
 
-# The registry's command pieces (dtgen/registry.py): the command's, bound to Qwen-Image.
-build_parser, finish_args, parse_args, prepare, request_from_args = (
-    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.prepare, COMMAND.request_from_args)
-build_pipeline, run_rank, write_report, main, serve_adapter = (
-    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.main, COMMAND.serve_adapter)
+# `python -m examples.qwen_t2i` runs it (the registry's spec names COMMAND itself).
+main = COMMAND.main

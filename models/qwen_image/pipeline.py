@@ -34,9 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.denoise_loop import CallRows, Segment
 from dtgen.diffusion_run import DiffusionPipeline, result_type
-from dtgen.layers.flow_match import DynamicShiftSampler, classifier_free_guidance
+from dtgen.layers.flow_match import DynamicShiftSampler
+from dtgen.layers.latent_packing import pack_latents as pack
+from dtgen.layers.latent_packing import unpack_latents as unpack
 from dtgen.requests import RequestError, check_multiple
 from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, request_field, seed_field,
                           side_field, size_field, step_cache_field, steps_field)
@@ -90,26 +92,6 @@ class T2IRequest:
 T2IResult = result_type("T2IResult", "image", __name__)
 
 
-def pack(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, 1, H, W] -> [B, (H/2)(W/2), C*4] (QwenImagePipeline._pack_latents)."""
-    B, C, _, H, W = latents.shape
-    return latents.view(B, C, H // 2, 2, W // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(B, H * W // 4, C * 4)
-
-
-def unpack(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """[B, h*w, C*4] on the (h, w) patch grid -> [B, C, 1, 2h, 2w] (QwenImagePipeline._unpack_latents)."""
-    B, _, C4 = latents.shape
-    return latents.view(B, h, w, C4 // 4, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(B, C4 // 4, 1, 2 * h, 2 * w)
-
-
-def true_cfg(noise: torch.Tensor, scale: float) -> torch.Tensor:
-    """QwenImagePipeline's true CFG of the rows [cond; uncond]: the guided prediction, rescaled
-    per row to the conditional prediction's norm over channels."""
-    cond, uncond = noise[0:1], noise[1:2]
-    comb = classifier_free_guidance(cond, uncond, scale)
-    return comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
-
-
 class QwenImagePipeline(DiffusionPipeline):
     """Qwen-Image's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
     (dtgen/denoise_loop.py): requests of one bucket run as rows of one batch, one call per
@@ -119,6 +101,7 @@ class QwenImagePipeline(DiffusionPipeline):
     spec_name = "qwen-image"
     cfg_together = False
     result_type = T2IResult
+    guidance_kind = "renormed-cfg"   # true CFG as QwenImagePipeline runs it
 
     def grid(self, req: T2IRequest) -> tuple[int, int]:
         """The (h, w) patch grid of the packed latents."""
@@ -161,8 +144,8 @@ class QwenImagePipeline(DiffusionPipeline):
         text, hole = padded_rows([m.context[b] for m in rows.members for b in rows.branches], max(bucket, 1))
         return self.calls(rt, segment.denoiser, x, timestep, text, *self.grid(rows.members[0].request), hole=hole)
 
-    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
-        return true_cfg(branches, member.request.true_cfg_scale) if segment.branches == 2 else branches
+    def guidance_scale(self, req: T2IRequest, segment: Segment) -> float:
+        return req.true_cfg_scale
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     @staticmethod

@@ -3,7 +3,7 @@ from dtgen.registry import DiffusersFolder, ModelSpec, ShapeBuckets
 
 SPEC = ModelSpec(
     name="qwen-image", title="Qwen-Image", makes="image", detect=DiffusersFolder("QwenImagePipeline"),
-    layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="models.qwen_image.cli",
+    layout="a diffusers folder, model_index.json naming QwenImagePipeline", cli="models.qwen_image.cli:COMMAND",
     loader="models.qwen_image.model:load", plans="placements.qwen_image",
     request="models.qwen_image.pipeline:T2IRequest", tiny="models.qwen_image.tiny:ensure_tiny_checkpoint",
     # A batch shares its image size, the steps (one dynamic-shift schedule), the step cache and

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dtgen.tiny import (ensure_tiny_folder, model_index, with_overrides, write_diffusers_folder,
+from dtgen.tiny import (ensure_tiny_folder, model_index, tiny_wan_vae, with_overrides, write_diffusers_folder,
                         write_qwen2_tokenizer)
 
 TINY_VERSION = 1
@@ -39,9 +39,7 @@ def tiny_configs() -> dict[str, dict]:
             "_class_name": "QwenImageTransformer2DModel", "patch_size": 2, "in_channels": 64, "out_channels": 16,
             "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 4, "joint_attention_dim": 32,
             "guidance_embeds": False, "axes_dims_rope": [4, 6, 6]},
-        "vae": {
-            "_class_name": "AutoencoderKLQwenImage", "base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
-            "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0},
+        "vae": tiny_wan_vae("AutoencoderKLQwenImage"),
         # Qwen/Qwen-Image's scheduler_config.json values.
         "scheduler": {
             "_class_name": "FlowMatchEulerDiscreteScheduler", "base_image_seq_len": 256, "base_shift": 0.5,

@@ -10,10 +10,10 @@ from typing import NamedTuple
 import torch
 
 from dtgen.buckets import ShapeBuckets
-from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.denoise_loop import CallRows, Segment
 from dtgen.denoiser_calls import denoiser_call
 from dtgen.diffusion_run import DiffusionPipeline
-from dtgen.layers.flow_match import FlowEulerSampler, classifier_free_guidance
+from dtgen.layers.flow_match import FlowEulerSampler
 from dtgen.requests import MAX_SEED, MAX_STEPS
 from dtgen.schema import check_bounds, request_field
 
@@ -75,7 +75,5 @@ class TinyPipeline(DiffusionPipeline):
         cond = torch.tensor([float(b == 0) for _ in rows.members for b in rows.branches], device=x.device)
         return denoiser_call(rt, segment.denoiser, x, t.expand(x.shape[0]).to(x.device), cond)
 
-    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
-        if segment.branches == 1:
-            return branches
-        return classifier_free_guidance(branches[0:1], branches[1:2], member.request.guidance)
+    def guidance_scale(self, req: TinyRequest, segment: Segment) -> float:   # the "cfg" kind's weight
+        return req.guidance

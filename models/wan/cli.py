@@ -18,84 +18,23 @@ a per-stage timing table and, with --report, a JSON report. Plans: placements/wa
 """
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
-from pathlib import Path
-
 from dtgen.diffusion_command import DiffusionCommand
-from dtgen.layers.t5 import load_tokenizer
-from dtgen.requests import RequestError, flag_line
 from models.registry import checkpoint_problem
 from models.wan.model import LORA_PREFIXES, WanConfigs, load
-from models.wan.pipeline import SIZE_MULTIPLE, T2VRequest, WanT2VPipeline, open_reference, reference_size
+from models.wan.pipeline import T2VRequest, WanT2VPipeline
 from models.wan.tiny import ensure_tiny_checkpoint, ensure_tiny_i2v_checkpoint
 from placements.wan import PLANS, get_plan
 
 
-@dataclass(frozen=True)
-class WanCommand(DiffusionCommand):
-    """The diffusion command, with image to video's choices: --image (a server: --image-to-video)
-    without --checkpoint runs the tiny image-to-video default, and without --height / --width
-    the video takes the image's aspect ratio."""
-
-    def build_parser(self, prog: str | None = None, description: str | None = None,
-                     cli: bool = True) -> argparse.ArgumentParser:
-        p = super().build_parser(prog, description, cli)
-        if not cli:   # a server's requests bring their images: only which tiny default is its choice
-            p.add_argument("--image-to-video", action="store_true",
-                           help="without --checkpoint: serve the tiny image-to-video default (Wan2.1-I2V's layout; "
-                                "every request brings input_reference)")
-        return p
-
-    def tiny_checkpoint(self, args: argparse.Namespace) -> Path:
-        i2v = getattr(args, "image", None) is not None or getattr(args, "image_to_video", False)
-        return ensure_tiny_i2v_checkpoint() if i2v else self.ensure_tiny()
-
-    def check_request(self, args: argparse.Namespace, req, folder: Path) -> None:
-        """A server's defaults have no image (each request brings its own): on an image-to-video
-        checkpoint they are checked as any request but for the image."""
-        temporal, spatial, two_experts, image_to_video = self.pipeline.check_args(self.configs(folder))
-        req.check(temporal, spatial, two_experts, image_to_video if hasattr(args, "image") else None)
-
-    def prepare(self, args: argparse.Namespace) -> tuple[str | None, bool]:
-        if getattr(args, "image_to_video", False) and args.checkpoint is not None:
-            return ("--image-to-video picks the tiny default; a --checkpoint's model_index.json says whether it makes "
-                    "video from an image"), False
-        if getattr(args, "image", None) is not None and args.height is None and args.width is None:
-            try:
-                reference = open_reference(args.image)
-            except RequestError as e:
-                return flag_line(e, self.flag_of_field), args.checkpoint is None
-            defaults = self.tiny_defaults if args.checkpoint is None else self.checkpoint_defaults
-            args.height, args.width = reference_size(reference, defaults["height"] * defaults["width"], SIZE_MULTIPLE)
-        problem, tiny = super().prepare(args)
-        if problem is None and getattr(args, "prompt", None) is not None:
-            # the prompts' lengths against what the text encoder reads (the server's check too)
-            from models.wan.serving import check_prompt_lengths
-            try:
-                check_prompt_lengths(load_tokenizer(Path(args.checkpoint) / "tokenizer"), self.request_from_args(args))
-            except RequestError as e:
-                problem = flag_line(e, self.flag_of_field)
-        return problem, tiny
-
-
-def describe(args, main: dict) -> str:
-    made = f"{args.num_frames} frames, {args.height}x{args.width}, {main['tokens_per_step']} tokens/step"
-    return made if getattr(args, "image", None) is None else f"{made}, from {args.image}"
-
-
-COMMAND = WanCommand(
+COMMAND = DiffusionCommand(
     name="wan", title="Wan", module=__name__, description=__doc__.split("\n")[0], request=T2VRequest,
     default_prompt="A red fox runs through fresh snow at golden hour, cinematic", output="outputs/wan_t2v.mp4",
     fp8_reach=("the DiT blocks' linears", "the DiT self-attention"), plans=PLANS, get_plan=get_plan,
     multi_rank_plan="ulysses2", tiny_defaults=dict(height=48, width=64, num_frames=9, steps=4),
     checkpoint_defaults=dict(height=480, width=832, num_frames=81, steps=50), scheduler_defaults={"flow_shift": 3.0},
     ensure_tiny=ensure_tiny_checkpoint, checkpoint_problem=checkpoint_problem, configs=WanConfigs.from_folder,
-    loader=load, pipeline=WanT2VPipeline, describe=describe, adapter="models.wan.serving:WanServeAdapter",
-    lora_prefixes=LORA_PREFIXES)
+    loader=load, pipeline=WanT2VPipeline, adapter="models.wan.serving:WanServeAdapter",
+    lora_prefixes=LORA_PREFIXES, ensure_tiny_from_image=ensure_tiny_i2v_checkpoint)
 
-# The registry's command pieces (dtgen/registry.py): the command's, bound to Wan.
-build_parser, finish_args, parse_args, prepare, request_from_args = (
-    COMMAND.build_parser, COMMAND.finish_args, COMMAND.parse_args, COMMAND.prepare, COMMAND.request_from_args)
-build_pipeline, run_rank, write_report, main, serve_adapter = (
-    COMMAND.build_pipeline, COMMAND.run_rank, COMMAND.write_report, COMMAND.main, COMMAND.serve_adapter)
+# `python -m examples.wan_t2v` runs it (the registry's spec names COMMAND itself).
+main = COMMAND.main

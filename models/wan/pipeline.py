@@ -39,17 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
-from PIL import Image
 
-from dtgen.denoise_loop import CallRows, DenoiseMember, Segment
+from dtgen.denoise_loop import CallRows, Segment
 from dtgen.diffusion_run import DiffusionPipeline, denoiser_runs, result_type
-from dtgen.layers.flow_match import SAMPLERS, classifier_free_guidance, make_sampler
-from dtgen.layers.t5 import encode_prompt_embeds
+from dtgen.layers.flow_match import SAMPLERS, make_sampler
+from dtgen.layers.t5 import check_prompt_tokens, encode_prompt_embeds, load_tokenizer
 from dtgen.layers.wan_vae_parallel import parallel_encode
-from dtgen.reference_images import ReferenceImage, open_image_file
-from dtgen.requests import RequestError, check_multiple, nearest_valid
+from dtgen.reference_images import ReferenceImage, ReferenceInput, vae_pixels
+from dtgen.requests import RequestError, check_frame_count, check_multiple
 from dtgen.schema import (check_bounds, loras_field, negative_prompt_field, prompt_field, reference_image_field,
                           request_field, seed_field, side_field, size_field, step_cache_field, steps_field)
 from dtgen.step_cache import DenoiserCall, StepCacheConfig
@@ -62,25 +60,8 @@ TEXT_LENGTH = 512   # WanPipeline's max_sequence_length: every prompt is padded 
 SIZE_MULTIPLE = 16
 # A reference image's sides: below one 16-px token there is nothing to start from; the upper
 # bound keeps the decode under Pillow's decompression-bomb size (the video is resized anyway).
-REFERENCE_MIN_SIDE, REFERENCE_MAX_SIDE = 16, 8192
-
-
-def reference_size(image: ReferenceImage, area: int, multiple: int) -> tuple[int, int]:
-    """(height, width) of about `area` pixels with the image's aspect ratio, each a multiple of
-    `multiple` (the model's VAE x patch side), as WanImageToVideoPipeline's example sizes it."""
-    aspect = image.height / image.width
-    height = round(math.sqrt(area * aspect)) // multiple * multiple
-    width = round(math.sqrt(area / aspect)) // multiple * multiple
-    return max(height, multiple), max(width, multiple)
-
-
-def open_reference(path: str | Path) -> ReferenceImage:
-    """`--image FILE` as a checked reference image (`RequestError` naming `image` otherwise)."""
-    try:
-        return ReferenceImage.from_pil(open_image_file(path, REFERENCE_MIN_SIDE, REFERENCE_MAX_SIDE, str(path)),
-                                       str(path))
-    except ValueError as e:
-        raise RequestError("image", str(e)) from None
+# The command's --image and the server's `input_reference` open it through this declaration.
+REFERENCE = ReferenceInput(min_side=16, max_side=8192, multiple=SIZE_MULTIPLE)
 
 
 @dataclass(frozen=True)
@@ -114,7 +95,7 @@ class T2VRequest:
 
     def __post_init__(self):
         if isinstance(self.image, (str, Path)):
-            object.__setattr__(self, "image", open_reference(self.image))
+            object.__setattr__(self, "image", REFERENCE.open_file(self.image))
 
     def check(self, temporal: int, spatial: int, two_experts: bool | None = None,
               image_to_video: bool | None = None) -> None:
@@ -132,10 +113,7 @@ class T2VRequest:
         if image_to_video and self.image is None:
             raise RequestError("image", "is required: this checkpoint makes video from an image "
                                         "(WanImageToVideoPipeline); give the first frame")
-        if (self.num_frames - 1) % temporal:
-            lo, hi = nearest_valid(self.num_frames, temporal, 1)
-            raise RequestError("num_frames", f"{self.num_frames} does not map to whole latent frames (it must be "
-                                             f"{temporal}k + 1); nearest valid: {lo} or {hi}")
+        check_frame_count("num_frames", self.num_frames, temporal)
         for name in ("height", "width"):
             check_multiple(name, getattr(self, name), spatial)
         if two_experts is False and self.guidance_scale_2 is not None:
@@ -170,13 +148,6 @@ def frame_mask(num_frames: int, temporal: int, latent_hw: tuple[int, int]) -> to
     return mask.view(1, -1, temporal, *latent_hw).transpose(1, 2)
 
 
-def vae_pixels(image: Image.Image, height: int, width: int) -> torch.Tensor:
-    """diffusers' VideoProcessor.preprocess of a PIL image: Lanczos resize to (width, height),
-    / 255 in float32, to [-1, 1]: [1, 3, height, width]."""
-    resized = np.array(image.resize((width, height), resample=Image.Resampling.LANCZOS)).astype(np.float32) / 255.0
-    return torch.from_numpy(resized).permute(2, 0, 1)[None] * 2.0 - 1.0
-
-
 class WanT2VPipeline(DiffusionPipeline):
     """Wan's pieces of the phases (dtgen/diffusion_run.py) and of the denoise loop
     (dtgen/denoise_loop.py): requests of one bucket run as rows of one batch, each member's
@@ -186,6 +157,7 @@ class WanT2VPipeline(DiffusionPipeline):
     cfg_together = True
     makes = "video"
     result_type = T2VResult
+    reference = REFERENCE
 
     def latent_shape(self, req: T2VRequest) -> tuple[int, ...]:
         vae = self.model.vae.cfg
@@ -259,11 +231,8 @@ class WanT2VPipeline(DiffusionPipeline):
             args += (torch.cat([c.image.expand(per, *c.image.shape[1:]) for c in contexts]).to(self.dtype),)
         return self.calls(rt, segment.denoiser, *args)
 
-    def guide(self, member: DenoiseMember, segment: Segment, branches: torch.Tensor) -> torch.Tensor:
-        """The guided prediction in the DiT's dtype (as WanPipeline combines it)."""
-        if segment.branches == 1:
-            return branches
-        return classifier_free_guidance(branches[0:1], branches[1:2], self.guidance(member.request, segment.denoiser))
+    def guidance_scale(self, req: T2VRequest, segment: Segment) -> float:
+        return self.guidance(req, segment.denoiser)
 
     # ---- the rest of what the phases need (dtgen/diffusion_run.py) ------------------------
     @staticmethod
@@ -272,6 +241,19 @@ class WanT2VPipeline(DiffusionPipeline):
         checkpoint has Wan2.2-A14B's second expert, whether it makes video from an image."""
         return (cfgs.vae.temporal_factor, cfgs.vae.spatial_factor * cfgs.transformer.patch_size[1],
                 cfgs.transformer_2 is not None, cfgs.image_to_video)
+
+    @staticmethod
+    def takes_reference(cfgs) -> bool:
+        return cfgs.image_to_video
+
+    @staticmethod
+    def folder_tokenizer(folder: Path):
+        return load_tokenizer(Path(folder) / "tokenizer")
+
+    @staticmethod
+    def check_prompts(tokenizer, request: T2VRequest) -> None:
+        """The prompt and the negative prompt within UMT5's TEXT_LENGTH tokens."""
+        check_prompt_tokens(tokenizer, request, TEXT_LENGTH, "Wan")
 
     def sampler(self, req: T2VRequest):
         return make_sampler(req.sampler, req.steps, req.shift)

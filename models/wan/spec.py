@@ -3,9 +3,9 @@ from dtgen.registry import DiffusersFolder, ModelSpec, ShapeBuckets
 
 SPEC = ModelSpec(
     name="wan", title="Wan", makes="video", detect=DiffusersFolder("WanPipeline", also=("WanImageToVideoPipeline",)),
-    layout="a diffusers folder, model_index.json naming WanPipeline or WanImageToVideoPipeline", cli="models.wan.cli",
-    loader="models.wan.model:load", plans="placements.wan", request="models.wan.pipeline:T2VRequest",
-    tiny="models.wan.tiny:ensure_tiny_checkpoint",
+    layout="a diffusers folder, model_index.json naming WanPipeline or WanImageToVideoPipeline",
+    cli="models.wan.cli:COMMAND", loader="models.wan.model:load", plans="placements.wan",
+    request="models.wan.pipeline:T2VRequest", tiny="models.wan.tiny:ensure_tiny_checkpoint",
     # Image to video (`image`, a reference first frame) batches alike: the condition is each member's own.
     # A batch shares its video's size (every prompt is 512 text rows), the schedule (steps,
     # sampler, shift: one set of timesteps, one expert switch), the step cache and which

@@ -10,12 +10,11 @@ do). The shape admits every shipped plan: 4 heads (Ulysses 4), 16 latent channel
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from dtgen.tiny import ensure_tiny_folder, model_index, with_overrides, write_diffusers_folder
+from dtgen.tiny import TINY_UMT5, ensure_tiny_folder, model_index, tiny_wan_vae, with_overrides, write_diffusers_folder
 from dtgen.tiny import write_t5_tokenizer as write_tokenizer
 
 TINY_VERSION = 1
@@ -33,20 +32,13 @@ TINY_IMAGE_PROCESSOR = {
 def tiny_configs() -> dict[str, dict]:
     """Every component's config.json (diffusers / transformers field names), tiny values."""
     return {
-        "text_encoder": {
-            "architectures": ["UMT5EncoderModel"], "model_type": "umt5", "vocab_size": 128, "d_model": 32,
-            "d_kv": 8, "d_ff": 64, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
-            "relative_attention_max_distance": 16, "layer_norm_epsilon": 1e-6, "feed_forward_proj": "gated-gelu",
-            "dense_act_fn": "gelu_new", "is_gated_act": True, "pad_token_id": 0, "eos_token_id": 1,
-            "decoder_start_token_id": 0, "tie_word_embeddings": False},
+        "text_encoder": dict(TINY_UMT5),
         "transformer": {
             "_class_name": "WanTransformer3DModel", "patch_size": [1, 2, 2], "num_attention_heads": 4,
             "attention_head_dim": 16, "in_channels": 16, "out_channels": 16, "text_dim": 32, "freq_dim": 32,
             "ffn_dim": 128, "num_layers": 2, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads",
             "eps": 1e-6, "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024},
-        "vae": {
-            "_class_name": "AutoencoderKLWan", "base_dim": 8, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
-            "num_res_blocks": 1, "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0},
+        "vae": tiny_wan_vae("AutoencoderKLWan"),
         "scheduler": {
             "_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True,
             "num_train_timesteps": 1000, "flow_shift": 3.0, "solver_order": 2, "solver_type": "bh2",
@@ -107,12 +99,10 @@ def write_random_i2v_checkpoint(folder: Path, seed: int = 1234, two_experts: boo
     extra = ({"boundary_ratio": I2V_A14B_BOUNDARY, "image_encoder": [None, None], "image_processor": [None, None]}
              if two_experts else {"image_processor": ["transformers", "CLIPImageProcessor"]})
     index = model_index("WanImageToVideoPipeline", configs, "T5TokenizerFast", expand_timesteps=False, **extra)
-    if not two_experts:
-        (folder / "image_processor").mkdir(parents=True, exist_ok=True)
-        (folder / "image_processor" / "preprocessor_config.json").write_text(json.dumps(TINY_IMAGE_PROCESSOR))
+    files = {} if two_experts else {"image_processor/preprocessor_config.json": TINY_IMAGE_PROCESSOR}
     write_diffusers_folder(folder, index, with_overrides(configs, overrides),
                            lambda written: WanT2V(WanConfigs.from_folder(written)), write_tokenizer,
-                           seed, dtype, device, scales)
+                           seed, dtype, device, scales, files)
 
 
 def ensure_tiny_checkpoint(root: Path | None = None) -> Path:

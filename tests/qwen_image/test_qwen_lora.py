@@ -274,7 +274,7 @@ def test_a_peft_adapter_folder_reads_as_the_diffusers_file(ckpt, built, tmp_path
 
 def test_the_command_refuses_an_adapter_for_another_model_before_any_rank_starts(files, tmp_path):
     """`dtgen run --lora`: names and shapes matched against the checkpoint's headers in `prepare`."""
-    from models.qwen_image import cli
+    from models.qwen_image.cli import COMMAND as cli
     wan = _write(tmp_path / "wan.safetensors", {"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.ones(2, 32),
                                                 "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.ones(64, 2)})
     for given, match in (([f"{wan}:0.5"], "another model"), ([str(files["a"]), str(files["b"])], None)):

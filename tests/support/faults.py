@@ -176,7 +176,7 @@ def _cli_module(args: list[str]) -> str | None:
     registry's default), as `dtgen run` and `dtgen serve` choose it."""
     from dtgen.cli import choose_model
     spec, _ = choose_model(args)
-    return spec.cli if spec is not None else None
+    return spec.cli_module if spec is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:

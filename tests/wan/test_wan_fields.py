@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.wan import cli
+from models.wan.cli import COMMAND as cli
 
 
 @pytest.mark.parametrize("argv, line", [

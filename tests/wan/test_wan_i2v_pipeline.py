@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 
 from dtgen.reference_images import ReferenceImage
+from dtgen.reference_images import aspect_size as reference_size
 from dtgen.requests import RequestError
 from models.wan.model import load
-from models.wan.pipeline import T2VRequest, WanT2VPipeline, reference_size, vae_pixels
+from models.wan.pipeline import T2VRequest, WanT2VPipeline, vae_pixels
 from models.wan.tiny import write_random_checkpoint, write_random_i2v_checkpoint
 from placements.wan import get_plan
 
