@@ -22,6 +22,7 @@ from kernels.fp8_linear import IMPLS, fp8_linear
 from kernels.fp8_quant import FP8_DTYPE, fp8_support_problem
 
 from .attention import LocalAttention
+from .refusal import DeviceRefusal
 from .layers.linear import empty_param
 
 DENSE_DTYPES = ("model", "fp8")
@@ -95,7 +96,7 @@ def check_dense_dtype(dense_dtype: str, device: torch.device, flag: str = "--den
     if dense_dtype == "fp8":
         problem = fp8_support_problem(torch.device(device))
         if problem:
-            raise RuntimeError(f"{flag} fp8: {problem}")
+            raise DeviceRefusal(f"{flag} fp8: {problem}")
 
 
 def quantize_linears_(model: nn.Module, patterns: Iterable[str], impl: str = "auto") -> list[str]:
@@ -135,7 +136,7 @@ def check_attention_dtype(attention_dtype: str, device: torch.device, attention_
     if attention_dtype == "fp8":
         problem = fp8_support_problem(device)
         if problem:
-            raise RuntimeError(f"--attention-dtype fp8: {problem}")
+            raise DeviceRefusal(f"--attention-dtype fp8: {problem}")
         other = sorted(set(attention_kinds) - set(FP8_ATTENTION_KINDS))
         if other:
             raise ValueError(f"--attention-dtype fp8 runs under the attention kinds {FP8_ATTENTION_KINDS}; this plan "

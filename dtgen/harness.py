@@ -21,7 +21,6 @@ from torch._dynamo.utils import counters
 from .compile import CompileReport, StepCompiler, graph_breaks, unique_graphs
 from .devices import parse_device, parse_dtype
 from .launch import RankContext, RankFailure, run_on_ranks, under_torchrun
-from .requests import RequestError
 
 
 # Under torchrun, how long the ranks other than 0 wait before leaving after a refused command line.
@@ -200,7 +199,9 @@ def example_main(args: argparse.Namespace, prepare: Callable, run_rank: Callable
         if e.report() is not None:
             print(f"error: {e.report()}", file=sys.stderr)
         return 1
-    except RequestError as e:  # one process: a request the model found it cannot take, as ranks say it
+    except Exception as e:  # one process: an error whose message says it all, as ranks say it (dtgen.launch)
+        if not getattr(e, "one_line", False):   # a request the model cannot take, an option the device cannot run
+            raise
         print(f"error: {e}", file=sys.stderr)
         return 1
     main_result = next((r for r in results if r["rank"] == 0), None)

@@ -20,6 +20,7 @@ from dtgen.checkpoint import CheckpointError, CheckpointReader
 from dtgen.controller import PhaseController
 from dtgen.fp8 import check_dense_dtype
 from dtgen.lora import ResidentLoras
+from dtgen.refusal import DeviceRefusal
 from dtgen.plan import Plan, ResolvedPlan, Rule
 from dtgen.storage import FP8_RECIPES, ParamSpec, ResidentStorage
 from kernels.fp8_quant import fp8_support_problem
@@ -208,13 +209,13 @@ def load(checkpoint: str | Path | None, plan: Plan, rank: int = 0, world_size: i
             raise ValueError(f"fp8_scales must be one of {FP8_RECIPES}, got {fp8_scales!r}")
         problem = fp8_support_problem(device)
         if problem:
-            raise RuntimeError(f"--moe-dtype fp8: {problem}")
+            raise DeviceRefusal(f"--moe-dtype fp8: {problem}")
     problem = moe_impl_problem(moe_impl, fp8_scales if moe_dtype == "fp8" else None)
     if problem:
         raise ValueError(problem)
     problem = moe_impl_device_problem(moe_impl, device)
     if problem:
-        raise RuntimeError(problem)
+        raise DeviceRefusal(f"--moe-impl {moe_impl}: {problem}")
     check_dense_dtype(dense_dtype, device)
     if random_config is not None:
         cfg = HunyuanImage3Config.from_dict(random_config)

@@ -219,6 +219,18 @@ def test_command_line_mistakes_are_one_line(tiny_checkpoint, monkeypatch, capsys
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_an_option_the_device_cannot_run_is_one_line(tiny_checkpoint, monkeypatch, capsys):
+    """Checked on the rank, where the device is (the launcher never touches a GPU): exit 1 and one
+    line naming the flag, no traceback. (The FP8 options run on a CPU, through their emulations.)"""
+    from models.hunyuan_image3.cli import main
+    monkeypatch.setenv("DTGEN_CACHE", str(tiny_checkpoint.parent))
+    assert main(["--moe-dtype", "fp8", "--moe-impl", "scaled_grouped_mm"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --moe-impl scaled_grouped_mm: "), err
+    assert "runs on CUDA" in err[0], err
+
+
 def test_model_that_does_not_fit_is_refused_before_loading(tiny_checkpoint, monkeypatch):
     """The bytes per rank come from the plan before any is allocated; the error names them."""
     from dtgen import storage
