@@ -154,6 +154,19 @@ SUITES: tuple[Suite, ...] = (
               Step("wan_i2v_peers", "wan", "--sizes I2V-14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
                    "--out {out}/wan_i2v_peers.json", 300),
           )),
+    Suite("lora", "LoRA at inference: an unmerged adapter's cost on a DiT step, loading and switching adapters, "
+          "rows with different adapters in one batch", (
+              Part("measure", "bench.bench_lora", "--measure step (the DiT step with no adapter, unmerged, merged), "
+                   "load (loading one; switching to a resident one), batch (4 adapters: one batch against four; CPU)"),
+          ), default="measure", steps=(
+              Step("lora_step_wan", "measure", "--measure step --model wan --size 14B-8 --out {out}/lora_step_wan.json",
+                   300),
+              Step("lora_step_wan_fp8", "measure", "--measure step --model wan --size 14B-8 --dense-dtype fp8 "
+                   "--out {out}/lora_step_wan_fp8.json", 300),
+              Step("lora_step_hunyuan", "measure", "--measure step --model hunyuan-image3 --layers 8 --moe-dtype fp8 "
+                   "--dense-dtype fp8 --repeats 2 --out {out}/lora_step_hunyuan.json", 400),
+              Step("lora_load_wan", "measure", "--measure load --size 14B --out {out}/lora_load_wan.json", 200),
+          )),
 )
 
 def suite(name: str) -> Suite | None:

@@ -202,6 +202,12 @@ class ResidentLoras:
         return f"{owner}.{site}" if site is not None else None
 
     # ---- matching -------------------------------------------------------------------
+    def pair_targets(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every module a pair may target -> (its base weight's checkpoint key, that weight's
+        official [out, in] shape): what an adapter for this model may name."""
+        specs = self.built.storage.specs
+        return {site: (specs[name].keys[0], specs[name].official_shape) for name, site in self._site_of.items()}
+
     def match(self, lora: LoraFile, prefixes: dict[str, str] | None = None) -> dict[str, str]:
         """Module path in the file -> module of the model (`match_keys` on the build's weights,
         through `prefixes`, default the model's name map)."""
