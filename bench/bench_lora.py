@@ -176,8 +176,13 @@ def wan_step(b: Bench, args, device, dtype) -> dict:
               "adapter_bytes": path.stat().st_size, "cases": {}, "complete": False}
     with torch.no_grad():
         loras.set_default((("a", 1.0),))
-        result["flops"] = delta_flops(model.built.model, pairs, args.rank, model.step_fn(False))
+        eager = model.step_fn(False)
+        result["flops"] = delta_flops(model.built.model, pairs, args.rank, eager)
+        unmerged = eager().float()
         loras.set_default(())
+        plain = eager().float()
+        # the adapter's effect on the step's output (the timed work is not a no-op)
+        result["adapter_moves_output_rel_l2"] = float((unmerged - plain).norm() / plain.norm())
         for mode in args.modes:
             fn = model.step_fn(mode == "compiled")
             cases = {"none": (), "unmerged": (("a", 1.0),)}
@@ -210,6 +215,8 @@ def wan_step(b: Bench, args, device, dtype) -> dict:
         except LoraError as e:
             result["merged"] = f"not measured: {e}"
         else:
+            merged = model.step_fn(False)().float()
+            result["merged_vs_unmerged_rel_l2"] = float((merged - unmerged).norm() / unmerged.norm())
             for mode in args.modes:
                 fn = model.step_fn(mode == "compiled")
                 t0 = time.perf_counter()
