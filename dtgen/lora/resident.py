@@ -22,11 +22,13 @@ does not (`lora_refused`: why, e.g. a router whose weight a fused kernel reads) 
 (routed expert) weights take none: an adapter that names one is refused in one line saying why.
 
 Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
-`default` for every row: nothing about requests is baked into the modules. When every row carries
-the same adapters each one's delta is two GEMMs on the whole batch; when rows differ, the pairs of
-every adapter the batch carries are stacked along the rank (A [sum r, in], B [out, sum r]) and run
-as two GEMMs, each rank column scaled per row by that row's weight of its adapter (0 where the row
-carries none): no gather or scatter per adapter.
+`default` for every row: nothing about requests is baked into the modules. The pairs of every
+adapter the rows carry are stacked along the rank (A [sum r, in], B [out, sum r]; one adapter's pair
+as it is) when that set of adapters is set, and each targeted linear runs two GEMMs, each rank
+column scaled per row by that row's weight of its adapter (0 where the row carries none; one row of
+weights when every row carries the same): no gather or scatter per adapter. The hooks read only
+tensors made then, whose shapes change with the set's ranks alone, so a compiled step is not
+compiled again for another weight, or for other adapters of the same ranks.
 """
 from __future__ import annotations
 
@@ -141,9 +143,10 @@ class ResidentAdapter:
 
 
 @dataclass(frozen=True)
-class _MixedRows:
-    """A batch whose rows carry different adapters: `names` (every adapter some row carries) and
-    `weights` [rows, len(names)], each row's weight of each (0 where it carries none)."""
+class _Rows:
+    """The adapters the next evaluations' rows carry: `names` (every adapter some row carries) and
+    `weights` [rows, len(names)], each row's weight of each (0 where it carries none); one row of
+    weights when every row carries the same."""
 
     names: tuple[str, ...]
     weights: torch.Tensor
@@ -182,12 +185,15 @@ class ResidentLoras:
         self._refused.update({spec.keys[0]: why for name, spec in specs.items() if len(spec.keys) == 1
                               and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
-        self._uniform: RowAdapters = ()            # every row carries these
-        self._mixed: _MixedRows | None = None      # or each row its own
-        # per (module, phase), for the adapters of `_mixed`: their pairs stacked along the rank
-        # (A [sum r, in], B [out, sum r]), each rank column's adapter and scale
-        self._stacked: dict[tuple[str, str], tuple] = {}
+        self._rows: _Rows | None = None            # None: no row carries an adapter
+        # per (module, phase), for the adapters of `_rows` (`_stacked_names`): their pairs stacked
+        # along the rank (A [sum r, in], B [out, sum r]), each rank column's adapter and scale;
+        # None where none of them targets the module
+        self._stacked: dict[tuple[str, str], tuple | None] = {}
         self._stacked_names: tuple[str, ...] = ()
+        # per (module, phase): each row's factor of each rank column (weight x scale): [rows, sum r],
+        # or [sum r] when every row carries the same
+        self._coef: dict[tuple[str, str], torch.Tensor] = {}
         self._last: tuple | None = None
         self.set_rows(None)
 
@@ -261,8 +267,7 @@ class ResidentLoras:
             layers[module] = ResidentLayer(layer.scale, views)
             nbytes += n
         adapter = ResidentAdapter(name, str(path), layers, nbytes)
-        self.adapters[name] = adapter   # commit: all checks passed
-        self._stacked, self._stacked_names = {}, ()
+        self.adapters[name] = adapter   # commit: all checks passed (no row carries it yet)
         for module in layers:
             self._hook(module)
         return adapter
@@ -275,7 +280,7 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        self._stacked, self._stacked_names, self._last = {}, (), None
+        self._stacked, self._stacked_names, self._coef, self._last = {}, (), {}, None
         self.set_rows(None)
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
@@ -316,30 +321,40 @@ class ResidentLoras:
         if key == self._last and key is not None:
             return   # the same rows as the last call (every call of a step, most steps)
         self._last = key
-        if rows is None or len(set(key)) == 1:   # every row alike: no per-row work
-            self._uniform, self._mixed = (self.default if rows is None else key[0]), None
-            return
+        if rows is None or len(set(key)) == 1:   # every row alike: one row of weights
+            key = (tuple((n, float(w)) for n, w in self.default) if rows is None else key[0],)
         names = tuple(dict.fromkeys(n for row in key for n, _ in row))
+        if not names:
+            self._rows, self._coef = None, {}
+            return
         weights = torch.zeros(len(key), len(names))
         for i, row in enumerate(key):
             for n, w in row:
                 weights[i, names.index(n)] += w
         device = next(iter(self.built.storage.tensors.values())).device
-        self._uniform, self._mixed = (), _MixedRows(names, weights.to(device))
+        self._rows = _Rows(names, weights.to(device))
         if names != self._stacked_names:
-            self._stacked, self._stacked_names = {}, names
+            phases = self.built.controller.topology.phases
+            self._stacked = {(m, ph): self._stack(m, ph, names) for m in self._hooks for ph in phases}
+            self._stacked_names = names
+        # one row of weights: [sum r], broadcast over any leading dims (a decode step's one token)
+        one = self._rows.weights.shape[0] == 1
+        self._coef = {k: (self._rows.weights[0 if one else slice(None), st[2]] * st[3]).to(st[0].dtype)
+                      for k, st in self._stacked.items() if st is not None}
 
     @contextmanager
     def picked_rows(self, picked: list[int]):
         """Inside: the evaluations run on the rows `picked` of the batch `set_rows` described (a
         step cache's first-block step that runs the later blocks on some rows only)."""
-        saved = (self._uniform, self._mixed, self._last)
-        if self._mixed is not None:
-            self._mixed = _MixedRows(self._mixed.names, self._mixed.weights[picked])
+        saved = (self._rows, self._coef, self._last)
+        if self._rows is not None and self._rows.weights.shape[0] > 1:
+            index = torch.tensor(picked, device=self._rows.weights.device)
+            self._rows = _Rows(self._rows.names, self._rows.weights[index])
+            self._coef = {k: c[index] for k, c in self._coef.items()}
         try:
             yield
         finally:
-            self._uniform, self._mixed, self._last = saved
+            self._rows, self._coef, self._last = saved
 
     def set_default(self, adapters: RowAdapters) -> None:
         self.set_rows([tuple(adapters)])  # checks names and weights
@@ -354,39 +369,33 @@ class ResidentLoras:
                                                                               prepend=True)
 
     def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
-        x = args[0]
-        phase = self.built.controller.active
-        for name, weight in self._uniform:
-            layer = self.adapters[name].layers.get(module)
-            if layer is not None:
-                a, b = (t.to(x.dtype) for t in layer.views[phase])
-                out = out + F.linear(F.linear(x, a), b) * (weight * layer.scale)
-        mixed = self._mixed
-        if mixed is None:
+        if self._rows is None:
             return out
-        if x.shape[0] != mixed.weights.shape[0]:
-            raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters were "
-                            f"set for {mixed.weights.shape[0]}")
-        stacked = self._stacked.get((module, phase))
-        if stacked is None:
-            stacked = self._stacked[(module, phase)] = self._stack(module, phase, mixed.names)
-        if stacked is not False:
-            # every adapter on every row in two GEMMs over the stacked rank, each rank column scaled
-            # per row by that row's weight of its adapter (0: the row does not carry it)
-            a, b, column_adapter, column_scale = stacked
-            coef = (mixed.weights[:, column_adapter] * column_scale).to(x.dtype)
-            z = F.linear(x, a.to(x.dtype))
-            out = out + F.linear(z * coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1), b.to(x.dtype))
-        return out
+        key = (module, self.built.controller.active)
+        stacked = self._stacked.get(key)
+        if stacked is None:   # none of the rows' adapters targets this module
+            return out
+        # every adapter of every row in two GEMMs over the stacked rank, each rank column scaled per
+        # row by that row's weight of its adapter (0: the row does not carry it)
+        x, (a, b, _, _), coef = args[0], stacked, self._coef[key]
+        z = F.linear(x, a.to(x.dtype))
+        if coef.dim() == 2:   # rows carrying different adapters: a factor per row
+            if coef.shape[0] != x.shape[0]:
+                raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters "
+                                f"were set for {coef.shape[0]}")
+            coef = coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1)
+        return out + F.linear(z * coef.to(x.dtype), b.to(x.dtype))
 
     def _stack(self, module: str, phase: str, names: tuple[str, ...]):
-        """The pairs of `names` on `module` stacked along the rank, or False where none targets it."""
+        """The pairs of `names` on `module` stacked along the rank (one adapter's as they are), each
+        rank column's adapter (its index in `names`) and scale; None where none targets it."""
         found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
                  if module in self.adapters[n].layers]
         if not found:
-            return False
-        a = torch.cat([layer.views[phase][0] for _, layer in found])
-        b = torch.cat([layer.views[phase][1] for _, layer in found], dim=1)
-        column_adapter = torch.cat([torch.full((layer.views[phase][0].shape[0],), k) for k, layer in found])
-        column_scale = torch.cat([torch.full((layer.views[phase][0].shape[0],), layer.scale) for _, layer in found])
+            return None
+        pairs = [layer.views[phase] for _, layer in found]
+        a = pairs[0][0] if len(pairs) == 1 else torch.cat([p[0] for p in pairs])
+        b = pairs[0][1] if len(pairs) == 1 else torch.cat([p[1] for p in pairs], dim=1)
+        column_adapter = torch.cat([torch.full((p[0].shape[0],), k) for (k, _), p in zip(found, pairs)])
+        column_scale = torch.cat([torch.full((p[0].shape[0],), layer.scale) for (_, layer), p in zip(found, pairs)])
         return a, b, column_adapter.to(a.device), column_scale.to(a.device)

@@ -113,6 +113,27 @@ def test_rows_with_different_adapters_equal_each_row_alone(built, loras):
     loras.set_rows(None)
 
 
+@torch.no_grad()
+def test_a_compiled_step_is_not_compiled_again_for_other_weights_or_rows(built, loras):
+    """The hooks read tensors made by `set_rows`, not the rows' names and weights: a compiled DiT
+    forward (dynamo's tracing alone, fullgraph) takes new graphs for no adapter, every row alike and
+    rows that differ, and none for other weights or the same adapters on other rows."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    x, t, text = _inputs(2)
+    step = torch.compile(lambda: built.model.transformer(x, t, text), backend="eager", fullgraph=True)
+    graphs = []
+    for rows in [None, [(("a", 0.7),)] * 2, [(("a", -0.3),)] * 2, [(("a", 0.7),), (("b", 0.5),)],
+                 [(("b", 0.1),), (("a", 0.4),)], [(("a", 0.2),), (("b", -1.0),)], [(("a", 0.7),)] * 2]:
+        loras.set_rows(rows)
+        before = counters["stats"]["unique_graphs"]
+        got = step()
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        assert_rel_close(got, built.model.transformer(x, t, text), 1e-5, f"rows {rows}")
+    loras.set_rows(None)
+    assert graphs == [1, 1, 0, 1, 0, 0, 0], graphs
+
+
 def _pipe(ckpt, files, plan="single", rank=0, world=1):
     loaded = load(ckpt, get_plan(plan), rank, world)
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0)
