@@ -20,10 +20,12 @@ the rows of the next step to an already-resident adapter (`set_rows`: a uniform 
 four rows with four adapters).
 `--measure batch` (CPU, the tiny default of `--model wan` or `qwen-image`, float32): four requests with
 four different rank-`--rank` adapters as one batch (`generate_batch`, what the server's engine runs
-with --max-batch 4) against four batches of one, interleaved (`--repeats` rounds): images per minute of
-each, their ratio, each phase's time (encode, denoise, decode), and a cProfile of one of each; the
-batch's outputs are asserted equal to each request alone.
-`--tiny`: step and load on the CPU at the tiny size, float32 (a check that it runs).
+with --max-batch 4) against four batches of one, and the same requests without adapters both ways,
+interleaved (`--repeats` rounds): images per minute of each, the ratios, each phase's time (encode,
+denoise, decode), and a cProfile of one of each; the batch's outputs are asserted equal to each
+request alone.
+`--tiny`: step and load on the CPU at the tiny size, float32 (a check that it runs); `--cpu`: on the CPU at
+`--size` (`--layers` fewer blocks: a load's time grows with the blocks' pairs).
 """
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ FLAG_USE = {"--size": ("step wan", "load wan"), "--layers": _STEP_LOAD, "--rank"
     f"batch {m}" for m in BATCH_MODELS), "--batch": ("step wan",), "--modes": _STEP_LOAD[:2],
     "--dense-dtype": _STEP_LOAD, "--attention-dtype": _STEP_LOAD, "--moe-dtype": ("step hunyuan-image3",),
     "--hy-steps": ("step hunyuan-image3",), "--warmup": ("step wan",), "--iters": ("step wan", "load wan"),
-    "--repeats": _STEP_LOAD[:2] + tuple(f"batch {m}" for m in BATCH_MODELS), "--tiny": _STEP_LOAD}
+    "--repeats": _STEP_LOAD[:2] + tuple(f"batch {m}" for m in BATCH_MODELS), "--tiny": _STEP_LOAD,
+    "--cpu": _STEP_LOAD}
 
 
 # ---- the adapter file -----------------------------------------------------------------------------------
@@ -450,6 +453,14 @@ def batch_ratio(b: Bench, args) -> dict:
     def alone():
         return [pipe.generate(r) for r in requests]
 
+    plain = [replace(r, loras=()) for r in requests]   # the same requests without their adapters
+
+    def together_plain():
+        return pipe.generate_batch(plain, hooks)
+
+    def alone_plain():
+        return [pipe.generate(r) for r in plain]
+
     with torch.no_grad():
         got, want = together(), alone()   # warm-up, and the check: the batch's rows equal each request alone
         worst = {}
@@ -467,23 +478,32 @@ def batch_ratio(b: Bench, args) -> dict:
         rounds = []
         for _ in range(args.repeats):   # ABAB in one process: load on the machine hits both alike
             row = {}
-            for name, fn in (("batch_of_4", together), ("four_of_1", alone)):
+            for name, fn in (("batch_of_4", together), ("four_of_1", alone), ("batch_of_4_no_adapters", together_plain),
+                             ("four_of_1_no_adapters", alone_plain)):
                 t0 = time.perf_counter()
                 results = fn()
                 row[name] = {"s": time.perf_counter() - t0,
                              "phases_ms": {k: round(sum(r.timings_ms.get(k, 0.0) for r in results)
-                                                    / (len(results) if name == "batch_of_4" else 1), 2)
+                                                    / (len(results) if name.startswith("batch") else 1), 2)
                                            for k in ("encode", "denoise", "decode")}}
             row["ratio"] = row["four_of_1"]["s"] / row["batch_of_4"]["s"]
+            row["ratio_no_adapters"] = row["four_of_1_no_adapters"]["s"] / row["batch_of_4_no_adapters"]["s"]
             rounds.append(row)
             print(f"batch of 4: {row['batch_of_4']['s']:.2f} s {row['batch_of_4']['phases_ms']}, four of 1: "
-                  f"{row['four_of_1']['s']:.2f} s {row['four_of_1']['phases_ms']}: {row['ratio']:.2f}x", flush=True)
+                  f"{row['four_of_1']['s']:.2f} s {row['four_of_1']['phases_ms']}: {row['ratio']:.2f}x (no adapters: "
+                  f"{row['ratio_no_adapters']:.2f}x)", flush=True)
         profiles = {"batch_of_4": _profile(together), "four_of_1": _profile(alone)}
     ratios = [r["ratio"] for r in rounds]
-    per_min = {name: summary([BATCH * 60 / r[name]["s"] for r in rounds]) for name in ("batch_of_4", "four_of_1")}
+    per_min = {name: summary([BATCH * 60 / r[name]["s"] for r in rounds]) for name in rounds[0]
+               if isinstance(rounds[0][name], dict)}
+    phases = {name: {k: statistics.median(r[name]["phases_ms"][k] for r in rounds)
+                     for k in rounds[0][name]["phases_ms"]} for name in per_min}
     return {"model": args.model, "request": {k: v for k, v in vars(request).items() if k not in ("loras",)},
             "rank": args.rank, "adapters": BATCH, "targeted_linears": len(pairs), "threads": torch.get_num_threads(),
             "images_per_min": per_min, "ratio": summary(ratios), "target_ratio": 3.0,
+            "ratio_no_adapters": summary([r["ratio_no_adapters"] for r in rounds]),
+            # where the time goes: each phase's median ms (a batch: the batch's; four of 1: the sum of the four)
+            "phases_ms": phases,
             "batch_equals_alone_rel_l2": worst, "adapter_moves_latents_rel_l2": moved, "rounds": rounds,
             "profile_top_tottime": profiles}
 
@@ -512,6 +532,7 @@ def main(argv=None) -> int:
                                                            "(default 5)")
     p.add_argument("--repeats", type=int, default=3, help="rounds (step, batch: the cases interleaved)")
     p.add_argument("--tiny", action="store_true", help="step, load: the CPU, float32, the tiny size")
+    p.add_argument("--cpu", action="store_true", help="step, load: the CPU, float32, at --size (a CPU figure)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of torch (default: torch's; 1 keeps a loaded machine's spinning threads "
                         "from stalling one side)")
@@ -552,9 +573,9 @@ def main(argv=None) -> int:
         return 0
     args.rank = args.rank or 64
     args.iters = args.iters or (5 if args.measure == "load" else 3)
-    cuda = torch.cuda.is_available() and not args.tiny
-    if not cuda and not args.tiny:
-        print(f"{MODULE} --measure {args.measure} needs a CUDA GPU (or --tiny)", file=sys.stderr)
+    cuda = torch.cuda.is_available() and not (args.tiny or args.cpu)
+    if not cuda and not (args.tiny or args.cpu):
+        print(f"{MODULE} --measure {args.measure} needs a CUDA GPU (or --cpu, --tiny)", file=sys.stderr)
         return 2
     device, dtype = (torch.device("cuda"), torch.bfloat16) if cuda else (torch.device("cpu"), torch.float32)
     torch._dynamo.config.automatic_dynamic_shapes = False   # static shapes, as a server's buckets compile

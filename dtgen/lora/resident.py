@@ -187,13 +187,17 @@ class ResidentLoras:
         self._hooks: dict[str, object] = {}
         self._rows: _Rows | None = None            # None: no row carries an adapter
         # per (module, phase), for the adapters of `_rows` (`_stacked_names`): their pairs stacked
-        # along the rank (A [sum r, in], B [out, sum r]), each rank column's adapter and scale;
-        # None where none of them targets the module
-        self._stacked: dict[tuple[str, str], tuple | None] = {}
+        # along the rank (A [sum r, in], B [out, sum r]); absent where none of them targets the
+        # module; its layout of rank columns ((adapter index, rank, scale) per adapter), and per
+        # layout each rank column's adapter index and scale
+        self._stacked: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layout_of: dict[tuple[str, str], tuple] = {}
+        self._columns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._stacked_names: tuple[str, ...] = ()
-        # per (module, phase): each row's factor of each rank column (weight x scale): [rows, sum r],
-        # or [sum r] when every row carries the same
-        self._coef: dict[tuple[str, str], torch.Tensor] = {}
+        self._single: dict[str, tuple] = {}   # each adapter's own stacks (views), as `_restack` made them
+        # per layout of rank columns: each row's factor of each column (weight x scale): [rows,
+        # sum r], or [sum r] when every row carries the same
+        self._coef: dict[tuple, torch.Tensor] = {}
         self._last: tuple | None = None
         self.set_rows(None)
 
@@ -268,6 +272,7 @@ class ResidentLoras:
             nbytes += n
         adapter = ResidentAdapter(name, str(path), layers, nbytes)
         self.adapters[name] = adapter   # commit: all checks passed (no row carries it yet)
+        self._single.clear()   # their stacks hold no hook of the new modules
         for module in layers:
             self._hook(module)
         return adapter
@@ -280,7 +285,8 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        self._stacked, self._stacked_names, self._coef, self._last = {}, (), {}, None
+        self._stacked, self._layout_of, self._columns, self._stacked_names = {}, {}, {}, ()
+        self._single, self._coef, self._last = {}, {}, None
         self.set_rows(None)
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
@@ -323,7 +329,7 @@ class ResidentLoras:
         self._last = key
         if rows is None or len(set(key)) == 1:   # every row alike: one row of weights
             key = (tuple((n, float(w)) for n, w in self.default) if rows is None else key[0],)
-        names = tuple(dict.fromkeys(n for row in key for n, _ in row))
+        names = tuple(sorted({n for row in key for n, _ in row}))   # the same set in any order: one stack
         if not names:
             self._rows, self._coef = None, {}
             return
@@ -334,13 +340,50 @@ class ResidentLoras:
         device = next(iter(self.built.storage.tensors.values())).device
         self._rows = _Rows(names, weights.to(device))
         if names != self._stacked_names:
-            phases = self.built.controller.topology.phases
-            self._stacked = {(m, ph): self._stack(m, ph, names) for m in self._hooks for ph in phases}
-            self._stacked_names = names
-        # one row of weights: [sum r], broadcast over any leading dims (a decode step's one token)
-        one = self._rows.weights.shape[0] == 1
-        self._coef = {k: (self._rows.weights[0 if one else slice(None), st[2]] * st[3]).to(st[0].dtype)
-                      for k, st in self._stacked.items() if st is not None}
+            # one adapter's stacks are its own views (no copy): kept, so switching among resident
+            # adapters rebuilds nothing; a set of several is stacked anew
+            if len(names) == 1 and names[0] in self._single:
+                self._stacked, self._layout_of, self._columns = self._single[names[0]]
+                self._stacked_names = names
+            else:
+                self._restack(names)
+                if len(names) == 1:
+                    self._single[names[0]] = (self._stacked, self._layout_of, self._columns)
+        self._coef = self._coefs(self._rows.weights)
+
+    def _restack(self, names: tuple[str, ...]) -> None:
+        """The stacked pairs of `names` on every hooked module and phase (phases whose views are
+        the same tensors share one stack), and each stack's rank columns (adapter, scale)."""
+        made: dict[tuple, tuple] = {}
+        self._stacked, self._layout_of, self._columns = {}, {}, {}
+        for module in self._hooks:
+            found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
+                     if module in self.adapters[n].layers]
+            if not found:
+                continue
+            layout = tuple((k, layer.views[next(iter(layer.views))][0].shape[0], layer.scale) for k, layer in found)
+            for phase in self.built.controller.topology.phases:
+                pairs = [layer.views[phase] for _, layer in found]
+                same = tuple((t.data_ptr(), tuple(t.shape)) for pair in pairs for t in pair)
+                if same not in made:
+                    made[same] = ((pairs[0][0], pairs[0][1]) if len(pairs) == 1 else
+                                  (torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs], dim=1)))
+                self._stacked[(module, phase)] = made[same]
+                self._layout_of[(module, phase)] = layout
+                if layout not in self._columns:
+                    a = made[same][0]
+                    self._columns[layout] = (
+                        torch.cat([torch.full((r,), k) for k, r, _ in layout]).to(a.device),
+                        torch.cat([torch.full((r,), scale) for _, r, scale in layout]).to(a.device))
+        self._stacked_names = names
+
+    def _coefs(self, weights: torch.Tensor) -> dict[tuple, torch.Tensor]:
+        """Per layout of rank columns, each row's factor of each column (weight x scale): [rows,
+        sum r], or [sum r] for one row of weights (every row alike: broadcast over any leading
+        dims, a decode step's one token too)."""
+        rows = weights[0] if weights.shape[0] == 1 else weights
+        return {layout: (rows[..., adapter] * scale).to(self.dtype)   # in float32, then the pairs' dtype
+                for layout, (adapter, scale) in self._columns.items()}
 
     @contextmanager
     def picked_rows(self, picked: list[int]):
@@ -350,7 +393,7 @@ class ResidentLoras:
         if self._rows is not None and self._rows.weights.shape[0] > 1:
             index = torch.tensor(picked, device=self._rows.weights.device)
             self._rows = _Rows(self._rows.names, self._rows.weights[index])
-            self._coef = {k: c[index] for k, c in self._coef.items()}
+            self._coef = self._coefs(self._rows.weights)
         try:
             yield
         finally:
@@ -377,7 +420,7 @@ class ResidentLoras:
             return out
         # every adapter of every row in two GEMMs over the stacked rank, each rank column scaled per
         # row by that row's weight of its adapter (0: the row does not carry it)
-        x, (a, b, _, _), coef = args[0], stacked, self._coef[key]
+        x, (a, b), coef = args[0], stacked, self._coef[self._layout_of[key]]
         z = F.linear(x, a.to(x.dtype))
         if coef.dim() == 2:   # rows carrying different adapters: a factor per row
             if coef.shape[0] != x.shape[0]:
@@ -385,17 +428,3 @@ class ResidentLoras:
                                 f"were set for {coef.shape[0]}")
             coef = coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1)
         return out + F.linear(z * coef.to(x.dtype), b.to(x.dtype))
-
-    def _stack(self, module: str, phase: str, names: tuple[str, ...]):
-        """The pairs of `names` on `module` stacked along the rank (one adapter's as they are), each
-        rank column's adapter (its index in `names`) and scale; None where none targets it."""
-        found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
-                 if module in self.adapters[n].layers]
-        if not found:
-            return None
-        pairs = [layer.views[phase] for _, layer in found]
-        a = pairs[0][0] if len(pairs) == 1 else torch.cat([p[0] for p in pairs])
-        b = pairs[0][1] if len(pairs) == 1 else torch.cat([p[1] for p in pairs], dim=1)
-        column_adapter = torch.cat([torch.full((p[0].shape[0],), k) for (k, _), p in zip(found, pairs)])
-        column_scale = torch.cat([torch.full((p[0].shape[0],), layer.scale) for (_, layer), p in zip(found, pairs)])
-        return a, b, column_adapter.to(a.device), column_scale.to(a.device)
