@@ -465,7 +465,7 @@ def batch_ratio(b: Bench, args) -> dict:
         got, want = together(), alone()   # warm-up, and the check: the batch's rows equal each request alone
         worst = {}
         for k, (g, w) in enumerate(zip(got, want)):
-            for what in ("latents", "image"):
+            for what in ("latents", "image", "video"):
                 a, c = getattr(g, what, None), getattr(w, what, None)
                 if a is None or c is None:
                     continue
