@@ -156,16 +156,19 @@ SUITES: tuple[Suite, ...] = (
           )),
     Suite("lora", "LoRA at inference: an unmerged adapter's cost on a DiT step, loading and switching adapters, "
           "rows with different adapters in one batch", (
-              Part("measure", "bench.bench_lora", "--measure step (the DiT step with no adapter, unmerged, merged), "
-                   "load (loading one; switching to a resident one), batch (4 adapters: one batch against four; CPU)"),
-          ), default="measure", steps=(
-              Step("lora_step_wan", "measure", "--measure step --model wan --size 14B-8 --out {out}/lora_step_wan.json",
-                   300),
-              Step("lora_step_wan_fp8", "measure", "--measure step --model wan --size 14B-8 --dense-dtype fp8 "
+              Part("step", "bench.bench_lora", "the DiT step with no adapter, a rank-64 one unmerged and merged "
+                   "(Wan at 14B width, HunyuanImage-3 with FP8 weights)", ("--measure", "step")),
+              Part("load", "bench.bench_lora", "loading a rank-64 adapter into the built model; switching a request "
+                   "to a resident one", ("--measure", "load")),
+              Part("batch", "bench.bench_lora", "4 requests with 4 adapters as one batch against four (CPU, the tiny "
+                   "defaults)", ("--measure", "batch")),
+          ), default="step", steps=(
+              Step("lora_step_wan", "step", "--model wan --size 14B-8 --out {out}/lora_step_wan.json", 300),
+              Step("lora_step_wan_fp8", "step", "--model wan --size 14B-8 --dense-dtype fp8 "
                    "--out {out}/lora_step_wan_fp8.json", 300),
-              Step("lora_step_hunyuan", "measure", "--measure step --model hunyuan-image3 --layers 8 --moe-dtype fp8 "
-                   "--dense-dtype fp8 --repeats 2 --out {out}/lora_step_hunyuan.json", 400),
-              Step("lora_load_wan", "measure", "--measure load --size 14B --out {out}/lora_load_wan.json", 200),
+              Step("lora_step_hunyuan", "step", "--model hunyuan-image3 --layers 8 --moe-dtype fp8 --dense-dtype fp8 "
+                   "--repeats 2 --out {out}/lora_step_hunyuan.json", 400),
+              Step("lora_load_wan", "load", "--size 14B --out {out}/lora_load_wan.json", 200),
           )),
 )
 
