@@ -95,14 +95,17 @@ def write_adapter(path: Path, pairs: dict[str, tuple[str, tuple[int, int]]], pre
     return path
 
 
-def delta_flops(model_tree, pairs, rank: int, fn) -> dict:
-    """One call of `fn` with hooks counting each targeted linear's rows: the delta's FLOPs
-    (2 rows r (in + out)) and the linears' own (2 rows in out)."""
+def delta_flops(model_tree, pairs, rank: int, fn, counted=lambda: True, per: int = 1) -> dict:
+    """One call of `fn` with hooks counting each targeted linear's rows (while `counted()`; divided
+    by `per`: a request's steps): the delta's FLOPs (2 rows r (in + out)) and the linears' own (2 rows
+    in out)."""
     rows: dict[str, int] = {}
     modules = dict(model_tree.named_modules())
-    hooks = [modules[m].register_forward_pre_hook(
-        lambda _m, args, m=m: rows.__setitem__(m, rows.get(m, 0) + args[0].numel() // args[0].shape[-1]))
-        for m in pairs]
+
+    def count(m, x):
+        if counted():
+            rows[m] = rows.get(m, 0) + x.numel() // x.shape[-1] // per
+    hooks = [modules[m].register_forward_pre_hook(lambda _m, args, m=m: count(m, args[0])) for m in pairs]
     try:
         fn()
     finally:
@@ -261,7 +264,7 @@ def hunyuan_step(b: Bench, args, device, dtype) -> dict:
     req = T2IRequest(prompt_ids=filler_ids(30 if tiny else 1250), max_new_tokens=tokens, ignore_stop=True,
                      forced_tokens=filler_ids(tokens), image_size="256x256" if tiny else "1024x1024", seed=1,
                      steps=args.hy_steps)
-    result = {"model": "hunyuan-image3", "shape": {"layers": args.layers or (2 if tiny else 8), "tiny": tiny,
+    result = {"model": "hunyuan-image3", "targeted_linears": len(pairs), "shape": {"layers": args.layers or (2 if tiny else 8), "tiny": tiny,
                                                    "image_size": req.image_size, "prompt_tokens": 1251 if not tiny
                                                    else 31, "ar_tokens": tokens, "steps": req.steps},
               "build_s": round(build_s, 1), "rank": args.rank, "adapter_bytes": path.stat().st_size,
@@ -283,6 +286,11 @@ def hunyuan_step(b: Bench, args, device, dtype) -> dict:
 
     cases = {"none": (), "unmerged": (("a", 1.0),)}
     with torch.no_grad():
+        # a denoise step's rows through each targeted linear (the request's denoise calls over its steps)
+        eager = pipeline(False)
+        result["flops"] = delta_flops(loaded.model, pairs, args.rank, lambda: step_ms(eager, (("a", 1.0),)),
+                                      lambda: loaded.controller.active == "denoise", req.steps)
+        del eager
         for mode in args.modes:
             pipe = pipeline(mode == "compiled")
             first = {}
