@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -185,6 +184,9 @@ class ResidentLoras:
         self._refused.update({spec.keys[0]: why for name, spec in specs.items() if len(spec.keys) == 1
                               and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
+        # the attribute of each hooked module that holds this instance's pairs on it (`_publish`): one
+        # name per instance, so two instances over one model keep theirs apart
+        self._attr = f"lora_pairs_{id(self):x}"
         self._rows: _Rows | None = None            # None: no row carries an adapter
         # per (module, phase), for the adapters of `_rows` (`_stacked_names`): their pairs stacked
         # along the rank (A [sum r, in], B [out, sum r]); absent where none of them targets the
@@ -285,8 +287,10 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
+            delattr(self._modules[module], self._attr)
         self._stacked, self._layout_of, self._columns, self._stacked_names = {}, {}, {}, ()
         self._single, self._coef, self._last = {}, {}, None
+        self._publish()
         self.set_rows(None)
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
@@ -349,7 +353,19 @@ class ResidentLoras:
                 self._restack(names)
                 if len(names) == 1:
                     self._single[names[0]] = (self._stacked, self._layout_of, self._columns)
+            self._publish()
         self._coef = self._coefs(self._rows.weights)
+
+    def _publish(self) -> None:
+        """Each hooked module's pairs (its attribute `_attr`): per phase, its stacked pair and layout
+        of rank columns.
+        The hook reads them from the module it runs on, never by the module's name: the blocks of a
+        model then trace alike, so a region compiled once for every block is not compiled again per
+        block."""
+        for module in self._hooks:
+            setattr(self._modules[module], self._attr, {
+                phase: (*self._stacked[(module, phase)], self._layout_of[(module, phase)])
+                for phase in self.built.controller.topology.phases if (module, phase) in self._stacked})
 
     def _restack(self, names: tuple[str, ...]) -> None:
         """The stacked pairs of `names` on every hooked module and phase (phases whose views are
@@ -408,23 +424,23 @@ class ResidentLoras:
     def _hook(self, module: str) -> None:
         if module not in self._hooks:
             # prepend: the delta joins the base output before any reduce hook of the controller
-            self._hooks[module] = self._modules[module].register_forward_hook(partial(self._apply, module),
-                                                                              prepend=True)
+            setattr(self._modules[module], self._attr, {})
+            self._hooks[module] = self._modules[module].register_forward_hook(self._apply, prepend=True)
 
-    def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
+    def _apply(self, mod: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
         if self._rows is None:
             return out
-        key = (module, self.built.controller.active)
-        stacked = self._stacked.get(key)
-        if stacked is None:   # none of the rows' adapters targets this module
+        pair = getattr(mod, self._attr).get(self.built.controller.active)
+        if pair is None:   # none of the rows' adapters targets this module
             return out
         # every adapter of every row in two GEMMs over the stacked rank, each rank column scaled per
         # row by that row's weight of its adapter (0: the row does not carry it)
-        x, (a, b), coef = args[0], stacked, self._coef[self._layout_of[key]]
+        x, (a, b, layout) = args[0], pair
+        coef = self._coef[layout]
         z = F.linear(x, a.to(x.dtype))
         if coef.dim() == 2:   # rows carrying different adapters: a factor per row
             if coef.shape[0] != x.shape[0]:
-                raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters "
-                                f"were set for {coef.shape[0]}")
+                raise LoraError(f"LoRA rows: a targeted linear runs on {x.shape[0]} batch rows, but the rows' "
+                                f"adapters were set for {coef.shape[0]}")
             coef = coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1)
         return out + F.linear(z * coef.to(x.dtype), b.to(x.dtype))
