@@ -347,25 +347,28 @@ class ResidentLoras:
             # one adapter's stacks are its own views (no copy): kept, so switching among resident
             # adapters rebuilds nothing; a set of several is stacked anew
             if len(names) == 1 and names[0] in self._single:
-                self._stacked, self._layout_of, self._columns = self._single[names[0]]
+                self._stacked, self._layout_of, self._columns, published = self._single[names[0]]
                 self._stacked_names = names
+                self._publish(published)
             else:
                 self._restack(names)
+                published = self._publish()
                 if len(names) == 1:
-                    self._single[names[0]] = (self._stacked, self._layout_of, self._columns)
-            self._publish()
+                    self._single[names[0]] = (self._stacked, self._layout_of, self._columns, published)
         self._coef = self._coefs(self._rows.weights)
 
-    def _publish(self) -> None:
+    def _publish(self, published: dict[str, dict] | None = None) -> dict[str, dict]:
         """Each hooked module's pairs (its attribute `_attr`): per phase, its stacked pair and layout
-        of rank columns.
-        The hook reads them from the module it runs on, never by the module's name: the blocks of a
-        model then trace alike, so a region compiled once for every block is not compiled again per
-        block."""
-        for module in self._hooks:
-            setattr(self._modules[module], self._attr, {
-                phase: (*self._stacked[(module, phase)], self._layout_of[(module, phase)])
-                for phase in self.built.controller.topology.phases if (module, phase) in self._stacked})
+        of rank columns (`published`: made before for the same stacks). The hook reads them from the
+        module it runs on, never by the module's name: the blocks of a model then trace alike, so a
+        region compiled once for every block is not compiled again per block."""
+        if published is None:
+            phases = self.built.controller.topology.phases
+            published = {module: {phase: (*self._stacked[(module, phase)], self._layout_of[(module, phase)])
+                                  for phase in phases if (module, phase) in self._stacked} for module in self._hooks}
+        for module, pairs in published.items():
+            self._modules[module].__dict__[self._attr] = pairs   # a plain attribute: no parameter or buffer
+        return published
 
     def _restack(self, names: tuple[str, ...]) -> None:
         """The stacked pairs of `names` on every hooked module and phase (phases whose views are
