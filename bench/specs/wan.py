@@ -111,7 +111,7 @@ LORA_CPU = Table("wan-lora-cpu", "LoRA: adapters in one batch, loading and switc
 ], note="One process, float32, torch on 1 thread of a 2-core machine shared with other jobs; the batch and the four "
         "runs interleaved (7 rounds: median, min-max). The batch's rows equal each request alone (asserted). On the "
         "tiny models most of the work grows with the rows (the text encoder over 512 padded positions, the DiT's "
-        "cross-attention over them, the VAE's convolutions), so the batch gains about 2x with or without adapters. "
+        "cross-attention over them, the VAE's convolutions), so the batch gains under 3x with or without adapters. "
         "The load on the CPU: the 14B width at 2 of its 40 blocks (the GPU step `lora_load_wan` loads the "
         "whole 40-block adapter).")
 
