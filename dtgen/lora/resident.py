@@ -27,8 +27,10 @@ adapter the rows carry are stacked along the rank (A [sum r, in], B [out, sum r]
 as it is) when that set of adapters is set, and each targeted linear runs two GEMMs, each rank
 column scaled per row by that row's weight of its adapter (0 where the row carries none; one row of
 weights when every row carries the same): no gather or scatter per adapter. The hooks read only
-tensors made then, whose shapes change with the set's ranks alone, so a compiled step is not
-compiled again for another weight, or for other adapters of the same ranks.
+tensors made then, from the module they run on (a plain attribute, never looked up by the module's
+name), whose shapes change with the set's ranks alone: a compiled step, or one region compiled for
+every block, is not compiled again per block, for another weight, or for other adapters of the
+same ranks.
 """
 from __future__ import annotations
 
