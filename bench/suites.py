@@ -154,6 +154,23 @@ SUITES: tuple[Suite, ...] = (
               Step("wan_i2v_peers", "wan", "--sizes I2V-14B-8 --modes regions --variants bf16,attn-fp8,fp8 "
                    "--out {out}/wan_i2v_peers.json", 300),
           )),
+    Suite("lora", "LoRA at inference: an unmerged adapter's cost on a DiT step, loading and switching adapters, "
+          "rows with different adapters in one batch", (
+              Part("step", "bench.bench_lora", "the DiT step with no adapter, a rank-64 one unmerged and merged "
+                   "(Wan at 14B width, HunyuanImage-3 with FP8 weights)", ("--measure", "step")),
+              Part("load", "bench.bench_lora", "loading a rank-64 adapter into the built model; switching a request "
+                   "to a resident one", ("--measure", "load")),
+              Part("batch", "bench.bench_lora", "4 requests with 4 adapters as one batch against four (CPU, the tiny "
+                   "defaults)", ("--measure", "batch")),
+          ), default="step", steps=(
+              Step("lora_step_wan", "step", "--model wan --size 14B-8 --out {out}/lora_step_wan.json", 300),
+              Step("lora_step_wan_fp8", "step", "--model wan --size 14B-8 --dense-dtype fp8 --attention-dtype fp8 "
+                   "--out {out}/lora_step_wan_fp8.json", 300),
+              # the one-H200 configuration at 8 of its 32 layers, compiled (each request decodes 256 AR tokens)
+              Step("lora_step_hunyuan", "step", "--model hunyuan-image3 --layers 8 --moe-dtype fp8 --dense-dtype fp8 "
+                   "--attention-dtype fp8 --modes compiled --repeats 3 --out {out}/lora_step_hunyuan.json", 400),
+              Step("lora_load_wan", "load", "--size 14B --out {out}/lora_load_wan.json", 200),
+          )),
 )
 
 def suite(name: str) -> Suite | None:

@@ -11,7 +11,8 @@ pipeline's `spec_name`) says what the requests of one batch share. Its DiTs' cal
 `self.calls` (dtgen/denoiser_calls.py: cut at the split points each DiT declares, compiled
 as the pipeline's `CompileOptions` ask). `generate_batch` runs the phases once for the batch:
 `encode` (each request's prompts alone: what it would encode alone), `denoise` (the loop,
-dtgen/denoise_loop.py: every member's rows in each step), `decode` (each member's latents).
+dtgen/denoise_loop.py: every member's rows in each step), `decode` (the members' latents, small ones
+through one VAE call: `decode_members`).
 Each phase activates the controller's phase once, is profiled as one region and timed into
 every member's `timings` (ms, the device waited for: every member waited for all of it).
 
@@ -41,6 +42,12 @@ from .layers.flow_match import GUIDANCE
 from .layers.wan_vae_parallel import decode_uint8
 from .profiling import NullProfiler
 from .step_cache import StepCache, concat_reports, merged_report, parse_step_cache
+
+
+# The most output pixels a frame (summed over the requests) one VAE decode runs on at once: one
+# 1024x1024 frame, so batching the decode never raises its peak memory above that of a request of
+# that size (a larger request still decodes alone).
+DECODE_TOGETHER_PIXELS = 1024 * 1024
 
 
 def _sync(device: torch.device) -> None:
@@ -254,10 +261,37 @@ class DiffusionPipeline:
         """The denoised latents as uint8 pixels on the main rank (None on the others): the Wan
         VAE's decode (both models' VAE; split over `vae_group` when given), a video's frames
         [F, H, W, 3] or an image's one frame [H, W, 3]."""
-        frames = decode_uint8(self.model.vae, self.vae_latents(request, latents), self.vae_group, self.is_main)
-        if frames is None:
-            return None
-        return frames[0] if self.makes == "video" else frames[0, 0]
+        return self._vae_decode([request], [latents])[0]
+
+    def decode_members(self, requests: list, latents: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """Each request's pixels (`decode_latents`'), the VAE run once on the stacked latents of
+        requests whose VAE latents share a shape, at most DECODE_TOGETHER_PIXELS output pixels a
+        frame together (a larger one alone): a small frame's decode is mostly per-call work, and
+        the cap keeps the decode's peak memory that of one frame of that size. A pipeline whose
+        `decode_latents` is its own (a model's, a test's wrapper) decodes each request with it."""
+        if "decode_latents" in vars(self) or type(self).decode_latents is not DiffusionPipeline.decode_latents:
+            return [self.decode_latents(r, x) for r, x in zip(requests, latents)]
+        return self._vae_decode(requests, latents)
+
+    def _vae_decode(self, requests: list, latents: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        vae_latents = [self.vae_latents(r, x) for r, x in zip(requests, latents)]
+        factor = self.model.vae.cfg.spatial_factor
+        groups: list[list[int]] = []
+        for k, z in enumerate(vae_latents):
+            group = next((g for g in groups if vae_latents[g[0]].shape == z.shape
+                          and (len(g) + 1) * z.shape[-2] * z.shape[-1] * factor ** 2 <= DECODE_TOGETHER_PIXELS), None)
+            if group is None:
+                groups.append([k])
+            else:
+                group.append(k)
+        pixels: list[torch.Tensor | None] = [None] * len(requests)
+        for group in groups:
+            frames = decode_uint8(self.model.vae, torch.cat([vae_latents[k] for k in group]), self.vae_group,
+                                  self.is_main)
+            if frames is not None:
+                for k, video in zip(group, frames):
+                    pixels[k] = video if self.makes == "video" else video[0]
+        return pixels
 
     def guidance_scale(self, request, segment: Segment) -> float:
         """The request's guidance weight on `segment`'s steps."""
@@ -333,9 +367,9 @@ class DiffusionPipeline:
                 m.run.timings["decode"] = 0.0
         else:
             with self._phase(profiler, runs, batch, "decode", together=self.vae_group is not None):
-                for m in members:
-                    pixels[m.index] = (self.decode_latents(m.request, m.latents)
-                                       if self.is_main or self.vae_group is not None else None)
+                if self.is_main or self.vae_group is not None:
+                    decoded = self.decode_members([m.request for m in members], [m.latents for m in members])
+                    pixels = {m.index: p for m, p in zip(members, decoded)}
         results: list = [batch.left.get(k) for k in range(len(requests))]
         for m in members:
             results[m.index] = self.result(m.request, pixels.get(m.index), m.latents, m.run.finish(), m.run.kept)

@@ -1,8 +1,10 @@
-"""Qwen-Image's table: its MMDiT against diffusers' on one H200, bf16 and the FP8 options."""
+"""Qwen-Image's tables: its MMDiT against diffusers' on one H200, bf16 and the FP8 options; LoRA adapters in
+one batch on the CPU."""
 from __future__ import annotations
 
 from bench.report_cells import Row, Runs, Section, Table, Value, Verdict
-from bench.specs.runs import QWEN_BF16, QWEN_FP8
+from bench.specs.runs import LORA_BATCH_QWEN, QWEN_BF16, QWEN_FP8
+from bench.specs.wan import lora_batch_rows
 
 BF16_RUNS = (*QWEN_BF16, QWEN_FP8)
 
@@ -35,4 +37,10 @@ PEERS = Table("qwen-h200", "The MMDiT against diffusers", [
         "FP8 variant is timed against the same run's diffusers bf16. The floor is the forward's FLOPs at the bf16 "
         "rate; FP8 GEMMs peak higher, so an FP8 variant may run under it.")
 
-SECTIONS = [Section("Qwen-Image, one H200", [PEERS])]
+LORA_CPU = Table("qwen-lora-cpu", "LoRA: adapters in one batch (CPU)", ["figure", "dtgen", "ratio, target"],
+                 lora_batch_rows(LORA_BATCH_QWEN, "tiny Qwen-Image"),
+                 note="As Wan's CPU table: one process, float32, 1 thread of a shared 2-core machine, the batch and "
+                      "the four runs interleaved (7 rounds: median, min-max); the batch's rows equal each request "
+                      "alone (asserted).")
+
+SECTIONS = [Section("Qwen-Image, one H200", [PEERS]), Section("Qwen-Image, CPU", [LORA_CPU])]

@@ -48,6 +48,9 @@ WAN_STEP = "h200-2026-12-01-wan/bench_wan_1.3B.json"
 WAN_14B_STEP = "h200-2026-12-01-wan/bench_wan_14B_8layers.json"
 WAN_CACHE = "h200-2026-12-01-step-cache/bench_wan_cache.json"
 WAN_CACHE_DEVIATION = "cpu-2026-12-01-wan-cache/deviation.json"
+LORA_BATCH_WAN = "cpu-2026-12-05-lora/batch_wan.json"
+LORA_BATCH_QWEN = "cpu-2026-12-05-lora/batch_qwen.json"
+LORA_LOAD_CPU = "cpu-2026-12-05-lora/load_wan_14B_width_2_blocks.json"
 # ---- Qwen-Image ----------------------------------------------------------------------------------------------
 QWEN_BF16 = tuple(f"h200-2026-12-02-qwen-peers/rope-real/qwen_peers_{i}.json" for i in (1, 2, 3))
 QWEN_FP8 = "h200-2026-12-03/serve-peers/qwen_peers_1.json"
@@ -107,6 +110,12 @@ RUNS: dict[str, RunInfo] = {
     WAN_14B_STEP: RunInfo("python -m bench dit wan --model 14B --layers 8 --out wan_14B_8layers.json"),
     WAN_CACHE: RunInfo("python -m bench step-cache wan --out wan_cache.json", software=WITH_DIFFUSERS),
     WAN_CACHE_DEVIATION: RunInfo("python -m bench step-cache wan-deviation --out deviation.json"),
+    LORA_BATCH_WAN: RunInfo("python -m bench lora batch --model wan --threads 1 --repeats 7 "
+                            "--out batch_wan.json"),
+    LORA_BATCH_QWEN: RunInfo("python -m bench lora batch --model qwen-image --threads 1 --repeats 7 "
+                             "--out batch_qwen.json"),
+    LORA_LOAD_CPU: RunInfo("python -m bench lora load --cpu --size 14B --layers 2 --threads 1 "
+                           "--out load_wan_14B_width_2_blocks.json"),
     **{f: RunInfo("python -m bench peers qwen --modes regions --kernels 12 --out qwen_peers.json",
                   software=WITH_DIFFUSERS) for f in QWEN_BF16},
     QWEN_FP8: RunInfo("python -m bench peers qwen --modes regions --variants bf16,dense-fp8,attn-fp8,fp8 "

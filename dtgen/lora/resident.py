@@ -22,18 +22,21 @@ does not (`lora_refused`: why, e.g. a router whose weight a fused kernel reads) 
 (routed expert) weights take none: an adapter that names one is refused in one line saying why.
 
 Which adapters a row carries is set by the caller per step (`set_rows`, the denoise loop), or
-`default` for every row: nothing about requests is baked into the modules. When every row carries
-the same adapters each one's delta is two GEMMs on the whole batch; when rows differ, the pairs of
-every adapter the batch carries are stacked along the rank (A [sum r, in], B [out, sum r]) and run
-as two GEMMs, each rank column scaled per row by that row's weight of its adapter (0 where the row
-carries none): no gather or scatter per adapter.
+`default` for every row: nothing about requests is baked into the modules. The pairs of every
+adapter the rows carry are stacked along the rank (A [sum r, in], B [out, sum r]; one adapter's pair
+as it is) when that set of adapters is set, and each targeted linear runs two GEMMs, each rank
+column scaled per row by that row's weight of its adapter (0 where the row carries none; one row of
+weights when every row carries the same): no gather or scatter per adapter. The hooks read only
+tensors made then, from the module they run on (a plain attribute, never looked up by the module's
+name), whose shapes change with the set's ranks alone: a compiled step, or one region compiled for
+every block, is not compiled again per block, for another weight, or for other adapters of the
+same ranks.
 """
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -141,9 +144,10 @@ class ResidentAdapter:
 
 
 @dataclass(frozen=True)
-class _MixedRows:
-    """A batch whose rows carry different adapters: `names` (every adapter some row carries) and
-    `weights` [rows, len(names)], each row's weight of each (0 where it carries none)."""
+class _Rows:
+    """The adapters the next evaluations' rows carry: `names` (every adapter some row carries) and
+    `weights` [rows, len(names)], each row's weight of each (0 where it carries none); one row of
+    weights when every row carries the same."""
 
     names: tuple[str, ...]
     weights: torch.Tensor
@@ -182,21 +186,31 @@ class ResidentLoras:
         self._refused.update({spec.keys[0]: why for name, spec in specs.items() if len(spec.keys) == 1
                               and (why := getattr(self._modules.get(name.rpartition(".")[0]), "lora_refused", None))})
         self._hooks: dict[str, object] = {}
-        self._uniform: RowAdapters = ()            # every row carries these
-        # their weights as a device tensor, one per set of names and updated in place, so that a
-        # compiled step guards on the names only (a new weight neither recompiles nor re-records
-        # a CUDA graph, which reads the tensor where it was recorded)
-        self._coefs: dict[tuple[str, ...], torch.Tensor] = {}
-        self._uniform_names: tuple[str, ...] = ()
-        self._mixed: _MixedRows | None = None      # or each row its own
-        # per (module, phase), for the adapters of `_mixed`: their pairs stacked along the rank
-        # (A [sum r, in], B [out, sum r]), each rank column's adapter and scale
-        self._stacked: dict[tuple[str, str], tuple] = {}
+        # the attribute of each hooked module that holds this instance's pairs on it (`_publish`): one
+        # name per instance, so two instances over one model keep theirs apart
+        self._attr = f"lora_pairs_{id(self):x}"
+        self._rows: _Rows | None = None            # None: no row carries an adapter
+        # per (module, phase), for the adapters of `_rows` (`_stacked_names`): their pairs stacked
+        # along the rank (A [sum r, in], B [out, sum r]); absent where none of them targets the
+        # module; its layout of rank columns ((adapter index, rank, scale) per adapter), and per
+        # layout each rank column's adapter index and scale
+        self._stacked: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layout_of: dict[tuple[str, str], tuple] = {}
+        self._columns: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._stacked_names: tuple[str, ...] = ()
+        # each set of adapters' stacks, as `_restack` made them (one adapter's are its own views), kept
+        # until an adapter is loaded or unloaded
+        self._sets: dict[tuple[str, ...], tuple] = {}
+        # per layout of rank columns: each row's factor of each column (weight x scale): [rows,
+        # sum r], or [sum r] when every row carries the same
+        self._coef: dict[tuple, torch.Tensor] = {}
+        # the factors' tensors per (set, rows), written in place when only the weights change: a
+        # CUDA graph recorded over the hooks reads them where it was recorded (`graph_key`)
+        self._coef_buffers: dict[tuple, dict[tuple, torch.Tensor]] = {}
         self._last: tuple | None = None
-        # called after an unload: whatever recorded the unloaded adapter's tensors drops it (a
-        # pipeline's CUDA-graph recordings, `CompiledSteps.reset_graphs`)
-        self.on_unload: list = []
+        # called after a load or an unload (the stacks above are made anew): whatever recorded them
+        # drops its recordings (a pipeline's CUDA graphs, `CompiledSteps.reset_graphs`)
+        self.on_change: list = []
         self.set_rows(None)
 
     def _site(self, param: str) -> str | None:
@@ -210,6 +224,12 @@ class ResidentLoras:
         return f"{owner}.{site}" if site is not None else None
 
     # ---- matching -------------------------------------------------------------------
+    def pair_targets(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every module a pair may target -> (its base weight's checkpoint key, that weight's
+        official [out, in] shape): what an adapter for this model may name."""
+        specs = self.built.storage.specs
+        return {site: (specs[name].keys[0], specs[name].official_shape) for name, site in self._site_of.items()}
+
     def match(self, lora: LoraFile, prefixes: dict[str, str] | None = None) -> dict[str, str]:
         """Module path in the file -> module of the model (`match_keys` on the build's weights,
         through `prefixes`, default the model's name map)."""
@@ -263,10 +283,13 @@ class ResidentLoras:
             layers[module] = ResidentLayer(layer.scale, views)
             nbytes += n
         adapter = ResidentAdapter(name, str(path), layers, nbytes)
-        self.adapters[name] = adapter   # commit: all checks passed
-        self._stacked, self._stacked_names = {}, ()
+        self.adapters[name] = adapter   # commit: all checks passed (no row carries it yet)
+        self._sets.clear()   # their stacks hold no hook of the new modules
+        self._coef_buffers.clear()
         for module in layers:
             self._hook(module)
+        for changed in self.on_change:
+            changed()
         return adapter
 
     def unload(self, name: str) -> None:
@@ -277,10 +300,13 @@ class ResidentLoras:
         used = {m for a in self.adapters.values() for m in a.layers}
         for module in [m for m in self._hooks if m not in used]:
             self._hooks.pop(module).remove()
-        self._stacked, self._stacked_names, self._last, self._coefs = {}, (), None, {}
+            delattr(self._modules[module], self._attr)
+        self._stacked, self._layout_of, self._columns, self._stacked_names = {}, {}, {}, ()
+        self._sets, self._coef, self._coef_buffers, self._last = {}, {}, {}, None
+        self._publish()
         self.set_rows(None)
-        for dropped in self.on_unload:
-            dropped()
+        for changed in self.on_change:
+            changed()
 
     def merge(self, path: str | Path, weight: float = 1.0) -> None:
         """Fold adapter `path` at `weight` into the resident weights (W += w s B A, in float32, then
@@ -320,54 +346,102 @@ class ResidentLoras:
         if key == self._last and key is not None:
             return   # the same rows as the last call (every call of a step, most steps)
         self._last = key
-        if rows is None or len(set(key)) == 1:   # every row alike: no per-row work
-            self._uniform, self._mixed = (self.default if rows is None else key[0]), None
-            self._set_coefs(self._uniform)
+        if rows is None or len(set(key)) == 1:   # every row alike: one row of weights
+            key = (tuple((n, float(w)) for n, w in self.default) if rows is None else key[0],)
+        names = tuple(sorted({n for row in key for n, _ in row}))   # the same set in any order: one stack
+        if not names:
+            self._rows, self._coef = None, {}
             return
-        names = tuple(dict.fromkeys(n for row in key for n, _ in row))
         weights = torch.zeros(len(key), len(names))
         for i, row in enumerate(key):
             for n, w in row:
                 weights[i, names.index(n)] += w
         device = next(iter(self.built.storage.tensors.values())).device
-        self._uniform, self._uniform_names, self._mixed = (), (), _MixedRows(names, weights.to(device))
+        self._rows = _Rows(names, weights.to(device))
         if names != self._stacked_names:
-            self._stacked, self._stacked_names = {}, names
+            # each set's stacks are kept (one adapter's are its own views, no copy), so switching
+            # among resident adapters rebuilds nothing
+            if names in self._sets:
+                self._stacked, self._layout_of, self._columns, published = self._sets[names]
+                self._stacked_names = names
+                self._publish(published)
+            else:
+                self._restack(names)
+                self._sets[names] = (self._stacked, self._layout_of, self._columns, self._publish())
+        coef = self._coefs(self._rows.weights)
+        buffers = self._coef_buffers.setdefault((names, len(key)), coef)
+        if buffers is not coef:
+            for layout, values in coef.items():
+                buffers[layout].copy_(values)
+        self._coef = buffers
 
-    def _set_coefs(self, adapters: RowAdapters) -> None:
-        names = self._uniform_names = tuple(n for n, _ in adapters)
-        if not names:
-            return
-        weights = torch.tensor([float(w) for _, w in adapters], dtype=torch.float32)
-        coef = self._coefs.get(names)
-        if coef is None:
-            device = next(iter(self.built.storage.tensors.values())).device
-            self._coefs[names] = weights.to(device)
-        else:
-            coef.copy_(weights)
+    def graph_key(self) -> tuple | None:
+        """What a CUDA graph recorded over the hooks bakes in from here (`GraphedStep.state`): the
+        set of adapters the rows carry and how many rows of factors (their stacks and factors'
+        tensors are kept per such key, the factors written in place for new weights). A load or an
+        unload makes the stacks anew and drops every recording (`on_change`)."""
+        return None if self._rows is None else (self._stacked_names, self._rows.weights.shape[0])
 
-    def graph_key(self) -> tuple:
-        """What a CUDA graph recorded over the hooks bakes in from here (`GraphedStep.state`):
-        the names of the adapters every row carries (their tensors' addresses; their weights are
-        read from a tensor kept per set of names). A new key records a new graph; an unload drops
-        every recording (`on_unload`), so no graph reads a freed adapter. Per-row adapters are not for graphed steps: their row
-        weights are a tensor made per batch, which a recording would read after it is gone."""
-        if self._mixed is not None:
-            raise RuntimeError("a CUDA-graphed step ran with per-row LoRA adapters; its batch must carry one "
-                               "adapter set (HunyuanImage-3 batches requests by their `loras`)")
-        return self._uniform_names
+    def _publish(self, published: dict[str, dict] | None = None) -> dict[str, dict]:
+        """Each hooked module's pairs (its attribute `_attr`): per phase, its stacked pair and layout
+        of rank columns (`published`: made before for the same stacks). The hook reads them from the
+        module it runs on, never by the module's name: the blocks of a model then trace alike, so a
+        region compiled once for every block is not compiled again per block."""
+        if published is None:
+            phases = self.built.controller.topology.phases
+            published = {module: {phase: (*self._stacked[(module, phase)], self._layout_of[(module, phase)])
+                                  for phase in phases if (module, phase) in self._stacked} for module in self._hooks}
+        for module, pairs in published.items():
+            self._modules[module].__dict__[self._attr] = pairs   # a plain attribute: no parameter or buffer
+        return published
+
+    def _restack(self, names: tuple[str, ...]) -> None:
+        """The stacked pairs of `names` on every hooked module and phase (phases whose views are
+        the same tensors share one stack), and each stack's rank columns (adapter, scale)."""
+        made: dict[tuple, tuple] = {}
+        self._stacked, self._layout_of, self._columns = {}, {}, {}
+        for module in self._hooks:
+            found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
+                     if module in self.adapters[n].layers]
+            if not found:
+                continue
+            layout = tuple((k, layer.views[next(iter(layer.views))][0].shape[0], layer.scale) for k, layer in found)
+            for phase in self.built.controller.topology.phases:
+                pairs = [layer.views[phase] for _, layer in found]
+                same = tuple((t.data_ptr(), tuple(t.shape)) for pair in pairs for t in pair)
+                if same not in made:
+                    made[same] = ((pairs[0][0], pairs[0][1]) if len(pairs) == 1 else
+                                  (torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs], dim=1)))
+                self._stacked[(module, phase)] = made[same]
+                self._layout_of[(module, phase)] = layout
+                if layout not in self._columns:
+                    a = made[same][0]
+                    self._columns[layout] = (
+                        torch.cat([torch.full((r,), k) for k, r, _ in layout]).to(a.device),
+                        torch.cat([torch.full((r,), scale) for _, r, scale in layout]).to(a.device))
+        self._stacked_names = names
+
+    def _coefs(self, weights: torch.Tensor) -> dict[tuple, torch.Tensor]:
+        """Per layout of rank columns, each row's factor of each column (weight x scale): [rows,
+        sum r], or [sum r] for one row of weights (every row alike: broadcast over any leading
+        dims, a decode step's one token too)."""
+        rows = weights[0] if weights.shape[0] == 1 else weights
+        return {layout: (rows[..., adapter] * scale).to(self.dtype)   # in float32, then the pairs' dtype
+                for layout, (adapter, scale) in self._columns.items()}
 
     @contextmanager
     def picked_rows(self, picked: list[int]):
         """Inside: the evaluations run on the rows `picked` of the batch `set_rows` described (a
         step cache's first-block step that runs the later blocks on some rows only)."""
-        saved = (self._uniform, self._mixed, self._last)
-        if self._mixed is not None:
-            self._mixed = _MixedRows(self._mixed.names, self._mixed.weights[picked])
+        saved = (self._rows, self._coef, self._last)
+        if self._rows is not None and self._rows.weights.shape[0] > 1:
+            index = torch.tensor(picked, device=self._rows.weights.device)
+            self._rows = _Rows(self._rows.names, self._rows.weights[index])
+            self._coef = self._coefs(self._rows.weights)
         try:
             yield
         finally:
-            self._uniform, self._mixed, self._last = saved
+            self._rows, self._coef, self._last = saved
 
     def set_default(self, adapters: RowAdapters) -> None:
         self.set_rows([tuple(adapters)])  # checks names and weights
@@ -378,46 +452,23 @@ class ResidentLoras:
     def _hook(self, module: str) -> None:
         if module not in self._hooks:
             # prepend: the delta joins the base output before any reduce hook of the controller
-            self._hooks[module] = self._modules[module].register_forward_hook(partial(self._apply, module),
-                                                                              prepend=True)
+            setattr(self._modules[module], self._attr, {})
+            self._hooks[module] = self._modules[module].register_forward_hook(self._apply, prepend=True)
 
-    def _apply(self, module: str, _mod, args, out: torch.Tensor) -> torch.Tensor:
-        x = args[0]
-        phase = self.built.controller.active
-        names = self._uniform_names
-        for k, name in enumerate(names):
-            layer = self.adapters[name].layers.get(module)
-            if layer is not None:
-                a, b = (t.to(x.dtype) for t in layer.views[phase])
-                # the weight and alpha / r on the rank-wide product: r columns, not the output's
-                z = F.linear(x, a) * self._coefs[names][k] * layer.scale
-                out = out + F.linear(z, b)
-        mixed = self._mixed
-        if mixed is None:
+    def _apply(self, mod: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+        if self._rows is None:
             return out
-        if x.shape[0] != mixed.weights.shape[0]:
-            raise LoraError(f"LoRA rows: {module} runs on {x.shape[0]} batch rows, but the rows' adapters were "
-                            f"set for {mixed.weights.shape[0]}")
-        stacked = self._stacked.get((module, phase))
-        if stacked is None:
-            stacked = self._stacked[(module, phase)] = self._stack(module, phase, mixed.names)
-        if stacked is not False:
-            # every adapter on every row in two GEMMs over the stacked rank, each rank column scaled
-            # per row by that row's weight of its adapter (0: the row does not carry it)
-            a, b, column_adapter, column_scale = stacked
-            coef = (mixed.weights[:, column_adapter] * column_scale).to(x.dtype)
-            z = F.linear(x, a.to(x.dtype))
-            out = out + F.linear(z * coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1), b.to(x.dtype))
-        return out
-
-    def _stack(self, module: str, phase: str, names: tuple[str, ...]):
-        """The pairs of `names` on `module` stacked along the rank, or False where none targets it."""
-        found = [(k, self.adapters[n].layers[module]) for k, n in enumerate(names)
-                 if module in self.adapters[n].layers]
-        if not found:
-            return False
-        a = torch.cat([layer.views[phase][0] for _, layer in found])
-        b = torch.cat([layer.views[phase][1] for _, layer in found], dim=1)
-        column_adapter = torch.cat([torch.full((layer.views[phase][0].shape[0],), k) for k, layer in found])
-        column_scale = torch.cat([torch.full((layer.views[phase][0].shape[0],), layer.scale) for _, layer in found])
-        return a, b, column_adapter.to(a.device), column_scale.to(a.device)
+        pair = getattr(mod, self._attr).get(self.built.controller.active)
+        if pair is None:   # none of the rows' adapters targets this module
+            return out
+        # every adapter of every row in two GEMMs over the stacked rank, each rank column scaled per
+        # row by that row's weight of its adapter (0: the row does not carry it)
+        x, (a, b, layout) = args[0], pair
+        coef = self._coef[layout]
+        z = F.linear(x, a.to(x.dtype))
+        if coef.dim() == 2:   # rows carrying different adapters: a factor per row
+            if coef.shape[0] != x.shape[0]:
+                raise LoraError(f"LoRA rows: a targeted linear runs on {x.shape[0]} batch rows, but the rows' "
+                                f"adapters were set for {coef.shape[0]}")
+            coef = coef.view(coef.shape[0], *([1] * (z.dim() - 2)), -1)
+        return out + F.linear(z * coef.to(x.dtype), b.to(x.dtype))

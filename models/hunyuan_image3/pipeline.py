@@ -199,10 +199,10 @@ class HunyuanT2IPipeline:
     def loras(self, loras) -> None:
         self.denoise_phase.loras = loras
         # the CUDA-graphed decode steps bake in the adapters their rows carry: one recording
-        # per adapter set, all dropped when an adapter is unloaded
+        # per adapter set, all dropped when an adapter is loaded or unloaded
         self.steps.graph_state = None if loras is None else loras.graph_key
         if loras is not None:
-            loras.on_unload.append(self.steps.reset_graphs)
+            loras.on_change.append(self.steps.reset_graphs)
 
     def run_denoise_batch(self, members: list[DenoiseMember], batch: BatchMembers,
                           in_batch: list[int] | None = None) -> list[torch.Tensor | None]:

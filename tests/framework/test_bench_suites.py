@@ -139,3 +139,25 @@ def test_the_wan_cache_deviation_runs_on_the_tiny_model(tmp_path):
     caches = {row["cache"].split(" ")[0] for row in result["caches"]}
     assert caches == {"first-block", "taylorseer", "magcache", "taylor"} and len(result["caches"]) == 6
     assert all(0 < row["block_share"] <= 1 and row["rel_l2_final_latents"] >= 0 for row in result["caches"])
+
+
+def test_the_lora_suite_refuses_a_flag_its_run_does_not_use(capsys):
+    assert main(["lora", "--measure", "batch", "--model", "wan", "--layers", "2"]) == 2
+    assert main(["lora", "--measure", "load", "--modes", "eager"]) == 2
+    assert main(["lora", "--measure", "batch", "--model", "hunyuan-image3"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 3 and "--layers: --measure batch --model wan does not use it" in err[0], err
+    assert "--modes: --measure load" in err[1] and "--measure batch takes one of ['wan', 'qwen-image']" in err[2]
+
+
+def test_the_lora_step_and_load_run_at_the_tiny_size_on_the_cpu(tmp_path):
+    step = _bench(tmp_path, "lora", "--measure", "step", "--tiny", "--modes", "eager", "--iters", "1",
+                  "--repeats", "2", "--warmup", "0")
+    assert set(step["cases"]) == {"eager/none", "eager/unmerged", "eager/merged"} and step["complete"]
+    assert step["cases"]["eager/unmerged"]["n"] == 2 and "of_medians" in step["cases"]["eager/unmerged"]["overhead_pct"]
+    # tiny Wan: 2 blocks of 10 attention and FFN linears, each pair's FLOPs 2 rows r (in + out)
+    assert step["flops"]["targeted_linears"] == 20 and step["flops"]["delta_flops"] > 0
+    assert step["adapter_moves_output_rel_l2"] > 1e-3 and step["merged_vs_unmerged_rel_l2"] < 1e-5
+    load = _bench(tmp_path, "lora", "--measure", "load", "--tiny", "--iters", "2")
+    assert load["load_ms"]["n"] == 2 and load["resident_bytes"] > 0 and load["targeted_linears"] == 20
+    assert load["switch_uniform_us"]["n"] == load["switch_mixed_4_rows_us"]["n"] == 200

@@ -302,7 +302,7 @@ def test_compiled_steps_follow_each_request_s_adapters(tiny_checkpoint, files, d
     """--compile (regions; on a GPU the decode step recorded as a CUDA graph around them) with requests
     that switch adapters: each request's AR logits and velocities equal an eager run with its adapters.
     A recorded decode step bakes in the adapters it ran with: one recording per adapter set, and an
-    unload drops them all (`ResidentLoras.graph_key`, `on_unload`)."""
+    unload drops them all (`ResidentLoras.graph_key`, `on_change`)."""
     from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
     torch._dynamo.reset()
     if device == "cuda":

@@ -113,6 +113,37 @@ def test_rows_with_different_adapters_equal_each_row_alone(built, loras):
     loras.set_rows(None)
 
 
+@torch.no_grad()
+def test_a_compiled_region_is_not_compiled_again_for_other_weights_rows_or_blocks(built, loras):
+    """The hooks read tensors made by `set_rows` from the module they run on, not the rows' names and
+    weights nor the module's name: the DiT's block compiled as one region for every block (the GPU's
+    compile mode; dynamo's tracing alone, fullgraph) takes one graph for no adapter, one for every
+    row alike and one for rows that differ, and none for other weights, the same adapters on other
+    rows or another block."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    dit = built.model.transformer
+    assert dit.num_blocks == 2
+    plain = dit.run_block
+    dit.run_block = torch.compile(plain, backend="eager", fullgraph=True)
+    x, t, text = _inputs(2)
+    graphs = []
+    try:
+        for rows in [None, [(("a", 0.7),)] * 2, [(("a", -0.3),)] * 2, [(("a", 0.7),), (("b", 0.5),)],
+                     [(("b", 0.1),), (("a", 0.4),)], [(("a", 0.2),), (("b", -1.0),)], [(("a", 0.7),)] * 2]:
+            loras.set_rows(rows)
+            before = counters["stats"]["unique_graphs"]
+            got = dit(x, t, text)
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+            dit.run_block = plain
+            assert_rel_close(got, dit(x, t, text), 1e-5, f"rows {rows}")
+            dit.run_block = torch.compile(plain, backend="eager", fullgraph=True)
+    finally:
+        dit.run_block = plain
+        loras.set_rows(None)
+    assert graphs == [1, 1, 0, 1, 0, 0, 0], graphs
+
+
 def _pipe(ckpt, files, plan="single", rank=0, world=1):
     loaded = load(ckpt, get_plan(plan), rank, world)
     pipe = WanT2VPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cpu", is_main=rank == 0)

@@ -176,6 +176,16 @@ def test_split_decode_equals_single_process(pool, split_vae, dim, exchange):
 
 
 @torch.no_grad()
+def test_split_decode_of_a_batch_equals_each_video_alone(pool, split_vae):
+    """A batch's decode (the pipelines decode a batch's small videos in one call) split over 2: each
+    video of the batch as the single process decodes it alone."""
+    latents = torch.cat([_latents(UNEVEN["height"], seed=4), _latents(UNEVEN["height"], seed=5)])
+    for rank, video in enumerate(pool.run(job_decode, latents, "height", "p2p")):
+        for k in range(2):
+            _check(video[k:k + 1], split_vae.decode(latents[k:k + 1]), f"video {k} of 2, rank {rank}")
+
+
+@torch.no_grad()
 def test_split_output_modes(pool, split_vae):
     """output="local": each rank's rows (3 and 2 latent rows); output=1: the video on rank 1
     only (decoded two latent frames per chunk)."""
