@@ -268,14 +268,13 @@ def hunyuan_step(b: Bench, args, device, dtype) -> dict:
                                                    "image_size": req.image_size, "prompt_tokens": 1251 if not tiny
                                                    else 31, "ar_tokens": tokens, "steps": req.steps},
               "build_s": round(build_s, 1), "rank": args.rank, "adapter_bytes": path.stat().st_size,
-              # the AR decode's CUDA graph replays the adapter set it was recorded with: off, so requests
-              # with and without the adapter alternate in one pipeline (the denoise steps are not graphed)
-              "decode_cuda_graph": False, "cases": {}, "complete": False}
+              # compiled on a GPU, the AR decode replays as a CUDA graph, one recording per adapter set
+              # (`ResidentLoras.graph_key`): requests with and without the adapter alternate in one pipeline
+              "decode_cuda_graph": device.type == "cuda", "cases": {}, "complete": False}
 
     def pipeline(compiled: bool):
         pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
-                                  compile_options=CompileOptions(enabled=compiled, regions=device.type == "cuda",
-                                                                 decode_cuda_graph=False))
+                                  compile_options=CompileOptions(enabled=compiled, regions=device.type == "cuda"))
         if args.size == "tiny":
             pipe.decode_image = lambda latents: None   # the VAE is no part of the step
         pipe.loras = loras
