@@ -17,6 +17,7 @@ model dtype, against the merged checkpoint without FP8 (relative L2; AR tokens f
 The FP8 error of the base alone is of the same size (tests/hunyuan_image3/test_fp8_dense.py's table); the
 GPU row (bf16, `torch._scaled_mm` and the decode GEMV) is the test's `gpu-bf16` case, not measured here."""
 import json
+from functools import partial
 import shutil
 from dataclasses import replace
 
@@ -124,13 +125,13 @@ def _summary(result):
             "velocity": result.record["velocity"]}
 
 
-def _assert_same(got, want, what):
+def _assert_same(got, want, what, tol=TOL):
     assert got["tokens"] == want["tokens"] and got["ratio"] == want["ratio"], what
     for key in ("ar_logits", "velocity"):
         assert len(got[key]) == len(want[key]) > 0, (what, key)
         for x, y in zip(got[key], want[key]):
             rel = float((x - y).abs().max() / y.abs().max())
-            assert rel < TOL, f"{what}: {key} differs by {rel:.2e} of its largest value"
+            assert rel < tol, f"{what}: {key} differs by {rel:.2e} of its largest value"
 
 
 @pytest.fixture(scope="module")
@@ -296,43 +297,42 @@ def test_fp8_base_with_unmerged_adapters_stays_near_the_merged_checkpoint(tiny_c
         assert errors["fp8, no adapter"][key] > 2 * errors["fp8 + adapters"][key], (key, errors)
 
 
-@pytest.mark.parametrize("device, backend", [("cpu", "eager"), pytest.param("cuda", "inductor", marks=pytest.mark.gpu)],
-                         ids=["cpu-eager", "gpu-inductor"])
-def test_compiled_steps_follow_each_request_s_adapters(tiny_checkpoint, files, device, backend):
-    """--compile (regions; on a GPU the decode step recorded as a CUDA graph around them) with requests
+@pytest.mark.gpu
+def test_compiled_steps_follow_each_request_s_adapters(tiny_checkpoint, files):
+    """--compile (regions, the decode step recorded as a CUDA graph around them) with requests
     that switch adapters: each request's AR logits and velocities equal an eager run with its adapters.
     A recorded decode step bakes in the adapters it ran with: one recording per adapter set, and an
-    unload drops them all (`ResidentLoras.graph_key`, `on_change`)."""
+    unload drops them all (`ResidentLoras.graph_key`, `on_change`). On the CPU, the hooks under
+    compiled regions are checked in tests/wan/test_wan_lora.py (no graph for a new weight)."""
     from dtgen.compile import CompileOptions, graph_breaks, unique_graphs
     torch._dynamo.reset()
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
     def pipe_of(options):
-        loaded = load(tiny_checkpoint, get_plan("single"), device=device)
-        pipe = _without_vae(HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, device,
+        loaded = load(tiny_checkpoint, get_plan("single"), device="cuda")
+        pipe = _without_vae(HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, "cuda",
                                                compile_options=options))
         pipe.loras = ResidentLoras(loaded, torch.float32)
         for name, _ in ADAPTERS:
             pipe.loras.load(name, files[name])
         return pipe
     eager = pipe_of(None)
-    compiled = pipe_of(CompileOptions(enabled=True, backend=backend, regions=True))
-    # a new weight of the same adapters: no recompile and, on a GPU, no new recording
-    sets = [(("a", 0.7),), ADAPTERS, (("a", 0.3),)] + ([(), (("a", 0.7),)] if device == "cuda" else [])
+    compiled = pipe_of(CompileOptions(enabled=True, backend="inductor", regions=True))
+    # inductor fuses and reorders float32 math: a few ulps apart (as test_compile.py's bound)
+    same = partial(_assert_same, tol=1e-4)
+    sets = [(("a", 0.7),), ADAPTERS, (("a", 0.3),), (), (("a", 0.7),)]
     graphs = []
     for loras in sets:
         want = eager.generate(replace(REQUEST, loras=loras))
         forced = replace(REQUEST, loras=loras, forced_tokens=tuple(want.tokens), forced_ratio=want.ratio_index)
-        _assert_same(_summary(compiled.generate(forced)), _summary(want), f"compiled, {loras}")
+        same(_summary(compiled.generate(forced)), _summary(want), f"compiled, {loras}")
         graphs.append(unique_graphs())
     assert graph_breaks() == {}
-    assert graphs[2] == graphs[1], graphs   # ("a", 0.3) after ("a", 0.7): the weight is a tensor, not a guard
-    graphed = compiled.ar_phase.graphed_decode
-    if graphed is not None:   # CUDA: one recording per adapter set, the repeated one replayed
-        assert graphed.recorded == 3, graphed.recorded   # {a}, {a, b}, {}
-        compiled.loras.unload("b")
-        assert not graphed._recordings
-        _assert_same(_summary(compiled.generate(replace(forced, loras=(("a", 0.7),)))),
-                     _summary(eager.generate(replace(forced, loras=(("a", 0.7),)))), "after the unload")
-        assert graphed.recorded == 4
+    assert graphs[2] == graphs[1], graphs   # ("a", 0.3), a weight of a set run before: no new graph
+    graphed = compiled.ar_phase.graphed_decode   # one recording per adapter set, the repeated ones replayed
+    assert graphed.recorded == 3, graphed.recorded   # {a}, {a, b}, {}
+    compiled.loras.unload("b")
+    assert not graphed._recordings
+    same(_summary(compiled.generate(replace(forced, loras=(("a", 0.7),)))),
+         _summary(eager.generate(replace(forced, loras=(("a", 0.7),)))), "after the unload")
+    assert graphed.recorded == 4
