@@ -39,7 +39,7 @@ PEERS = Table("qwen-h200", "The MMDiT against diffusers", [
 
 LORA_CPU = Table("qwen-lora-cpu", "LoRA: adapters in one batch (CPU)", ["figure", "dtgen", "ratio, target"],
                  lora_batch_rows(LORA_BATCH_QWEN, "tiny Qwen-Image"),
-                 note="As Wan's CPU table: one process, float32, 1 thread of a shared 2-core machine, the batch and "
+                 note="As Wan's CPU table: one process, float32, 1 thread of a 2-core machine, the batch and "
                       "the four runs interleaved (7 rounds: median, min-max); the batch's rows equal each request "
                       "alone (asserted).")
 

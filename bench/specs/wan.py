@@ -108,7 +108,7 @@ LORA_CPU = Table("wan-lora-cpu", "LoRA: adapters in one batch, loading and switc
     Row(["switching a request to a resident adapter (`set_rows`): every row alike / 4 rows, 4 adapters",
          Join([Value("switch_uniform_us.median", "{:.0f}"), Value("switch_mixed_4_rows_us.median", "{:.0f} us")],
               " / "), "0 ms: no weight read or copied"], file=LORA_LOAD_CPU),
-], note="One process, float32, torch on 1 thread of a 2-core machine shared with other jobs; the batch and the four "
+], note="One process, float32, torch on 1 thread of a 2-core machine; the batch and the four "
         "runs interleaved (7 rounds: median, min-max). The batch's rows equal each request alone (asserted). On the "
         "tiny models most of the work grows with the rows (the text encoder over 512 padded positions, the DiT's "
         "cross-attention over them, the VAE's convolutions), so the batch gains under 3x with or without adapters. "
