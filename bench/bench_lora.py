@@ -168,14 +168,20 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def wan_step(b: Bench, args, device, dtype) -> dict:
-    from dtgen.lora import LoraError, ResidentLoras
+def _wan_built(args, device, dtype):
+    """Wan's DiT at `args.size` with random weights, its (empty) resident adapters, the linears a
+    pair may target, a folder for adapter files, and the build's seconds."""
+    from dtgen.lora import ResidentLoras
     t0 = time.perf_counter()
     model = WanStep(args, device, dtype)
     build_s = time.perf_counter() - t0
     loras = ResidentLoras(model.built, dtype)
-    pairs = targets(loras, "wan")
-    folder = Path(tempfile.mkdtemp(prefix="lora-bench-"))
+    return model, loras, targets(loras, "wan"), Path(tempfile.mkdtemp(prefix="lora-bench-")), build_s
+
+
+def wan_step(b: Bench, args, device, dtype) -> dict:
+    from dtgen.lora import LoraError
+    model, loras, pairs, folder, build_s = _wan_built(args, device, dtype)
     path = write_adapter(folder / "adapter.safetensors", pairs, loras.prefixes, args.rank, 1, dtype)
     loras.load("a", path)
     result = {"model": "wan", "shape": model.shape, "build_s": round(build_s, 1), "rank": args.rank,
@@ -345,13 +351,7 @@ def _print(mode: str, cases: dict, names) -> None:
 
 # ---- --measure load ---------------------------------------------------------------------------------------
 def load_times(b: Bench, args, device, dtype) -> dict:
-    from dtgen.lora import ResidentLoras
-    t0 = time.perf_counter()
-    model = WanStep(args, device, dtype)
-    build_s = time.perf_counter() - t0
-    loras = ResidentLoras(model.built, dtype)
-    pairs = targets(loras, "wan")
-    folder = Path(tempfile.mkdtemp(prefix="lora-bench-"))
+    model, loras, pairs, folder, build_s = _wan_built(args, device, dtype)
     paths = [write_adapter(folder / f"adapter{k}.safetensors", pairs, loras.prefixes, args.rank, k + 1, dtype)
              for k in range(BATCH)]
 
