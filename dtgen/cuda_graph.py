@@ -10,8 +10,8 @@ step keeps the trace at one layer.
 
 `GraphedStep(fn)` records one graph per key: the shapes and dtypes of the tensor arguments,
 the identity of every other argument (the phase runtime, the KV cache, static numbers), and
-`state()`: what the step reads besides its arguments and a recording bakes in (the resident
-LoRA adapters each row carries: their tensors' addresses and their weights as scalars).
+`state()`: what the step reads besides its arguments and a recording bakes in (the set of
+resident LoRA adapters the rows carry, whose tensors a recording reads where it found them).
 Each call copies the tensor arguments into that graph's input buffers and replays it; the
 outputs are the graph's own buffers, valid until its next replay (callers clone them).
 
