@@ -186,6 +186,19 @@ def test_tensor_scales_are_one_per_official_matrix_over_all_ranks():
     assert storage.tensors["gate_up"].float().abs().amax() <= 224
 
 
+def _assert_fp8_golden_on_gpu(recipe: str, moe_impl: str = "auto") -> None:
+    """The first golden case through FP8 experts on the GPU, within BOUNDS; the same AR tokens."""
+    case = GoldenCase(CASES[0])
+    loaded = loading.load(case.folder, get_plan("single"), dtype=torch.float32, device="cuda", moe_dtype="fp8",
+                          fp8_scales=recipe, moe_impl=moe_impl)
+    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"))
+    results = {c.name: c for c in compare_case(case, pipe)}
+    for name, bound in BOUNDS.items():
+        if name in results:
+            assert results[name].rel_l2 < bound, f"{recipe}: {name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
+    assert results["ar_generated_ids"].agreement == 1.0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["channels", "blocks", "tensor"])
 def test_gpu_fp8_experts_stay_near_the_official_outputs(recipe):
@@ -193,15 +206,7 @@ def test_gpu_fp8_experts_stay_near_the_official_outputs(recipe):
     x and activation are still rounded to e4m3, the weights stay e4m3)."""
     if not CASES:
         pytest.skip("no golden case folders found")
-    case = GoldenCase(CASES[0])
-    loaded = loading.load(case.folder, get_plan("single"), dtype=torch.float32, device="cuda", moe_dtype="fp8",
-                          fp8_scales=recipe)
-    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"))
-    results = {c.name: c for c in compare_case(case, pipe)}
-    for name, bound in BOUNDS.items():
-        if name in results:
-            assert results[name].rel_l2 < bound, f"{recipe}: {name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
-    assert results["ar_generated_ids"].agreement == 1.0
+    _assert_fp8_golden_on_gpu(recipe)
 
 
 @pytest.mark.gpu
@@ -214,12 +219,4 @@ def test_gpu_fp8_experts_through_scaled_grouped_mm_stay_near_the_official_output
         pytest.skip("no golden case folders found")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("torch._scaled_grouped_mm's rowwise FP8 kernel needs sm90")
-    case = GoldenCase(CASES[0])
-    loaded = loading.load(case.folder, get_plan("single"), dtype=torch.float32, device="cuda", moe_dtype="fp8",
-                          fp8_scales=recipe, moe_impl="scaled_grouped_mm")
-    pipe = HunyuanT2IPipeline(loaded.model, loaded.tokenizer, loaded.controller, torch.device("cuda"))
-    results = {c.name: c for c in compare_case(case, pipe)}
-    for name, bound in BOUNDS.items():
-        if name in results:
-            assert results[name].rel_l2 < bound, f"{recipe}: {name} relative L2 {results[name].rel_l2:.4f} >= {bound}"
-    assert results["ar_generated_ids"].agreement == 1.0
+    _assert_fp8_golden_on_gpu(recipe, moe_impl="scaled_grouped_mm")
