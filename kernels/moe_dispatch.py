@@ -18,7 +18,8 @@ compiled steps trace torch._grouped_mm for inductor to tune; "reference", "fused
 FP8 experts always run `experts_op_fp8` ("reference" forces its torch emulation).
 FP8_ONLY_IMPLS, for FP8 experts only: "scaled_grouped_mm" runs their GEMMs above
 DECODE_MOE_MAX_TOKENS rows in torch._scaled_grouped_mm (`kernels/moe_scaled_grouped_mm.py`:
-channel scales, sm90) instead of the fused Triton kernels; `moe_impl_problem` says where it cannot.
+channel scales, sm90) instead of the fused Triton kernels; "gluon" the same pipeline with our
+Gluon kernel (`kernels/moe_grouped_gemm_gluon.py`, sm90); `moe_impl_problem` says where they cannot.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 
 from kernels.fp8_quant import fp8_support_problem
 from kernels.moe_decode import moe_decode, moe_decode_fp8
+from kernels.moe_grouped_gemm_gluon import gluon_problem
 from kernels.moe_multi_micro import (
     MULTI_MICRO_IMPLS,
     graph_path_usable,
@@ -41,7 +43,7 @@ from kernels.moe_scaled_grouped_mm import scaled_grouped_mm_problem
 # Up to this many tokens the decode MoE (which reads only the chosen experts) beats the
 # grouped-GEMM path on a GPU.
 DECODE_MOE_MAX_TOKENS = 16
-FP8_ONLY_IMPLS = ("scaled_grouped_mm",)
+FP8_ONLY_IMPLS = ("scaled_grouped_mm", "gluon")
 MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS + FP8_ONLY_IMPLS
 # FP8 recipes whose weight scales are one per row (kernels/fp8_quant.py): "tensor" is held as channels.
 ROWWISE_FP8_RECIPES = ("channels", "tensor")
@@ -67,7 +69,8 @@ def moe_impl_device_problem(impl: str, device: torch.device) -> str | None:
     rank before any weight is read: the launcher does not touch the GPU)."""
     if impl not in FP8_ONLY_IMPLS:
         return None
-    problem = fp8_support_problem(device) or scaled_grouped_mm_problem(device)
+    device_problem = scaled_grouped_mm_problem if impl == "scaled_grouped_mm" else gluon_problem
+    problem = fp8_support_problem(device) or device_problem(device)
     return f"MoE implementation {impl!r}: {problem}" if problem else None
 
 
@@ -109,7 +112,8 @@ def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, do
     reads weights, so halving their bytes is what pays), above them `moe_multi_micro_fp8`
     (x and the activation in e4m3 too: it is compute-bound). On every device alike, so the
     CPU's torch emulations follow the GPU's numerics; impl "reference" forces them on CUDA.
-    "scaled_grouped_mm": above DECODE_MOE_MAX_TOKENS, the GEMMs in torch._scaled_grouped_mm."""
+    "scaled_grouped_mm" / "gluon": above DECODE_MOE_MAX_TOKENS, the GEMMs in torch._scaled_grouped_mm / the
+    Gluon kernel."""
     if x.shape[0] <= DECODE_MOE_MAX_TOKENS:
         return moe_decode_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
                               impl="reference" if impl == "reference" else "auto")

@@ -28,7 +28,8 @@ bench/results/h200-2026-12-01-moe/ (bench_moe_prefill.json, bench_grouped_gemm.j
 
 FP8 experts (`moe_multi_micro_fp8`, bottom of this file): the same pipeline on e4m3 in
 either recipe of `kernels.fp8_quant`; with channel scales, impl "scaled_grouped_mm" runs the
-two GEMMs in torch's CUTLASS kernel instead (`kernels.moe_scaled_grouped_mm`).
+two GEMMs in torch's CUTLASS kernel instead (`kernels.moe_scaled_grouped_mm`), impl "gluon" the
+same pipeline with our Gluon kernel for sm90 (`kernels.moe_grouped_gemm_gluon`).
 """
 from typing import NamedTuple
 
@@ -56,6 +57,8 @@ from kernels.moe_grouped_gemm import (
     gate_up_act_fp8_reference,
     moe_experts_fp8_channels_reference,
 )
+from kernels.moe_grouped_gemm_gluon import grouped_gemm_fp8, gluon_problem
+from kernels.moe_grouped_gemm_gluon import shape_problem as gluon_shape_problem
 from kernels.moe_routing import MoeRouting, moe_route
 from kernels.moe_scaled_grouped_mm import experts_partials, scaled_grouped_mm_problem, shape_problem
 
@@ -653,14 +656,25 @@ def _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down
     return moe_finalize(y.unsqueeze(0), routing.slot_of_pair, topk_weights, x.dtype)
 
 
-def _moe_fp8_scaled_grouped_mm(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale):
-    """`kernels.moe_scaled_grouped_mm`: x per token, the GEMMs in torch._scaled_grouped_mm, one
-    bf16 partial per micro and slot; the finalize sums them."""
+# The grouped GEMM each channel-scale pipeline impl runs (`kernels.moe_scaled_grouped_mm.experts_partials`).
+_PIPELINE_GEMMS = {"scaled_grouped_mm": None, "gluon": grouped_gemm_fp8}
+
+
+def _moe_fp8_pipeline(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, impl):
+    """`kernels.moe_scaled_grouped_mm`'s pipeline: x per token, the two grouped GEMMs (torch._scaled_grouped_mm
+    for "scaled_grouped_mm", the Gluon kernel for "gluon"), one bf16 partial per micro and slot; the
+    finalize sums them."""
     routing = moe_route(x, topk_ids, w_gate_up.shape[1], gather=False)
     x_q, x_scale = quantize_rows(x)
     partials = experts_partials(x_q, x_scale, routing.pair_of_slot // topk_ids.shape[1], w_gate_up, w_gate_up_scale,
-                                w_down, w_down_scale, routing.expert_ends)
+                                w_down, w_down_scale, routing.expert_ends, gemm=_PIPELINE_GEMMS[impl])
     return moe_finalize(partials, routing.slot_of_pair, topk_weights, x.dtype)
+
+
+def fp8_auto_impl(device: torch.device) -> str:
+    """What impl "auto" runs for FP8 experts on a CUDA device: the fused Triton kernels everywhere.
+    The one place to pick another default per GPU (e.g. "gluon" where `gluon_problem(device)` is None)."""
+    return "fused"
 
 
 @torch.library.custom_op("dtgen::moe_multi_micro_fp8", mutates_args=())
@@ -669,8 +683,10 @@ def _moe_multi_micro_fp8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
                             w_down_scale: torch.Tensor, impl: str) -> torch.Tensor:
     if impl == "reference" or (impl == "auto" and not x.is_cuda):
         return moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
-    if impl == "scaled_grouped_mm":
-        return _moe_fp8_scaled_grouped_mm(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
+    if impl == "auto":
+        impl = fp8_auto_impl(x.device)
+    if impl in _PIPELINE_GEMMS:
+        return _moe_fp8_pipeline(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, impl)
     return _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
 
 
@@ -679,7 +695,7 @@ def _(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scal
     return x.new_empty(x.shape)
 
 
-FP8_IMPLS = ("auto", "reference", "fused", "scaled_grouped_mm")
+FP8_IMPLS = ("auto", "reference", "fused") + tuple(_PIPELINE_GEMMS)
 
 
 def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale,
@@ -692,18 +708,22 @@ def moe_multi_micro_fp8(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w
     x stays bf16 (or fp16/fp32) and is quantized inside.
     impl: "auto" (CUDA: the fused kernels; CPU: the emulating reference), "reference",
     "fused" (on CPU only under TRITON_INTERPRET=1), "scaled_grouped_mm" (`kernels.moe_scaled_grouped_mm`:
-    torch's CUTLASS rowwise FP8 grouped GEMM; channel scales, sm90). ONE node of dtgen::moe_multi_micro_fp8."""
+    torch's CUTLASS rowwise FP8 grouped GEMM; channel scales, sm90), "gluon" (the same pipeline with
+    `kernels.moe_grouped_gemm_gluon`'s kernel; channel scales, sm90). ONE node of dtgen::moe_multi_micro_fp8."""
     if impl not in FP8_IMPLS:
         raise ValueError(f"impl must be one of {FP8_IMPLS}, got {impl!r}")
     dims = check_moe_inputs(x, topk_ids, topk_weights, w_gate_up, w_down, weight_dtype=FP8_DTYPE)
     recipe = check_fp8_scales(dims, w_gate_up_scale, w_down_scale)
     problem = fp8_support_problem(x.device)
-    if impl == "scaled_grouped_mm":
+    if impl in _PIPELINE_GEMMS:
         if recipe != "channels":
-            raise ValueError(f"impl 'scaled_grouped_mm' takes one scale per weight row (FP8 recipe 'channels' or "
+            raise ValueError(f"impl {impl!r} takes one scale per weight row (FP8 recipe 'channels' or "
                              f"'tensor'), got {recipe!r} scales")
-        problem = problem or scaled_grouped_mm_problem(x.device) or shape_problem(dims.micros, dims.experts,
-                                                                                  dims.hidden, dims.inter)
+        if impl == "scaled_grouped_mm":
+            problem = problem or scaled_grouped_mm_problem(x.device) or shape_problem(dims.micros, dims.experts,
+                                                                                      dims.hidden, dims.inter)
+        else:
+            problem = problem or gluon_problem(x.device) or gluon_shape_problem(dims.hidden, dims.inter)
     if problem:
         raise RuntimeError(problem)
     if impl == "fused":

@@ -29,9 +29,13 @@ What our data lacks, done here and counted in the benchmark's timings:
   (the down GEMM runs over M*E groups of M*S rows, so each row can have one; the Triton
   down GEMM sums the micros in its K loop and takes one scale per slot over all of them);
 - its scale_b holds one row per group, and the down scales are shared by the micros: with
-  M > 1 they are repeated to [M*E, H] per call (M*E*H*4 bytes: 2 MiB at the denoise shapes);
+  M > 1 they are repeated to [M*E, H] per call (M*E*H*4 bytes: 2 MiB at the denoise shapes;
+  `library_gemm` does it);
 - its down output is one bf16 partial per (micro, slot): the finalize sums the micros in
   float32 (`kernels.moe_multi_micro.moe_finalize`).
+
+The two GEMM calls go through one contract (`library_gemm`): the same pipeline runs them in
+the Gluon kernel of `kernels.moe_grouped_gemm_gluon` (its ``gemm`` argument; MoE impl "gluon").
 
 ``fast_accum`` (default on): the tensor cores' FP8 accumulator is not promoted to float32
 every few K steps, as in Triton's FP8 dots on Hopper (its default); off: CUTLASS promotes
@@ -42,6 +46,9 @@ References: `gate_up_act_quant_reference`, `down_partials_reference` and
 to bf16, the activation to e4m3).
 """
 from __future__ import annotations
+
+from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -135,41 +142,57 @@ def act_quantize_rows(u: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> 
 # --------------------------------------------------------------------------- the GEMMs
 
 
+def library_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 group_ends: torch.Tensor, fast_accum: bool = True) -> torch.Tensor:
+    """out [rows, N] bf16 = (a @ b[g].T) * scale_a[row] * scale_b[g % P] per group, in torch._scaled_grouped_mm.
+    The GEMM contract the pipeline calls (`kernels.moe_grouped_gemm_gluon.grouped_gemm_fp8` has the same):
+    a [rows, K] e4m3, b [G, N, K] e4m3 (resident, K contiguous: handed over as its transposed view),
+    scale_a [rows], scale_b [P, N] with P dividing G (repeated to [G, N] here: one row per group is what
+    the library takes), group_ends [G] int32."""
+    groups, periods = b.shape[0], scale_b.shape[0]
+    scale_rows = scale_b if periods == groups else scale_b.repeat(groups // periods, 1)
+    return torch._scaled_grouped_mm(a, b.transpose(-2, -1), scale_a, scale_rows, offs=group_ends,
+                                    out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+
+
+def _gemm_or_library(gemm: Callable | None, fast_accum: bool) -> Callable:
+    return gemm if gemm is not None else partial(library_gemm, fast_accum=fast_accum)
+
+
 def gate_up_u(x_sorted_q: torch.Tensor, x_sorted_scale: torch.Tensor, w_gate_up: torch.Tensor,
               w_gate_up_scale: torch.Tensor, expert_ends: torch.Tensor, micro: int,
-              fast_accum: bool = True) -> torch.Tensor:
+              fast_accum: bool = True, gemm: Callable | None = None) -> torch.Tensor:
     """u [S, 2I] bf16 of one micro: ``u[s] = (x[s] * x_scale[s]) @ (w_gate_up[micro, e(s)] * its row scales).T``.
     x_sorted_q [S, H] e4m3 in slot order, x_sorted_scale [S]; w_gate_up [M, E, 2I, H] e4m3,
-    w_gate_up_scale [M, E, 2I]; expert_ends [E] int32. The weights go in as a transposed view."""
-    return torch._scaled_grouped_mm(x_sorted_q, w_gate_up[micro].transpose(-2, -1), x_sorted_scale,
-                                    w_gate_up_scale[micro], offs=expert_ends, out_dtype=torch.bfloat16,
-                                    use_fast_accum=fast_accum)
+    w_gate_up_scale [M, E, 2I]; expert_ends [E] int32. gemm: the grouped GEMM (`library_gemm`'s
+    contract); None: `library_gemm` with fast_accum."""
+    return _gemm_or_library(gemm, fast_accum)(x_sorted_q, w_gate_up[micro], x_sorted_scale, w_gate_up_scale[micro],
+                                              expert_ends)
 
 
 def down_partials(act_q: torch.Tensor, act_scale: torch.Tensor, w_down: torch.Tensor, w_down_scale: torch.Tensor,
-                  expert_ends: torch.Tensor, fast_accum: bool = True) -> torch.Tensor:
+                  expert_ends: torch.Tensor, fast_accum: bool = True, gemm: Callable | None = None) -> torch.Tensor:
     """partials [M, S, H] bf16:
     ``partials[m, s] = (act[m, s] * act_scale[m*S + s]) @ (w_down[m, e(s)] * w_down_scale[e(s)]).T``.
     act_q [M, S, I] e4m3 (contiguous), act_scale [M*S]; w_down [M, E, H, I] e4m3 whose (M, E)
-    dims merge as a view, w_down_scale [E, H]. One GEMM over M*E groups: group (m, e) is act[m]'s
-    run of expert e, so its ends are expert_ends shifted by m*S."""
+    dims merge as a view, w_down_scale [E, H] (group m*E + e takes row e). One GEMM over M*E groups:
+    group (m, e) is act[m]'s run of expert e, so its ends are expert_ends shifted by m*S."""
     micros, experts, hidden, inter = w_down.shape
     slots = act_q.shape[1]
     if w_down.stride(0) != experts * w_down.stride(1):
-        raise ValueError(f"the scaled_grouped_mm down GEMM needs w_down's micro and expert dims to merge without a "
+        raise ValueError(f"the grouped down GEMM needs w_down's micro and expert dims to merge without a "
                          f"copy, got strides {w_down.stride()}")
-    scale_rows = w_down_scale if micros == 1 else w_down_scale.repeat(micros, 1)
     shift = torch.arange(micros, device=act_q.device, dtype=torch.int32).unsqueeze(1) * slots
     ends = (expert_ends.unsqueeze(0) + shift).reshape(-1)
-    out = torch._scaled_grouped_mm(act_q.view(micros * slots, inter), w_down.view(micros * experts, hidden, inter)
-                                   .transpose(-2, -1), act_scale, scale_rows, offs=ends, out_dtype=torch.bfloat16,
-                                   use_fast_accum=fast_accum)
+    out = _gemm_or_library(gemm, fast_accum)(act_q.view(micros * slots, inter),
+                                             w_down.view(micros * experts, hidden, inter), act_scale, w_down_scale,
+                                             ends)
     return out.view(micros, slots, hidden)
 
 
 def gate_up_act_quant(x_sorted_q: torch.Tensor, x_sorted_scale: torch.Tensor, w_gate_up: torch.Tensor,
-                      w_gate_up_scale: torch.Tensor, expert_ends: torch.Tensor,
-                      fast_accum: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                      w_gate_up_scale: torch.Tensor, expert_ends: torch.Tensor, fast_accum: bool = True,
+                      gemm: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(act_q [M, S, I] e4m3, act_scale [M*S] float32): each micro's u (`gate_up_u`), then
     ``x1 * silu(x2)`` quantized per (micro, slot) row (`act_quantize_rows`)."""
     micros, _, two_inter, _ = w_gate_up.shape
@@ -177,25 +200,26 @@ def gate_up_act_quant(x_sorted_q: torch.Tensor, x_sorted_scale: torch.Tensor, w_
     act_q = torch.empty((micros, slots, two_inter // 2), dtype=FP8_DTYPE, device=x_sorted_q.device)
     act_scale = torch.empty((micros * slots,), dtype=torch.float32, device=x_sorted_q.device)
     for m in range(micros):
-        u = gate_up_u(x_sorted_q, x_sorted_scale, w_gate_up, w_gate_up_scale, expert_ends, m, fast_accum)
+        u = gate_up_u(x_sorted_q, x_sorted_scale, w_gate_up, w_gate_up_scale, expert_ends, m, fast_accum, gemm)
         act_quantize_rows(u, act_q[m], act_scale[m * slots:(m + 1) * slots])
     return act_q, act_scale
 
 
 def experts_partials(x_q: torch.Tensor, x_scale: torch.Tensor, token_of_slot: torch.Tensor, w_gate_up: torch.Tensor,
                      w_gate_up_scale: torch.Tensor, w_down: torch.Tensor, w_down_scale: torch.Tensor,
-                     expert_ends: torch.Tensor, fast_accum: bool = True) -> torch.Tensor:
+                     expert_ends: torch.Tensor, fast_accum: bool = True, gemm: Callable | None = None) -> torch.Tensor:
     """Both GEMMs: partials [M, S, H] bf16 (one per micro and slot, summed by the finalize).
     x_q [T, H] e4m3 and x_scale [T] (one per token, `kernels.fp8_quant.quantize_rows`);
-    token_of_slot [S]; the experts and their channel scales as in the module docstring."""
+    token_of_slot [S]; the experts and their channel scales as in the module docstring.
+    gemm: the grouped GEMM both stages call (`library_gemm`'s contract; None: `library_gemm`)."""
     for name, t in (("x_q", x_q), ("w_gate_up", w_gate_up), ("w_down", w_down), ("w_gate_up_scale", w_gate_up_scale),
                     ("w_down_scale", w_down_scale)):
         _check_operand(name, t)
     x_sorted_q = x_q.index_select(0, token_of_slot)
     x_sorted_scale = x_scale.index_select(0, token_of_slot)
     act_q, act_scale = gate_up_act_quant(x_sorted_q, x_sorted_scale, w_gate_up, w_gate_up_scale, expert_ends,
-                                         fast_accum)
-    return down_partials(act_q, act_scale, w_down, w_down_scale, expert_ends, fast_accum)
+                                         fast_accum, gemm)
+    return down_partials(act_q, act_scale, w_down, w_down_scale, expert_ends, fast_accum, gemm)
 
 
 # -------------------------------------------------------------------------- references

@@ -117,8 +117,8 @@ def build_parser(prog: str = "dtgen run --model hunyuan-image3", description: st
             official.add_argument(flag, type=kind, default=None, metavar="N", help=f"(default: {default})")
     p.add_argument("--moe-impl", default="auto", choices=MOE_IMPLS,
                    help="routed experts: kernel ops ('auto'), the plain loop ('eager'), or a forced variant; "
-                        "'scaled_grouped_mm': FP8 experts' GEMMs in torch._scaled_grouped_mm (--moe-dtype fp8 with "
-                        "channel or tensor scales, sm90)")
+                        "'scaled_grouped_mm' / 'gluon': FP8 experts' GEMMs in torch._scaled_grouped_mm / our Gluon "
+                        "kernel (--moe-dtype fp8 with channel or tensor scales, sm90)")
     p.add_argument("--moe-dtype", default="model", choices=MOE_DTYPES,
                    help="routed experts' storage: the model dtype, or fp8 (e4m3, quantized at load from the "
                         "bf16 checkpoint; GPU: compute capability 8.9 or 9.0+)")

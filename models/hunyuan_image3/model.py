@@ -155,7 +155,7 @@ def set_moe_impl(model: nn.Module, impl: str = "auto") -> None:
     `kernels.moe_dispatch.MOE_IMPLS` (its docstring says what each runs); "eager" is the
     plain loop in transformer.py. FP8 experts (`use_fp8_experts`) always run
     `experts_op_fp8` ("reference" forces its torch emulation); an FP8-only impl
-    ("scaled_grouped_mm") is refused for experts in the model dtype.
+    ("scaled_grouped_mm", "gluon") is refused for experts in the model dtype.
     """
     fn = None if impl in FP8_ONLY_IMPLS else experts_impl(impl, eager=experts_eager)
     for module in model.modules():

@@ -1,0 +1,323 @@
+"""An FP8 grouped GEMM in Gluon for Hopper (sm90): persistent, TMA-fed, warp-specialized.
+
+The routed experts' two GEMMs with torch._scaled_grouped_mm's contract
+(`kernels.moe_scaled_grouped_mm` defines the pipeline around them and hands over the same views):
+- a [rows, K] e4m3, unit stride along K, one float32 scale per row (scale_a [rows]);
+- b [G, N, K] e4m3, unit stride along K (the resident layout, read in place: its G and N dims
+  must merge, as they do for ``w_gate_up[m]`` and ``w_down.view(M*E, H, I)``), one float32
+  scale per (group, N) row: scale_b [P, N] with unit stride along N, row ``g % P`` for group g
+  (P = G, or the E experts' scales shared by the M micros of the down GEMM without a repeat);
+- group_ends [G] int32: group g holds rows ``group_ends[g-1] .. group_ends[g]`` (any count, none
+  included);
+- out [rows, N] bf16 = ``(a @ b[g].T) * scale_a[row] * scale_b[g % P, n]``.
+
+The kernel (`_grouped_gemm_fp8_kernel`): one program per SM loops over the work items (group,
+row tile, column tile), numbered group by group and, in a group, column tile by column tile with
+the group's row tiles consecutive, so the programs running side by side read the same B tiles
+(hot in L2) and each group's rows stay in L2 over its column tiles. The items' table is the
+cumulated count per group (`work_ends`, computed on the device from group_ends: no host sync,
+CUDA-graph safe); each program walks it forward. Two partitions:
+- a producer (1 warp, few registers): TMA loads of A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K]
+  tiles into a STAGES-deep shared ring, each stage's "ready" mbarrier expecting the bytes;
+- the consumer (the default partition, 8 warps = 2 warpgroups sharing a 128 x 256 accumulator):
+  async wgmma on each ready stage, one MMA in flight (`warpgroup_mma_wait(1)`), the stage before it
+  released to the producer; after a tile's K loop the epilogue (both scales, bf16, stores masked
+  to the group's rows and to N) runs while the producer already fills the ring with the next
+  tile's operands. A row tile that runs past its group's end reads the next group's rows (or TMA's
+  zero fill past the tensor) and masks them at the store.
+
+The accumulator is the tensor cores' FP8 one without promotion (torch's ``use_fast_accum``, the
+default of Triton's FP8 dots on Hopper).
+
+Gluon kernels compile for the GPU only (no TRITON_INTERPRET): `gluon_problem` names why it cannot
+run on a device; elsewhere the Triton kernels (`kernels.moe_grouped_gemm`) and the torch library
+path stay. Nothing compiles at import; on a triton without Gluon's Hopper API the module imports and
+`gluon_problem` says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+try:  # Gluon's Hopper API: triton >= 3.5
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    _IMPORT_PROBLEM = None
+except ImportError as err:  # pragma: no cover - depends on the installed triton
+    _IMPORT_PROBLEM = f"triton {triton.__version__} has no Gluon Hopper API ({err})"
+
+# K steps of 128 e4m3: 128-byte rows, the widest swizzle, 4 wgmma k32 instructions a stage.
+BLOCK_K = 128
+PRODUCER_REGS = 24
+# K and N in whole 16-byte TMA rows.
+ALIGN_ELEMENTS = 16
+SHARED_BYTES = 227 * 1024  # an H100's / H200's shared memory per block
+
+
+@dataclass(frozen=True)
+class GluonTiles:
+    """A tile and its ring: block_m x block_n accumulated by `warps` consumer warps (warpgroups of 4
+    stacked along M, each 64 rows at a time), `stages` shared stages of A [block_m, 128] and B [block_n, 128]."""
+    block_m: int = 128
+    block_n: int = 256
+    stages: int = 4
+    warps: int = 8
+
+    def problem(self) -> str | None:
+        """Why this tile cannot compile, in one line, or None."""
+        stage_bytes = (self.block_m + self.block_n) * BLOCK_K
+        if self.warps not in (4, 8) or self.block_m % (16 * self.warps) or self.block_n not in (64, 128, 256):
+            return f"{self}: block_m a multiple of 16 x warps (4 or 8), block_n 64, 128 or 256"
+        if not 2 <= self.stages or self.stages * stage_bytes + 1024 > SHARED_BYTES:
+            return f"{self}: {self.stages} stages of {stage_bytes} bytes do not fit {SHARED_BYTES} bytes of shared memory"
+        return None
+
+    @property
+    def max_regs(self) -> int:
+        """Registers per thread at launch: the consumer warps and the producer's warpgroup share the SM's 64 Ki
+        (warp specialization then moves the producer's unused share to the consumers with setmaxnreg)."""
+        return min(256, 65536 // ((self.warps + 4) * 32) // 8 * 8)
+
+
+# The default: a 128 x 256 accumulator over two warpgroups (128 float32 registers a thread); a stage
+# holds A 16 KiB + B 32 KiB, four stages 192 KiB.
+DEFAULT_TILES = GluonTiles()
+
+
+def gluon_problem(device: torch.device) -> str | None:
+    """Why the Gluon grouped GEMM cannot run on `device`, in one line, or None."""
+    if _IMPORT_PROBLEM:
+        return _IMPORT_PROBLEM
+    if device.type != "cuda":
+        return f"the Gluon FP8 grouped GEMM runs on CUDA (compute capability 9.0), not on {device.type}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return (f"the Gluon FP8 grouped GEMM is written for sm90's wgmma (compute capability 9.0: H100, H200); "
+                f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
+    return None
+
+
+def shape_problem(hidden: int, inter: int) -> str | None:
+    """Why these expert sizes do not fit the kernel's TMA rows, in one line, or None."""
+    for name, size in (("hidden size H", hidden), ("intermediate size I", inter)):
+        if size % ALIGN_ELEMENTS:
+            return f"the Gluon FP8 grouped GEMM needs the {name} to be a multiple of {ALIGN_ELEMENTS}, got {size}"
+    return None
+
+
+def check_operands(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   group_ends: torch.Tensor) -> None:
+    """The contract (module docstring), each breach in one line naming the tensor. No sync."""
+    def fail(message: str):
+        raise ValueError(f"Gluon FP8 grouped GEMM: {message}")
+
+    if a.dim() != 2 or a.dtype != torch.float8_e4m3fn or a.stride(-1) != 1:
+        fail(f"a must be [rows, K] float8_e4m3fn with unit stride along K, got {a.dtype} {tuple(a.shape)} "
+             f"strides {a.stride()}")
+    if b.dim() != 3 or b.dtype != torch.float8_e4m3fn or b.stride(-1) != 1 or b.shape[2] != a.shape[1]:
+        fail(f"b must be [G, N, K = {a.shape[1]}] float8_e4m3fn with unit stride along K, got {b.dtype} "
+             f"{tuple(b.shape)} strides {b.stride()}")
+    groups, n_out, k_dim = b.shape
+    if b.stride(0) != n_out * b.stride(1):
+        fail(f"b's group and N dims must merge without a copy (stride(0) = N * stride(1)), got strides {b.stride()}")
+    if k_dim % ALIGN_ELEMENTS or n_out % ALIGN_ELEMENTS or b.stride(1) % ALIGN_ELEMENTS or \
+            a.stride(0) % ALIGN_ELEMENTS:
+        fail(f"K, N and the row strides must be multiples of {ALIGN_ELEMENTS} (TMA rows), got K {k_dim}, N {n_out}, "
+             f"strides a {a.stride()} b {b.stride()}")
+    for name, t in (("a", a), ("b", b)):
+        if t.data_ptr() % 16:
+            fail(f"{name} must be 16-byte aligned, got address {t.data_ptr():#x}")
+    if scale_a.shape != (a.shape[0],) or scale_a.dtype != torch.float32:
+        fail(f"scale_a must be float32 [{a.shape[0]}] (one per row of a), got {scale_a.dtype} {tuple(scale_a.shape)}")
+    if scale_b.dim() != 2 or scale_b.shape[1] != n_out or scale_b.dtype != torch.float32 or \
+            scale_b.stride(1) != 1 or groups % max(scale_b.shape[0], 1):
+        fail(f"scale_b must be float32 [P, N = {n_out}] with unit stride along N and P dividing G = {groups}, got "
+             f"{scale_b.dtype} {tuple(scale_b.shape)} strides {scale_b.stride()}")
+    if group_ends.shape != (groups,) or group_ends.dtype != torch.int32:
+        fail(f"group_ends must be int32 [G = {groups}], got {group_ends.dtype} {tuple(group_ends.shape)}")
+    devices = {t.device for t in (a, b, scale_a, scale_b, group_ends)}
+    if len(devices) != 1:
+        fail(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+
+
+def work_ends_of(group_ends: torch.Tensor, column_tiles: int, block_m: int) -> torch.Tensor:
+    """int32 [G]: the work items (row tile, column tile) of groups 0..g, cumulated; on the device."""
+    counts = torch.diff(group_ends, prepend=group_ends.new_zeros(1))
+    return (torch.div(counts + (block_m - 1), block_m, rounding_mode="floor") * column_tiles).cumsum(0).to(torch.int32)
+
+
+# ----------------------------------------------------------------------------- kernel
+
+if _IMPORT_PROBLEM is None:
+
+    @gluon.jit
+    def _work_item(t, g, group_ends_ptr, work_ends_ptr, BLOCK_M: gl.constexpr):
+        """Work item t -> (its group g, first row, the group's end row, column tile). g only moves
+        forward: a program's items come in increasing order."""
+        while t >= gl.load(work_ends_ptr + g):
+            g += 1
+        row_start = gl.load(group_ends_ptr + g - 1, mask=g > 0, other=0)
+        row_end = gl.load(group_ends_ptr + g)
+        work_start = gl.load(work_ends_ptr + g - 1, mask=g > 0, other=0)
+        row_tiles = gl.cdiv(row_end - row_start, BLOCK_M)
+        local = t - work_start
+        return g, row_start + (local % row_tiles) * BLOCK_M, row_end, local // row_tiles
+
+    @gluon.jit
+    def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr, num_groups,
+                        n_out, k_dim):
+        """The producer: for each work item, its K steps' A and B tiles into the ring."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        total = gl.load(work_ends_ptr + num_groups - 1)
+        g = gl.program_id(0) * 0
+        it = gl.program_id(0) * 0
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            g, row0, row_end, col_tile = _work_item(t, g, group_ends_ptr, work_ends_ptr, BLOCK_M)
+            b_row = g * n_out + col_tile * BLOCK_N
+            for k in range(0, k_dim, BLOCK_K):
+                s = it % STAGES
+                # A stage's first use waits on the phase before its barrier's first (complete at init).
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), STAGE_BYTES)
+                tma.async_copy_global_to_shared(a_desc, [row0, k], ready.index(s), a_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [b_row, k], ready.index(s), b_bufs.index(s))
+                it += 1
+
+    @gluon.jit
+    def _mma_partition(a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                       work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                       BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
+        """The consumer: async wgmma over the ring, then the epilogue of each tile."""
+        BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_N, 32])
+        row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
+        col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
+        rows_in_tile = gl.arange(0, BLOCK_M, layout=row_layout)
+        cols_in_tile = gl.arange(0, BLOCK_N, layout=col_layout)
+        total = gl.load(work_ends_ptr + num_groups - 1)
+        g = gl.program_id(0) * 0
+        it = gl.program_id(0) * 0
+        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+            g, row0, row_end, col_tile = _work_item(t, g, group_ends_ptr, work_ends_ptr, BLOCK_M)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            for k in range(0, k_dim, BLOCK_K):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                a_buf = a_bufs.index(s)
+                b_buf = b_bufs.index(s)
+                acc = warpgroup_mma(a_buf, b_buf.permute((1, 0)), acc, is_async=True)
+                # One MMA stays in flight: the one before it has read its stage, which goes back.
+                acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
+                mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
+                it += 1
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+
+            # Epilogue (the producer is already loading the next tile): both scales, bf16, stores masked
+            # to the group's rows and to N.
+            rows = row0 + rows_in_tile
+            cols = col_tile * BLOCK_N + cols_in_tile
+            row_ok = rows < row_end
+            col_ok = cols < n_out
+            scale_a = gl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
+            scale_b = gl.load(scale_b_ptr + (g % scale_b_rows).to(gl.int64) * stride_scale_b + cols, mask=col_ok,
+                              other=0.0)
+            out = (acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)).to(gl.bfloat16)
+            offsets = gl.expand_dims(rows.to(gl.int64) * stride_out, 1) + gl.expand_dims(cols, 0)
+            gl.store(out_ptr + offsets, out, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(col_ok, 0))
+
+    @gluon.jit
+    def _grouped_gemm_fp8_kernel(a_desc, b_desc, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr, work_ends_ptr,
+                                 num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                                 STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize([
+            (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                              work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                              BLOCK_N, num_warps)),
+            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
+                               num_groups, n_out, k_dim)),
+        ], [1], [PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------- launcher
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def descriptors(a: torch.Tensor, b: torch.Tensor, tiles: GluonTiles) -> tuple:
+    """TMA descriptors of a [rows, K] and of b as [G*N, K] (its group and N dims merged, in place)."""
+    groups, n_out, k_dim = b.shape
+    a_block, b_block = [tiles.block_m, BLOCK_K], [tiles.block_n, BLOCK_K]
+    a_desc = TensorDescriptor(a, list(a.shape), [a.stride(0), 1], a_block,
+                              gl.NVMMASharedLayout.get_default_for(a_block, gl.float8e4nv))
+    b_desc = TensorDescriptor(b, [groups * n_out, k_dim], [b.stride(1), 1], b_block,
+                              gl.NVMMASharedLayout.get_default_for(b_block, gl.float8e4nv))
+    return a_desc, b_desc
+
+
+def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                     group_ends: torch.Tensor, out: torch.Tensor | None = None,
+                     tiles: GluonTiles = DEFAULT_TILES) -> torch.Tensor:
+    """out [rows, N] bf16 = (a @ b[g].T) * scale_a[row] * scale_b[g % P] on each group's rows
+    (module docstring: the contract). out: an optional [rows, N] bf16 tensor with unit stride along N."""
+    check_operands(a, b, scale_a, scale_b, group_ends)
+    if tiles.problem():
+        raise ValueError(f"Gluon FP8 grouped GEMM tiles {tiles.problem()}")
+    problem = gluon_problem(a.device)
+    if problem:
+        raise RuntimeError(problem)
+    rows = a.shape[0]
+    groups, n_out, k_dim = b.shape
+    if out is None:
+        out = torch.empty((rows, n_out), dtype=torch.bfloat16, device=a.device)
+    elif out.shape != (rows, n_out) or out.dtype != torch.bfloat16 or out.stride(-1) != 1:
+        raise ValueError(f"Gluon FP8 grouped GEMM: out must be bf16 [{rows}, {n_out}] with unit stride along N, got "
+                         f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
+    if rows == 0 or groups == 0:  # nothing to compute (TMA descriptors take no empty tensor)
+        return out
+    column_tiles = triton.cdiv(n_out, tiles.block_n)
+    work_ends = work_ends_of(group_ends, column_tiles, tiles.block_m)
+    a_desc, b_desc = descriptors(a, b, tiles)
+    # One program per SM, never more than the work items can feed (bounded on the host without a sync).
+    most_items = (triton.cdiv(rows, tiles.block_m) + groups) * column_tiles
+    grid = (min(_num_sms(a.device), most_items),)
+    _grouped_gemm_fp8_kernel[grid](
+        a_desc, b_desc, out, scale_a, scale_b, group_ends, work_ends, groups, n_out, k_dim, out.stride(0),
+        scale_b.stride(0), scale_b.shape[0], STAGES=tiles.stages, PRODUCER_REGS=PRODUCER_REGS, num_warps=tiles.warps,
+        maxnreg=tiles.max_regs)
+    return out
+
+
+def grouped_gemm_fp8_reference(a, b, scale_a, scale_b, group_ends) -> torch.Tensor:
+    """`grouped_gemm_fp8` in torch: float32 products of the dequantized operands, bf16 out (one host
+    sync: the group bounds)."""
+    out = torch.zeros((a.shape[0], b.shape[1]), dtype=torch.float32, device=a.device)
+    bounds = [0] + group_ends.tolist()
+    periods = scale_b.shape[0]
+    for g in range(b.shape[0]):
+        start, end = bounds[g], bounds[g + 1]
+        if start < end:
+            out[start:end] = (a[start:end].float() * scale_a[start:end, None]) @ \
+                (b[g].float() * scale_b[g % periods][:, None]).T
+    return out.to(torch.bfloat16)
