@@ -210,13 +210,15 @@ def test_gpu_fp8_experts_stay_near_the_official_outputs(recipe):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("moe_impl", ["scaled_grouped_mm", "gluon"])
 @pytest.mark.parametrize("recipe", ["channels", "tensor"])
-def test_gpu_fp8_experts_through_scaled_grouped_mm_stay_near_the_official_outputs(recipe):
+def test_gpu_fp8_experts_through_scaled_grouped_mm_stay_near_the_official_outputs(recipe, moe_impl):
     """The same golden bounds with the denoise rows' expert GEMMs in torch._scaled_grouped_mm
-    (`--moe-impl scaled_grouped_mm`, sm90): x and the activation rounded to e4m3 as on the Triton
-    path, the activation per (micro, slot) row, u and the partials to bf16."""
+    (`--moe-impl scaled_grouped_mm`, sm90) or in our Gluon kernel on the same pipeline (`--moe-impl
+    gluon`, sm90): x and the activation rounded to e4m3 as on the Triton path, the activation per
+    (micro, slot) row, u and the partials to bf16."""
     if not CASES:
         pytest.skip("no golden case folders found")
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("torch._scaled_grouped_mm's rowwise FP8 kernel needs sm90")
-    _assert_fp8_golden_on_gpu(recipe, moe_impl="scaled_grouped_mm")
+        pytest.skip(f"MoE impl {moe_impl!r} runs an sm90 rowwise FP8 kernel")
+    _assert_fp8_golden_on_gpu(recipe, moe_impl=moe_impl)
