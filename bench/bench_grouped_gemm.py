@@ -11,7 +11,10 @@ Beside the fused FP8 kernels (channel scales), torch._scaled_grouped_mm (CUTLASS
 sm90; `kernels.moe_scaled_grouped_mm`) on the same e4m3 inputs: its GEMMs alone, the gate/up stage as the op
 runs it (gather of x's e4m3 rows, the GEMMs, the activation quantized), and both experts ops whole (x to the
 output: quantization, routing, finalize), each with its error against the float reference. `--only
-scaled-grouped-mm`: only these FP8 rows (no bf16 rows).
+scaled-grouped-mm`: only these FP8 rows (no bf16 rows). On the same pipeline, our Gluon kernel for sm90
+(`kernels.moe_grouped_gemm_gluon`, MoE impl "gluon"): its GEMMs alone per tile (`--sweep`: more tiles), in
+TFLOP/s of useful FLOPs and of whole row tiles (the rows each group's last tile pads to), with the median,
+fastest and slowest of the timed runs; the gate/up stage as the op runs it; and the "gluon" experts op whole.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 
 import torch
 
+from kernels import moe_grouped_gemm_gluon as gluon_gemm
 from kernels import moe_scaled_grouped_mm as sgmm
 from kernels.fp8_quant import quantize_experts, quantize_rows, quantize_rows_by_amax
 from kernels.moe_grouped_gemm import DEFAULT_FUSED_CONFIG, FP8_CHANNELS_CONFIG, GemmTiles, down_sum, gate_up_act
@@ -78,7 +82,8 @@ def main(argv=None) -> int:
     p.add_argument("--flatten", action="store_true",
                    help="also each timed tile with its work-item loop and K loop pipelined as one (tl.range flatten)")
     p.add_argument("--only", choices=("scaled-grouped-mm",), default=None,
-                   help="only the FP8 rows: the fused kernels (channel scales) beside torch._scaled_grouped_mm")
+                   help="only the FP8 rows: the fused kernels (channel scales) beside torch._scaled_grouped_mm "
+                        "and the Gluon kernel")
     args = b.parse("outputs/bench_grouped_gemm.json")
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         return need_cuda(MODULE + " (and torch._grouped_mm)")
@@ -224,6 +229,8 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
     report["down"] = _tile_rows(args, "fp8 channels down", FP8_CHANNELS_CONFIG.down, FP8_CHANNELS_DOWN_SWEEP,
                                 lambda t: down_sum(act_q, dn_q, ends, t, act_scale=act_s, w_scale=dn_s),
                                 y_expected, down_flop)
+    report["gluon"] = _bench_gluon(args, x_q, x_s, token_of_slot, ends, (gu_q, gu_s, dn_q, dn_s), act_q, act_s,
+                                   act_expected, y_expected, gate_up_flop, down_flop)
     report["scaled_grouped_mm"] = _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, (gu_q, gu_s, dn_q, dn_s),
                                                            act_q, act_s, act_expected, y_expected, gate_up_flop,
                                                            down_flop)
@@ -279,14 +286,95 @@ def _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, experts_fp8, act_q, 
     return report
 
 
+GLUON_SWEEP = [gluon_gemm.GluonTiles(128, 128, 4, 8), gluon_gemm.GluonTiles(128, 256, 3, 8),
+               gluon_gemm.GluonTiles(128, 128, 6, 8), gluon_gemm.GluonTiles(64, 256, 4, 4)]
+
+
+def _us_spread(fn) -> tuple[float, float, float]:
+    """(median, fastest, slowest) microseconds of do_bench's timed runs of fn (L2 flushed between runs)."""
+    import triton.testing
+    times = sorted(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="all"))
+    return times[len(times) // 2] * 1e3, times[0] * 1e3, times[-1] * 1e3
+
+
+def _whole_tile_flop(counts: torch.Tensor, block_m: int, flop_per_row: float) -> float:
+    """The FLOPs of whole row tiles: each group's rows rounded up to block_m."""
+    return float(((counts + block_m - 1) // block_m * block_m).sum()) * flop_per_row
+
+
+def _gluon_row(name: str, fn, expected, flop: float, whole_flop: float, as_float=lambda out: out) -> dict:
+    """Check fn's result against expected, then time it: useful and whole-tile TFLOP/s, the runs' spread."""
+    row = {}
+    try:
+        row["rel_err"] = rel_err(as_float(fn()), expected)
+        us, fastest, slowest = _us_spread(fn)
+        row.update(us=round(us, 1), us_fastest=round(fastest, 1), us_slowest=round(slowest, 1),
+                   tflops=round(flop / us / 1e6, 1), whole_tile_tflops=round(whole_flop / us / 1e6, 1))
+        print(f"{name:<60}{us:>9.1f} us ({fastest:.1f}-{slowest:.1f}) {row['tflops']:>7.1f} TFLOP/s "
+              f"({row['whole_tile_tflops']:.1f} whole tiles)  err {row['rel_err']:.1e}")
+    except Exception as err:  # a tile that does not fit must not hide the others
+        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        print(f"{name:<60} failed: {row['error']}")
+    return row
+
+
+def _bench_gluon(args, x_q, x_s, token_of_slot, ends, experts_fp8, act_q, act_s, act_expected, y_expected,
+                 gate_up_flop, down_flop) -> dict:
+    """Our Gluon grouped GEMM (sm90) on the scaled_grouped_mm rows' inputs: each tile's gate/up GEMMs (both
+    micros) and down GEMM (M*E groups, the down scales shared by the micros), then the gate/up stage as the
+    op runs it. Errors against the same bf16 results as the fused rows."""
+    problem = gluon_gemm.gluon_problem(x_q.device)
+    if problem:
+        print(f"gluon: {problem}")
+        return {"skipped": problem}
+    gu_q, gu_s, dn_q, dn_s = experts_fp8
+    micros, inter = gu_q.shape[0], gu_q.shape[2] // 2
+    counts = torch.diff(ends, prepend=ends.new_zeros(1)).cpu()
+    x_sorted_q, x_sorted_s = x_q.index_select(0, token_of_slot), x_s.index_select(0, token_of_slot)
+    act_s_rows = act_s.repeat(micros)
+    gate_up_per_row, down_per_row = gate_up_flop / counts.sum().item(), down_flop / counts.sum().item()
+
+    def act_of_u(us):
+        return torch.stack([u[:, :inter].float() * torch.nn.functional.silu(u[:, inter:].float()) for u in us])
+
+    report = {"tiles": []}
+    for tiles in [gluon_gemm.DEFAULT_TILES] + (GLUON_SWEEP if args.sweep else GLUON_SWEEP[:1]):
+        gemm = lambda *operands, tiles=tiles: gluon_gemm.grouped_gemm_fp8(*operands, tiles=tiles)  # noqa: E731
+        label = f"gluon {tiles.block_m}x{tiles.block_n}x{gluon_gemm.BLOCK_K} w{tiles.warps} s{tiles.stages}"
+        report["tiles"].append({
+            "tiles": vars(tiles),
+            "gate_up_gemms": _gluon_row(
+                f"{label} gate_up GEMMs",
+                lambda gemm=gemm: [sgmm.gate_up_u(x_sorted_q, x_sorted_s, gu_q, gu_s, ends, m, gemm=gemm)
+                                   for m in range(micros)],
+                act_expected, gate_up_flop, _whole_tile_flop(counts, tiles.block_m, gate_up_per_row), act_of_u),
+            "down": _gluon_row(
+                f"{label} down (M*E groups)",
+                lambda gemm=gemm: sgmm.down_partials(act_q, act_s_rows, dn_q, dn_s, ends, gemm=gemm),
+                y_expected, down_flop, _whole_tile_flop(counts, tiles.block_m, down_per_row),
+                lambda out: out.float().sum(0))})
+
+    def dequantized_act(out):
+        q, scale = out
+        return q.float() * scale.view(micros, -1, 1)
+
+    report["gate_up_with_gather_and_act_quant"] = _row(
+        "gluon gate_up + gather + act quant",
+        lambda: sgmm.gate_up_act_quant(x_q.index_select(0, token_of_slot), x_s.index_select(0, token_of_slot),
+                                       gu_q, gu_s, ends, gemm=gluon_gemm.grouped_gemm_fp8),
+        act_expected, gate_up_flop, dequantized_act)
+    return report
+
+
 def _bench_fp8_ops(x_tok, ids, g, gu_micro, dn_micro, experts_fp8, flop) -> dict:
     """Both FP8 experts ops whole, from x to the output (x's quantization, routing, both GEMMs, the
-    activation's quantization, the finalize): "fused" (Triton) and "scaled_grouped_mm", against the
-    float experts (bf16 weights in float32)."""
+    activation's quantization, the finalize): "fused" (Triton), "scaled_grouped_mm" and "gluon", against
+    the float experts (bf16 weights in float32)."""
     weights = torch.softmax(torch.randn(ids.shape, device=ids.device, generator=g), dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
     exact = moe_multi_micro_reference(x_tok.float(), ids, weights, gu_micro.float(), dn_micro.float())
-    impls = ["fused"] + ([] if sgmm.scaled_grouped_mm_problem(x_tok.device) else ["scaled_grouped_mm"])
+    impls = ["fused"] + ([] if sgmm.scaled_grouped_mm_problem(x_tok.device) else ["scaled_grouped_mm"]) + \
+        ([] if gluon_gemm.gluon_problem(x_tok.device) else ["gluon"])
     return {impl: _row(f"fp8 experts op {impl} (x to output)",
                        lambda impl=impl: moe_multi_micro_fp8(x_tok, ids, weights, *experts_fp8, impl=impl),
                        exact, flop) for impl in impls}

@@ -73,7 +73,8 @@ class GluonTiles:
         if self.warps not in (4, 8) or self.block_m % (16 * self.warps) or self.block_n not in (64, 128, 256):
             return f"{self}: block_m a multiple of 16 x warps (4 or 8), block_n 64, 128 or 256"
         if not 2 <= self.stages or self.stages * stage_bytes + 1024 > SHARED_BYTES:
-            return f"{self}: {self.stages} stages of {stage_bytes} bytes do not fit {SHARED_BYTES} bytes of shared memory"
+            return (f"{self}: {self.stages} stages of {stage_bytes} bytes do not fit {SHARED_BYTES} bytes of "
+                    f"shared memory")
         return None
 
     @property
