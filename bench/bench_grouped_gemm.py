@@ -286,8 +286,9 @@ def _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, experts_fp8, act_q, 
     return report
 
 
-GLUON_SWEEP = [gluon_gemm.GluonTiles(128, 128, 4, 8), gluon_gemm.GluonTiles(128, 256, 3, 8),
-               gluon_gemm.GluonTiles(128, 128, 6, 8), gluon_gemm.GluonTiles(64, 256, 4, 4)]
+GLUON_SWEEP = [gluon_gemm.PINGPONG_TILES, gluon_gemm.GluonTiles(128, 128, 4, 8), gluon_gemm.GluonTiles(128, 256, 3, 8),
+               gluon_gemm.GluonTiles(64, 256, 4, 4, consumers=2), gluon_gemm.GluonTiles(128, 128, 6, 8),
+               gluon_gemm.GluonTiles(64, 256, 4, 4)]
 
 
 def _us_spread(fn) -> tuple[float, float, float]:
@@ -340,7 +341,8 @@ def _bench_gluon(args, x_q, x_s, token_of_slot, ends, experts_fp8, act_q, act_s,
     report = {"tiles": []}
     for tiles in [gluon_gemm.DEFAULT_TILES] + (GLUON_SWEEP if args.sweep else GLUON_SWEEP[:1]):
         gemm = lambda *operands, tiles=tiles: gluon_gemm.grouped_gemm_fp8(*operands, tiles=tiles)  # noqa: E731
-        label = f"gluon {tiles.block_m}x{tiles.block_n}x{gluon_gemm.BLOCK_K} w{tiles.warps} s{tiles.stages}"
+        label = (f"gluon {tiles.block_m}x{tiles.block_n}x{gluon_gemm.BLOCK_K} w{tiles.warps} s{tiles.stages}"
+                 + (" pingpong" if tiles.consumers == 2 else ""))
         report["tiles"].append({
             "tiles": vars(tiles),
             "gate_up_gemms": _gluon_row(

@@ -16,15 +16,17 @@ row tile, column tile), numbered group by group and, in a group, column tile by 
 the group's row tiles consecutive, so the programs running side by side read the same B tiles
 (hot in L2) and each group's rows stay in L2 over its column tiles. The items' table is the
 cumulated count per group (`work_ends`, computed on the device from group_ends: no host sync,
-CUDA-graph safe); each program walks it forward. Two partitions:
-- a producer (1 warp, few registers): TMA loads of A [BLOCK_M, BLOCK_K] and B [BLOCK_N, BLOCK_K]
-  tiles into a STAGES-deep shared ring, each stage's "ready" mbarrier expecting the bytes;
-- the consumer (the default partition, 8 warps = 2 warpgroups sharing a 128 x 256 accumulator):
-  async wgmma on each ready stage, one MMA in flight (`warpgroup_mma_wait(1)`), the stage before it
-  released to the producer; after a tile's K loop the epilogue (both scales, bf16, stores masked
-  to the group's rows and to N) runs while the producer already fills the ring with the next
-  tile's operands. A row tile that runs past its group's end reads the next group's rows (or TMA's
-  zero fill past the tensor) and masks them at the store.
+CUDA-graph safe); each program walks it forward. The partitions (`GluonTiles`):
+- a producer (1 warp, 24 registers): TMA loads of A [block_m, 128] and B [block_n, 128] tiles into a
+  `stages`-deep shared ring, each stage's "ready" mbarrier expecting the bytes, waiting on its "empty" one;
+- the consumers: async wgmma on each ready stage, one MMA in flight (`warpgroup_mma_wait(1)`), the stage
+  before it released to the producer; the scales load under the last MMA; then the epilogue (both
+  scales, bf16, stores masked to the group's rows and to N) while the producer already fills the ring
+  with the next items' operands. A row tile that runs past its group's end reads the next group's rows
+  (or TMA's zero fill past the tensor) and masks them at the store. Either one consumer of two
+  warpgroups sharing a 128 x 256 accumulator (`DEFAULT_TILES`), or ping-pong (`PINGPONG_TILES`): two
+  consumer warpgroups of 128 x 128 taking the program's items in turn, so that one's epilogue runs
+  under the other's MMAs (the ring hands out the stages in item order).
 
 The accumulator is the tensor cores' FP8 one without promotion (torch's ``use_fast_accum``, the
 default of Triton's FP8 dots on Hopper).
@@ -61,17 +63,24 @@ SHARED_BYTES = 227 * 1024  # an H100's / H200's shared memory per block
 @dataclass(frozen=True)
 class GluonTiles:
     """A tile and its ring: block_m x block_n accumulated by `warps` consumer warps (warpgroups of 4
-    stacked along M, each 64 rows at a time), `stages` shared stages of A [block_m, 128] and B [block_n, 128]."""
+    stacked along M, each 64 rows at a time), `stages` shared stages of A [block_m, 128] and B [block_n, 128].
+    consumers 2 (ping-pong): two consumer warpgroups (warps 4), each on every other work item, so one's
+    epilogue overlaps the other's MMAs."""
     block_m: int = 128
     block_n: int = 256
     stages: int = 4
     warps: int = 8
+    consumers: int = 1
 
     def problem(self) -> str | None:
         """Why this tile cannot compile, in one line, or None."""
         stage_bytes = (self.block_m + self.block_n) * BLOCK_K
         if self.warps not in (4, 8) or self.block_m % (16 * self.warps) or self.block_n not in (64, 128, 256):
             return f"{self}: block_m a multiple of 16 x warps (4 or 8), block_n 64, 128 or 256"
+        if self.consumers not in (1, 2) or (self.consumers == 2 and self.warps != 4):
+            return f"{self}: one consumer, or two (ping-pong) of one warpgroup (warps 4) each"
+        if self.block_m * self.block_n // (32 * self.warps) > 128:
+            return f"{self}: over 128 accumulator registers a thread"
         if not 2 <= self.stages or self.stages * stage_bytes + 1024 > SHARED_BYTES:
             return (f"{self}: {self.stages} stages of {stage_bytes} bytes do not fit {SHARED_BYTES} bytes of "
                     f"shared memory")
@@ -81,12 +90,19 @@ class GluonTiles:
     def max_regs(self) -> int:
         """Registers per thread at launch: the consumer warps and the producer's warpgroup share the SM's 64 Ki
         (warp specialization then moves the producer's unused share to the consumers with setmaxnreg)."""
-        return min(256, 65536 // ((self.warps + 4) * 32) // 8 * 8)
+        return min(256, 65536 // ((self.warps * self.consumers + 4) * 32) // 8 * 8)
+
+    @property
+    def consumer_regs(self) -> int:
+        """The ping-pong's second consumer warpgroup: what the producer's 24 leave, halved, in steps of 8."""
+        return min(256, (65536 // 128 - PRODUCER_REGS) // 2 // 8 * 8)
 
 
 # The default: a 128 x 256 accumulator over two warpgroups (128 float32 registers a thread); a stage
 # holds A 16 KiB + B 32 KiB, four stages 192 KiB.
 DEFAULT_TILES = GluonTiles()
+# Ping-pong: 128 x 128 per consumer warpgroup, six stages of 32 KiB.
+PINGPONG_TILES = GluonTiles(128, 128, 6, 4, consumers=2)
 
 
 def gluon_problem(device: torch.device) -> str | None:
@@ -195,22 +211,25 @@ if _IMPORT_PROBLEM is None:
     @gluon.jit
     def _mma_partition(a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
                        work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                       BLOCK_N: gl.constexpr, num_warps: gl.constexpr):
-        """The consumer: async wgmma over the ring, then the epilogue of each tile."""
+                       BLOCK_N: gl.constexpr, WARPS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
+        """A consumer: async wgmma over the ring, then the epilogue, for every CONSUMERS-th work item of the
+        program from its CONSUMER-th (the ring hands the items' stages out in order, so with two consumers
+        one's epilogue runs while the other's MMAs do)."""
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BLOCK_N, 32])
-        row_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-        col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-        rows_in_tile = gl.arange(0, BLOCK_M, layout=row_layout)
-        cols_in_tile = gl.arange(0, BLOCK_N, layout=col_layout)
+        rows_in_tile = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        cols_in_tile = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
         total = gl.load(work_ends_ptr + num_groups - 1)
-        g = gl.program_id(0) * 0
-        it = gl.program_id(0) * 0
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
+        k_steps = gl.cdiv(k_dim, BLOCK_K)
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        g = pid * 0
+        for t in range(pid + CONSUMER * programs, total, CONSUMERS * programs):
             g, row0, row_end, col_tile = _work_item(t, g, group_ends_ptr, work_ends_ptr, BLOCK_M)
+            it = (t - pid) // programs * k_steps  # the ring's count of stages before this item's
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
             for k in range(0, k_dim, BLOCK_K):
                 s = it % STAGES
@@ -222,11 +241,7 @@ if _IMPORT_PROBLEM is None:
                 acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
-            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-
-            # Epilogue (the producer is already loading the next tile): both scales, bf16, stores masked
-            # to the group's rows and to N.
+            # The scales load while the last MMA runs.
             rows = row0 + rows_in_tile
             cols = col_tile * BLOCK_N + cols_in_tile
             row_ok = rows < row_end
@@ -234,6 +249,11 @@ if _IMPORT_PROBLEM is None:
             scale_a = gl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
             scale_b = gl.load(scale_b_ptr + (g % scale_b_rows).to(gl.int64) * stride_scale_b + cols, mask=col_ok,
                               other=0.0)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
+
+            # Epilogue (the producer is already loading the next items): both scales, bf16, stores masked to
+            # the group's rows and to N.
             out = (acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)).to(gl.bfloat16)
             offsets = gl.expand_dims(rows.to(gl.int64) * stride_out, 1) + gl.expand_dims(cols, 0)
             gl.store(out_ptr + offsets, out, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(col_ok, 0))
@@ -241,7 +261,8 @@ if _IMPORT_PROBLEM is None:
     @gluon.jit
     def _grouped_gemm_fp8_kernel(a_desc, b_desc, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr, work_ends_ptr,
                                  num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                 STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                                 STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -250,13 +271,26 @@ if _IMPORT_PROBLEM is None:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        gl.warp_specialize([
-            (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                              work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                              BLOCK_N, num_warps)),
-            (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
-                               num_groups, n_out, k_dim)),
-        ], [1], [PRODUCER_REGS])
+        # (Constexprs go in by name: a tuple built here would turn them into tensors.)
+        if CONSUMERS == 1:
+            gl.warp_specialize([
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                                  BLOCK_N, num_warps, 0, 1)),
+                (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
+                                   num_groups, n_out, k_dim)),
+            ], [1], [PRODUCER_REGS])
+        else:  # ping-pong: the second consumer warpgroup in a worker partition
+            gl.warp_specialize([
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                                  BLOCK_N, num_warps, 0, 2)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
+                                  BLOCK_N, num_warps, 1, 2)),
+                (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
+                                   num_groups, n_out, k_dim)),
+            ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ---------------------------------------------------------------------------- launcher
@@ -305,8 +339,8 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sc
     grid = (min(_num_sms(a.device), most_items),)
     _grouped_gemm_fp8_kernel[grid](
         a_desc, b_desc, out, scale_a, scale_b, group_ends, work_ends, groups, n_out, k_dim, out.stride(0),
-        scale_b.stride(0), scale_b.shape[0], STAGES=tiles.stages, PRODUCER_REGS=PRODUCER_REGS, num_warps=tiles.warps,
-        maxnreg=tiles.max_regs)
+        scale_b.stride(0), scale_b.shape[0], STAGES=tiles.stages, CONSUMERS=tiles.consumers,
+        PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=tiles.consumer_regs, num_warps=tiles.warps, maxnreg=tiles.max_regs)
     return out
 
 

@@ -9,6 +9,7 @@ denoise routing against torch._scaled_grouped_mm; the op at the denoise shapes a
 """
 import math
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ from tests.support.triton import needs_triton
 
 ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the Gluon FP8 grouped GEMM is written for sm90")
-TILES = [gg.DEFAULT_TILES, gg.GluonTiles(128, 128, 4, 8), gg.GluonTiles(64, 256, 4, 4)]
+TILES = [gg.DEFAULT_TILES, gg.PINGPONG_TILES, gg.GluonTiles(128, 128, 4, 8), gg.GluonTiles(64, 256, 4, 4)]
 
 
 def fp8_operands(rows, groups, n_out, k_dim, device="cpu", scale_rows=None, seed=0):
@@ -63,6 +64,9 @@ def test_operands_outside_the_contract_are_named_in_one_line():
 def test_tiles_that_cannot_compile_are_refused():
     assert all(t.problem() is None for t in TILES)
     assert gg.DEFAULT_TILES.max_regs == 168 and gg.GluonTiles(64, 256, 4, 4).max_regs == 256
+    assert gg.PINGPONG_TILES.max_regs == 168 and gg.PINGPONG_TILES.consumer_regs == 244 // 8 * 8
+    assert "two (ping-pong) of one warpgroup" in gg.GluonTiles(128, 256, 4, 8, consumers=2).problem()
+    assert "over 128 accumulator registers" in gg.GluonTiles(128, 256, 3, 4).problem()
     assert "do not fit" in gg.GluonTiles(128, 256, 5, 8).problem()
     assert "block_m a multiple of 16 x warps" in gg.GluonTiles(64, 256, 4, 8).problem()
     a, scale_a, b, scale_b = fp8_operands(4, 1, 32, 64)
@@ -168,7 +172,7 @@ def test_model_dtype_experts_refuse_the_fp8_only_impl():
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.block_m}x{t.block_n}s{t.stages}w{t.warps}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.block_m}x{t.block_n}s{t.stages}w{t.warps}c{t.consumers}")
 @pytest.mark.parametrize("n_out,k_dim", [(1536, 4096), (4096, 768), (32, 64), (48, 160)],
                          ids=["gate_up", "down", "small", "partial_k_and_n"])
 def test_gpu_kernel_on_groups_of_0_1_and_17_rows(tiles, n_out, k_dim):
@@ -187,25 +191,30 @@ def test_gpu_kernel_on_groups_of_0_1_and_17_rows(tiles, n_out, k_dim):
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_kernel_shares_scale_rows_over_groups_and_takes_no_rows():
+@pytest.mark.parametrize("tiles", [gg.DEFAULT_TILES, gg.PINGPONG_TILES], ids=["default", "pingpong"])
+def test_gpu_kernel_shares_scale_rows_over_groups_and_takes_no_rows(tiles):
     """scale_b with P = 3 rows for G = 6 groups (group g takes row g % 3: the down GEMM's micros);
-    a = 0 rows gives an empty out without a launch; all groups empty gives zero work items."""
-    counts = [3, 0, 20, 7, 1, 40]
-    a, scale_a, b, scale_b = fp8_operands(sum(counts), 6, 256, 256, "cuda", scale_rows=3)
+    a = 0 rows gives an empty out without a launch; all groups empty gives zero work items. More work
+    items than programs (6 row tiles x 32 column tiles of 256 against at most 132 SMs): some programs run
+    two, so both ping-pong consumers get one."""
+    counts = [3, 0, 200, 7, 1, 40]
+    a, scale_a, b, scale_b = fp8_operands(sum(counts), 6, 8192, 256, "cuda", scale_rows=3)
     ends = ends_of(counts, "cuda")
-    out = gg.grouped_gemm_fp8(a, b, scale_a, scale_b, ends)
+    out = gg.grouped_gemm_fp8(a, b, scale_a, scale_b, ends, tiles=tiles)
     assert rel(out, gg.grouped_gemm_fp8_reference(a, b, scale_a, scale_b, ends)) < 1e-2
-    assert gg.grouped_gemm_fp8(a[:0], b, scale_a[:0], scale_b, ends_of([0] * 6, "cuda")).shape == (0, 256)
-    out = torch.full((4, 256), 7.0, dtype=torch.bfloat16, device="cuda")
+    assert gg.grouped_gemm_fp8(a[:0], b, scale_a[:0], scale_b, ends_of([0] * 6, "cuda")).shape == (0, 8192)
+    out = torch.full((4, 8192), 7.0, dtype=torch.bfloat16, device="cuda")
     gg.grouped_gemm_fp8(a[:4], b, scale_a[:4], scale_b, ends_of([0] * 6, "cuda"), out=out)
     assert (out == 7).all()  # no group holds a row: nothing written
 
 
 @pytest.mark.gpu
 @needs_sm90
-def test_gpu_kernel_matches_the_library_at_the_denoise_routing():
+@pytest.mark.parametrize("tiles", [gg.DEFAULT_TILES, gg.PINGPONG_TILES], ids=["default", "pingpong"])
+def test_gpu_kernel_matches_the_library_at_the_denoise_routing(tiles):
     """One TP2 rank's denoise routing (2674 tokens, top-8 of 64 experts): both GEMMs of a micro against
     torch._scaled_grouped_mm on the same operands (the same rounding to bf16; different summation order)."""
+    gemm = partial(gg.grouped_gemm_fp8, tiles=tiles)
     x, ids, _, w_gate_up, w_down = make_inputs(2674, 4096, 768, 64, 8, 2, dtype=torch.bfloat16, device="cuda",
                                                empty_experts=())
     gu_q, gu_s, dn_q, dn_s = fq.quantize_experts(w_gate_up, w_down, "channels")
@@ -214,11 +223,11 @@ def test_gpu_kernel_matches_the_library_at_the_denoise_routing():
     x_q, x_s = fq.quantize_rows(x)
     token_of_slot = routing.pair_of_slot // ids.shape[1]
     x_sorted_q, x_sorted_s = x_q.index_select(0, token_of_slot), x_s.index_select(0, token_of_slot)
-    ours = sg.gate_up_u(x_sorted_q, x_sorted_s, gu_q, gu_s, routing.expert_ends, 1, gemm=gg.grouped_gemm_fp8)
+    ours = sg.gate_up_u(x_sorted_q, x_sorted_s, gu_q, gu_s, routing.expert_ends, 1, gemm=gemm)
     library = sg.gate_up_u(x_sorted_q, x_sorted_s, gu_q, gu_s, routing.expert_ends, 1)
     assert rel(ours, library) < 1e-2
     act_q, act_s = sg.gate_up_act_quant(x_sorted_q, x_sorted_s, gu_q, gu_s, routing.expert_ends)
-    ours = sg.down_partials(act_q, act_s, dn_q, dn_s, routing.expert_ends, gemm=gg.grouped_gemm_fp8)
+    ours = sg.down_partials(act_q, act_s, dn_q, dn_s, routing.expert_ends, gemm=gemm)
     library = sg.down_partials(act_q, act_s, dn_q, dn_s, routing.expert_ends)
     assert rel(ours, library) < 1e-2
 
