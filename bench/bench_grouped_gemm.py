@@ -12,7 +12,8 @@ sm90; `kernels.moe_scaled_grouped_mm`) on the same e4m3 inputs: its GEMMs alone,
 runs it (gather of x's e4m3 rows, the GEMMs, the activation quantized), and both experts ops whole (x to the
 output: quantization, routing, finalize), each with its error against the float reference. `--only
 scaled-grouped-mm`: only these FP8 rows (no bf16 rows). On the same pipeline, our Gluon kernel for sm90
-(`kernels.moe_grouped_gemm_gluon`, MoE impl "gluon"): its GEMMs alone per tile (`--sweep`: more tiles), in
+(`kernels.moe_grouped_gemm_gluon`, MoE impl "gluon"): its GEMMs alone per tile (the default, ping-pong and the
+simple kernel without warp specialization; `--sweep`: more tiles), in
 TFLOP/s of useful FLOPs and of whole row tiles (the rows each group's last tile pads to), with the median,
 fastest and slowest of the timed runs; the gate/up stage as the op runs it; and the "gluon" experts op whole.
 """
@@ -286,7 +287,8 @@ def _bench_scaled_grouped_mm(x_q, x_s, token_of_slot, ends, experts_fp8, act_q, 
     return report
 
 
-GLUON_SWEEP = [gluon_gemm.PINGPONG_TILES, gluon_gemm.GluonTiles(128, 128, 4, 8), gluon_gemm.GluonTiles(128, 256, 3, 8),
+GLUON_SWEEP = [gluon_gemm.PINGPONG_TILES, gluon_gemm.SIMPLE_TILES, gluon_gemm.GluonTiles(128, 128, 4, 8),
+               gluon_gemm.GluonTiles(128, 256, 3, 8),
                gluon_gemm.GluonTiles(64, 256, 4, 4, consumers=2), gluon_gemm.GluonTiles(128, 128, 6, 8),
                gluon_gemm.GluonTiles(64, 256, 4, 4)]
 
@@ -339,10 +341,10 @@ def _bench_gluon(args, x_q, x_s, token_of_slot, ends, experts_fp8, act_q, act_s,
         return torch.stack([u[:, :inter].float() * torch.nn.functional.silu(u[:, inter:].float()) for u in us])
 
     report = {"tiles": []}
-    for tiles in [gluon_gemm.DEFAULT_TILES] + (GLUON_SWEEP if args.sweep else GLUON_SWEEP[:1]):
+    for tiles in [gluon_gemm.DEFAULT_TILES] + (GLUON_SWEEP if args.sweep else GLUON_SWEEP[:2]):
         gemm = lambda *operands, tiles=tiles: gluon_gemm.grouped_gemm_fp8(*operands, tiles=tiles)  # noqa: E731
         label = (f"gluon {tiles.block_m}x{tiles.block_n}x{gluon_gemm.BLOCK_K} w{tiles.warps} s{tiles.stages}"
-                 + (" pingpong" if tiles.consumers == 2 else ""))
+                 + (" pingpong" if tiles.consumers == 2 else "") + ("" if tiles.specialized else " simple"))
         report["tiles"].append({
             "tiles": vars(tiles),
             "gate_up_gemms": _gluon_row(

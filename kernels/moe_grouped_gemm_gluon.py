@@ -65,20 +65,22 @@ class GluonTiles:
     """A tile and its ring: block_m x block_n accumulated by `warps` consumer warps (warpgroups of 4
     stacked along M, each 64 rows at a time), `stages` shared stages of A [block_m, 128] and B [block_n, 128].
     consumers 2 (ping-pong): two consumer warpgroups (warps 4), each on every other work item, so one's
-    epilogue overlaps the other's MMAs."""
+    epilogue overlaps the other's MMAs. specialized False: the simple kernel (one software pipeline, no
+    producer warp), the specialized one's reference."""
     block_m: int = 128
     block_n: int = 256
     stages: int = 4
     warps: int = 8
     consumers: int = 1
+    specialized: bool = True
 
     def problem(self) -> str | None:
         """Why this tile cannot compile, in one line, or None."""
         stage_bytes = (self.block_m + self.block_n) * BLOCK_K
         if self.warps not in (4, 8) or self.block_m % (16 * self.warps) or self.block_n not in (64, 128, 256):
             return f"{self}: block_m a multiple of 16 x warps (4 or 8), block_n 64, 128 or 256"
-        if self.consumers not in (1, 2) or (self.consumers == 2 and self.warps != 4):
-            return f"{self}: one consumer, or two (ping-pong) of one warpgroup (warps 4) each"
+        if self.consumers not in (1, 2) or (self.consumers == 2 and (self.warps != 4 or not self.specialized)):
+            return f"{self}: one consumer, or two (ping-pong, specialized) of one warpgroup (warps 4) each"
         if self.block_m * self.block_n // (32 * self.warps) > 128:
             return f"{self}: over 128 accumulator registers a thread"
         if not 2 <= self.stages or self.stages * stage_bytes + 1024 > SHARED_BYTES:
@@ -103,6 +105,8 @@ class GluonTiles:
 DEFAULT_TILES = GluonTiles()
 # Ping-pong: 128 x 128 per consumer warpgroup, six stages of 32 KiB.
 PINGPONG_TILES = GluonTiles(128, 128, 6, 4, consumers=2)
+# The simple kernel at the default tile (the specialized kernels' reference).
+SIMPLE_TILES = GluonTiles(specialized=False)
 
 
 def gluon_problem(device: torch.device) -> str | None:
@@ -185,6 +189,24 @@ if _IMPORT_PROBLEM is None:
         return g, row_start + (local % row_tiles) * BLOCK_M, row_end, local // row_tiles
 
     @gluon.jit
+    def _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile, n_out, scale_a_ptr, scale_b_ptr,
+                     stride_scale_b, scale_b_rows, BLOCK_N: gl.constexpr):
+        """The tile's rows and columns and their scales (0 outside the group's rows and N)."""
+        rows = row0 + rows_in_tile
+        cols = col_tile * BLOCK_N + cols_in_tile
+        scale_a = gl.load(scale_a_ptr + rows, mask=rows < row_end, other=0.0)
+        scale_b = gl.load(scale_b_ptr + (g % scale_b_rows).to(gl.int64) * stride_scale_b + cols, mask=cols < n_out,
+                          other=0.0)
+        return rows, cols, scale_a, scale_b
+
+    @gluon.jit
+    def _store_tile(acc, rows, cols, row_end, n_out, scale_a, scale_b, out_ptr, stride_out):
+        """The epilogue: both scales, bf16, stores masked to the group's rows and to N."""
+        out = (acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)).to(gl.bfloat16)
+        offsets = gl.expand_dims(rows.to(gl.int64) * stride_out, 1) + gl.expand_dims(cols, 0)
+        gl.store(out_ptr + offsets, out, mask=gl.expand_dims(rows < row_end, 1) & gl.expand_dims(cols < n_out, 0))
+
+    @gluon.jit
     def _load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr, num_groups,
                         n_out, k_dim):
         """The producer: for each work item, its K steps' A and B tiles into the ring."""
@@ -242,21 +264,13 @@ if _IMPORT_PROBLEM is None:
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
             # The scales load while the last MMA runs.
-            rows = row0 + rows_in_tile
-            cols = col_tile * BLOCK_N + cols_in_tile
-            row_ok = rows < row_end
-            col_ok = cols < n_out
-            scale_a = gl.load(scale_a_ptr + rows, mask=row_ok, other=0.0)
-            scale_b = gl.load(scale_b_ptr + (g % scale_b_rows).to(gl.int64) * stride_scale_b + cols, mask=col_ok,
-                              other=0.0)
+            rows, cols, scale_a, scale_b = _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile,
+                                                        n_out, scale_a_ptr, scale_b_ptr, stride_scale_b,
+                                                        scale_b_rows, BLOCK_N)
             acc = warpgroup_mma_wait(0, deps=(acc, ))
             mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES))
-
-            # Epilogue (the producer is already loading the next items): both scales, bf16, stores masked to
-            # the group's rows and to N.
-            out = (acc * gl.expand_dims(scale_a, 1) * gl.expand_dims(scale_b, 0)).to(gl.bfloat16)
-            offsets = gl.expand_dims(rows.to(gl.int64) * stride_out, 1) + gl.expand_dims(cols, 0)
-            gl.store(out_ptr + offsets, out, mask=gl.expand_dims(row_ok, 1) & gl.expand_dims(col_ok, 0))
+            # The epilogue runs while the producer already loads the next items.
+            _store_tile(acc, rows, cols, row_end, n_out, scale_a, scale_b, out_ptr, stride_out)
 
     @gluon.jit
     def _grouped_gemm_fp8_kernel(a_desc, b_desc, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr, work_ends_ptr,
@@ -291,6 +305,76 @@ if _IMPORT_PROBLEM is None:
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
                                    num_groups, n_out, k_dim)),
             ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+    @gluon.jit
+    def _grouped_gemm_fp8_simple_kernel(a_desc, b_desc, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                                        work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                        scale_b_rows, STAGES: gl.constexpr, num_warps: gl.constexpr):
+        """The same work without warp specialization: one software pipeline over the program's (item, K step)
+        sequence, loads issued STAGES - 1 steps ahead into the ring, async wgmma with one in flight. The
+        reference of the specialized kernel (`GluonTiles.specialized`)."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        STAGE_BYTES: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_N, 32])
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        rows_in_tile = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+        cols_in_tile = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+        total = gl.load(work_ends_ptr + num_groups - 1)
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        k_steps = gl.cdiv(k_dim, BLOCK_K)
+        steps = gl.cdiv(gl.maximum(total - pid, 0), programs) * k_steps
+        g_load = pid * 0
+        for p in range(0, STAGES - 1):  # the prologue: the first STAGES - 1 steps' loads
+            if p < steps:
+                g_load = _load_step(p, g_load, pid, programs, k_steps, a_desc, b_desc, a_bufs, b_bufs, ready,
+                                    group_ends_ptr, work_ends_ptr, n_out, STAGE_BYTES, BLOCK_M, BLOCK_N, BLOCK_K,
+                                    STAGES)
+        g = pid * 0
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+        for c in range(0, steps):
+            s = c % STAGES
+            kk = c % k_steps
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            a_buf = a_bufs.index(s)
+            b_buf = b_bufs.index(s)
+            acc = warpgroup_mma(a_buf, b_buf.permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
+            acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
+            # Step c - 1's MMA is done: its stage takes step c + STAGES - 1's loads.
+            if c + STAGES - 1 < steps:
+                g_load = _load_step(c + STAGES - 1, g_load, pid, programs, k_steps, a_desc, b_desc, a_bufs, b_bufs,
+                                    ready, group_ends_ptr, work_ends_ptr, n_out, STAGE_BYTES, BLOCK_M, BLOCK_N,
+                                    BLOCK_K, STAGES)
+            if kk == k_steps - 1:
+                g, row0, row_end, col_tile = _work_item(pid + (c // k_steps) * programs, g, group_ends_ptr,
+                                                        work_ends_ptr, BLOCK_M)
+                rows, cols, scale_a, scale_b = _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile,
+                                                            n_out, scale_a_ptr, scale_b_ptr, stride_scale_b,
+                                                            scale_b_rows, BLOCK_N)
+                acc = warpgroup_mma_wait(0, deps=(acc, ))
+                _store_tile(acc, rows, cols, row_end, n_out, scale_a, scale_b, out_ptr, stride_out)
+
+    @gluon.jit
+    def _load_step(p, g, pid, programs, k_steps, a_desc, b_desc, a_bufs, b_bufs, ready, group_ends_ptr,
+                   work_ends_ptr, n_out, STAGE_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+        """Step p's A and B tiles into its stage (the simple kernel's loads); returns the group tracker."""
+        g, row0, row_end, col_tile = _work_item(pid + (p // k_steps) * programs, g, group_ends_ptr, work_ends_ptr,
+                                                BLOCK_M)
+        k = (p % k_steps) * BLOCK_K
+        s = p % STAGES
+        mbarrier.expect(ready.index(s), STAGE_BYTES)
+        tma.async_copy_global_to_shared(a_desc, [row0, k], ready.index(s), a_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [g * n_out + col_tile * BLOCK_N, k], ready.index(s), b_bufs.index(s))
+        return g
 
 
 # ---------------------------------------------------------------------------- launcher
@@ -337,10 +421,14 @@ def grouped_gemm_fp8(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sc
     # One program per SM, never more than the work items can feed (bounded on the host without a sync).
     most_items = (triton.cdiv(rows, tiles.block_m) + groups) * column_tiles
     grid = (min(_num_sms(a.device), most_items),)
-    _grouped_gemm_fp8_kernel[grid](
-        a_desc, b_desc, out, scale_a, scale_b, group_ends, work_ends, groups, n_out, k_dim, out.stride(0),
-        scale_b.stride(0), scale_b.shape[0], STAGES=tiles.stages, CONSUMERS=tiles.consumers,
-        PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=tiles.consumer_regs, num_warps=tiles.warps, maxnreg=tiles.max_regs)
+    args = (a_desc, b_desc, out, scale_a, scale_b, group_ends, work_ends, groups, n_out, k_dim, out.stride(0),
+            scale_b.stride(0), scale_b.shape[0])
+    if tiles.specialized:
+        _grouped_gemm_fp8_kernel[grid](*args, STAGES=tiles.stages, CONSUMERS=tiles.consumers,
+                                       PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=tiles.consumer_regs,
+                                       num_warps=tiles.warps, maxnreg=tiles.max_regs)
+    else:
+        _grouped_gemm_fp8_simple_kernel[grid](*args, STAGES=tiles.stages, num_warps=tiles.warps)
     return out
 
 

@@ -24,7 +24,8 @@ from tests.support.triton import needs_triton
 
 ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm90 = pytest.mark.skipif(not ON_SM90, reason="the Gluon FP8 grouped GEMM is written for sm90")
-TILES = [gg.DEFAULT_TILES, gg.PINGPONG_TILES, gg.GluonTiles(128, 128, 4, 8), gg.GluonTiles(64, 256, 4, 4)]
+TILES = [gg.DEFAULT_TILES, gg.PINGPONG_TILES, gg.SIMPLE_TILES, gg.GluonTiles(128, 128, 4, 8),
+         gg.GluonTiles(64, 256, 4, 4)]
 
 
 def fp8_operands(rows, groups, n_out, k_dim, device="cpu", scale_rows=None, seed=0):
@@ -65,7 +66,8 @@ def test_tiles_that_cannot_compile_are_refused():
     assert all(t.problem() is None for t in TILES)
     assert gg.DEFAULT_TILES.max_regs == 168 and gg.GluonTiles(64, 256, 4, 4).max_regs == 256
     assert gg.PINGPONG_TILES.max_regs == 168 and gg.PINGPONG_TILES.consumer_regs == 244 // 8 * 8
-    assert "two (ping-pong) of one warpgroup" in gg.GluonTiles(128, 256, 4, 8, consumers=2).problem()
+    assert "two (ping-pong, specialized) of one warpgroup" in gg.GluonTiles(128, 256, 4, 8, consumers=2).problem()
+    assert "two (ping-pong, specialized)" in gg.GluonTiles(128, 128, 4, 4, consumers=2, specialized=False).problem()
     assert "over 128 accumulator registers" in gg.GluonTiles(128, 256, 3, 4).problem()
     assert "do not fit" in gg.GluonTiles(128, 256, 5, 8).problem()
     assert "block_m a multiple of 16 x warps" in gg.GluonTiles(64, 256, 4, 8).problem()
@@ -172,7 +174,8 @@ def test_model_dtype_experts_refuse_the_fp8_only_impl():
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.block_m}x{t.block_n}s{t.stages}w{t.warps}c{t.consumers}")
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.block_m}x{t.block_n}s{t.stages}w{t.warps}c{t.consumers}"
+                         + ("" if t.specialized else "simple"))
 @pytest.mark.parametrize("n_out,k_dim", [(1536, 4096), (4096, 768), (32, 64), (48, 160)],
                          ids=["gate_up", "down", "small", "partial_k_and_n"])
 def test_gpu_kernel_on_groups_of_0_1_and_17_rows(tiles, n_out, k_dim):
@@ -191,7 +194,8 @@ def test_gpu_kernel_on_groups_of_0_1_and_17_rows(tiles, n_out, k_dim):
 
 @pytest.mark.gpu
 @needs_sm90
-@pytest.mark.parametrize("tiles", [gg.DEFAULT_TILES, gg.PINGPONG_TILES], ids=["default", "pingpong"])
+@pytest.mark.parametrize("tiles", [gg.DEFAULT_TILES, gg.PINGPONG_TILES, gg.SIMPLE_TILES],
+                         ids=["default", "pingpong", "simple"])
 def test_gpu_kernel_shares_scale_rows_over_groups_and_takes_no_rows(tiles):
     """scale_b with P = 3 rows for G = 6 groups (group g takes row g % 3: the down GEMM's micros);
     a = 0 rows gives an empty out without a launch; all groups empty gives zero work items. More work
