@@ -39,6 +39,7 @@ path stay. Nothing compiles at import; on a triton without Gluon's Hopper API th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import triton
@@ -380,6 +381,7 @@ if _IMPORT_PROBLEM is None:
 # ---------------------------------------------------------------------------- launcher
 
 
+@lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 

@@ -671,9 +671,10 @@ def _moe_fp8_pipeline(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_d
     return moe_finalize(partials, routing.slot_of_pair, topk_weights, x.dtype)
 
 
-def fp8_auto_impl(device: torch.device) -> str:
-    """What impl "auto" runs for FP8 experts on a CUDA device: the fused Triton kernels everywhere.
-    The one place to pick another default per GPU (e.g. "gluon" where `gluon_problem(device)` is None)."""
+def fp8_auto_impl(device: torch.device, recipe: str) -> str:
+    """What impl "auto" runs for FP8 experts on a CUDA device in `recipe` ("channels" or "blocks"): the
+    fused Triton kernels everywhere. The one place to pick another default per GPU and recipe (e.g.
+    "gluon" for "channels" where `gluon_problem(device)` and `gluon_shape_problem` are None)."""
     return "fused"
 
 
@@ -684,7 +685,7 @@ def _moe_multi_micro_fp8_op(x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
     if impl == "reference" or (impl == "auto" and not x.is_cuda):
         return moe_multi_micro_fp8_reference(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
     if impl == "auto":
-        impl = fp8_auto_impl(x.device)
+        impl = fp8_auto_impl(x.device, fp8_recipe(w_gate_up_scale))
     if impl in _PIPELINE_GEMMS:
         return _moe_fp8_pipeline(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale, impl)
     return _moe_fp8_fused(x, topk_ids, topk_weights, w_gate_up, w_gate_up_scale, w_down, w_down_scale)
