@@ -237,7 +237,40 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
                                                            down_flop)
     report["experts_op"] = _bench_fp8_ops(x_tok, ids, g, gu_micro, dn_micro, (gu_q, gu_s, dn_q, dn_s),
                                           gate_up_flop + down_flop)
+    _print_fp8_summary(report, torch.diff(ends, prepend=ends.new_zeros(1)).cpu())
     return report
+
+
+def _print_fp8_summary(report: dict, counts: torch.Tensor) -> None:
+    """The FP8 GEMM rows again, side by side, last: each kernel's gate/up and down, useful TFLOP/s (and of
+    whole row tiles: the fused kernels' at their block_r, the Gluon ones' at theirs), median microseconds
+    and error."""
+    def with_whole(row: dict, block_m: int) -> dict:
+        if "tflops" not in row:
+            return row
+        padded = float(((counts + block_m - 1) // block_m * block_m).sum()) / float(counts.sum())
+        return {**row, "whole_tile_tflops": row["tflops"] * padded}
+
+    rows = [("fused (Triton)", with_whole(report["gate_up"][0], report["gate_up"][0]["tiles"]["block_r"]),
+             with_whole(report["down"][0], report["down"][0]["tiles"]["block_r"]))]
+    sgmm_rows = report["scaled_grouped_mm"]
+    if "skipped" not in sgmm_rows:
+        rows.append(("scaled_grouped_mm", sgmm_rows["gate_up_gemms_fast_accum"], sgmm_rows["down_fast_accum"]))
+    for tile_rows in report["gluon"].get("tiles", []):
+        t = tile_rows["tiles"]
+        name = (f"gluon {t['block_m']}x{t['block_n']} s{t['stages']} w{t['warps']}"
+                + (" pingpong" if t["consumers"] == 2 else "") + ("" if t["specialized"] else " simple"))
+        rows.append((name, tile_rows["gate_up_gemms"], tile_rows["down"]))
+
+    def cell(row: dict) -> str:
+        if "us" not in row:
+            return f"{'failed':>30}"
+        whole = f"/{row['whole_tile_tflops']:.0f}" if "whole_tile_tflops" in row else ""
+        return f"{row['tflops']:>6.0f}{whole:<6}{row['us']:>8.1f}us {row['rel_err']:>7.1e}"
+
+    print(f"\n{'FP8 GEMMs (TFLOP/s useful/whole, us, err)':<36}{'gate_up':>30}{'down':>30}")
+    for name, gate_up, down in rows:
+        print(f"{name:<36}{cell(gate_up):>30}{cell(down):>30}")
 
 
 def _row(name: str, fn, expected, flop, as_float=lambda out: out) -> dict:
