@@ -232,12 +232,18 @@ if _IMPORT_PROBLEM is None:
                 it += 1
 
     @gluon.jit
-    def _mma_partition(a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+    def _mma_partition(a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
                        work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
                        BLOCK_N: gl.constexpr, WARPS: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr):
         """A consumer: async wgmma over the ring, then the epilogue, for every CONSUMERS-th work item of the
         program from its CONSUMER-th (the ring hands the items' stages out in order, so with two consumers
-        one's epilogue runs while the other's MMAs do)."""
+        one's epilogue runs while the other's MMAs do).
+
+        Two consumers take turns at the ring through `order` (CUTLASS's ping-pong order barrier): consumer c
+        starts an item's K loop once the other has issued its previous item's (order[c] arrived), so only one
+        walks the ring at a time and in item order. Without it the second consumer would wait on stages a
+        whole item (more than the ring) ahead, where a barrier's phase parity cannot tell this round's
+        completion from an earlier one's."""
         BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
@@ -250,10 +256,15 @@ if _IMPORT_PROBLEM is None:
         pid = gl.program_id(0)
         programs = gl.num_programs(0)
         g = pid * 0
+        turn = pid * 0
         for t in range(pid + CONSUMER * programs, total, CONSUMERS * programs):
             g, row0, row_end, col_tile = _work_item(t, g, group_ends_ptr, work_ends_ptr, BLOCK_M)
             it = (t - pid) // programs * k_steps  # the ring's count of stages before this item's
             acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            if CONSUMERS == 2:
+                # The first consumer's first turn passes (the phase before a fresh barrier's first counts as
+                # complete); after that each waits for the other's latest turn.
+                mbarrier.wait(order.index(CONSUMER), (turn & 1) ^ (1 - CONSUMER))
             for k in range(0, k_dim, BLOCK_K):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -264,6 +275,9 @@ if _IMPORT_PROBLEM is None:
                 acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
                 mbarrier.arrive(empty.index((it + STAGES - 1) % STAGES), pred=k > 0)
                 it += 1
+            if CONSUMERS == 2:
+                mbarrier.arrive(order.index(1 - CONSUMER))  # the other consumer's turn at the ring
+                turn += 1
             # The scales load while the last MMA runs.
             rows, cols, scale_a, scale_b = _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile,
                                                         n_out, scale_a_ptr, scale_b_ptr, stride_scale_b,
@@ -283,13 +297,16 @@ if _IMPORT_PROBLEM is None:
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        order = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(order.index(i), count=1)
         # (Constexprs go in by name: a tuple built here would turn them into tensors.)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
                                   work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
                                   BLOCK_N, num_warps, 0, 1)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
@@ -297,10 +314,10 @@ if _IMPORT_PROBLEM is None:
             ], [1], [PRODUCER_REGS])
         else:  # ping-pong: the second consumer warpgroup in a worker partition
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
                                   work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
                                   BLOCK_N, num_warps, 0, 2)),
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
                                   work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
                                   BLOCK_N, num_warps, 1, 2)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
