@@ -45,6 +45,8 @@ from kernels.moe_scaled_grouped_mm import scaled_grouped_mm_problem
 DECODE_MOE_MAX_TOKENS = 16
 FP8_ONLY_IMPLS = ("scaled_grouped_mm", "gluon")
 MOE_IMPLS = ("eager", "graph") + MULTI_MICRO_IMPLS + FP8_ONLY_IMPLS
+# What FP8 experts run: the others name variants of the model-dtype experts, which FP8 has not.
+FP8_EXPERT_IMPLS = ("auto", "reference", "fused") + FP8_ONLY_IMPLS
 # FP8 recipes whose weight scales are one per row (kernels/fp8_quant.py): "tensor" is held as channels.
 ROWWISE_FP8_RECIPES = ("channels", "tensor")
 
@@ -54,6 +56,9 @@ def moe_impl_problem(impl: str, fp8_recipe: str | None) -> str | None:
     fp8_recipe: the FP8 experts' scale recipe, None for experts in the model dtype."""
     if impl not in MOE_IMPLS:
         return f"unknown MoE implementation {impl!r}; choose from {MOE_IMPLS}"
+    if fp8_recipe is not None and impl not in FP8_EXPERT_IMPLS:
+        return (f"MoE implementation {impl!r} runs experts in the model dtype; FP8 experts (--moe-dtype fp8) "
+                f"take {', '.join(FP8_EXPERT_IMPLS)}")
     if impl not in FP8_ONLY_IMPLS:
         return None
     if fp8_recipe is None:
@@ -117,5 +122,7 @@ def experts_op_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, do
     if x.shape[0] <= DECODE_MOE_MAX_TOKENS:
         return moe_decode_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale,
                               impl="reference" if impl == "reference" else "auto")
-    impl = impl if impl in ("reference",) + FP8_ONLY_IMPLS else "auto"
+    # set_moe_impl binds one impl for both kinds of experts; a model-dtype one (refused for FP8
+    # experts by moe_impl_problem) reaching here runs the default.
+    impl = impl if impl in FP8_EXPERT_IMPLS else "auto"
     return moe_multi_micro_fp8(x, topk_ids, topk_weights, gate_and_up, gate_and_up_scale, down, down_scale, impl=impl)

@@ -406,7 +406,8 @@ def run_rank(ctx: RankContext, args: argparse.Namespace) -> dict:
             # The same experts' storage: FP8 scales belong to the official matrices, so the
             # single-process model quantizes every weight as the plan's ranks did.
             with reference_threads(ctx, device):
-                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device, moe_impl="eager",
+                reference = load(args.checkpoint, get_plan("single"), 0, 1, dtype, device,
+                                 moe_impl="auto" if args.moe_dtype == "fp8" else "eager",
                                  moe_dtype=args.moe_dtype, fp8_scales=args.fp8_scales,
                                  image_editing=args.image is not None, dense_dtype=args.dense_dtype,
                                  attention_dtype=args.attention_dtype)

@@ -201,6 +201,9 @@ def test_unknown_device_or_dtype():
                                           "runs FP8 experts only (--moe-dtype fp8)"),
     (["--moe-impl", "scaled_grouped_mm", "--moe-dtype", "fp8", "--fp8-scales", "blocks"],
      "takes one scale per weight row (--fp8-scales channels or tensor), not 'blocks'"),
+    (["--moe-impl", "graph", "--moe-dtype", "fp8"],
+     "--moe-impl graph: MoE implementation 'graph' runs experts in the model dtype; FP8 experts (--moe-dtype fp8) "
+     "take auto, reference, fused, scaled_grouped_mm, gluon"),
     (["--world-size", "4", "--plan", "hybrid-ring", "--attention-dtype", "fp8"],
      "--attention-dtype fp8 runs under the attention kinds ('local', 'ulysses', 'ulysses-pipelined'); this plan "
      "uses ['ring']"),
