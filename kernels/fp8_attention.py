@@ -53,21 +53,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .fp8_attention_constants import (HEAD_DIMS, INT8_MAX, LOG2_FP8_MAX_C, LOG2E, MAGIC_BITS, MAGIC_FLOAT,
+                                      MAX_HEAD_DIM, SCALE_M, SCALE_N)
+from .fp8_attention_gluon import fp8_attention_gluon, gluon_problem
 from .fp8_quant import FP8_DTYPE, FP8_MAX, INTERPRETED, fp8_support_problem, to_fp8
-
-HEAD_DIMS = (64, 128)          # the kernel's head sizes; a smaller head is padded to the next
-MAX_HEAD_DIM = HEAD_DIMS[-1]
-LOG2E = 1.4426950408889634
-LOG2_FP8_MAX = math.log2(FP8_MAX)
-INT8_MAX = 127.0
-# int32 x in [-2^22, 2^22) plus these bits reads as the float32 1.5 * 2^23 + x, exactly.
-# A logit of D products of two int8 values is at most 128 * 127^2 < 2^21 in magnitude.
-# (constexpr: the kernel reads them)
-MAGIC_BITS, MAGIC_FLOAT = tl.constexpr(0x4B400000), tl.constexpr(12582912.0)
-LOG2_FP8_MAX_C = tl.constexpr(LOG2_FP8_MAX)
-# The scale blocks: SCALE_M query rows (SCALE_N key rows) of a head share one INT8 scale.
-# The interpreter runs small blocks (it is slow per element, and the tests use odd lengths).
-SCALE_M, SCALE_N = (16, 16) if INTERPRETED else (128, 128)
 
 
 @dataclass(frozen=True)
@@ -354,7 +343,6 @@ def _fp8_attention_op(q8: torch.Tensor, q_scale: torch.Tensor, k8: torch.Tensor,
                       dtype: torch.dtype, kernel: str = "triton") -> torch.Tensor:
     # kernel "auto" is decided here, eagerly, also inside a compiled region (no device query is traced)
     if kernel == "gluon" or (kernel == "auto" and _auto_gluon(q8.device, vt8.dtype)):
-        from .fp8_attention_gluon import fp8_attention_gluon    # imports this module
         return fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype)
     return _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype)
 
@@ -374,7 +362,6 @@ def _auto_gluon(device: torch.device, pv_dtype: torch.dtype) -> bool:
     """Whether "auto" runs the Gluon kernel: AUTO_PICKS_GLUON, an sm90 GPU with Gluon, FP8 PV."""
     if not AUTO_PICKS_GLUON or pv_dtype != FP8_DTYPE:
         return False
-    from .fp8_attention_gluon import gluon_problem
     return gluon_problem(device) is None
 
 
@@ -396,7 +383,6 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str =
     if impl == "triton" and not (q.is_cuda or INTERPRETED):
         raise RuntimeError("fp8_attention: impl='triton' runs on CUDA, or on the CPU under TRITON_INTERPRET=1")
     if impl == "gluon" and not torch.compiler.is_compiling():
-        from .fp8_attention_gluon import gluon_problem    # imports this module
         problem = gluon_problem(q.device) or (None if pv == "fp8" else "it runs P V in e4m3 (pv='fp8') only")
         if problem:
             raise RuntimeError(f"fp8_attention: impl='gluon' cannot run: {problem}")

@@ -44,7 +44,7 @@ except Exception as e:   # noqa: BLE001 - any failure means the same: no Gluon k
 
 import triton.language as tl
 
-from .fp8_attention import HEAD_DIMS, LOG2_FP8_MAX_C, MAGIC_BITS, MAGIC_FLOAT, SCALE_M, SCALE_N
+from .fp8_attention_constants import HEAD_DIMS, LOG2_FP8_MAX_C, MAGIC_BITS, MAGIC_FLOAT, SCALE_M, SCALE_N
 from .fp8_quant import FP8_DTYPE, INTERPRETED
 
 WARPGROUP_ROWS = 64          # query rows a consumer warpgroup owns (a wgmma's M)
@@ -79,10 +79,8 @@ class GluonTiles:
             return f"Gluon FP8 attention runs 1 or 2 consumer warpgroups, got {self.consumers}"
         if self.pingpong and self.consumers != 2:
             return "Gluon FP8 attention: pingpong needs 2 consumer warpgroups"
-        if self.block_n not in (64, 128) or SCALE_N % self.block_n:
-            return f"Gluon FP8 attention: block_n must be 64 or 128 and divide {SCALE_N}, got {self.block_n}"
-        if SCALE_M % self.block_m:
-            return f"Gluon FP8 attention: {self.block_m} query rows a program must divide the scale block {SCALE_M}"
+        if self.block_n not in (64, 128):
+            return f"Gluon FP8 attention: block_n must be 64 or 128, got {self.block_n}"
         if self.num_stages < 2:
             return f"Gluon FP8 attention needs num_stages >= 2, got {self.num_stages}"
         return None
@@ -385,6 +383,9 @@ def operands_problem(q8, k8, vt8, tiles: GluonTiles) -> str | None:
         return f"the Gluon FP8 attention kernel runs P V in e4m3 (pv='fp8'), got V^T in {vt8.dtype}"
     if q8.shape[3] not in HEAD_DIMS:
         return f"the Gluon FP8 attention kernel takes head_dim {HEAD_DIMS}, got {q8.shape[3]}"
+    if SCALE_M % tiles.block_m or SCALE_N % tiles.block_n:
+        return (f"the Gluon FP8 attention tiles {tiles.block_m} x {tiles.block_n} must divide the scale blocks "
+                f"{SCALE_M} x {SCALE_N}")
     return None
 
 
