@@ -10,8 +10,9 @@ head_dim 64 and 128, batch 2), each variant of its tiles against its default, an
 
 Bounds: against the reference as the Triton kernel's (they round P against running maxima, the
 reference against the final one: 1-2%, bound 0.04); against exact attention 0.06 (random data,
-FP8 P V); against the Triton kernel 0.02 (the same key blocks in the same order: only the MMAs'
-accumulation order differs); 64-key steps round P against other running maxima: 0.03.
+FP8 P V); against the Triton kernel 5e-3 (the same 128-key blocks in the same order, the same P
+rounding: only the order of the row sums' additions differs, and bf16's rounding of the outputs
+that it moves); 64-key steps round P against other running maxima: 0.03.
 """
 from dataclasses import replace
 
@@ -163,7 +164,7 @@ def test_gpu_matches_reference_and_triton_kernel(B, Hq, Hkv, Sq, Sk, D):
                                            v.double().repeat_interleave(g, 1))
     assert rel(out, fa.fp8_attention_reference(q, k, v)) < 0.04
     assert rel(out, exact) < 0.06
-    assert rel(out, fa.fp8_attention(q, k, v, impl="triton")) < 0.02
+    assert rel(out, fa.fp8_attention(q, k, v, impl="triton")) < 5e-3
 
 
 @pytest.mark.gpu
