@@ -18,6 +18,9 @@ accumulation). Only the order of the work differs, as FlashAttention-3 arranges 
 - Ping-pong: the consumers take turns issuing their MMAs (a pair of mbarriers passes the turn),
   so that one warpgroup's softmax (exp2, conversions: the units that bound an 8-bit attention
   kernel) runs while the other's MMAs keep the tensor cores busy.
+- P goes from the Q K^T accumulator to the P V operand without leaving its registers: K's rows
+  are loaded in a permuted order (a 5-D TMA view) that puts in each thread's accumulator columns
+  the keys its operand columns need (`_pack_p`), and P is carried as packed e4m3 words.
 - Registers are moved to the consumers (`setmaxnreg` through `gl.warp_specialize`): one program
   an SM, 12 warps (the producer's warpgroup holds 3 idle warps).
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
 try:    # Gluon is experimental: its module paths move between Triton releases
     from triton.experimental import gluon
@@ -41,8 +45,6 @@ try:    # Gluon is experimental: its module paths move between Triton releases
     GLUON_IMPORT_PROBLEM = None
 except Exception as e:   # noqa: BLE001 - any failure means the same: no Gluon kernel here
     GLUON_IMPORT_PROBLEM = f"{type(e).__name__}: {e}".splitlines()[0]
-
-import triton.language as tl
 
 from .fp8_attention_constants import HEAD_DIMS, LOG2_FP8_MAX_C, MAGIC_BITS, MAGIC_FLOAT, SCALE_M, SCALE_N
 from .fp8_quant import FP8_DTYPE, INTERPRETED
@@ -55,11 +57,11 @@ MASKED_BITS = tl.constexpr(MAGIC_BITS.value - (1 << 22))
 @dataclass(frozen=True)
 class GluonTiles:
     """Launch parameters: `consumers` warpgroups of 64 query rows a program (2: ping-pong between
-    them when `pingpong`), `block_n` keys a step, `num_stages` K/V slots in the ring; `permuted_k`: K's
-    rows loaded in the order that makes P the P V operand in place (`_pack_p`; else P moves between
-    lanes, through a layout conversion); registers a
-    thread for the consumer and producer warpgroups (`setmaxnreg`) and the kernel's cap (`maxnreg`,
-    which sets what the default partition keeps)."""
+    them when `pingpong`), `block_n` keys a step, `num_stages` K/V slots in the ring; `permuted_k`:
+    K's rows loaded in the order that makes P the P V operand in place (`_pack_p`; else P moves
+    between lanes through a layout conversion); registers a thread for the consumer and producer
+    warpgroups (`setmaxnreg`) and the kernel's cap (`maxnreg`, which sets what the default
+    partition keeps: 3 warpgroups x 168 - 240 - 24 = 240)."""
 
     consumers: int = 2
     block_n: int = 128
