@@ -96,6 +96,8 @@ def main(argv=None) -> int:
             runs["sdpa-dispatched"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1)
             runs["fp8-pv-fp8"] = lambda: fa.fp8_attention(q, k, v, pv="fp8")
             runs["fp8-pv-fp16"] = lambda: fa.fp8_attention(q, k, v, pv="fp16")
+            if gluon_problem is None:
+                runs["fp8-pv-fp8-gluon"] = lambda: fa.fp8_attention(q, k, v, impl="gluon")
             runs["fp8-quantize-only"] = lambda: fa.quantize_qkv(q, k, v)
             compiled = torch.compile(fa.quantize_qkv, fullgraph=True, dynamic=False)
             runs["fp8-quantize-compiled"] = lambda: compiled(q, k, v)
