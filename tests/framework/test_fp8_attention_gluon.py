@@ -201,3 +201,17 @@ def test_gpu_cuda_graph_replay_matches_eager():
     graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(out, fa.fp8_attention(q2, k2, v2, impl="gluon"), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_auto_runs_the_gluon_kernel_once_switched(monkeypatch):
+    """AUTO_PICKS_GLUON is the one switch: "auto" then runs the Gluon kernel (the same output as
+    impl="gluon"); FP16 PV stays on the Triton kernel under "auto" and is refused by impl="gluon"."""
+    q, k, v = _gpu_case(1, 4, 4, 300, 400, 128, seed=9)
+    monkeypatch.setattr(fa, "AUTO_PICKS_GLUON", True)
+    torch.testing.assert_close(fa.fp8_attention(q, k, v), fa.fp8_attention(q, k, v, impl="gluon"), rtol=0, atol=0)
+    torch.testing.assert_close(fa.fp8_attention(q, k, v, pv="fp16"), fa.fp8_attention(q, k, v, impl="triton",
+                                                                                      pv="fp16"), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"^fp8_attention: impl='gluon' cannot run: it runs P V in e4m3"):
+        fa.fp8_attention(q, k, v, impl="gluon", pv="fp16")
