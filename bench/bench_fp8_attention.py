@@ -40,7 +40,7 @@ def _gluon_variants():
     """name -> GluonTiles: the default, and one change from it each."""
     from dataclasses import replace
     from kernels.fp8_attention_gluon import GLUON_TILES as T
-    return {"fp8-kernel-gluon": T, "gluon-stages3": replace(T, num_stages=3),
+    return {"fp8-kernel-gluon": T, "gluon-stages2": replace(T, num_stages=2),
             "gluon-no-pingpong": replace(T, pingpong=False), "gluon-natural-k": replace(T, permuted_k=False),
             "gluon-1wg": replace(T, consumers=1, pingpong=False, maxnreg=128),
             "gluon-n64": replace(T, block_n=64)}

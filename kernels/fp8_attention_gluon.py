@@ -65,7 +65,7 @@ class GluonTiles:
 
     consumers: int = 2
     block_n: int = 128
-    num_stages: int = 2
+    num_stages: int = 3          # one program an SM: shared memory is there for a deeper ring
     pingpong: bool = True
     permuted_k: bool = True
     consumer_regs: int = 240
