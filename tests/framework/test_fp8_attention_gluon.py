@@ -184,13 +184,14 @@ def test_gpu_natural_k_order_matches_reference_on_its_own(D):
 @pytest.mark.gpu
 @needs_sm90
 @pytest.mark.parametrize("change,bound", [
-    (dict(num_stages=2), 1e-6), (dict(pingpong=False), 1e-6), (dict(permuted_k=False), 1e-5),
+    (dict(num_stages=2), 1e-6), (dict(pingpong=False), 1e-6), (dict(permuted_k=False), 1e-4),
     (dict(consumers=1, pingpong=False, maxnreg=128), 1e-6), (dict(block_n=64), 0.03)],
     ids=["stages2", "no-pingpong", "natural-k", "one-warpgroup", "n64"])
 def test_gpu_tile_variants_match_the_default(change, bound):
     """Ring depth, ping-pong and warpgroups a program change only the order of independent work (the
-    same result); natural K order adds the row sums in another order (the same P, the same MMAs);
-    64-key steps round P against other running maxima."""
+    same result); natural K order adds the row sums in another order (the same P, the same MMAs: a
+    float32 rounding of the sums, which flips a few bf16 outputs by one unit); 64-key steps round P
+    against other running maxima."""
     q, k, v = _gpu_case(1, 4, 2, 1000, 1500, 128, seed=3)
     operands = fa.quantize_qkv(q, k, v)
     base = fg.fp8_attention_gluon(*operands, 1000, 1500, 4, torch.bfloat16)
