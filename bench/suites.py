@@ -105,7 +105,7 @@ SUITES: tuple[Suite, ...] = (
         Part("grouped-gemm", "bench.bench_grouped_gemm", "the MoE's grouped GEMMs: torch._grouped_mm, inductor, "
              "the fused kernels"),
         Part("fp8-attention", "bench.bench_fp8_attention", "FP8 attention against SDPA bf16 per backend; "
-             "--sweep: tiles"),
+             "--sweep: tiles; --kernels-only: the Triton and Gluon kernels alone"),
         Part("split-kv", "bench.bench_decode_batch", "batched decode attention: balanced split-KV against static "
              "splits and SDPA", ("--parts", "kernel")),
         Part("prologue", "bench.bench_decode_batch", "the fused attention prologue against the separate ops",
@@ -113,7 +113,7 @@ SUITES: tuple[Suite, ...] = (
     ), steps=(
         Step("moe", "moe", "--out {out}/moe.json", 200),
         Step("grouped_gemm", "grouped-gemm", "--out {out}/grouped_gemm.json", 120),
-        Step("fp8_attention", "fp8-attention", "--out {out}/fp8_attention.json", 120),
+        Step("fp8_attention", "fp8-attention", "--out {out}/fp8_attention.json", 240),
         Step("split_kv", "split-kv", "--out {out}/split_kv.json", 120),
         Step("prologue", "prologue", "--out {out}/prologue.json", 120),
     )),

@@ -35,7 +35,9 @@ block is masked.
 `fp8_attention_reference` quantizes alike in torch and computes in float32 with the exact
 row max, so its P rounding differs from the kernel's only in which max P is scaled by: a
 test bound, not an identity. `attention_fp8_problem` says in one line why an input is not
-taken (head size, shapes, device). The kernel is registered as
+taken (head size, shapes, device). On sm90 the same op also runs as a Gluon kernel
+(kernels/fp8_attention_gluon.py: warp-specialized, the softmax overlapped with the MMAs;
+`impl="gluon"`). The kernel is registered as
 ``dtgen::fp8_attention_quantized`` (one node under ``torch.compile``) over the operands of
 `quantize_qkv`, which are torch ops outside it: a compiled region fuses them with what comes
 before (eagerly they are ~10 passes over Q, K, V).
@@ -51,21 +53,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .fp8_attention_constants import (HEAD_DIMS, INT8_MAX, LOG2_FP8_MAX_C, LOG2E, MAGIC_BITS, MAGIC_FLOAT,
+                                      MAX_HEAD_DIM, SCALE_M, SCALE_N)
+from .fp8_attention_gluon import fp8_attention_gluon, gluon_problem
 from .fp8_quant import FP8_DTYPE, FP8_MAX, INTERPRETED, fp8_support_problem, to_fp8
-
-HEAD_DIMS = (64, 128)          # the kernel's head sizes; a smaller head is padded to the next
-MAX_HEAD_DIM = HEAD_DIMS[-1]
-LOG2E = 1.4426950408889634
-LOG2_FP8_MAX = math.log2(FP8_MAX)
-INT8_MAX = 127.0
-# int32 x in [-2^22, 2^22) plus these bits reads as the float32 1.5 * 2^23 + x, exactly.
-# A logit of D products of two int8 values is at most 128 * 127^2 < 2^21 in magnitude.
-# (constexpr: the kernel reads them)
-MAGIC_BITS, MAGIC_FLOAT = tl.constexpr(0x4B400000), tl.constexpr(12582912.0)
-LOG2_FP8_MAX_C = tl.constexpr(LOG2_FP8_MAX)
-# The scale blocks: SCALE_M query rows (SCALE_N key rows) of a head share one INT8 scale.
-# The interpreter runs small blocks (it is slow per element, and the tests use odd lengths).
-SCALE_M, SCALE_N = (16, 16) if INTERPRETED else (128, 128)
 
 
 @dataclass(frozen=True)
@@ -349,23 +340,37 @@ def launch_fp8_attention(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: in
 @torch.library.custom_op("dtgen::fp8_attention_quantized", mutates_args=())
 def _fp8_attention_op(q8: torch.Tensor, q_scale: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor,
                       vt8: torch.Tensor, v_scale: torch.Tensor, sq: int, sk: int, heads: int,
-                      dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype, kernel: str = "triton") -> torch.Tensor:
+    # kernel "auto" is decided here, eagerly, also inside a compiled region (no device query is traced)
+    if kernel == "gluon" or (kernel == "auto" and _auto_gluon(q8.device, vt8.dtype)):
+        return fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype)
     return _fp8_attention_triton(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype)
 
 
 @_fp8_attention_op.register_fake
-def _(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype):
+def _(q8, q_scale, k8, k_scale, vt8, v_scale, sq, sk, heads, dtype, kernel="triton"):
     return q8.new_empty(q8.shape[0], sq, heads, q8.shape[3], dtype=dtype)
 
 
-IMPLS = ("auto", "triton", "reference")
+IMPLS = ("auto", "triton", "gluon", "reference")
+# "auto" on an sm90 GPU runs the Gluon kernel (kernels/fp8_attention_gluon.py) where this is True: once that
+# kernel is measured correct there and faster than the Triton kernel.
+AUTO_PICKS_GLUON = False
+
+
+def _auto_gluon(device: torch.device, pv_dtype: torch.dtype) -> bool:
+    """Whether "auto" runs the Gluon kernel: AUTO_PICKS_GLUON, an sm90 GPU with Gluon, FP8 PV."""
+    if not AUTO_PICKS_GLUON or pv_dtype != FP8_DTYPE:
+        return False
+    return gluon_problem(device) is None
 
 
 def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "auto",
                   pv: str = "fp8") -> torch.Tensor:
     """Full attention of q [B, Hq, Sq, D] over k, v [B, Hkv, Sk, D] in FP8 (module docstring)
-    -> [B, Hq, Sq, D] in q's dtype. impl "auto": the Triton kernel on CUDA, the torch
-    reference on the CPU; "triton" (CUDA, or the CPU under TRITON_INTERPRET=1); "reference"."""
+    -> [B, Hq, Sq, D] in q's dtype. impl "auto": on CUDA the Triton kernel (or the Gluon one, see
+    AUTO_PICKS_GLUON), on the CPU the torch reference; "triton" (CUDA, or the CPU under
+    TRITON_INTERPRET=1); "gluon" (kernels/fp8_attention_gluon.py: sm90, pv="fp8"); "reference"."""
     if impl not in IMPLS:
         raise ValueError(f"fp8_attention: impl must be one of {IMPLS}, got {impl!r}")
     if pv not in PV_DTYPES:
@@ -373,14 +378,18 @@ def fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str =
     problem = attention_fp8_problem(q, k, v)
     if problem:
         raise ValueError(f"fp8_attention: {problem}")
-    if impl == "auto":
-        impl = "triton" if q.is_cuda else "reference"
+    if impl == "auto" and not q.is_cuda:
+        impl = "reference"
     if impl == "triton" and not (q.is_cuda or INTERPRETED):
         raise RuntimeError("fp8_attention: impl='triton' runs on CUDA, or on the CPU under TRITON_INTERPRET=1")
+    if impl == "gluon" and not torch.compiler.is_compiling():
+        problem = gluon_problem(q.device) or (None if pv == "fp8" else "it runs P V in e4m3 (pv='fp8') only")
+        if problem:
+            raise RuntimeError(f"fp8_attention: impl='gluon' cannot run: {problem}")
     if impl == "reference":
         return fp8_attention_reference(q, k, v, pv)
     out = torch.ops.dtgen.fp8_attention_quantized(*quantize_qkv(q, k, v, pv), q.shape[2], k.shape[2], q.shape[1],
-                                                  q.dtype)
+                                                  q.dtype, impl)
     # [B, Hq, Sq, D]: a view of the [B, Sq, Hq, Dk] the cores transpose back to (a padded
     # head's extra columns are zeros, left out)
     return out.transpose(1, 2)[..., :q.shape[3]]
