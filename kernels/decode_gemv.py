@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
+from .decode_gemv_tma import launch_tma, require_tma
 from .fp8_quant import FP8_DTYPE, quantize_activation_rows
 
 IMPLS = ("auto", "reference", "triton")
@@ -174,7 +175,9 @@ class GemvConfig:
     weights): quantize x once in a first kernel instead of in every program. stream: the
     persistent kernel (`_gemv_stream_kernel`: programs_per_sm programs a SM, an even split of the
     N tiles, each chunk loaded two chunks ahead; CUDA-core sums, x quantized first for e4m3
-    weights; num_stages and split_k do not apply to it)."""
+    weights; num_stages and split_k do not apply to it; a weight that is not K-contiguous takes
+    `_gemv_kernel`). tma: the same schedule with the weight copied by TMA into a ring of
+    num_stages blocks (`kernels.decode_gemv_tma`, Hopper only)."""
 
     block_n: int = 16
     block_k: int = 512
@@ -184,6 +187,7 @@ class GemvConfig:
     dot: bool = False
     prequant: bool = False
     stream: bool = False
+    tma: bool = False
     programs_per_sm: int = 2
 
 
@@ -517,11 +521,12 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     cfg = config or config_for(n, k, weight_kind(weight), m)
     if cfg.dot and cfg.block_n < 16:
         raise ValueError(f"decode_gemv: tl.dot needs block_n >= 16, the config has {cfg.block_n}")
-    if cfg.stream and cfg.dot:
-        raise ValueError("decode_gemv: a config is either stream (CUDA-core sums) or dot (tensor cores), not both")
-    if cfg.stream and cfg.programs_per_sm < 1:
+    if cfg.stream + cfg.tma + cfg.dot > 1:
+        raise ValueError("decode_gemv: a config takes at most one of stream, tma (CUDA-core sums) and dot "
+                         "(tensor cores)")
+    if (cfg.stream or cfg.tma) and cfg.programs_per_sm < 1:
         raise ValueError(f"decode_gemv: programs_per_sm must be >= 1, the config has {cfg.programs_per_sm}")
-    if cfg.stream and weight.stride(1) == 1:
+    if cfg.tma or (cfg.stream and weight.stride(1) == 1):
         _launch_stream(flat, weight, weight_scale, bias, x_scale, y, cfg)
         return y.view(*x.shape[:-1], n)
     splits, k_per_split = split_count(n, k, cfg, x.device)
@@ -555,8 +560,11 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
 
 def _launch_stream(flat: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
                    bias: torch.Tensor | None, x_scale: torch.Tensor | None, y: torch.Tensor, cfg: GemvConfig) -> None:
-    """`_gemv_stream_kernel` into y [M, N]: min(N tiles, SMs x programs_per_sm) programs; an
-    e4m3 weight takes x in e4m3 (quantized here by `quantize_rows_triton` unless it comes so)."""
+    """`_gemv_stream_kernel` (or with cfg.tma the TMA kernel) into y [M, N]: min(N tiles, SMs x
+    programs_per_sm) programs; an e4m3 weight takes x in e4m3 (quantized here by
+    `quantize_rows_triton` unless it comes so)."""
+    if cfg.tma:
+        require_tma(flat, weight)   # before quantizing x: the refusal costs nothing
     n, k = weight.shape
     m = flat.shape[0]
     fp8 = weight.dtype == FP8_DTYPE
@@ -566,6 +574,10 @@ def _launch_stream(flat: torch.Tensor, weight: torch.Tensor, weight_scale: torch
     flat = flat.contiguous()
     n_tiles = triton.cdiv(n, cfg.block_n)
     programs = min(n_tiles, _sm_count(flat.device) * cfg.programs_per_sm)
+    if cfg.tma:
+        launch_tma(flat, weight, weight_scale, bias, xs, y, cfg.block_n, cfg.block_k, cfg.num_warps,
+                   cfg.num_stages, programs)
+        return
     _gemv_stream_kernel[(programs,)](
         flat, weight, weight_scale if fp8 else y, xs if fp8 else y, bias if bias is not None else y, y,
         m, n, k, n_tiles, triton.cdiv(k, cfg.block_k),

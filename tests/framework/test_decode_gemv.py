@@ -27,6 +27,7 @@ from kernels.decode_gemv import (
     quantize_rows_triton,
     split_count,
 )
+from kernels.decode_gemv_tma import layout_split
 from kernels.fp8_linear import fp8_gemv_suits, fp8_linear, fp8_linear_reference, quantize_activation_rows
 from kernels.fp8_quant import FP8_DTYPE, quantize_weight_channels
 from tests.support.triton import needs_triton
@@ -251,7 +252,7 @@ def _fp8():
     (lambda x, w, s, b: decode_gemv(x, w, s, impl="cublas"), "impl must be one of"),
     (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(block_n=8, dot=True)), "block_n >= 16"),
     (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(block_n=16, dot=True, stream=True)),
-     "either stream"),
+     "at most one of stream, tma"),
     (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(stream=True, programs_per_sm=0)),
      "programs_per_sm must be >= 1"),
     (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, out_dtype=torch.float32), r"needs x_scale float32 \[2\]"),
@@ -266,6 +267,17 @@ def test_bad_input_is_one_line_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match) as err:
         call(*_fp8())
     assert "\n" not in str(err.value)
+
+
+def test_the_tma_kernel_is_refused_off_hopper_in_one_line():
+    x, w, s, _ = operands((1,), 64, 256, "fp8-bf16")
+    with pytest.raises(RuntimeError, match=r"Hopper \(sm90\) only, x is on cpu") as err:
+        decode_gemv_triton(x, w, s, config=GemvConfig(block_n=8, block_k=512, tma=True))
+    assert "\n" not in str(err.value)
+    assert layout_split(8, 1024, 1, 4) == (16, 4)       # 16-byte vectors of e4m3, the 4 warps along N
+    assert layout_split(8, 512, 2, 8) == (8, 8)
+    with pytest.raises(ValueError, match=r"tile \[8, 256\] is smaller than its 4 warps cover"):
+        layout_split(8, 256, 1, 4)
 
 
 def test_reference_takes_any_rows():
@@ -322,29 +334,34 @@ def test_gpu_cuda_graph_replay(rows, nk, kind):
     assert rows == 1 or not torch.equal(captured, eager)      # the replay read the new x
 
 
-def stream_config(kind: str, block_n: int = 8) -> GemvConfig:
-    """The stream kernel with 8 KB chunks (a sweep candidate): 1024 e4m3 or 512 16-bit columns."""
-    return GemvConfig(block_n=block_n, block_k=1024 if kind.startswith("fp8") else 512, stream=True)
+def stream_config(kind: str, block_n: int = 8, tma: bool = False) -> GemvConfig:
+    """The stream kernel (tma: its TMA-ring form, 4 blocks in flight) with 8 KB chunks (a sweep
+    candidate): 1024 e4m3 or 512 16-bit columns."""
+    return GemvConfig(block_n=block_n, block_k=1024 if kind.startswith("fp8") else 512, num_warps=4,
+                      num_stages=4, stream=not tma, tma=tma)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 2, 5, 16])
-@pytest.mark.parametrize("nk", [(6144, 4096), (4096, 3072), (1000, 1000), (37, 4100)])
-def test_gpu_stream_matches_reference(nk, rows, kind):
-    """The persistent kernel at the decode shapes and odd ones (N, K not multiples of the
-    blocks; 37 rows: fewer tiles than programs), every row count class, both weight kinds."""
+@pytest.mark.parametrize("tma", [False, True], ids=["stream", "tma"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("nk", [(6144, 4096), (4096, 3072), (1000, 1008), (37, 4112)])
+def test_gpu_stream_matches_reference(nk, rows, kind, tma):
+    """The persistent kernels at the decode shapes and odd ones (N, K not multiples of the
+    blocks, K a multiple of 16 for TMA; 37 rows: fewer tiles than programs), one row, a few,
+    the most, both weight kinds (one compile per kernel, rows and K class: ~24 in all)."""
     x, w, s, b = operands((rows,), *nk, kind, bias=True, device="cuda", seed=rows)
-    for cfg in (stream_config(kind), stream_config(kind, 16)):
-        assert_matches(decode_gemv_triton(x, w, s, b, config=cfg), decode_gemv_reference(x, w, s, b))
+    got = decode_gemv_triton(x, w, s, b, config=stream_config(kind, tma=tma))
+    assert_matches(got, decode_gemv_reference(x, w, s, b))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["stream", "tma"])
 @pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_gpu_stream_cuda_graph_replay(rows, kind):
+def test_gpu_stream_cuda_graph_replay(rows, kind, tma):
     x, w, s, b = operands((rows,), 6144, 4096, kind, bias=True, device="cuda")
-    cfg = stream_config(kind)
+    cfg = stream_config(kind, tma=tma)
     extra = {}
     if kind.startswith("fp8"):   # as fp8_linear calls it: x in e4m3 with its scales
         q, scale = quantize_activation_rows(x)
