@@ -5,11 +5,12 @@ HunyuanImage-3's per-layer QKV [6144, 4096], O [4096, 4096], shared-expert gate_
 benchmarked decode runs them (`--dense-dtype fp8`: x quantized upstream, the GEMV streams the weight) and in
 bf16. Per shape and weight kind: `torch` (F.linear on the bf16 weight; rowwise torch._scaled_mm on the e4m3
 one, x already quantized), `table` (decode_gemv with the config GEMV_CONFIGS gives it: what runs today),
-`stream` (the persistent kernel, `STREAM` below) and with `--sweep` every candidate of `candidates()`.
+`stream` (the persistent kernel), `tma` (its TMA-ring form, Hopper) and with `--sweep` every candidate of
+`candidates()` (the fastest of the table's kernel and all these per shape: a GEMV_CONFIGS entry printed).
 Each is timed as one CUDA graph of `--graph-iters` calls cycling through weight copies >= 4x the L2,
 replayed `--repeats` times: microseconds a call (median, range), the weight's TB/s (median, range), the
 floor (the weight's bytes in the dtype that runs at bench.floors.HBM_TBPS) and the error against
-decode_gemv_reference. `--sweep` prints the fastest candidate per shape as GEMV_CONFIGS entries.
+decode_gemv_reference.
 `--smoke`: tiny shapes (on the CPU the Triton kernels interpreted), to check the script.
 """
 from __future__ import annotations
@@ -34,21 +35,31 @@ KINDS = ("fp8", "16bit")
 
 
 def stream_config(kind: str, block_n: int = 8, chunk_bytes: int = 8192, num_warps: int = 4,
-                  programs_per_sm: int = 2):
-    """A stream-kernel config with `chunk_bytes` of weight per block (block_n rows)."""
+                  programs_per_sm: int = 2, tma: bool = False, stages: int = 4):
+    """A config of the stream kernel (tma: its TMA ring, `stages` blocks in flight) with
+    `chunk_bytes` of weight per block of block_n rows."""
     from kernels.decode_gemv import GemvConfig
     elem = 1 if kind == "fp8" else 2
     return GemvConfig(block_n=block_n, block_k=chunk_bytes // (block_n * elem), num_warps=num_warps,
-                      stream=True, programs_per_sm=programs_per_sm)
+                      num_stages=stages if tma else 1, stream=not tma, tma=tma, programs_per_sm=programs_per_sm)
 
 
 def candidates(kind: str) -> dict:
-    """The sweep's stream-kernel candidates: rows a tile, bytes a chunk, warps, programs a SM."""
+    """The sweep's candidates: the stream kernel by rows a tile, bytes a chunk, warps, programs a SM
+    (its registers hold 2 chunks ahead: ~220 registers a thread at 8 KB / 4 warps for e4m3, so at
+    most 2 programs a SM there); the TMA kernel by the same and blocks in flight (stages x chunk of
+    shared memory a program, <= 128 KB a SM)."""
     out = {}
     for bn, chunk, warps, pps in ((8, 8192, 4, 1), (8, 8192, 4, 2), (8, 8192, 8, 2), (8, 16384, 8, 1),
-                                  (8, 16384, 8, 2), (4, 8192, 4, 2), (16, 8192, 4, 2), (16, 16384, 8, 1),
-                                  (8, 4096, 4, 4), (4, 4096, 4, 4)):
+                                  (4, 8192, 4, 2), (16, 8192, 4, 2), (16, 16384, 8, 1), (8, 4096, 4, 4),
+                                  (4, 4096, 4, 4)):
         out[f"stream_n{bn}_{chunk // 1024}k_w{warps}_p{pps}"] = stream_config(kind, bn, chunk, warps, pps)
+    for bn, chunk, warps, stages, pps in ((8, 8192, 4, 4, 1), (8, 8192, 4, 6, 1), (8, 8192, 4, 8, 1),
+                                          (8, 8192, 4, 4, 2), (8, 8192, 4, 6, 2), (8, 8192, 4, 8, 2),
+                                          (16, 8192, 4, 6, 2), (8, 16384, 8, 4, 1), (8, 16384, 8, 6, 1),
+                                          (16, 16384, 8, 4, 2), (8, 4096, 4, 8, 2), (8, 4096, 4, 8, 3)):
+        out[f"tma_n{bn}_{chunk // 1024}k_w{warps}_s{stages}_p{pps}"] = stream_config(kind, bn, chunk, warps, pps,
+                                                                                    True, stages)
     return out
 
 
@@ -72,6 +83,8 @@ def variants(kind: str, sweep: bool, cuda: bool) -> dict:
     """name -> config (None: the table's, "torch": torch's op)."""
     out = {"torch": "torch"} if cuda else {}
     out.update(table=None, stream=stream_config(kind))
+    if cuda:   # the TMA kernel: Hopper only, not under the interpreter
+        out.update(tma=stream_config(kind, tma=True, programs_per_sm=2, stages=6))
     if sweep:
         out.update(candidates(kind))
     return out
@@ -133,16 +146,22 @@ def bench(args, dev, cuda) -> dict:
                         row["config"] = asdict(cfg)
                     res["variants"][vname] = row
                 out[key] = res
-                timed = {v: r for v, r in res["variants"].items() if "us" in r and v.startswith("stream")}
+                timed = {v: r for v, r in res["variants"].items() if "config" in r and "us" in r}
+                table_us = res["variants"].get("table", {}).get("us", {}).get("median", math.inf)
                 if args.sweep and timed:
                     best = min(timed, key=lambda v: timed[v]["us"]["median"])
                     c = timed[best]["config"]
-                    res["best_stream"] = best
+                    res["best_persistent"] = best
+                    if timed[best]["us"]["median"] >= table_us:
+                        best_entries.append(f'    # ({n}, {k}, "{kind}", "{"m1" if m == 1 else "m16"}"): the table\'s '
+                                            f'config stays ({table_us:.2f} us; {best} {timed[best]["us"]["median"]:.2f})')
+                        continue
                     best_entries.append(
                         f'    ({n}, {k}, "{kind}", "{"m1" if m == 1 else "m16"}"): GemvConfig(block_n={c["block_n"]}, '
-                        f'block_k={c["block_k"]}, num_warps={c["num_warps"]}, stream=True, '
-                        f'programs_per_sm={c["programs_per_sm"]}),   # {timed[best]["us"]["median"]:.2f} us, '
-                        f'table {res["variants"].get("table", {}).get("us", {}).get("median", float("nan")):.2f} us')
+                        f'block_k={c["block_k"]}, num_warps={c["num_warps"]}, num_stages={c["num_stages"]}, '
+                        f'{"tma" if c["tma"] else "stream"}=True, programs_per_sm={c["programs_per_sm"]}),   '
+                        f'# {best}: {timed[best]["us"]["median"]:.2f} us, '
+                        f'table {table_us:.2f} us')
             del ws
             if cuda:
                 torch.cuda.empty_cache()
@@ -187,7 +206,7 @@ def main(argv=None) -> int:
     result.update(smoke=args.smoke, hbm_tbps=HBM_TBPS, seconds=time.perf_counter() - t0)
     b.write(result, dev)
     if result["sweep_entries"]:
-        print("GEMV_CONFIGS entries (kernels/decode_gemv.py), the fastest stream candidate per shape:")
+        print("GEMV_CONFIGS entries (kernels/decode_gemv.py), the fastest persistent candidate per shape:")
         print("\n".join(result["sweep_entries"]))
     print_table(result["results"])
     return 0
