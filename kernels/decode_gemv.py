@@ -39,6 +39,16 @@ Split-K (only where N / BLOCK_N programs would not fill the GPU, or asked for): 
 writes float32 partials (already scaled), a second kernel sums them in a fixed order, adds
 the bias and casts: deterministic, no atomics.
 
+The persistent kernels (a config's `stream` / `tma`; CUDA-core sums, x in e4m3 first for e4m3
+weights): min(N tiles, SMs x programs_per_sm) programs, program p owning N tiles
+[p T / P, (p + 1) T / P) (an even split of the bytes to within one tile, no split-K and so no
+second launch or cross-program reduction), read as one flat sequence of (tile, K chunk)
+blocks so that the loads run ahead across tile boundaries and no program idles at the end of
+a tile. `_gemv_stream_kernel` issues each block's 16-byte loads two blocks before its use
+(registers: 2 blocks in flight a program); `kernels.decode_gemv_tma` copies the blocks by TMA
+into a shared-memory ring of num_stages blocks (Gluon, Hopper only). At one row of x both
+accumulate the products elementwise and reduce once a tile.
+
 Block sizes: `config_for` (a small table, `GEMV_CONFIGS`, keyed by (N, K, weight kind, rows
 class), over per-kind defaults); no autotuning at import or call: the entries are the fastest of a
 few candidates per shape, timed on one H200
