@@ -63,7 +63,7 @@ rewired (`decode_linear` is the drop-in for F.linear to put at a call site).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +71,7 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
-from .decode_gemv_tma import launch_tma, require_tma
+from .decode_gemv_tma import launch_tma, require_tma, tma_problem
 from .fp8_quant import FP8_DTYPE, quantize_activation_rows
 
 IMPLS = ("auto", "reference", "triton")
@@ -529,6 +529,10 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         return y.view(*x.shape[:-1], n)
     fp8 = weight.dtype == FP8_DTYPE
     cfg = config or config_for(n, k, weight_kind(weight), m)
+    if config is None and cfg.tma and tma_problem(flat, weight):
+        # the table's TMA entry where TMA cannot run (not Hopper, the interpreter, a misaligned
+        # weight): the same schedule with register loads; an explicit config is refused instead
+        cfg = replace(cfg, tma=False, stream=True)
     if cfg.dot and cfg.block_n < 16:
         raise ValueError(f"decode_gemv: tl.dot needs block_n >= 16, the config has {cfg.block_n}")
     if cfg.stream + cfg.tma + cfg.dot > 1:

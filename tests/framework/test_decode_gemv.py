@@ -280,6 +280,23 @@ def test_the_tma_kernel_is_refused_off_hopper_in_one_line():
         layout_split(8, 256, 1, 4)
 
 
+@needs_triton
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+def test_a_table_tma_entry_runs_the_stream_schedule_off_hopper(monkeypatch, kind):
+    x, w, s, b = operands((1,), 50, 328, kind, bias=True)
+    wkind = "fp8" if kind.startswith("fp8") else "16bit"
+    monkeypatch.setitem(dg.GEMV_CONFIGS, (50, 328, wkind, "m1"), GemvConfig(block_n=8, block_k=128, num_stages=6,
+                                                                            tma=True))
+    real, launched = dg._launch_stream, []
+
+    def spy(*args):
+        launched.append(args[-1])   # the config it ran
+        return real(*args)
+    monkeypatch.setattr(dg, "_launch_stream", spy)
+    assert_matches(decode_gemv_triton(x, w, s, b), decode_gemv_reference(x, w, s, b))
+    assert [(c.stream, c.tma) for c in launched] == [(True, False)]
+
+
 def test_reference_takes_any_rows():
     x, w, s, b = operands((40,), 8, 16, "fp8-f32", bias=True)
     assert decode_gemv(x, w, s, b, impl="reference").shape == (40, 8)
