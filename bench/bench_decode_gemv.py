@@ -119,7 +119,7 @@ def bench(args, dev, cuda) -> dict:
     rows_list = [int(r) for r in args.rows.split(",")]
     out, best_entries = {}, []
     for (n, k), names in distinct.items():
-        for kind in KINDS:
+        for kind in args.kinds.split(","):
             ws = Weights(n, k, kind, dev, cuda)
             floor_us = ws.bytes / (HBM_TBPS * 1e12) * 1e6
             for m in rows_list:
@@ -188,12 +188,16 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="1", help="rows of x, comma-separated (<= 16)")
     p.add_argument("--repeats", type=int, default=9, help="graph replays timed per variant")
     p.add_argument("--graph-iters", type=int, default=40, help="calls in the timed CUDA graph")
-    p.add_argument("--sweep", action="store_true", help="time every stream candidate; print GEMV_CONFIGS entries")
+    p.add_argument("--sweep", action="store_true", help="time every persistent candidate; print GEMV_CONFIGS entries")
     p.add_argument("--lm-head", action="store_true", help="also the lm_head [133120, 4096]")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"weight kinds, comma-separated, of {KINDS}")
     p.add_argument("--smoke", action="store_true", help="tiny shapes (CPU: interpreted), to check the script")
     args = b.parse("outputs/bench_decode_gemv.json")
     if any(int(r) > 16 or int(r) < 1 for r in args.rows.split(",")):
         p.error(f"--rows: each must be 1..16, got {args.rows}")
+    unknown = sorted(set(args.kinds.split(",")) - set(KINDS))
+    if unknown:
+        p.error(f"--kinds: {unknown} unknown; known: {KINDS}")
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         return need_cuda(MODULE + " (or --smoke)")
