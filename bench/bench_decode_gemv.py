@@ -121,14 +121,15 @@ def bench(args, dev, cuda) -> dict:
     for (n, k), names in distinct.items():
         for kind in args.kinds.split(","):
             ws = Weights(n, k, kind, dev, cuda)
-            floor_us = ws.bytes / (HBM_TBPS * 1e12) * 1e6
+            weight_bytes = ws.bytes
+            floor_us = weight_bytes / (HBM_TBPS * 1e12) * 1e6
             for m in rows_list:
                 x = torch.randn(m, k, device=dev, generator=torch.Generator(device=dev).manual_seed(m))
                 x = x.to(torch.bfloat16)
                 xq, xs = quantize_activation_rows(x) if kind == "fp8" else (None, None)
                 ref = decode_gemv_reference(x, ws.copies[0], ws.scale)
                 key = f"{'/'.join(names)} N={n} K={k} {kind} M={m}"
-                res = {"n": n, "k": k, "kind": kind, "rows": m, "weight_bytes": ws.bytes, "floor_us": floor_us,
+                res = {"n": n, "k": k, "kind": kind, "rows": m, "weight_bytes": weight_bytes, "floor_us": floor_us,
                        "table_config": asdict(config_for(n, k, kind, m)), "variants": {}}
                 for vname, cfg in variants(kind, args.sweep, cuda).items():
                     if args.smoke and cfg not in (None, "torch"):
@@ -138,8 +139,9 @@ def bench(args, dev, cuda) -> dict:
                     except Exception as err:   # a candidate this GPU cannot run
                         res["variants"][vname] = {"error": f"{type(err).__name__}: {str(err)[:200]}"}
                         continue
-                    tbps = lambda us: ws.bytes / (us * 1e-6) / 1e12   # noqa: E731 (the slowest run: the least TB/s)
-                    row = {"us": t, "TBps": {"median": tbps(t["median"]), "min": tbps(t["max"]), "max": tbps(t["min"])},
+                    tbps = {q: weight_bytes / (t[q] * 1e-6) / 1e12 for q in ("median", "min", "max")}
+                    # the slowest run streams the least TB/s
+                    row = {"us": t, "TBps": {"median": tbps["median"], "min": tbps["max"], "max": tbps["min"]},
                            "of_floor": floor_us / t["median"],
                            "rel_err_vs_reference": rel_err(fn(ws.copies[0]), ref)}
                     if cfg not in (None, "torch"):
@@ -152,12 +154,13 @@ def bench(args, dev, cuda) -> dict:
                     best = min(timed, key=lambda v: timed[v]["us"]["median"])
                     c = timed[best]["config"]
                     res["best_persistent"] = best
+                    cls = "m1" if m == 1 else "m16"
                     if timed[best]["us"]["median"] >= table_us:
-                        best_entries.append(f'    # ({n}, {k}, "{kind}", "{"m1" if m == 1 else "m16"}"): the table\'s '
-                                            f'config stays ({table_us:.2f} us; {best} {timed[best]["us"]["median"]:.2f})')
+                        best_entries.append(f'    # ({n}, {k}, "{kind}", "{cls}"): the table\'s config stays '
+                                            f'({table_us:.2f} us; {best} {timed[best]["us"]["median"]:.2f})')
                         continue
                     best_entries.append(
-                        f'    ({n}, {k}, "{kind}", "{"m1" if m == 1 else "m16"}"): GemvConfig(block_n={c["block_n"]}, '
+                        f'    ({n}, {k}, "{kind}", "{cls}"): GemvConfig(block_n={c["block_n"]}, '
                         f'block_k={c["block_k"]}, num_warps={c["num_warps"]}, num_stages={c["num_stages"]}, '
                         f'{"tma" if c["tma"] else "stream"}=True, programs_per_sm={c["programs_per_sm"]}),   '
                         f'# {best}: {timed[best]["us"]["median"]:.2f} us, '

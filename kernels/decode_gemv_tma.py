@@ -84,7 +84,6 @@ if gluon is not None:
         nw: gl.constexpr = gl.num_warps()
         w_layout: gl.constexpr = gl.BlockedLayout([1, VEC], [1, 32], [WARPS_N, nw // WARPS_N], [1, 0])
         k_layout: gl.constexpr = gl.SliceLayout(0, w_layout)
-        n_layout: gl.constexpr = gl.SliceLayout(1, w_layout)
         acc_layout: gl.constexpr = gl.BlockedLayout([1, BLOCK_M], [32, 1], [nw, 1], [1, 0])
         accn_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
         accm_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -174,5 +173,5 @@ def launch_tma(flat: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         flat, desc, weight_scale if fp8 else y, x_scale if fp8 else y, bias if bias is not None else y, y,
         m, n, k, n_tiles, triton.cdiv(k, block_k), flat.stride(0), y.stride(0),
         ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
-        BLOCK_BYTES=block_n * block_k * weight.element_size(), VEC=vec, WARPS_N=warps_n, FP8=fp8, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-        num_warps=num_warps)
+        BLOCK_BYTES=block_n * block_k * weight.element_size(), VEC=vec, WARPS_N=warps_n, FP8=fp8,
+        EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None, num_warps=num_warps)
