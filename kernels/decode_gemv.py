@@ -432,8 +432,8 @@ def _gemv_stream_kernel(
     t_lo .. t_hi - 1 (an even split of the N tiles: every program streams the same bytes to
     within one tile), read as one flat sequence of (tile, K chunk) blocks, each issued two
     chunks before it is used (chunks i + 1 and i + 2 in flight while chunk i is summed, across
-    tile boundaries too). One row: the products accumulate elementwise [BLOCK_N, BLOCK_K] and
-    reduce once a tile (no per-chunk cross-warp sum); more rows: one sum per chunk and row. FP8:
+    tile boundaries too). One row: x's chunks are read one ahead, the products accumulate
+    elementwise [BLOCK_N, BLOCK_K] and reduce once a tile (no per-chunk cross-warp sum); more rows: one sum per chunk and row. FP8:
     x is e4m3 with scales xs_ptr [M]; the epilogue is `_gemv_kernel`'s. x and the weight are
     K-contiguous."""
     pid = tl.program_id(0)
@@ -449,6 +449,11 @@ def _gemv_stream_kernel(
         sx = tl.load(xs_ptr + ms_safe)
     acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    if ROWS == 1:
+        if EVEN_K:
+            x_next = tl.load(x_ptr + ks)
+        else:
+            x_next = tl.load(x_ptr + ks, mask=ks < K, other=0.0)
     w0 = _stream_chunk(w_ptr, 0, t_lo, k_chunks, N, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
     w1 = _stream_chunk(w_ptr, tl.minimum(1, last), t_lo, k_chunks, N, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
     for i in range(0, total):
@@ -459,10 +464,12 @@ def _gemv_stream_kernel(
         kk = kc * BLOCK_K + ks
         wf = w0.to(tl.float32)
         if ROWS == 1:
+            xr = x_next.to(tl.float32)
+            k_next = ((i + 1) % k_chunks) * BLOCK_K + ks      # x's next chunk, one ahead (an L2 read)
             if EVEN_K:
-                xr = tl.load(x_ptr + kk).to(tl.float32)
+                x_next = tl.load(x_ptr + k_next)
             else:
-                xr = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+                x_next = tl.load(x_ptr + k_next, mask=k_next < K, other=0.0)
             acc2 += wf * xr[None, :]
         else:
             for r in tl.static_range(ROWS):

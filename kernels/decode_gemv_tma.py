@@ -7,8 +7,8 @@ completing an mbarrier), so the bytes in flight per SM are programs x STAGES x t
 the registers, and no thread issues an address per 16 bytes. The consumer (every warp of the program)
 waits for a block, reads it from shared memory into registers, and, once every warp has read it
 (a CTA barrier), refills that slot with the block STAGES ahead. Rows past N and columns past K come as
-zeros from TMA. The arithmetic is the stream kernel's: one row of x accumulates the products
-elementwise and reduces once a tile; more rows sum per chunk and row; e4m3 weights take x already in
+zeros from TMA. The arithmetic is the stream kernel's: one row of x (its chunks read one ahead)
+accumulates the products elementwise and reduces once a tile; more rows sum per chunk and row; e4m3 weights take x already in
 e4m3 with its per-row scales and multiply by scale_w[n] * scale_x[m] in the epilogue, then the bias,
 one cast. So the results are `decode_gemv_reference`'s up to the float32 summation order.
 
@@ -109,6 +109,11 @@ if gluon is not None:
         ms_safe = gl.minimum(ms, M - 1)
         if FP8:
             sx = gl.load(xs_ptr + ms_safe)
+        if ROWS == 1:
+            if EVEN_K:
+                x_next = gl.load(x_ptr + ks)
+            else:
+                x_next = gl.load(x_ptr + ks, mask=ks < K, other=0.0)
         acc2 = gl.zeros([BLOCK_N, BLOCK_K], gl.float32, w_layout)
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
         for i in range(0, total):
@@ -124,10 +129,12 @@ if gluon is not None:
             kc = i % k_chunks
             kk = kc * BLOCK_K + ks
             if ROWS == 1:
+                xr = x_next.to(gl.float32)
+                k_next = ((i + 1) % k_chunks) * BLOCK_K + ks      # x's next chunk, one ahead (an L2 read)
                 if EVEN_K:
-                    xr = gl.load(x_ptr + kk).to(gl.float32)
+                    x_next = gl.load(x_ptr + k_next)
                 else:
-                    xr = gl.load(x_ptr + kk, mask=kk < K, other=0.0).to(gl.float32)
+                    x_next = gl.load(x_ptr + k_next, mask=k_next < K, other=0.0)
                 acc2 += wf * xr[None, :]
             else:
                 for r in gl.static_range(ROWS):
