@@ -171,6 +171,30 @@ def bench(args, dev, cuda) -> dict:
     return {"results": out, "sweep_entries": best_entries}
 
 
+LAYERS = 32
+
+
+def token_estimate(results: dict, kind: str = "fp8", rows: int = 1) -> dict:
+    """Each variant's dense GEMV microseconds of one decode token (32 layers' QKV, O, gate_up and
+    down, plus the lm_head where measured) from the medians, and the same at the floor: what the
+    benchmarked FP8 decode step (every one of these linears in e4m3) would spend in them."""
+    per_shape = {}
+    for res in results.values():
+        if res["kind"] == kind and res["rows"] == rows:
+            for name in ("qkv", "o", "gate_up", "down", "lm_head"):
+                if (res["n"], res["k"]) == {**SHAPES, **LM_HEAD}[name]:
+                    per_shape[name] = res
+    if not all(name in per_shape for name in SHAPES):
+        return {}
+    names = [*SHAPES, *(["lm_head"] if "lm_head" in per_shape else [])]
+    count = {name: 1 if name == "lm_head" else LAYERS for name in names}
+    variants = set.intersection(*({v for v, r in per_shape[name]["variants"].items() if "us" in r} for name in names))
+    out = {v: sum(count[name] * per_shape[name]["variants"][v]["us"]["median"] for name in names)
+           for v in sorted(variants)}
+    out["floor"] = sum(count[name] * per_shape[name]["floor_us"] for name in names)
+    return {"kind": kind, "rows": rows, "shapes": names, "us_per_token": out}
+
+
 def print_table(results: dict) -> None:
     print(f"{'shape':34s} {'variant':26s} {'us median [range]':>24s} {'TB/s median [range]':>22s} "
           f"{'floor us':>8s} {'of floor':>8s} {'rel err':>8s}")
@@ -210,12 +234,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         result = bench(args, dev, cuda)
+    result["token_estimate"] = token_estimate(result["results"]) if not args.smoke else {}
     result.update(smoke=args.smoke, hbm_tbps=HBM_TBPS, seconds=time.perf_counter() - t0)
     b.write(result, dev)
     if result["sweep_entries"]:
         print("GEMV_CONFIGS entries (kernels/decode_gemv.py), the fastest persistent candidate per shape:")
         print("\n".join(result["sweep_entries"]))
     print_table(result["results"])
+    est = result["token_estimate"]
+    if est:
+        print(f"dense GEMV us per decode token ({est['kind']}, M={est['rows']}, {'+'.join(est['shapes'])}): " +
+              ", ".join(f"{v} {us:.0f}" for v, us in sorted(est["us_per_token"].items(), key=lambda kv: kv[1])))
     return 0
 
 
