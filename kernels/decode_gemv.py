@@ -433,9 +433,9 @@ def _gemv_stream_kernel(
     within one tile), read as one flat sequence of (tile, K chunk) blocks, each issued two
     chunks before it is used (chunks i + 1 and i + 2 in flight while chunk i is summed, across
     tile boundaries too). One row: x's chunks are read one ahead, the products accumulate
-    elementwise [BLOCK_N, BLOCK_K] and reduce once a tile (no per-chunk cross-warp sum); more rows: one sum per chunk and row. FP8:
-    x is e4m3 with scales xs_ptr [M]; the epilogue is `_gemv_kernel`'s. x and the weight are
-    K-contiguous."""
+    elementwise [BLOCK_N, BLOCK_K] and reduce once a tile (no per-chunk cross-warp sum); more
+    rows: one sum per chunk and row. FP8: x is e4m3 with scales xs_ptr [M]; the epilogue is
+    `_gemv_kernel`'s. x and the weight are K-contiguous."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     t_lo = pid * n_tiles // nprog

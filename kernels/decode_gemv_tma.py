@@ -8,14 +8,15 @@ the registers, and no thread issues an address per 16 bytes. The consumer (every
 waits for a block, reads it from shared memory into registers, and, once every warp has read it
 (a CTA barrier), refills that slot with the block STAGES ahead. Rows past N and columns past K come as
 zeros from TMA. The arithmetic is the stream kernel's: one row of x (its chunks read one ahead)
-accumulates the products elementwise and reduces once a tile; more rows sum per chunk and row; e4m3 weights take x already in
-e4m3 with its per-row scales and multiply by scale_w[n] * scale_x[m] in the epilogue, then the bias,
-one cast. So the results are `decode_gemv_reference`'s up to the float32 summation order.
+accumulates the products elementwise and reduces once a tile; more rows sum per chunk and row; e4m3
+weights take x already in e4m3 with its per-row scales and multiply by scale_w[n] * scale_x[m] in the
+epilogue, then the bias, one cast. So the results are `decode_gemv_reference`'s up to the float32
+summation order.
 
 sm90 only (TMA, Gluon): `require_tma` refuses anything else in one line. Gluon does not run under
 TRITON_INTERPRET=1: the CPU tests check the refusals and the shape checks; its numerics are checked on
-the GPU (tests/framework/test_decode_gemv.py, marker `gpu`). This module imports on any triton with
-Gluon (the kernel is compiled on its first call, never at import).
+the GPU (tests/framework/test_decode_gemv.py, marker `gpu`). This module imports on any triton (without
+Gluon's Hopper TMA the kernel is refused); the kernel is compiled on its first call, never at import.
 """
 from __future__ import annotations
 
