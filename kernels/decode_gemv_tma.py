@@ -20,6 +20,8 @@ Gluon's Hopper TMA the kernel is refused); the kernel is compiled on its first c
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -38,11 +40,16 @@ except ImportError as err:   # an older triton: the kernel is refused, the modul
 THREADS_PER_WARP = 32
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def tma_problem(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the TMA kernel cannot take these operands (None: it can)."""
     if GLUON_PROBLEM:
         return GLUON_PROBLEM
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device)[0] != 9:
+    if not x.is_cuda or _capability(x.device)[0] != 9:
         return f"the TMA decode GEMV runs on Hopper (sm90) only, x is on {x.device}"
     elem = weight.element_size()
     if weight.stride(1) != 1 or (weight.stride(0) * elem) % 16 or weight.data_ptr() % 16:
