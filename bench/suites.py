@@ -110,12 +110,15 @@ SUITES: tuple[Suite, ...] = (
              "splits and SDPA", ("--parts", "kernel")),
         Part("prologue", "bench.bench_decode_batch", "the fused attention prologue against the separate ops",
              ("--parts", "prologue")),
+        Part("gemv", "bench.bench_decode_gemv", "the AR decode's dense GEMVs (e4m3 and bf16) in TB/s against the "
+             "floor: the table's kernel, the stream kernel, torch; --sweep: stream candidates"),
     ), steps=(
         Step("moe", "moe", "--out {out}/moe.json", 200),
         Step("grouped_gemm", "grouped-gemm", "--out {out}/grouped_gemm.json", 120),
         Step("fp8_attention", "fp8-attention", "--out {out}/fp8_attention.json", 240),
         Step("split_kv", "split-kv", "--out {out}/split_kv.json", 120),
         Step("prologue", "prologue", "--out {out}/prologue.json", 120),
+        Step("gemv", "gemv", "--out {out}/gemv.json", 120),
     )),
     Suite("serve", "The HTTP server: its overhead over the CLI a request, and under load", (
         Part("server", "bench.bench_serve", "overhead against the CLI (median of per-request differences); load "

@@ -39,6 +39,16 @@ Split-K (only where N / BLOCK_N programs would not fill the GPU, or asked for): 
 writes float32 partials (already scaled), a second kernel sums them in a fixed order, adds
 the bias and casts: deterministic, no atomics.
 
+The persistent kernels (a config's `stream` / `tma`; CUDA-core sums, x in e4m3 first for e4m3
+weights): min(N tiles, SMs x programs_per_sm) programs, program p owning N tiles
+[p T / P, (p + 1) T / P) (an even split of the bytes to within one tile, no split-K and so no
+second launch or cross-program reduction), read as one flat sequence of (tile, K chunk)
+blocks so that the loads run ahead across tile boundaries and no program idles at the end of
+a tile. `_gemv_stream_kernel` issues each block's 16-byte loads two blocks before its use
+(registers: 2 blocks in flight a program); `kernels.decode_gemv_tma` copies the blocks by TMA
+into a shared-memory ring of num_stages blocks (Gluon, Hopper only). At one row of x both
+accumulate the products elementwise and reduce once a tile.
+
 Block sizes: `config_for` (a small table, `GEMV_CONFIGS`, keyed by (N, K, weight kind, rows
 class), over per-kind defaults); no autotuning at import or call: the entries are the fastest of a
 few candidates per shape, timed on one H200
@@ -53,7 +63,7 @@ rewired (`decode_linear` is the drop-in for F.linear to put at a call site).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +71,7 @@ import triton
 import triton.language as tl
 from triton.runtime import JITFunction
 
+from .decode_gemv_tma import launch_tma, require_tma, tma_problem
 from .fp8_quant import FP8_DTYPE, quantize_activation_rows
 
 IMPLS = ("auto", "reference", "triton")
@@ -171,7 +182,12 @@ class GemvConfig:
     """Tiles and launch of one GEMV. block_n: output channels per program; block_k: K chunk;
     split_k: 0 picks it (`split_count`), n >= 1 forces n (capped at the number of K chunks);
     dot: tensor cores with x padded to 16 rows, else CUDA-core sums per row; prequant (e4m3
-    weights): quantize x once in a first kernel instead of in every program."""
+    weights): quantize x once in a first kernel instead of in every program. stream: the
+    persistent kernel (`_gemv_stream_kernel`: programs_per_sm programs a SM, an even split of the
+    N tiles, each chunk loaded two chunks ahead; CUDA-core sums, x quantized first for e4m3
+    weights; num_stages and split_k do not apply to it; a weight that is not K-contiguous takes
+    `_gemv_kernel`). tma: the same schedule with the weight copied by TMA into a ring of
+    num_stages blocks (`kernels.decode_gemv_tma`, Hopper only)."""
 
     block_n: int = 16
     block_k: int = 512
@@ -180,6 +196,9 @@ class GemvConfig:
     split_k: int = 0
     dot: bool = False
     prequant: bool = False
+    stream: bool = False
+    tma: bool = False
+    programs_per_sm: int = 2
 
 
 # Defaults per (weight kind, rows class): "16bit" / "fp8"; "m1" (one row) / "m16" (2..16 rows).
@@ -387,6 +406,96 @@ def _split_reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, SPLITS: tl.constexpr, HAS
     tl.store(y_ptr + idx, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _stream_chunk(w_ptr, i, t_lo, k_chunks, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr):
+    """Chunk i of a program's flat (tile, K chunk) sequence: the weight block [BLOCK_N, BLOCK_K]
+    (rows past N read row N - 1, never stored; columns past K read 0)."""
+    tile = t_lo + i // k_chunks
+    ns = tl.minimum(tile * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    kk = (i % k_chunks) * BLOCK_K + tl.arange(0, BLOCK_K)
+    ptrs = w_ptr + tl.cast(ns, tl.int64)[:, None] * stride_wn + kk[None, :]
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=kk[None, :] < K, other=0.0)
+
+
+@triton.jit
+def _gemv_stream_kernel(
+    x_ptr, w_ptr, ws_ptr, xs_ptr, b_ptr, y_ptr,
+    M, N, K, n_tiles, k_chunks,
+    stride_xm, stride_wn, stride_ym,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    FP8: tl.constexpr, EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """Persistent program p of P (module docstring, `stream`): the weight tiles [BLOCK_N, K]
+    t_lo .. t_hi - 1 (an even split of the N tiles: every program streams the same bytes to
+    within one tile), read as one flat sequence of (tile, K chunk) blocks, each issued two
+    chunks before it is used (chunks i + 1 and i + 2 in flight while chunk i is summed, across
+    tile boundaries too). One row: x's chunks are read one ahead, the products accumulate
+    elementwise [BLOCK_N, BLOCK_K] and reduce once a tile (no per-chunk cross-warp sum); more
+    rows: one sum per chunk and row. FP8: x is e4m3 with scales xs_ptr [M]; the epilogue is
+    `_gemv_kernel`'s. x and the weight are K-contiguous."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    t_lo = pid * n_tiles // nprog
+    t_hi = (pid + 1) * n_tiles // nprog
+    total = (t_hi - t_lo) * k_chunks
+    last = tl.maximum(total - 1, 0)
+    ks = tl.arange(0, BLOCK_K)
+    ms = tl.arange(0, BLOCK_M)
+    ms_safe = tl.minimum(ms, M - 1)
+    if FP8:
+        sx = tl.load(xs_ptr + ms_safe)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    if ROWS == 1:
+        if EVEN_K:
+            x_next = tl.load(x_ptr + ks)
+        else:
+            x_next = tl.load(x_ptr + ks, mask=ks < K, other=0.0)
+    w0 = _stream_chunk(w_ptr, 0, t_lo, k_chunks, N, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
+    w1 = _stream_chunk(w_ptr, tl.minimum(1, last), t_lo, k_chunks, N, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K)
+    for i in range(0, total):
+        # past the end it re-reads the last chunk (cached, never used) rather than branching
+        w2 = _stream_chunk(w_ptr, tl.minimum(i + 2, last), t_lo, k_chunks, N, K, stride_wn, BLOCK_N, BLOCK_K,
+                           EVEN_K)
+        kc = i % k_chunks
+        kk = kc * BLOCK_K + ks
+        wf = w0.to(tl.float32)
+        if ROWS == 1:
+            xr = x_next.to(tl.float32)
+            k_next = ((i + 1) % k_chunks) * BLOCK_K + ks      # x's next chunk, one ahead (an L2 read)
+            if EVEN_K:
+                x_next = tl.load(x_ptr + k_next)
+            else:
+                x_next = tl.load(x_ptr + k_next, mask=k_next < K, other=0.0)
+            acc2 += wf * xr[None, :]
+        else:
+            for r in tl.static_range(ROWS):
+                if EVEN_K:
+                    xr = tl.load(x_ptr + r * stride_xm + kk).to(tl.float32)
+                else:
+                    xr = tl.load(x_ptr + r * stride_xm + kk, mask=kk < K, other=0.0).to(tl.float32)
+                part = tl.sum(wf * xr[None, :], axis=1)                          # [BLOCK_N]
+                acc += tl.where(ms[None, :] == r, part[:, None], 0.0)
+        w0 = w1
+        w1 = w2
+        if kc == k_chunks - 1:
+            if ROWS == 1:
+                acc = tl.sum(acc2, axis=1)[:, None] + tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+                acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+            ns = (t_lo + i // k_chunks) * BLOCK_N + tl.arange(0, BLOCK_N)
+            ns_safe = tl.minimum(ns, N - 1)
+            if FP8:
+                acc = acc * tl.load(ws_ptr + ns_safe)[:, None] * sx[None, :]
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + ns_safe).to(tl.float32)[:, None]
+            out_mask = (ns[:, None] < N) & (ms[None, :] < M)
+            tl.store(y_ptr + ms[None, :] * stride_ym + ns[:, None], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+
+
 TRITON_INTERPRETED = not isinstance(_gemv_kernel, JITFunction)
 
 
@@ -427,8 +536,20 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
         return y.view(*x.shape[:-1], n)
     fp8 = weight.dtype == FP8_DTYPE
     cfg = config or config_for(n, k, weight_kind(weight), m)
+    if config is None and cfg.tma and tma_problem(flat, weight):
+        # the table's TMA entry where TMA cannot run (not Hopper, the interpreter, a misaligned
+        # weight): the same schedule with register loads; an explicit config is refused instead
+        cfg = replace(cfg, tma=False, stream=True)
     if cfg.dot and cfg.block_n < 16:
         raise ValueError(f"decode_gemv: tl.dot needs block_n >= 16, the config has {cfg.block_n}")
+    if cfg.stream + cfg.tma + cfg.dot > 1:
+        raise ValueError("decode_gemv: a config takes at most one of stream, tma (CUDA-core sums) and dot "
+                         "(tensor cores)")
+    if (cfg.stream or cfg.tma) and cfg.programs_per_sm < 1:
+        raise ValueError(f"decode_gemv: programs_per_sm must be >= 1, the config has {cfg.programs_per_sm}")
+    if cfg.tma or (cfg.stream and weight.stride(1) == 1):
+        _launch_stream(flat, weight, weight_scale, bias, x_scale, y, cfg)
+        return y.view(*x.shape[:-1], n)
     splits, k_per_split = split_count(n, k, cfg, x.device)
     quantized = fp8 and (cfg.prequant or x.dtype == FP8_DTYPE)
     xs = x_scale
@@ -456,6 +577,35 @@ def decode_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
             out, bias if bias is not None else dummy, y, m, n, SPLITS=splits, HAS_BIAS=bias is not None,
             BLOCK=block, num_warps=4)
     return y.view(*x.shape[:-1], n)
+
+
+def _launch_stream(flat: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor | None,
+                   bias: torch.Tensor | None, x_scale: torch.Tensor | None, y: torch.Tensor, cfg: GemvConfig) -> None:
+    """`_gemv_stream_kernel` (or with cfg.tma the TMA kernel) into y [M, N]: min(N tiles, SMs x
+    programs_per_sm) programs; an e4m3 weight takes x in e4m3 (quantized here by
+    `quantize_rows_triton` unless it comes so)."""
+    if cfg.tma:
+        require_tma(flat, weight)   # before quantizing x: the refusal costs nothing
+    n, k = weight.shape
+    m = flat.shape[0]
+    fp8 = weight.dtype == FP8_DTYPE
+    xs = x_scale
+    if fp8 and flat.dtype != FP8_DTYPE:
+        flat, xs = quantize_rows_triton(flat)
+    flat = flat.contiguous()
+    n_tiles = triton.cdiv(n, cfg.block_n)
+    programs = min(n_tiles, _sm_count(flat.device) * cfg.programs_per_sm)
+    if cfg.tma:
+        launch_tma(flat, weight, weight_scale, bias, xs, y, cfg.block_n, cfg.block_k, cfg.num_warps,
+                   cfg.num_stages, programs)
+        return
+    _gemv_stream_kernel[(programs,)](
+        flat, weight, weight_scale if fp8 else y, xs if fp8 else y, bias if bias is not None else y, y,
+        m, n, k, n_tiles, triton.cdiv(k, cfg.block_k),
+        flat.stride(0), weight.stride(0), y.stride(0),
+        ROWS=m, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        FP8=fp8, EVEN_K=k % cfg.block_k == 0, HAS_BIAS=bias is not None,
+        num_warps=cfg.num_warps, num_stages=1)
 
 
 # ----------------------------------------------------------------------- op and public API

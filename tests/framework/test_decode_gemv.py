@@ -27,6 +27,7 @@ from kernels.decode_gemv import (
     quantize_rows_triton,
     split_count,
 )
+from kernels.decode_gemv_tma import layout_split
 from kernels.fp8_linear import fp8_gemv_suits, fp8_linear, fp8_linear_reference, quantize_activation_rows
 from kernels.fp8_quant import FP8_DTYPE, quantize_weight_channels
 from tests.support.triton import needs_triton
@@ -116,6 +117,8 @@ PATHS = {  # every code path the configs select
     "sums-prequant": GemvConfig(block_n=32, block_k=256, prequant=True),
     "dot": GemvConfig(block_n=16, block_k=64, dot=True),
     "dot-prequant-split": GemvConfig(block_n=32, block_k=128, dot=True, prequant=True, split_k=2),
+    "stream": GemvConfig(block_n=8, block_k=128, stream=True),
+    "stream-wide": GemvConfig(block_n=16, block_k=64, num_warps=2, stream=True, programs_per_sm=1),
 }
 
 
@@ -129,7 +132,23 @@ def test_every_path_matches_reference(path, kind, rows):
 
 
 @needs_triton
-@pytest.mark.parametrize("path", ["sums", "dot-prequant-split"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+@pytest.mark.parametrize("rows,n,k", [(1, 50, 328), (2, 37, 96), (7, 64, 256), (16, 9, 40)])
+def test_stream_programs_own_several_tiles(monkeypatch, rows, n, k, kind):
+    """Fewer programs than N tiles (2 "SMs"): each program's flat (tile, chunk) sequence crosses
+    tile boundaries, its prefetch runs past its last chunk, the split is uneven (odd N, K)."""
+    monkeypatch.setattr(dg, "_sm_count", lambda device: 2)
+    x, w, s, b = operands((rows,), n, k, kind, bias=True, seed=rows + n)
+    cfg = GemvConfig(block_n=8, block_k=32, stream=True, programs_per_sm=1)
+    assert_matches(decode_gemv_triton(x, w, s, b, config=cfg), decode_gemv_reference(x, w, s, b))
+    if kind.startswith("fp8"):   # x already e4m3, as fp8_linear passes it
+        q, scale = quantize_activation_rows(x)
+        got = decode_gemv_triton(q, w, s, b, config=cfg, x_scale=scale.view(-1), out_dtype=x.dtype)
+        assert_matches(got, decode_gemv_reference(x, w, s, b))
+
+
+@needs_triton
+@pytest.mark.parametrize("path", ["sums", "dot-prequant-split", "stream"])
 def test_fp8_all_zero_row_and_strided_x(path):
     x, w, s, b = operands((6,), 24, 96, "fp8-f32", bias=True, seed=3)
     x[2] = 0
@@ -232,6 +251,10 @@ def _fp8():
     (lambda x, w, s, b: decode_gemv(x, w, s, b[:4]), r"bias must be a float \[8\]"),
     (lambda x, w, s, b: decode_gemv(x, w, s, impl="cublas"), "impl must be one of"),
     (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(block_n=8, dot=True)), "block_n >= 16"),
+    (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(block_n=16, dot=True, stream=True)),
+     "at most one of stream, tma"),
+    (lambda x, w, s, b: decode_gemv_triton(x, w, s, config=GemvConfig(stream=True, programs_per_sm=0)),
+     "programs_per_sm must be >= 1"),
     (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, out_dtype=torch.float32), r"needs x_scale float32 \[2\]"),
     (lambda x, w, s, b: decode_gemv(x.to(FP8_DTYPE), w, s, x_scale=torch.ones(3), out_dtype=torch.float32),
      r"needs x_scale float32 \[2\]"),
@@ -244,6 +267,34 @@ def test_bad_input_is_one_line_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match) as err:
         call(*_fp8())
     assert "\n" not in str(err.value)
+
+
+def test_the_tma_kernel_is_refused_off_hopper_in_one_line():
+    x, w, s, _ = operands((1,), 64, 256, "fp8-bf16")
+    with pytest.raises(RuntimeError, match=r"Hopper \(sm90\) only, x is on cpu") as err:
+        decode_gemv_triton(x, w, s, config=GemvConfig(block_n=8, block_k=512, tma=True))
+    assert "\n" not in str(err.value)
+    assert layout_split(8, 1024, 1, 4) == (16, 4)       # 16-byte vectors of e4m3, the 4 warps along N
+    assert layout_split(8, 512, 2, 8) == (8, 8)
+    with pytest.raises(ValueError, match=r"tile \[8, 256\] is smaller than its 4 warps cover"):
+        layout_split(8, 256, 1, 4)
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+def test_a_table_tma_entry_runs_the_stream_schedule_off_hopper(monkeypatch, kind):
+    x, w, s, b = operands((1,), 50, 328, kind, bias=True)
+    wkind = "fp8" if kind.startswith("fp8") else "16bit"
+    monkeypatch.setitem(dg.GEMV_CONFIGS, (50, 328, wkind, "m1"), GemvConfig(block_n=8, block_k=128, num_stages=6,
+                                                                            tma=True))
+    real, launched = dg._launch_stream, []
+
+    def spy(*args):
+        launched.append(args[-1])   # the config it ran
+        return real(*args)
+    monkeypatch.setattr(dg, "_launch_stream", spy)
+    assert_matches(decode_gemv_triton(x, w, s, b), decode_gemv_reference(x, w, s, b))
+    assert [(c.stream, c.tma) for c in launched] == [(True, False)]
 
 
 def test_reference_takes_any_rows():
@@ -298,6 +349,55 @@ def test_gpu_cuda_graph_replay(rows, nk, kind):
     torch.testing.assert_close(captured, decode_gemv(x, w, s, b), rtol=0, atol=0)   # same kernels, same order
     assert_matches(captured, decode_gemv_reference(x, w, s, b))
     assert rows == 1 or not torch.equal(captured, eager)      # the replay read the new x
+
+
+def stream_config(kind: str, block_n: int = 8, tma: bool = False) -> GemvConfig:
+    """The stream kernel (tma: its TMA-ring form, 4 blocks in flight) with 8 KB chunks (a sweep
+    candidate): 1024 e4m3 or 512 16-bit columns."""
+    return GemvConfig(block_n=block_n, block_k=1024 if kind.startswith("fp8") else 512, num_warps=4,
+                      num_stages=4, stream=not tma, tma=tma)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["stream", "tma"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+@pytest.mark.parametrize("nk", [(6144, 4096), (4096, 3072), (1000, 1008), (37, 4112)])
+def test_gpu_stream_matches_reference(nk, rows, kind, tma):
+    """The persistent kernels at the decode shapes and odd ones (N, K not multiples of the
+    blocks, K a multiple of 16 for TMA; 37 rows: fewer tiles than programs), one row, a few,
+    the most, both weight kinds (one compile per kernel, rows and K class: ~24 in all)."""
+    x, w, s, b = operands((rows,), *nk, kind, bias=True, device="cuda", seed=rows)
+    got = decode_gemv_triton(x, w, s, b, config=stream_config(kind, tma=tma))
+    assert_matches(got, decode_gemv_reference(x, w, s, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tma", [False, True], ids=["stream", "tma"])
+@pytest.mark.parametrize("kind", ["bf16", "fp8-bf16"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_gpu_stream_cuda_graph_replay(rows, kind, tma):
+    x, w, s, b = operands((rows,), 6144, 4096, kind, bias=True, device="cuda")
+    cfg = stream_config(kind, tma=tma)
+    extra = {}
+    if kind.startswith("fp8"):   # as fp8_linear calls it: x in e4m3 with its scales
+        q, scale = quantize_activation_rows(x)
+        x, extra = q, {"x_scale": scale.view(-1), "out_dtype": torch.bfloat16}
+    call = lambda: decode_gemv_triton(x, w, s, b, config=cfg, **extra)   # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    before = captured.clone()
+    x.copy_((-x.float()).to(x.dtype))     # exact in e4m3 and bf16: the outputs change, not the arithmetic
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, call(), rtol=0, atol=0)   # same kernel, same order
+    assert not torch.equal(captured, before)                        # the replay read the new x
 
 
 @pytest.mark.gpu
