@@ -391,6 +391,24 @@ def operands_problem(q8, k8, vt8, tiles: GluonTiles) -> str | None:
     return None
 
 
+def lengths_problem(q8, k8, vt8, sq: int, sk: int, heads: int) -> str | None:
+    """Why `sq`, `sk`, `heads` do not describe these operands, in one line, or None. The kernel trusts
+    them: with no key its consumers would wait forever for a first K tile; lengths past the padded
+    ones, or query heads that are not a whole multiple of the KV heads, would read other heads' rows."""
+    B, q_heads, sq_pad, D = q8.shape
+    kv_heads, sk_pad = k8.shape[1], k8.shape[2]
+    if heads != q_heads or kv_heads < 1 or heads % kv_heads:
+        return (f"the Gluon FP8 attention kernel needs heads ({heads}) = q8's heads ({q_heads}), a multiple of "
+                f"k8's KV heads ({kv_heads})")
+    if not 1 <= sk <= sk_pad or not 0 <= sq <= sq_pad:
+        return (f"the Gluon FP8 attention kernel needs 1 <= sk <= {sk_pad} and 0 <= sq <= {sq_pad} (the operands' "
+                f"padded lengths), got sk {sk}, sq {sq}")
+    if tuple(vt8.shape) != (B, kv_heads, D, sk_pad) or k8.shape[0] != B or k8.shape[3] != D:
+        return (f"the Gluon FP8 attention kernel takes k8 [B, Hkv, Sk_pad, D] and vt8 [B, Hkv, D, Sk_pad] for q8 "
+                f"{tuple(q8.shape)}, got k8 {tuple(k8.shape)}, vt8 {tuple(vt8.shape)}")
+    return None
+
+
 def fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
                         dtype: torch.dtype, tiles: GluonTiles | None = None) -> torch.Tensor:
     """The Gluon kernel over `quantize_qkv`'s operands -> out [B, Sq, Hq, D] (as `_fp8_attention_triton`)."""
@@ -401,13 +419,16 @@ def launch_fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, 
                                dtype: torch.dtype, tiles: GluonTiles | None = None):
     """`fp8_attention_gluon`, and the compiled kernel it ran (a benchmark reads its registers)."""
     tiles = tiles or GLUON_TILES
-    problem = gluon_problem(q8.device) or operands_problem(q8, k8, vt8, tiles)
+    problem = (gluon_problem(q8.device) or operands_problem(q8, k8, vt8, tiles)
+               or lengths_problem(q8, k8, vt8, sq, sk, heads))
     if problem:
         raise RuntimeError(f"fp8_attention_gluon: {problem}")
     B, _, sq_pad, D = q8.shape
     kv_heads, sk_pad = k8.shape[1], k8.shape[2]
-    q_desc, k_desc, vt_desc = _descriptors(q8, k8, vt8, tiles)
     out = torch.empty(B, sq, heads, D, dtype=dtype, device=q8.device)
+    if out.numel() == 0:       # no query: nothing to launch (TMA cannot describe an empty Q)
+        return out, None
+    q_desc, k_desc, vt_desc = _descriptors(q8, k8, vt8, tiles)
     grid = (triton.cdiv(sq, tiles.block_m), B * heads)
     compiled = _fp8_attention_gluon_kernel[grid](
         q_desc, k_desc, vt_desc, q_scale, k_scale, v_scale, out,

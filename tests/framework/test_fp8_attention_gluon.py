@@ -86,6 +86,20 @@ def test_operands_it_does_not_take():
     assert problem == expected or expected in problem
 
 
+def test_lengths_it_does_not_take():
+    """The kernel trusts sq, sk and heads: no key would leave its consumers waiting for a first K tile
+    forever (a hung GPU); longer lengths or other head counts would read other heads' rows."""
+    q, k, v = _qkv(1, 4, 2, 5, 7, 64)
+    q8, _, k8, _, vt8, _ = fa.quantize_qkv(q, k, v)
+    assert fg.lengths_problem(q8, k8, vt8, 5, 7, 4) is None
+    assert fg.lengths_problem(q8, k8, vt8, 0, 7, 4) is None          # no query: nothing launched
+    for sq, sk, heads, field in [(5, 0, 4, "sk 0"), (5, k8.shape[2] + 1, 4, "1 <= sk"),
+                                 (q8.shape[2] + 1, 7, 4, "sq"), (5, 7, 3, "heads (3)"), (5, 7, 8, "heads (8)")]:
+        problem = fg.lengths_problem(q8, k8, vt8, sq, sk, heads)
+        assert field in problem and "\n" not in problem
+    assert "vt8 [B, Hkv, D, Sk_pad]" in fg.lengths_problem(q8, k8, vt8[:, :, :, :-1], 5, 7, 4)
+
+
 def test_auto_keeps_the_triton_kernel_until_switched(monkeypatch):
     """"auto" runs the Gluon kernel only where AUTO_PICKS_GLUON is set, the PV is e4m3 and the device can."""
     assert fa.AUTO_PICKS_GLUON is False
