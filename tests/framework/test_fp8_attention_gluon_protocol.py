@@ -208,7 +208,7 @@ def _execute(st, op):
         st.turn_holder = None
 
 
-def run(n_blocks, num_stages=3, consumers=2, pingpong=True, seed=0, producer_fn=producer,
+def run_interleaving(n_blocks, num_stages=3, consumers=2, pingpong=True, seed=0, producer_fn=producer,
         consumer_fn=consumer, barriers_fn=make_barriers):
     """One random interleaving to the end -> the turn log; raises ProtocolError on a hazard."""
     rng = random.Random(seed)
@@ -257,7 +257,7 @@ def test_protocol_has_no_deadlock_alias_or_overwrite_at_odd_shapes(consumers, pi
     barrier runs through both parities more than once), for every ring depth the tiles take."""
     for n_blocks, num_stages in itertools.product((1, 2, 3, 4, 5, 7, 11), (2, 3, 4)):
         for seed in range(8):
-            run(n_blocks, num_stages, consumers, pingpong, seed=seed)
+            run_interleaving(n_blocks, num_stages, consumers, pingpong, seed=seed)
 
 
 # ------------------------------------------------------------------------------ broken protocols it catches
@@ -308,7 +308,7 @@ def test_the_model_catches_a_broken_protocol(broken):
     caught = 0
     for n_blocks, seed in itertools.product((1, 2, 3, 4, 7), range(12)):
         try:
-            run(n_blocks, 2, 2, True, seed=seed, **broken)
+            run_interleaving(n_blocks, 2, 2, True, seed=seed, **broken)
         except ProtocolError:
             caught += 1
     assert caught > 0
