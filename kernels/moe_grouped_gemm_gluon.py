@@ -146,6 +146,8 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
     groups, n_out, k_dim = b.shape
     if b.stride(0) != n_out * b.stride(1):
         fail(f"b's group and N dims must merge without a copy (stride(0) = N * stride(1)), got strides {b.stride()}")
+    if k_dim == 0 or n_out == 0:  # no TMA descriptor of an empty dim; a K loop of no step releases no stage
+        fail(f"K and N must be positive, got K {k_dim}, N {n_out}")
     if k_dim % ALIGN_ELEMENTS or n_out % ALIGN_ELEMENTS or b.stride(1) % ALIGN_ELEMENTS or \
             a.stride(0) % ALIGN_ELEMENTS:
         fail(f"K, N and the row strides must be multiples of {ALIGN_ELEMENTS} (TMA rows), got K {k_dim}, N {n_out}, "

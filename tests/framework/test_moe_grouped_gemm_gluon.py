@@ -57,6 +57,9 @@ def test_operands_outside_the_contract_are_named_in_one_line():
     for args, message in cases:
         with pytest.raises(ValueError, match="^" + re.escape(f"Gluon FP8 grouped GEMM: {message}")):
             gg.check_operands(*args)
+    a0, b0 = torch.zeros(4, 0, dtype=torch.float8_e4m3fn), torch.zeros(1, 32, 0, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="^Gluon FP8 grouped GEMM: K and N must be positive, got K 0, N 32$"):
+        gg.check_operands(a0, b0, torch.ones(4), torch.ones(1, 32), ends_of([4]))
     a40, _, b40, _ = fp8_operands(4, 1, 32, 40)
     with pytest.raises(ValueError, match="K, N and the row strides must be multiples of 16"):
         gg.check_operands(a40, b40, torch.ones(4), torch.ones(1, 32), ends_of([4]))
