@@ -5,8 +5,8 @@ with the kernel emulated in torch (its operand checks run on the very views the 
 then its math) against the op's reference; every refusal of the dispatch.
 GPU (marker `gpu`, sm90): the kernel against its reference on groups of 0, 1 and 17 rows at the
 denoise K/N and small ones, and over many items a program (the ring's phases wrapping), for each tile
-the benchmark times; shared down scales (P < G); the
-denoise routing against torch._scaled_grouped_mm; the op at the denoise shapes and a CUDA-graph replay.
+the benchmark times; shared down scales (P < G); the denoise routing against torch._scaled_grouped_mm;
+the op at the denoise shapes and a CUDA-graph replay.
 """
 import math
 import re
