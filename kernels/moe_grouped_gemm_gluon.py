@@ -308,20 +308,20 @@ if _IMPORT_PROBLEM is None:
         # (Constexprs go in by name: a tuple built here would turn them into tensors.)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 0, 1)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 0, 1)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
                                    num_groups, n_out, k_dim)),
             ], [1], [PRODUCER_REGS])
         else:  # ping-pong: the second consumer warpgroup in a worker partition
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 0, 2)),
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 1, 2)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 0, 2)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 1, 2)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
                                    num_groups, n_out, k_dim)),
             ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
