@@ -146,6 +146,8 @@ def check_operands(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scal
     groups, n_out, k_dim = b.shape
     if b.stride(0) != n_out * b.stride(1):
         fail(f"b's group and N dims must merge without a copy (stride(0) = N * stride(1)), got strides {b.stride()}")
+    if k_dim == 0 or n_out == 0:  # no TMA descriptor of an empty dim; a K loop of no step releases no stage
+        fail(f"K and N must be positive, got K {k_dim}, N {n_out}")
     if k_dim % ALIGN_ELEMENTS or n_out % ALIGN_ELEMENTS or b.stride(1) % ALIGN_ELEMENTS or \
             a.stride(0) % ALIGN_ELEMENTS:
         fail(f"K, N and the row strides must be multiples of {ALIGN_ELEMENTS} (TMA rows), got K {k_dim}, N {n_out}, "
@@ -306,20 +308,20 @@ if _IMPORT_PROBLEM is None:
         # (Constexprs go in by name: a tuple built here would turn them into tensors.)
         if CONSUMERS == 1:
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 0, 1)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 0, 1)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
                                    num_groups, n_out, k_dim)),
             ], [1], [PRODUCER_REGS])
         else:  # ping-pong: the second consumer warpgroup in a worker partition
             gl.warp_specialize([
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 0, 2)),
-                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr, group_ends_ptr,
-                                  work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b, scale_b_rows,
-                                  BLOCK_N, num_warps, 1, 2)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 0, 2)),
+                (_mma_partition, (a_bufs, b_bufs, ready, empty, order, out_ptr, scale_a_ptr, scale_b_ptr,
+                                  group_ends_ptr, work_ends_ptr, num_groups, n_out, k_dim, stride_out, stride_scale_b,
+                                  scale_b_rows, BLOCK_N, num_warps, 1, 2)),
                 (_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, group_ends_ptr, work_ends_ptr,
                                    num_groups, n_out, k_dim)),
             ], [num_warps, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -349,7 +351,8 @@ if _IMPORT_PROBLEM is None:
         pid = gl.program_id(0)
         programs = gl.num_programs(0)
         k_steps = gl.cdiv(k_dim, BLOCK_K)
-        steps = gl.cdiv(gl.maximum(total - pid, 0), programs) * k_steps
+        items = gl.cdiv(gl.maximum(total - pid, 0), programs)
+        steps = items * k_steps
         g_load = pid * 0
         for p in range(0, STAGES - 1):  # the prologue: the first STAGES - 1 steps' loads
             if p < steps:
@@ -357,28 +360,30 @@ if _IMPORT_PROBLEM is None:
                                     group_ends_ptr, work_ends_ptr, n_out, STAGE_BYTES, BLOCK_M, BLOCK_N, BLOCK_K,
                                     STAGES)
         g = pid * 0
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-        for c in range(0, steps):
-            s = c % STAGES
-            kk = c % k_steps
-            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-            a_buf = a_bufs.index(s)
-            b_buf = b_bufs.index(s)
-            acc = warpgroup_mma(a_buf, b_buf.permute((1, 0)), acc, use_acc=kk > 0, is_async=True)
-            acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
-            # Step c - 1's MMA is done: its stage takes step c + STAGES - 1's loads.
-            if c + STAGES - 1 < steps:
-                g_load = _load_step(c + STAGES - 1, g_load, pid, programs, k_steps, a_desc, b_desc, a_bufs, b_bufs,
-                                    ready, group_ends_ptr, work_ends_ptr, n_out, STAGE_BYTES, BLOCK_M, BLOCK_N,
-                                    BLOCK_K, STAGES)
-            if kk == k_steps - 1:
-                g, row0, row_end, col_tile = _work_item(pid + (c // k_steps) * programs, g, group_ends_ptr,
-                                                        work_ends_ptr, BLOCK_M)
-                rows, cols, scale_a, scale_b = _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile,
-                                                            n_out, scale_a_ptr, scale_b_ptr, stride_scale_b,
-                                                            scale_b_rows, BLOCK_N)
-                acc = warpgroup_mma_wait(0, deps=(acc, ))
-                _store_tile(acc, rows, cols, row_end, n_out, scale_a, scale_b, out_ptr, stride_out)
+        c = pid * 0
+        # An item's K loop nested in the items' loop, its accumulator fresh each item and waited for after
+        # it (one flat loop with the epilogue under a branch makes ptxas wait for every MMA: C7517).
+        for j in range(0, items):
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+            for kk in range(0, k_steps):
+                s = c % STAGES
+                mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                a_buf = a_bufs.index(s)
+                b_buf = b_bufs.index(s)
+                acc = warpgroup_mma(a_buf, b_buf.permute((1, 0)), acc, is_async=True)
+                acc, a_buf, b_buf = warpgroup_mma_wait(1, deps=(acc, a_buf, b_buf))
+                # Step c - 1's MMA is done: its stage takes step c + STAGES - 1's loads.
+                if c + STAGES - 1 < steps:
+                    g_load = _load_step(c + STAGES - 1, g_load, pid, programs, k_steps, a_desc, b_desc, a_bufs,
+                                        b_bufs, ready, group_ends_ptr, work_ends_ptr, n_out, STAGE_BYTES, BLOCK_M,
+                                        BLOCK_N, BLOCK_K, STAGES)
+                c += 1
+            g, row0, row_end, col_tile = _work_item(pid + j * programs, g, group_ends_ptr, work_ends_ptr, BLOCK_M)
+            rows, cols, scale_a, scale_b = _tile_scales(rows_in_tile, cols_in_tile, g, row0, row_end, col_tile,
+                                                        n_out, scale_a_ptr, scale_b_ptr, stride_scale_b,
+                                                        scale_b_rows, BLOCK_N)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            _store_tile(acc, rows, cols, row_end, n_out, scale_a, scale_b, out_ptr, stride_out)
 
     @gluon.jit
     def _load_step(p, g, pid, programs, k_steps, a_desc, b_desc, a_bufs, b_bufs, ready, group_ends_ptr,

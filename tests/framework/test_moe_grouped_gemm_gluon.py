@@ -4,8 +4,9 @@ CPU: the contract's checks and the tiles' limits, each in one line; the work tab
 with the kernel emulated in torch (its operand checks run on the very views the pipeline hands it,
 then its math) against the op's reference; every refusal of the dispatch.
 GPU (marker `gpu`, sm90): the kernel against its reference on groups of 0, 1 and 17 rows at the
-denoise K/N and small ones, for each tile the benchmark times; shared down scales (P < G); the
-denoise routing against torch._scaled_grouped_mm; the op at the denoise shapes and a CUDA-graph replay.
+denoise K/N and small ones, and over many items a program (the ring's phases wrapping), for each tile
+the benchmark times; shared down scales (P < G); the denoise routing against torch._scaled_grouped_mm;
+the op at the denoise shapes and a CUDA-graph replay.
 """
 import math
 import re
@@ -57,6 +58,9 @@ def test_operands_outside_the_contract_are_named_in_one_line():
     for args, message in cases:
         with pytest.raises(ValueError, match="^" + re.escape(f"Gluon FP8 grouped GEMM: {message}")):
             gg.check_operands(*args)
+    a0, b0 = torch.zeros(4, 0, dtype=torch.float8_e4m3fn), torch.zeros(1, 32, 0, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="^Gluon FP8 grouped GEMM: K and N must be positive, got K 0, N 32$"):
+        gg.check_operands(a0, b0, torch.ones(4), torch.ones(1, 32), ends_of([4]))
     a40, _, b40, _ = fp8_operands(4, 1, 32, 40)
     with pytest.raises(ValueError, match="K, N and the row strides must be multiples of 16"):
         gg.check_operands(a40, b40, torch.ones(4), torch.ones(1, 32), ends_of([4]))
@@ -190,6 +194,21 @@ def test_gpu_kernel_on_groups_of_0_1_and_17_rows(tiles, n_out, k_dim):
     assert rel(out, expected) < 1e-2
     atol = 2e-2 * expected.float().abs().max().item()
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=atol)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t.block_m}x{t.block_n}s{t.stages}w{t.warps}c{t.consumers}"
+                         + ("" if t.specialized else "simple"))
+def test_gpu_kernel_ring_wraps_across_many_items_a_program(tiles):
+    """The ring's phases over many items a program: 5 K steps an item (not a multiple of 3, 4 or 6
+    stages, so each item starts at another stage and parity), ~900 items of 128 x 256 (~7 a program on
+    132 SMs, so each ping-pong consumer takes several turns), a group ending inside a row tile."""
+    counts = [1000, 3, 1500, 0, 777]
+    a, scale_a, b, scale_b = fp8_operands(sum(counts), len(counts), 8192, 640, "cuda", seed=1)
+    ends = ends_of(counts, "cuda")
+    out = gg.grouped_gemm_fp8(a, b, scale_a, scale_b, ends, tiles=tiles)
+    assert rel(out, gg.grouped_gemm_fp8_reference(a, b, scale_a, scale_b, ends)) < 1e-2
 
 
 @pytest.mark.gpu
