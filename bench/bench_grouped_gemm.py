@@ -16,6 +16,11 @@ scaled-grouped-mm`: only these FP8 rows (no bf16 rows). On the same pipeline, ou
 simple kernel without warp specialization; `--sweep`: more tiles), in
 TFLOP/s of useful FLOPs and of whole row tiles (the rows each group's last tile pads to), with the median,
 fastest and slowest of the timed runs; the gate/up stage as the op runs it; and the "gluon" experts op whole.
+
+Every kernel row (the fused, library and Gluon GEMMs, their tiles, the experts ops) is timed as the replay
+of a CUDA graph recorded from it, L2 flushed between replays (do_bench): device time, without the host's
+launch work, which differs between the paths (a descriptor and a work table built per Gluon call, several
+torch ops around the library's) and which the model's CUDA-graphed steps do not pay either.
 """
 from __future__ import annotations
 
@@ -66,6 +71,11 @@ MODULE = "bench.bench_grouped_gemm"
 
 def _us(fn) -> float:
     return median_ms(fn) * 1e3
+
+
+def _graph_us(fn) -> float:
+    """Median microseconds of fn's CUDA-graph replay (module docstring: why every kernel row is timed so)."""
+    return median_ms(fn, graph=True) * 1e3
 
 
 def _case(name: str, fn, flop: float) -> dict:
@@ -170,7 +180,7 @@ def _time_row(fn, expected, flop, as_float=lambda out: out) -> dict:
     row = {}
     try:
         row["rel_err"] = rel_err(as_float(fn()), expected)
-        us = _us(fn)
+        us = _graph_us(fn)
         row.update(us=round(us, 1), tflops=round(flop / us / 1e6, 1))
     except Exception as err:  # a tile that does not fit must not hide the others
         row["error"] = f"{type(err).__name__}: {str(err)[:200]}"
@@ -220,7 +230,7 @@ def _bench_fp8_channels(args, x_tok, token_of_slot, ends, gu_micro, dn_micro, ac
     act_bf16 = act_micro
     for name, fn in (("quantize x per row", lambda: quantize_rows(x_tok)),
                      ("quantize act per row from amax", lambda: quantize_rows_by_amax(act_bf16, amax))):
-        us = _us(fn)
+        us = _graph_us(fn)
         report[name.replace(" ", "_") + "_us"] = round(us, 1)
         print(f"{'fp8 channels ' + name:<60}{us:>9.1f} us")
     report["gate_up"] = _tile_rows(
@@ -327,9 +337,15 @@ GLUON_SWEEP = [gluon_gemm.PINGPONG_TILES, gluon_gemm.SIMPLE_TILES, gluon_gemm.Gl
 
 
 def _us_spread(fn) -> tuple[float, float, float]:
-    """(median, fastest, slowest) microseconds of do_bench's timed runs of fn (L2 flushed between runs)."""
+    """(median, fastest, slowest) microseconds of do_bench's timed replays of fn recorded as a CUDA graph (L2
+    flushed between runs)."""
     import triton.testing
-    times = sorted(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="all"))
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = sorted(triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="all"))
     return times[len(times) // 2] * 1e3, times[0] * 1e3, times[-1] * 1e3
 
 
