@@ -209,7 +209,14 @@ def test_load_refuses_before_reading_any_weight(tiny_checkpoint):
 @pytest.mark.parametrize("hidden,inter", [(4096, 768), (64, 32)], ids=["denoise", "small"])
 def test_gpu_gemms_on_groups_of_0_1_and_17_rows(hidden, inter):
     """Each GEMM against its reference on the same inputs, groups of 0, 1, 17, 0, 5 and 33 rows
-    (two micros): the gate/up GEMM with the activation quantized, then the down GEMM."""
+    (two micros): the gate/up GEMM with the activation quantized, then the down GEMM.
+
+    Row by row with CUTLASS's promoted accumulation (fast_accum off: float32-grade sums, so u, each
+    row's scale and its e4m3 roundings are the reference's up to summation order). With the default fast
+    accumulation (the tensor cores' FP8 accumulator, about 14 bits kept, never promoted) the sums over
+    K = 4096 drift by up to ~1-2 %, every row's scale moves a little and its e4m3 roundings become
+    independent of the reference's (~2.6 % rms each, as the op's test says): the same checks over all
+    rows, at those bounds."""
     counts = [0, 1, 17, 0, 5, 33]
     micros, experts, slots = 2, len(counts), sum(counts)
     ends = ends_of(counts, "cuda")
@@ -218,14 +225,15 @@ def test_gpu_gemms_on_groups_of_0_1_and_17_rows(hidden, inter):
     w_down = torch.randn(micros, experts, hidden, inter, device="cuda", generator=gen) / math.sqrt(inter)
     gu_q, gu_s, dn_q, dn_s = fq.quantize_experts(w_gate_up, w_down, "channels")
     x_q, x_s = fq.quantize_rows(torch.randn(slots, hidden, device="cuda", generator=gen))
-    act_q, act_s = sg.gate_up_act_quant(x_q, x_s, gu_q, gu_s, ends)
     ref_q, ref_s = sg.gate_up_act_quant_reference(x_q, x_s, gu_q, gu_s, ends)
-    assert act_q.shape == (micros, slots, inter) and act_s.shape == (micros * slots,)
-    torch.testing.assert_close(act_s, ref_s, rtol=1e-2, atol=0)  # u in bf16 from another summation order
-    act_f = act_q.float() * act_s.view(micros, slots, 1)
-    assert rel(act_f, ref_q.float() * ref_s.view(micros, slots, 1)) < 3e-2
-    partials = sg.down_partials(act_q, act_s, dn_q, dn_s, ends)
-    assert rel(partials, sg.down_partials_reference(act_q, act_s, dn_q, dn_s, ends)) < 1e-2
+    ref_f = ref_q.float() * ref_s.view(micros, slots, 1)
+    for fast_accum, scale_rtol, act_bound in ((False, 1e-2, 3e-2), (True, 3e-2, 6e-2)):
+        act_q, act_s = sg.gate_up_act_quant(x_q, x_s, gu_q, gu_s, ends, fast_accum=fast_accum)
+        assert act_q.shape == (micros, slots, inter) and act_s.shape == (micros * slots,)
+        torch.testing.assert_close(act_s, ref_s, rtol=scale_rtol, atol=0)
+        assert rel(act_q.float() * act_s.view(micros, slots, 1), ref_f) < act_bound
+        partials = sg.down_partials(act_q, act_s, dn_q, dn_s, ends, fast_accum=fast_accum)
+        assert rel(partials, sg.down_partials_reference(act_q, act_s, dn_q, dn_s, ends)) < 1e-2
 
 
 @pytest.mark.gpu
