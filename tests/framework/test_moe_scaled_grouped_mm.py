@@ -176,16 +176,18 @@ def test_op_refuses_block_scales_and_the_cpu_in_one_line():
         moe_multi_micro_fp8(x, ids, weights, *fq.quantize_experts(w_gate_up, w_down), impl="scaled_grouped_mm")
 
 
-def test_model_dtype_experts_refuse_the_fp8_only_impl():
+@pytest.mark.parametrize("impl", ["scaled_grouped_mm", "gluon"])
+def test_model_dtype_experts_refuse_the_fp8_only_impl(impl):
+    """Each FP8-only impl (this file's and `kernels.moe_grouped_gemm_gluon`'s)."""
     from models.hunyuan_image3.model import set_moe_impl
     from models.hunyuan_image3.transformer import Experts
 
     experts = Experts(4, 32, 16)
     with pytest.raises(ValueError, match="runs FP8 experts only"):
-        set_moe_impl(experts, "scaled_grouped_mm")
+        set_moe_impl(experts, impl)
     experts.use_fp8()
-    set_moe_impl(experts, "scaled_grouped_mm")
-    assert experts.impl_fp8.keywords == {"impl": "scaled_grouped_mm"}
+    set_moe_impl(experts, impl)
+    assert experts.impl_fp8.keywords == {"impl": impl}
 
 
 def test_load_refuses_before_reading_any_weight(tiny_checkpoint):
