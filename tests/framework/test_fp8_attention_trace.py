@@ -1,0 +1,130 @@
+"""The Gluon FP8 attention kernel's trace option and its probe's arithmetic, on the CPU.
+
+kernels.fp8_attention_gluon: the public op keeps its signature (the trace goes through
+`launch_fp8_attention_gluon(..., trace=)`), the trace buffer's shape and the one-line refusals of a
+bad one. bench.probes.fp8_attention_trace: its phases, overlap shares, timeline and table on
+synthetic stamps laid out as the kernel writes them, and its argument errors (before any GPU).
+"""
+import inspect
+
+import pytest
+import torch
+
+from bench.probes import fp8_attention_trace as probe
+from kernels import fp8_attention as fa
+from kernels import fp8_attention_gluon as fg
+
+# One key block's phases in cycles, in order (SEGMENTS); a block takes 1000.
+DURATIONS = {"k_wait": 10, "turn_wait": 0, "issue": 100, "qk_wait": 200, "softmax": 500, "pv_wait": 50,
+             "pack_rescale": 140}
+BLOCK = sum(DURATIONS.values())
+
+
+def _stamps(t0):
+    """TRACE_POINTS of a block starting at t0 (issue: Q K^T 40, the V wait 20, P V 40)."""
+    top = t0
+    k_ready = top + 10
+    turn_held = k_ready
+    qk_issued, v_ready, turn_passed = turn_held + 40, turn_held + 60, turn_held + 100
+    logits = turn_passed + 200
+    softmax_done = logits + 500
+    pv_done = softmax_done + 50
+    end = pv_done + 140
+    return [top, k_ready, turn_held, qk_issued, v_ready, turn_passed, logits, softmax_done, pv_done, end]
+
+
+def _trace(programs, iters, wg1_offset):
+    """Stamps as the kernel lays them out: WG0's blocks back to back from 10000 (+ 100000 a program),
+    WG1's `wg1_offset` cycles later; the producer waits 5 cycles on each slot; meta: smid, start, finish."""
+    trace = torch.zeros(programs, fg.TRACE_ROLES, iters + 1, fg.TRACE_SLOTS, dtype=torch.int64)
+    for p in range(programs):
+        base = 10_000 + 100_000 * p
+        for role, offset in ((0, 0), (1, wg1_offset)):
+            for j in range(iters):
+                trace[p, role, j] = torch.tensor(_stamps(base + offset + j * BLOCK))
+            trace[p, role, iters, :3] = torch.tensor([p, base + offset - 50, base + offset + iters * BLOCK])
+        for j in range(iters):
+            t = base - 500 + 100 * j
+            trace[p, 2, j, :4] = torch.tensor([t, t + 5, t + 10, t + 15])
+        trace[p, 2, iters, :3] = torch.tensor([p, base - 600, base])
+    return trace.tolist()
+
+
+def test_the_public_op_keeps_its_signature_and_the_trace_is_a_launch_option():
+    assert list(inspect.signature(fg.fp8_attention_gluon).parameters) == [
+        "q8", "q_scale", "k8", "k_scale", "vt8", "v_scale", "sq", "sk", "heads", "dtype", "tiles"]
+    launch = inspect.signature(fg.launch_fp8_attention_gluon).parameters
+    assert "trace" in launch and launch["trace"].default is None
+
+
+def test_trace_buffer_and_its_one_line_refusals():
+    buf = fg.trace_buffer(8, 16, "cpu")
+    assert buf.shape == (8, fg.TRACE_ROLES, 17, fg.TRACE_SLOTS) and buf.dtype == torch.int64
+    assert not buf.any() and fg.trace_problem(buf) is None
+    assert fg.TRACE_SLOTS >= max(len(fg.PRODUCER_POINTS), len(fg.TRACE_META))
+    for bad in (buf.float(), buf[:, :2], buf[..., :4], buf[:, :, :1], buf.transpose(0, 1)):
+        problem = fg.trace_problem(bad)
+        assert problem is not None and problem.startswith("trace must be") and "\n" not in problem
+    with pytest.raises(ValueError, match=r"^trace_buffer: programs and iterations must be >= 1"):
+        fg.trace_buffer(0, 16, "cpu")
+    # Off sm90, a traced launch is refused as an untraced one is, in one line.
+    q = torch.randn(1, 2, 5, 64)
+    with pytest.raises(RuntimeError, match=r"^fp8_attention_gluon: [^\n]*$"):
+        fg.launch_fp8_attention_gluon(*fa.quantize_qkv(q, q, q), 5, 5, 2, torch.float32, trace=buf)
+
+
+def test_phase_medians_of_synthetic_stamps():
+    trace = _trace(programs=2, iters=10, wg1_offset=500)
+    med = probe.summarize(trace, 2)["median_cycles"]
+    for wg in ("WG0", "WG1"):
+        assert {k: med[wg][k] for k in DURATIONS} == DURATIONS
+        assert (med[wg]["qk_issue"], med[wg]["v_wait"], med[wg]["pv_issue"]) == (40, 20, 40)
+        assert med[wg]["iteration"] == BLOCK and med[wg]["period"] == BLOCK
+    cycles = probe.phase_cycles(trace, 2)
+    assert len(cycles["WG0"]["softmax"]) == 2 * 8          # blocks 2 .. 9 of each program
+    assert len(cycles["WG0"]["period"]) == 2 * 7
+
+
+def test_overlap_tells_serialized_softmaxes_from_alternating_ones():
+    same = probe.summarize(_trace(2, 10, wg1_offset=0), 2)
+    for wg in ("WG0", "WG1"):
+        assert same["overlap"][wg]["softmax_while_other_softmax"] == 1.0
+        assert same["overlap"][wg]["issue_while_other_softmax"] == 0.0
+    # WG1 half a block behind: a softmax [310, 810) of its block meets the other's P V wait 50, pack 140,
+    # K wait 10, issue 100 and Q K^T wait 200 (MMAs 350 of 500); each issue window lies inside the other's
+    # softmax. Blocks 2 .. 9 are clipped to the span both cover, [2500, 10000) from the first block: WG0's
+    # first softmax keeps [2500, 2810) (WG1's K wait 10, issue 100, Q K^T wait 200), WG1's last keeps
+    # [9810, 10000) (WG0's P V wait 50, pack 140).
+    shifted = probe.summarize(_trace(2, 10, wg1_offset=500), 2)
+    expected_mma = {"WG0": (300 + 7 * 350) / (310 + 7 * 500), "WG1": (7 * 350 + 50) / (7 * 500 + 190)}
+    for wg in ("WG0", "WG1"):
+        o = shifted["overlap"][wg]
+        assert o["softmax_while_other_softmax"] == 0.0
+        assert o["issue_while_other_softmax"] == 1.0
+        assert o["softmax_while_other_mma"] == pytest.approx(expected_mma[wg])
+        assert o["softmax_while_other_mma"] + o["softmax_while_other_elsewhere"] == pytest.approx(1.0)
+    assert shifted["program_cycles_median"] == 10 * BLOCK + 500 + 50
+    assert shifted["smids"] == [0, 1] and shifted["blocks_out_of_order"] == 0
+    assert shifted["producer_median_cycles"] == {"k_empty_wait": 5, "v_empty_wait": 5}
+
+
+def test_timeline_and_table_render():
+    trace = _trace(2, 10, wg1_offset=500)
+    lines = probe.timeline(trace, 0)
+    bars = [line for line in lines if line.startswith(("WG0", "WG1", "prod"))]
+    assert len(bars) == 3 and len({len(b) for b in bars}) == 1
+    assert "S" in bars[0] and "I" in bars[1] and "S" in bars[1]
+    assert sum(line.split()[0].isdigit() for line in lines) == 2 * probe.TIMELINE_BLOCKS
+    summary = probe.summarize(trace, 2)
+    rows = probe.table({"pingpong": {"summary": summary, "untraced_ms": 7.8, "traced_ms": 8.1,
+                                     "traced_output_equal": True}})
+    assert len(rows) == 4 and "7.800 ms" in rows[-1] and rows[1].split()[:2] == ["pingpong", "WG0"]
+
+
+@pytest.mark.parametrize("argv, flag", [(["--iters", "3"], "--iters"), (["--programs", "0"], "--programs"),
+                                        (["--repeats", "0"], "--repeats")])
+def test_probe_refuses_bad_arguments_in_one_line(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        probe.main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err.strip().splitlines()[-1]
