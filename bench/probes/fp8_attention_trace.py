@@ -211,6 +211,26 @@ def summarize(trace, programs: int, first: int = 2) -> dict:
             "smids": smids, "blocks_out_of_order": unordered, "cycles": cycles}
 
 
+def variant_lines(name: str, tiles: str, trace, summary: dict) -> list[str]:
+    """What the probe prints of one variant: phase medians, the producer's waits, the overlap shares and
+    the first program's timeline."""
+    lines = [f"\n== {name}: {tiles}"]
+    med = summary["median_cycles"]
+    for wg in ("WG0", "WG1"):
+        lines.append(f"{wg}: " + ", ".join(f"{ph} {med[wg][ph]:.0f}" for ph in PHASES if med[wg][ph] is not None))
+    prod = summary["producer_median_cycles"]
+    lines.append("producer: " + ", ".join(f"{ph} {c:.0f}" for ph, c in prod.items() if c is not None)
+                 + f"; SMs {summary['smids']}; blocks with stamps out of order: {summary['blocks_out_of_order']}")
+    for wg in ("WG0", "WG1"):
+        o = summary["overlap"].get(wg)
+        if o and o["softmax_cycles"]:
+            lines.append(f"{wg} softmax ({o['softmax_cycles']} cycles): the other WG in softmax "
+                         f"{o['softmax_while_other_softmax']:.0%}, in its MMAs {o['softmax_while_other_mma']:.0%}, "
+                         f"elsewhere {o['softmax_while_other_elsewhere']:.0%}; {wg} issue ({o['issue_cycles']} "
+                         f"cycles) while the other's softmax runs {o['issue_while_other_softmax'] or 0:.0%}")
+    return lines + timeline(trace, 0)
+
+
 def table(results: dict) -> list[str]:
     """The last table: per variant and warpgroup, the median cycles of each phase, the overlap shares,
     and the kernel's times untraced and traced."""
@@ -302,21 +322,7 @@ def main(argv=None) -> int:
              "traced_output_equal": bool(torch.equal(out, reference)), "traced_kernel": registers,
              "summary": summary, "raw": raw}
         results[name] = r
-        print(f"\n== {name}: {tiles}")
-        med = summary["median_cycles"]
-        for wg in ("WG0", "WG1"):
-            print(f"{wg}: " + ", ".join(f"{ph} {med[wg][ph]:.0f}" for ph in PHASES if med[wg][ph] is not None))
-        prod = summary["producer_median_cycles"]
-        print("producer: " + ", ".join(f"{ph} {c:.0f}" for ph, c in prod.items() if c is not None)
-              + f"; SMs {summary['smids']}; blocks with stamps out of order: {summary['blocks_out_of_order']}")
-        for wg in ("WG0", "WG1"):
-            o = summary["overlap"].get(wg)
-            if o and o["softmax_cycles"]:
-                print(f"{wg} softmax ({o['softmax_cycles']} cycles): other WG in softmax "
-                      f"{o['softmax_while_other_softmax']:.0%}, in its MMAs {o['softmax_while_other_mma']:.0%}, "
-                      f"elsewhere {o['softmax_while_other_elsewhere']:.0%}; {wg} issue ({o['issue_cycles']} cycles) "
-                      f"while the other's softmax {o['issue_while_other_softmax'] or 0:.0%}")
-        print("\n".join(timeline(raw, 0)))
+        print("\n".join(variant_lines(name, repr(tiles), raw, summary)), flush=True)
         result["variants"][name] = r
     b.write(result)
     print()

@@ -116,6 +116,9 @@ def test_timeline_and_table_render():
     assert "S" in bars[0] and "I" in bars[1] and "S" in bars[1]
     assert sum(line.split()[0].isdigit() for line in lines) == 2 * probe.TIMELINE_BLOCKS
     summary = probe.summarize(trace, 2)
+    printed = probe.variant_lines("pingpong", "tiles", trace, summary)
+    assert printed[1].startswith("WG0: k_wait 10, turn_wait 0, issue 100") and printed[-len(lines):] == lines
+    assert any(line.startswith("WG1 softmax (") and "in softmax 0%" in line for line in printed)
     rows = probe.table({"pingpong": {"summary": summary, "untraced_ms": 7.8, "traced_ms": 8.1,
                                      "traced_output_equal": True}})
     assert len(rows) == 4 and "7.800 ms" in rows[-1] and rows[1].split()[:2] == ["pingpong", "WG0"]
@@ -128,3 +131,41 @@ def test_probe_refuses_bad_arguments_in_one_line(argv, flag, capsys):
         probe.main(argv)
     assert e.value.code == 2
     assert flag in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+class _KernelCall:
+    """Stands in for the compiled kernel: binds a launch's arguments to the kernel's parameters."""
+
+    def __init__(self, kernel):
+        self.signature = inspect.signature(kernel.fn)
+        self.bound = None
+
+    def __getitem__(self, grid):
+        self.grid = grid
+        return self
+
+    def __call__(self, *args, num_warps, maxnreg, **constexprs):
+        self.bound = self.signature.bind(*args, **constexprs)
+        return None
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_launch_binds_to_the_kernel_with_and_without_a_trace(traced, monkeypatch):
+    # The launch as on sm90, the kernel replaced by a binder: every argument lands on a parameter,
+    # the trace buffer (or a 1-element dummy) on trace_ptr and its sizes on the TRACE constexprs.
+    monkeypatch.setattr(fg, "gluon_problem", lambda device: None)
+    monkeypatch.setattr(fg, "operands_problem", lambda *a: None)    # the interpreter's small scale blocks
+    call = _KernelCall(fg._fp8_attention_gluon_kernel)
+    monkeypatch.setattr(fg, "_fp8_attention_gluon_kernel", call)
+    q = torch.randn(1, 12, 300, 128)
+    buf = fg.trace_buffer(8, 16, "cpu") if traced else None
+    fg.launch_fp8_attention_gluon(*fa.quantize_qkv(q, q, q), 300, 300, 12, torch.bfloat16, trace=buf)
+    args = call.bound.arguments
+    assert call.grid == (3, 12)
+    if traced:
+        assert args["trace_ptr"] is buf
+        assert (args["TRACE"], args["TRACED_PROGRAMS"], args["TRACE_ITERS"]) == (True, 8, 16)
+    else:
+        assert args["trace_ptr"].dtype == torch.int64 and args["trace_ptr"].numel() == 1
+        assert not {"TRACE", "TRACED_PROGRAMS", "TRACE_ITERS"} & set(args)     # the defaults: untraced
+        assert call.signature.parameters["TRACE"].default is False
