@@ -101,12 +101,17 @@ GLUON_TILES = GluonTiles()
 # P V); of the producer, at PRODUCER_POINTS of loading block j. The last row holds TRACE_META.
 TRACE_ROLES = 3
 TRACE_POINTS = ("top", "k_ready", "turn_held", "qk_issued", "v_ready", "turn_passed", "logits_ready",
-                "softmax_done", "pv_done", "end")
+                "k_released", "softmax_done", "pv_done", "v_released", "end")
 PRODUCER_POINTS = ("k_empty_wait", "k_empty_done", "v_empty_wait", "v_empty_done")
 TRACE_META = ("smid", "start", "finish")
 TRACE_SLOTS = len(TRACE_POINTS)
 _SLOTS = tl.constexpr(TRACE_SLOTS)
 _ROLES = tl.constexpr(TRACE_ROLES)
+# The slots as the kernel names them (constexpr: the kernel reads them)
+(_AT_TOP, _AT_K_READY, _AT_TURN_HELD, _AT_QK_ISSUED, _AT_V_READY, _AT_TURN_PASSED, _AT_LOGITS_READY, _AT_K_RELEASED,
+ _AT_SOFTMAX_DONE, _AT_PV_DONE, _AT_V_RELEASED, _AT_END) = (tl.constexpr(i) for i in range(TRACE_SLOTS))
+_AT_K_EMPTY_WAIT, _AT_K_EMPTY_DONE, _AT_V_EMPTY_WAIT, _AT_V_EMPTY_DONE = (tl.constexpr(i) for i in range(4))
+_AT_SMID, _AT_START, _AT_FINISH = (tl.constexpr(i) for i in range(3))
 
 
 def trace_buffer(programs: int, iterations: int, device) -> torch.Tensor:
@@ -154,7 +159,7 @@ if GLUON_IMPORT_PROBLEM is None:
         if TRACE:
             traced = trace_row < TRACED_PROGRAMS
             trace_base = (trace_row * _ROLES + 2) * (TRACE_ITERS + 1) * _SLOTS
-            _stamp_meta(trace_ptr, trace_base + TRACE_ITERS * _SLOTS, traced, 1)
+            _stamp_meta(trace_ptr + trace_base + TRACE_ITERS * _SLOTS, traced, 1)
         for w in gl.static_range(CONSUMERS):
             mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [q_row0 + w * 64, 0], q_bars.index(w), q_smem.index(w))
@@ -163,10 +168,11 @@ if GLUON_IMPORT_PROBLEM is None:
             empty_phase = ((j // NUM_STAGES) & 1) ^ 1      # a fresh mbarrier's "previous" phase is complete
             if TRACE:
                 on = traced & (j < TRACE_ITERS)
-                _stamp(trace_ptr, trace_base + j * _SLOTS, on, 1)
+                at = trace_ptr + (trace_base + j * _SLOTS)
+                _stamp(at + _AT_K_EMPTY_WAIT, on, 1)
             mbarrier.wait(k_empty.index(stage), empty_phase)
             if TRACE:
-                _stamp(trace_ptr, trace_base + j * _SLOTS + 1, on, 1)
+                _stamp(at + _AT_K_EMPTY_DONE, on, 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             if PERMUTED_K:
                 tma.async_copy_global_to_shared(k_desc, [(kv_row0 + j * BLOCK_N) // 16, 0, 0, 0, 0],
@@ -175,21 +181,22 @@ if GLUON_IMPORT_PROBLEM is None:
                 tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(stage),
                                                 k_smem.index(stage))
             if TRACE:
-                _stamp(trace_ptr, trace_base + j * _SLOTS + 2, on, 1)
+                _stamp(at + _AT_V_EMPTY_WAIT, on, 1)
             mbarrier.wait(v_empty.index(stage), empty_phase)
             if TRACE:
-                _stamp(trace_ptr, trace_base + j * _SLOTS + 3, on, 1)
+                _stamp(at + _AT_V_EMPTY_DONE, on, 1)
             mbarrier.expect(v_ready.index(stage), vt_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(vt_desc, [vt_row0, j * BLOCK_N], v_ready.index(stage),
                                             v_smem.index(stage))
         if TRACE:
-            _stamp(trace_ptr, trace_base + TRACE_ITERS * _SLOTS + 2, traced, 1)
+            _stamp(trace_ptr + trace_base + TRACE_ITERS * _SLOTS + _AT_FINISH, traced, 1)
 
     @gluon.jit
-    def _stamp(trace_ptr, slot, on, WARPS: gl.constexpr, SMID: gl.constexpr = False):
-        """Record `%clock64` (or with SMID, `%smid`) into trace_ptr[slot] from the partition's first thread
-        when `on`. The register is read in every thread (one value a thread: a [32 WARPS] tensor); the read
-        is not pure, so that it is neither merged with nor moved across other reads."""
+    def _stamp(at, on, WARPS: gl.constexpr, SMID: gl.constexpr = False):
+        """Record `%clock64` (or with SMID, `%smid`) at the trace pointer `at` from the partition's first
+        thread when `on`. The register is read in every thread (one value a thread: a [32 WARPS] tensor); the
+        read is not pure, so that it is neither merged with nor moved across other reads. A block's stamps
+        take `at` as one row pointer plus a constant: the store's immediate offset, no address arithmetic."""
         lane = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
         if SMID:
             value = gl.inline_asm_elementwise("{ .reg .u32 sm;\n mov.u32 sm, %smid;\n cvt.u64.u32 $0, sm; }",
@@ -197,13 +204,13 @@ if GLUON_IMPORT_PROBLEM is None:
         else:
             value = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [lane], dtype=gl.int64,
                                               is_pure=False, pack=1)
-        gl.store(trace_ptr + slot + lane * 0, value, mask=(lane == 0) & on)
+        gl.store(at + lane * 0, value, mask=(lane == 0) & on)
 
     @gluon.jit
-    def _stamp_meta(trace_ptr, row, on, WARPS: gl.constexpr):
-        """TRACE_META's smid and start clock into trace row `row` (the program's and role's last)."""
-        _stamp(trace_ptr, row, on, WARPS, True)
-        _stamp(trace_ptr, row + 1, on, WARPS)
+    def _stamp_meta(row, on, WARPS: gl.constexpr):
+        """TRACE_META's smid and start clock into the trace row `row` (the program's and role's last)."""
+        _stamp(row + _AT_SMID, on, WARPS, True)
+        _stamp(row + _AT_START, on, WARPS)
 
     @gluon.jit
     def _take_turn(turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
@@ -304,7 +311,7 @@ if GLUON_IMPORT_PROBLEM is None:
         if TRACE:
             traced = trace_row < TRACED_PROGRAMS
             trace_base = (trace_row * _ROLES + WG) * (TRACE_ITERS + 1) * _SLOTS
-            _stamp_meta(trace_ptr, trace_base + TRACE_ITERS * _SLOTS, traced, 4)
+            _stamp_meta(trace_ptr + trace_base + TRACE_ITERS * _SLOTS, traced, 4)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -320,74 +327,79 @@ if GLUON_IMPORT_PROBLEM is None:
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
 
         # key block 0: its logits and softmax
-        if TRACE:
-            _stamp(trace_ptr, trace_base + 0, traced, 4)
+        if TRACE:     # block 0's row: Q K^T alone (qk_issued, v_ready, pv_done, v_released stay 0)
+            _stamp(trace_ptr + trace_base + _AT_TOP, traced, 4)
         mbarrier.wait(q_bars.index(WG), 0)
         mbarrier.wait(k_ready.index(0), 0)
         if TRACE:
-            _stamp(trace_ptr, trace_base + 1, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_K_READY, traced, 4)
         _take_turn(turns, 0, WG, PINGPONG)
         if TRACE:
-            _stamp(trace_ptr, trace_base + 2, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_TURN_HELD, traced, 4)
         s = warpgroup_mma(q, _k_tile(k_smem, 0, BLOCK_N, HEAD_DIM, PERMUTED_K), magic, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
         if TRACE:
-            _stamp(trace_ptr, trace_base + 3, traced, 4)
-            _stamp(trace_ptr, trace_base + 5, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_TURN_PASSED, traced, 4)
         s = warpgroup_mma_wait(0, deps=[s])
         if TRACE:
-            _stamp(trace_ptr, trace_base + 6, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_LOGITS_READY, traced, 4)
         _release(k_empty.index(0))
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_K_RELEASED, traced, 4)
         scale = q_scale * gl.load(ks_ptr)
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, 0, sk, s_layout, BLOCK_N, PERMUTED_K)
         if TRACE:
-            _stamp(trace_ptr, trace_base + 7, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_SOFTMAX_DONE, traced, 4)
         p8 = _pack_p(p, BLOCK_N, p_layout, PERMUTED_K)
         if TRACE:
-            _stamp(trace_ptr, trace_base + 9, traced, 4)
+            _stamp(trace_ptr + trace_base + _AT_END, traced, 4)
 
         for j in range(1, n_blocks):
             stage = j % NUM_STAGES
             prev = (j - 1) % NUM_STAGES
             if TRACE:
                 on = traced & (j < TRACE_ITERS)
-                slot = trace_base + j * _SLOTS
-                _stamp(trace_ptr, slot, on, 4)
+                at = trace_ptr + (trace_base + j * _SLOTS)
+                _stamp(at + _AT_TOP, on, 4)
             p_op = _pv_operand(p8, BLOCK_N, p_layout)
             mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
             if TRACE:
-                _stamp(trace_ptr, slot + 1, on, 4)
+                _stamp(at + _AT_K_READY, on, 4)
             _take_turn(turns, j, WG, PINGPONG)
             if TRACE:
-                _stamp(trace_ptr, slot + 2, on, 4)
+                _stamp(at + _AT_TURN_HELD, on, 4)
             s_next = warpgroup_mma(q, _k_tile(k_smem, stage, BLOCK_N, HEAD_DIM, PERMUTED_K), magic, is_async=True)
             if TRACE:
-                _stamp(trace_ptr, slot + 3, on, 4)
+                _stamp(at + _AT_QK_ISSUED, on, 4)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
             if TRACE:
-                _stamp(trace_ptr, slot + 4, on, 4)
+                _stamp(at + _AT_V_READY, on, 4)
             acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
             _pass_turn(turns, WG, PINGPONG)
             if TRACE:
-                _stamp(trace_ptr, slot + 5, on, 4)
+                _stamp(at + _AT_TURN_PASSED, on, 4)
             s = warpgroup_mma_wait(1, deps=[s_next])          # this block's logits; P V still runs
             if TRACE:
-                _stamp(trace_ptr, slot + 6, on, 4)
+                _stamp(at + _AT_LOGITS_READY, on, 4)
             _release(k_empty.index(stage))
+            if TRACE:
+                _stamp(at + _AT_K_RELEASED, on, 4)
             scale = q_scale * gl.load(ks_ptr + (j * BLOCK_N) // SCALE_N)
             p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, j * BLOCK_N, sk, s_layout, BLOCK_N, PERMUTED_K)
             if TRACE:
-                _stamp(trace_ptr, slot + 7, on, 4)
+                _stamp(at + _AT_SOFTMAX_DONE, on, 4)
             acc = warpgroup_mma_wait(0, deps=[acc])
             if TRACE:
-                _stamp(trace_ptr, slot + 8, on, 4)
+                _stamp(at + _AT_PV_DONE, on, 4)
             _release(v_empty.index(prev))
+            if TRACE:
+                _stamp(at + _AT_V_RELEASED, on, 4)
             # packed once the P V that reads the previous words is done: ptxas serializes every wgmma
             # where a register one reads is written while it may still run
             p8 = _pack_p(p, BLOCK_N, p_layout, PERMUTED_K)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             if TRACE:
-                _stamp(trace_ptr, slot + 9, on, 4)
+                _stamp(at + _AT_END, on, 4)
 
         last = (n_blocks - 1) % NUM_STAGES
         p_op = _pv_operand(p8, BLOCK_N, p_layout)
@@ -406,7 +418,7 @@ if GLUON_IMPORT_PROBLEM is None:
         ptrs = o_ptr + b * stride_ob + h * stride_oh + rows.to(gl.int64)[:, None] * stride_os + dims[None, :]
         gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows < sq)[:, None])
         if TRACE:
-            _stamp(trace_ptr, trace_base + TRACE_ITERS * _SLOTS + 2, traced, 4)
+            _stamp(trace_ptr + trace_base + TRACE_ITERS * _SLOTS + _AT_FINISH, traced, 4)
 
     @gluon.jit
     def _fp8_attention_gluon_kernel(q_desc, k_desc, vt_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr,

@@ -11,14 +11,17 @@ the last traced run's `%clock64` stamps (kernels/fp8_attention_gluon.py, TRACE_P
 the first --programs programs (pid0 * programs_y + pid1) and the first --iters key blocks.
 
 Printed per variant, in SM clock cycles, medians over the traced programs and key blocks 2 .. iters-1:
-- k_wait: the top of the block to its K tile landing (the producer's TMA behind);
+- k_wait: the top of the block to its K tile landing (the producer's TMA behind; a barrier of the
+  warpgroup's 4 warps comes before the wait in the compiled code, untraced too);
 - turn_wait: K there, to this warpgroup's MMA turn (ping-pong: the other is issuing);
 - issue: the turn held, to both MMAs (Q K^T of this block, P V of the previous) issued and the turn
   passed, the wait on the V tile included (`qk_issue`, `v_wait`, `pv_issue` in the JSON);
 - qk_wait: to `warpgroup_mma_wait(1)` returning (the logits ready; P V may still run);
-- softmax: the online softmax of the logits (max, exp2, row sums);
+- softmax: the K slot released (`k_release`: a barrier of the warpgroup's 4 warps, then an arrive) and
+  the online softmax of the logits (`softmax_math`: max, exp2, row sums);
 - pv_wait: to `warpgroup_mma_wait(0)` returning (P V done);
-- pack_rescale: P packed to e4m3 words and the accumulator rescaled, to the end of the block;
+- pack_rescale: the V slot released (`v_release`, as the K slot), then P packed to e4m3 words and the
+  accumulator rescaled (`pack_math`), to the end of the block;
 - iteration: the top of the block to its end; period: top to the next block's top.
 Then the overlap of the two warpgroups over the span both were traced: of each one's softmax cycles,
 the share during which the other was in its softmax too (the two compete for the exp2 unit), in its
@@ -43,8 +46,10 @@ _P = {name: i for i, name in enumerate(TRACE_POINTS)}
 PHASES = {"k_wait": ("top", "k_ready"), "turn_wait": ("k_ready", "turn_held"), "issue": ("turn_held", "turn_passed"),
           "qk_issue": ("turn_held", "qk_issued"), "v_wait": ("qk_issued", "v_ready"),
           "pv_issue": ("v_ready", "turn_passed"), "qk_wait": ("turn_passed", "logits_ready"),
-          "softmax": ("logits_ready", "softmax_done"), "pv_wait": ("softmax_done", "pv_done"),
-          "pack_rescale": ("pv_done", "end"), "iteration": ("top", "end")}
+          "softmax": ("logits_ready", "softmax_done"), "k_release": ("logits_ready", "k_released"),
+          "softmax_math": ("k_released", "softmax_done"), "pv_wait": ("softmax_done", "pv_done"),
+          "pack_rescale": ("pv_done", "end"), "v_release": ("pv_done", "v_released"),
+          "pack_math": ("v_released", "end"), "iteration": ("top", "end")}
 TABLE_PHASES = ("k_wait", "turn_wait", "issue", "qk_wait", "softmax", "pv_wait", "pack_rescale", "iteration", "period")
 # The consecutive phases a block is cut into (the timeline's and the overlap's), with the timeline's letters.
 SEGMENTS = {"k_wait": "k", "turn_wait": "t", "issue": "I", "qk_wait": "q", "softmax": "S", "pv_wait": "p",

@@ -6,6 +6,7 @@ bad one. bench.probes.fp8_attention_trace: its phases, overlap shares, timeline 
 synthetic stamps laid out as the kernel writes them, and its argument errors (before any GPU).
 """
 import inspect
+import re
 
 import pytest
 import torch
@@ -21,16 +22,20 @@ BLOCK = sum(DURATIONS.values())
 
 
 def _stamps(t0):
-    """TRACE_POINTS of a block starting at t0 (issue: Q K^T 40, the V wait 20, P V 40)."""
+    """TRACE_POINTS of a block starting at t0 (issue: Q K^T 40, the V wait 20, P V 40; the K slot's
+    release 20 of the softmax, the V slot's 30 of the pack)."""
     top = t0
     k_ready = top + 10
     turn_held = k_ready
     qk_issued, v_ready, turn_passed = turn_held + 40, turn_held + 60, turn_held + 100
     logits = turn_passed + 200
+    k_released = logits + 20
     softmax_done = logits + 500
     pv_done = softmax_done + 50
+    v_released = pv_done + 30
     end = pv_done + 140
-    return [top, k_ready, turn_held, qk_issued, v_ready, turn_passed, logits, softmax_done, pv_done, end]
+    return [top, k_ready, turn_held, qk_issued, v_ready, turn_passed, logits, k_released, softmax_done, pv_done,
+            v_released, end]
 
 
 def _trace(programs, iters, wg1_offset):
@@ -57,6 +62,19 @@ def test_the_public_op_keeps_its_signature_and_the_trace_is_a_launch_option():
     assert "trace" in launch and launch["trace"].default is None
 
 
+def test_the_kernel_stamps_its_points_in_order():
+    # The slots the kernel names are TRACE_POINTS' (and the producer's, the meta row's), and the loop
+    # of `_consumer` stamps every point once, in that order.
+    for names in (fg.TRACE_POINTS, fg.PRODUCER_POINTS, fg.TRACE_META):
+        assert [getattr(fg, f"_AT_{n.upper()}").value for n in names] == list(range(len(names)))
+    source = inspect.getsource(fg._consumer.fn)
+    loop = source[source.index("for j in range(1, n_blocks):"):source.index("last = (n_blocks - 1)")]
+    assert [n.lower() for n in re.findall(r"_stamp\(at \+ _AT_(\w+), on, 4\)", loop)] == list(
+        fg.TRACE_POINTS)
+    producer = inspect.getsource(fg._producer.fn)
+    assert [n.lower() for n in re.findall(r"_stamp\(at \+ _AT_(\w+), on, 1\)", producer)] == list(fg.PRODUCER_POINTS)
+
+
 def test_trace_buffer_and_its_one_line_refusals():
     buf = fg.trace_buffer(8, 16, "cpu")
     assert buf.shape == (8, fg.TRACE_ROLES, 17, fg.TRACE_SLOTS) and buf.dtype == torch.int64
@@ -79,6 +97,8 @@ def test_phase_medians_of_synthetic_stamps():
     for wg in ("WG0", "WG1"):
         assert {k: med[wg][k] for k in DURATIONS} == DURATIONS
         assert (med[wg]["qk_issue"], med[wg]["v_wait"], med[wg]["pv_issue"]) == (40, 20, 40)
+        assert (med[wg]["k_release"], med[wg]["softmax_math"], med[wg]["v_release"], med[wg]["pack_math"]) == (
+            20, 480, 30, 110)
         assert med[wg]["iteration"] == BLOCK and med[wg]["period"] == BLOCK
     cycles = probe.phase_cycles(trace, 2)
     assert len(cycles["WG0"]["softmax"]) == 2 * 8          # blocks 2 .. 9 of each program
