@@ -189,3 +189,40 @@ def test_a_launch_binds_to_the_kernel_with_and_without_a_trace(traced, monkeypat
         assert args["trace_ptr"].dtype == torch.int64 and args["trace_ptr"].numel() == 1
         assert not {"TRACE", "TRACED_PROGRAMS", "TRACE_ITERS"} & set(args)     # the defaults: untraced
         assert call.signature.parameters["TRACE"].default is False
+
+
+ON_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_SM90, reason="the Gluon FP8 attention kernel runs on sm90 (Hopper)")
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_gpu_traced_launch_writes_ordered_stamps_and_the_same_output(pingpong):
+    # 6 key blocks, 12 programs (6 query tiles x 2 heads), the first 4 traced over all 6 blocks: the
+    # output equals the untraced kernel's bit for bit; each traced consumer block's stamps are set and in
+    # TRACE_POINTS order, the producer's in PRODUCER_POINTS order; nothing lands past the traced programs.
+    from dataclasses import replace
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6 * 128, 128, generator=g).cuda().bfloat16() for _ in range(3))
+    operands = fa.quantize_qkv(q, k, v)
+    tiles = replace(fg.GLUON_TILES, pingpong=pingpong)
+    whole = torch.zeros(5, fg.TRACE_ROLES, 7, fg.TRACE_SLOTS, dtype=torch.int64, device="cuda")
+    trace = whole[:4]
+    traced = fg.launch_fp8_attention_gluon(*operands, 768, 768, 2, torch.bfloat16, tiles, trace=trace)[0]
+    assert torch.equal(traced, fg.fp8_attention_gluon(*operands, 768, 768, 2, torch.bfloat16, tiles))
+    assert not whole[4].any()
+    stamps = trace.cpu()
+    block0 = [fg.TRACE_POINTS.index(n) for n in ("top", "k_ready", "turn_held", "turn_passed", "logits_ready",
+                                                  "k_released", "softmax_done", "end")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for p in range(4):
+        for role in (0, 1):
+            rows = stamps[p, role]
+            assert (rows[1:6] > 0).all() and (rows[1:6].diff(dim=1) >= 0).all()
+            assert (rows[0, block0] > 0).all() and (rows[0, block0].diff() >= 0).all()
+            assert (rows[1:6, 0] >= rows[0:5, -1]).all()          # a block starts after the one before ends
+            smid, start, finish = rows[6, :3].tolist()
+            assert 0 <= smid < sms and 0 < start <= rows[0, 0] and finish >= rows[5, -1]
+        assert stamps[p, 0, 6, 0] == stamps[p, 1, 6, 0] == stamps[p, 2, 6, 0]   # one SM a program
+        producer = stamps[p, 2, :6, :len(fg.PRODUCER_POINTS)]
+        assert (producer > 0).all() and (producer.diff(dim=1) >= 0).all()
