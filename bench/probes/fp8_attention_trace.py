@@ -6,16 +6,18 @@ key block, and whether one warpgroup's softmax overlaps the other's MMAs.
 The operands are bench.bench_fp8_attention's (its --kernels-only rows): Wan 1.3B's self-attention
 (12 heads, 32760 queries and keys, head_dim 128), random bf16 Q, K + 1, V (seed 0) through
 `quantize_qkv`. For ping-pong on and off, the kernel runs untraced and traced (timed: CUDA events,
-median of --repeats after a warm-up; the traced output must equal the untraced one bit for bit), and
+median of --repeats after a warm-up: the stamps cost each warp about 56 instructions a key block, some
+10% of the loop's issue slots; the traced output is compared with the untraced one bit for bit), and
 the last traced run's `%clock64` stamps (kernels/fp8_attention_gluon.py, TRACE_POINTS) are read for
-the first --programs programs (pid0 * programs_y + pid1) and the first --iters key blocks.
+the first --programs programs (pid0 * programs_y + pid1) and the first --iters key blocks. Stamps
+are warp 0's of each warpgroup, from the SM's clock (one clock for the program's warpgroups).
 
 Printed per variant, in SM clock cycles, medians over the traced programs and key blocks 2 .. iters-1:
 - k_wait: the top of the block to its K tile landing (the producer's TMA behind; a barrier of the
   warpgroup's 4 warps comes before the wait in the compiled code, untraced too);
 - turn_wait: K there, to this warpgroup's MMA turn (ping-pong: the other is issuing);
 - issue: the turn held, to both MMAs (Q K^T of this block, P V of the previous) issued and the turn
-  passed, the wait on the V tile included (`qk_issue`, `v_wait`, `pv_issue` in the JSON);
+  passed (a barrier of the warpgroup's 4 warps, then an arrive), the wait on the V tile included (`qk_issue`, `v_wait`, `pv_issue` in the JSON);
 - qk_wait: to `warpgroup_mma_wait(1)` returning (the logits ready; P V may still run);
 - softmax: the K slot released (`k_release`: a barrier of the warpgroup's 4 warps, then an arrive) and
   the online softmax of the logits (`softmax_math`: max, exp2, row sums);
