@@ -17,7 +17,8 @@ Printed per variant, in SM clock cycles, medians over the traced programs and ke
   warpgroup's 4 warps comes before the wait in the compiled code, untraced too);
 - turn_wait: K there, to this warpgroup's MMA turn (ping-pong: the other is issuing);
 - issue: the turn held, to both MMAs (Q K^T of this block, P V of the previous) issued and the turn
-  passed (a barrier of the warpgroup's 4 warps, then an arrive), the wait on the V tile included (`qk_issue`, `v_wait`, `pv_issue` in the JSON);
+  passed (a barrier of the warpgroup's 4 warps, then an arrive), the wait on the V tile included
+  (`qk_issue`, `v_wait`, `pv_issue` in the JSON);
 - qk_wait: to `warpgroup_mma_wait(1)` returning (the logits ready; P V may still run);
 - softmax: the K slot released (`k_release`: a barrier of the warpgroup's 4 warps, then an arrive) and
   the online softmax of the logits (`softmax_math`: max, exp2, row sums);
