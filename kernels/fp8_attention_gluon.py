@@ -24,6 +24,11 @@ accumulation). Only the order of the work differs, as FlashAttention-3 arranges 
 - Registers are moved to the consumers (`setmaxnreg` through `gl.warp_specialize`): one program
   an SM, 12 warps (the producer's warpgroup holds 3 idle warps).
 
+A traced launch (`launch_fp8_attention_gluon(..., trace=trace_buffer(...))`, the TRACE constexpr)
+records `%clock64` at the phase boundaries of each warpgroup's first key blocks in the first
+programs (`TRACE_POINTS`, `PRODUCER_POINTS`), to see where each warpgroup waits; untraced, the
+kernel's code is the same as without the option.
+
 The kernel is written for Triton 3.6's Gluon (the GPU stack) and compiles for sm90 only; the
 Triton kernel stays the path everywhere else (and the interpreter's). Nothing is compiled at
 import, and the module imports without Gluon: `gluon_problem` says in one line why it cannot run.
@@ -90,6 +95,41 @@ class GluonTiles:
 
 GLUON_TILES = GluonTiles()
 
+# A traced launch's buffer: int64 [programs, TRACE_ROLES, iterations + 1, TRACE_SLOTS]. Roles: the two
+# consumer warpgroups, then the producer. Row `iteration` j of a consumer holds `%clock64` at each of
+# TRACE_POINTS of key block j (row 0: block 0, whose logits and softmax come before the loop: no V, no
+# P V); of the producer, at PRODUCER_POINTS of loading block j. The last row holds TRACE_META.
+TRACE_ROLES = 3
+TRACE_POINTS = ("top", "k_ready", "turn_held", "qk_issued", "v_ready", "turn_passed", "logits_ready",
+                "k_released", "softmax_done", "pv_done", "v_released", "end")
+PRODUCER_POINTS = ("k_empty_wait", "k_empty_done", "v_empty_wait", "v_empty_done")
+TRACE_META = ("smid", "start", "finish")
+TRACE_SLOTS = len(TRACE_POINTS)
+_SLOTS = tl.constexpr(TRACE_SLOTS)
+_ROLES = tl.constexpr(TRACE_ROLES)
+# The slots as the kernel names them (constexpr: the kernel reads them)
+(_AT_TOP, _AT_K_READY, _AT_TURN_HELD, _AT_QK_ISSUED, _AT_V_READY, _AT_TURN_PASSED, _AT_LOGITS_READY, _AT_K_RELEASED,
+ _AT_SOFTMAX_DONE, _AT_PV_DONE, _AT_V_RELEASED, _AT_END) = (tl.constexpr(i) for i in range(TRACE_SLOTS))
+_AT_K_EMPTY_WAIT, _AT_K_EMPTY_DONE, _AT_V_EMPTY_WAIT, _AT_V_EMPTY_DONE = (tl.constexpr(i) for i in range(4))
+_AT_SMID, _AT_START, _AT_FINISH = (tl.constexpr(i) for i in range(3))
+
+
+def trace_buffer(programs: int, iterations: int, device) -> torch.Tensor:
+    """A zeroed trace buffer for `programs` programs (linear index pid0 * programs_y + pid1) and the
+    first `iterations` key blocks of each."""
+    if programs < 1 or iterations < 1:
+        raise ValueError(f"trace_buffer: programs and iterations must be >= 1, got {programs}, {iterations}")
+    return torch.zeros(programs, TRACE_ROLES, iterations + 1, TRACE_SLOTS, dtype=torch.int64, device=device)
+
+
+def trace_problem(trace: torch.Tensor) -> str | None:
+    """Why `trace` is not a trace buffer (`trace_buffer`'s), in one line, or None."""
+    if (trace.dtype != torch.int64 or trace.dim() != 4 or trace.shape[1] != TRACE_ROLES
+            or trace.shape[3] != TRACE_SLOTS or trace.shape[0] < 1 or trace.shape[2] < 2 or not trace.is_contiguous()):
+        return (f"trace must be a contiguous int64 [programs, {TRACE_ROLES}, iterations + 1, {TRACE_SLOTS}] tensor "
+                f"(trace_buffer), got {trace.dtype} {tuple(trace.shape)}")
+    return None
+
 
 def gluon_problem(device: torch.device) -> str | None:
     """Why the Gluon kernel cannot run on `device`, in one line, or None."""
@@ -110,18 +150,29 @@ if GLUON_IMPORT_PROBLEM is None:
 
     @gluon.jit
     def _producer(q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty,
-                  q_row0, kv_row0, vt_row0, n_blocks,
+                  q_row0, kv_row0, vt_row0, n_blocks, trace_ptr, trace_row,
                   CONSUMERS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                  PERMUTED_K: gl.constexpr):
+                  PERMUTED_K: gl.constexpr, TRACE: gl.constexpr, TRACED_PROGRAMS: gl.constexpr,
+                  TRACE_ITERS: gl.constexpr):
         """The TMA loads: each consumer's Q once, then K and V^T of every key block through the ring
         (a slot is refilled once both consumers have released it)."""
+        if TRACE:
+            traced = trace_row < TRACED_PROGRAMS
+            trace_base = (trace_row * _ROLES + 2) * (TRACE_ITERS + 1) * _SLOTS
+            _stamp_meta(trace_ptr + trace_base + TRACE_ITERS * _SLOTS, traced, 1)
         for w in gl.static_range(CONSUMERS):
             mbarrier.expect(q_bars.index(w), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [q_row0 + w * 64, 0], q_bars.index(w), q_smem.index(w))
         for j in range(n_blocks):
             stage = j % NUM_STAGES
             empty_phase = ((j // NUM_STAGES) & 1) ^ 1      # a fresh mbarrier's "previous" phase is complete
+            if TRACE:
+                on = traced & (j < TRACE_ITERS)
+                at = trace_ptr + (trace_base + j * _SLOTS)
+                _stamp(at + _AT_K_EMPTY_WAIT, on, 1)
             mbarrier.wait(k_empty.index(stage), empty_phase)
+            if TRACE:
+                _stamp(at + _AT_K_EMPTY_DONE, on, 1)
             mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
             if PERMUTED_K:
                 tma.async_copy_global_to_shared(k_desc, [(kv_row0 + j * BLOCK_N) // 16, 0, 0, 0, 0],
@@ -129,10 +180,37 @@ if GLUON_IMPORT_PROBLEM is None:
             else:
                 tma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(stage),
                                                 k_smem.index(stage))
+            if TRACE:
+                _stamp(at + _AT_V_EMPTY_WAIT, on, 1)
             mbarrier.wait(v_empty.index(stage), empty_phase)
+            if TRACE:
+                _stamp(at + _AT_V_EMPTY_DONE, on, 1)
             mbarrier.expect(v_ready.index(stage), vt_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(vt_desc, [vt_row0, j * BLOCK_N], v_ready.index(stage),
                                             v_smem.index(stage))
+        if TRACE:
+            _stamp(trace_ptr + trace_base + TRACE_ITERS * _SLOTS + _AT_FINISH, traced, 1)
+
+    @gluon.jit
+    def _stamp(at, on, WARPS: gl.constexpr, SMID: gl.constexpr = False):
+        """Record `%clock64` (or with SMID, `%smid`) at the trace pointer `at` from the partition's first
+        thread when `on`. The register is read in every thread (one value a thread: a [32 WARPS] tensor); the
+        read is not pure, so that it is neither merged with nor moved across other reads. A block's stamps
+        take `at` as one row pointer plus a constant: the store's immediate offset, no address arithmetic."""
+        lane = gl.arange(0, 32 * WARPS, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+        if SMID:
+            value = gl.inline_asm_elementwise("{ .reg .u32 sm;\n mov.u32 sm, %smid;\n cvt.u64.u32 $0, sm; }",
+                                              "=l,r", [lane], dtype=gl.int64, is_pure=False, pack=1)
+        else:
+            value = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [lane], dtype=gl.int64,
+                                              is_pure=False, pack=1)
+        gl.store(at + lane * 0, value, mask=(lane == 0) & on)
+
+    @gluon.jit
+    def _stamp_meta(row, on, WARPS: gl.constexpr):
+        """TRACE_META's smid and start clock into the trace row `row` (the program's and role's last)."""
+        _stamp(row + _AT_SMID, on, WARPS, True)
+        _stamp(row + _AT_START, on, WARPS)
 
     @gluon.jit
     def _take_turn(turns, t, WG: gl.constexpr, PINGPONG: gl.constexpr):
@@ -222,12 +300,18 @@ if GLUON_IMPORT_PROBLEM is None:
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns,
                   qs_ptr, ks_ptr, vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h,
-                  stride_qs_bh, bh, stride_ks_bh, stride_ob, stride_oh, stride_os,
+                  stride_qs_bh, bh, stride_ks_bh, stride_ob, stride_oh, stride_os, trace_ptr, trace_row,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   SCALE_M: gl.constexpr, SCALE_N: gl.constexpr, PINGPONG: gl.constexpr,
-                  PERMUTED_K: gl.constexpr):
+                  PERMUTED_K: gl.constexpr, TRACE: gl.constexpr, TRACED_PROGRAMS: gl.constexpr,
+                  TRACE_ITERS: gl.constexpr):
         """64 query rows (m0 + 64 WG ...) against every key: S_{j+1} = Q K_{j+1}^T issued before
-        O += P_j V_j, the softmax of S_{j+1} while that P V runs."""
+        O += P_j V_j, the softmax of S_{j+1} while that P V runs. Traced: TRACE_POINTS of key blocks
+        < TRACE_ITERS into trace row (trace_row, WG, j)."""
+        if TRACE:
+            traced = trace_row < TRACED_PROGRAMS
+            trace_base = (trace_row * _ROLES + WG) * (TRACE_ITERS + 1) * _SLOTS
+            _stamp_meta(trace_ptr + trace_base + TRACE_ITERS * _SLOTS, traced, 4)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -243,37 +327,79 @@ if GLUON_IMPORT_PROBLEM is None:
         acc = gl.zeros([64, HEAD_DIM], gl.float32, layout=o_layout)
 
         # key block 0: its logits and softmax
+        if TRACE:     # block 0's row: Q K^T alone (qk_issued, v_ready, pv_done, v_released stay 0)
+            _stamp(trace_ptr + trace_base + _AT_TOP, traced, 4)
         mbarrier.wait(q_bars.index(WG), 0)
         mbarrier.wait(k_ready.index(0), 0)
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_K_READY, traced, 4)
         _take_turn(turns, 0, WG, PINGPONG)
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_TURN_HELD, traced, 4)
         s = warpgroup_mma(q, _k_tile(k_smem, 0, BLOCK_N, HEAD_DIM, PERMUTED_K), magic, is_async=True)
         _pass_turn(turns, WG, PINGPONG)
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_TURN_PASSED, traced, 4)
         s = warpgroup_mma_wait(0, deps=[s])
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_LOGITS_READY, traced, 4)
         _release(k_empty.index(0))
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_K_RELEASED, traced, 4)
         scale = q_scale * gl.load(ks_ptr)
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, 0, sk, s_layout, BLOCK_N, PERMUTED_K)
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_SOFTMAX_DONE, traced, 4)
         p8 = _pack_p(p, BLOCK_N, p_layout, PERMUTED_K)
+        if TRACE:
+            _stamp(trace_ptr + trace_base + _AT_END, traced, 4)
 
         for j in range(1, n_blocks):
             stage = j % NUM_STAGES
             prev = (j - 1) % NUM_STAGES
+            if TRACE:
+                on = traced & (j < TRACE_ITERS)
+                at = trace_ptr + (trace_base + j * _SLOTS)
+                _stamp(at + _AT_TOP, on, 4)
             p_op = _pv_operand(p8, BLOCK_N, p_layout)
             mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
+            if TRACE:
+                _stamp(at + _AT_K_READY, on, 4)
             _take_turn(turns, j, WG, PINGPONG)
+            if TRACE:
+                _stamp(at + _AT_TURN_HELD, on, 4)
             s_next = warpgroup_mma(q, _k_tile(k_smem, stage, BLOCK_N, HEAD_DIM, PERMUTED_K), magic, is_async=True)
+            if TRACE:
+                _stamp(at + _AT_QK_ISSUED, on, 4)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
+            if TRACE:
+                _stamp(at + _AT_V_READY, on, 4)
             acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
             _pass_turn(turns, WG, PINGPONG)
+            if TRACE:
+                _stamp(at + _AT_TURN_PASSED, on, 4)
             s = warpgroup_mma_wait(1, deps=[s_next])          # this block's logits; P V still runs
+            if TRACE:
+                _stamp(at + _AT_LOGITS_READY, on, 4)
             _release(k_empty.index(stage))
+            if TRACE:
+                _stamp(at + _AT_K_RELEASED, on, 4)
             scale = q_scale * gl.load(ks_ptr + (j * BLOCK_N) // SCALE_N)
             p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, j * BLOCK_N, sk, s_layout, BLOCK_N, PERMUTED_K)
+            if TRACE:
+                _stamp(at + _AT_SOFTMAX_DONE, on, 4)
             acc = warpgroup_mma_wait(0, deps=[acc])
+            if TRACE:
+                _stamp(at + _AT_PV_DONE, on, 4)
             _release(v_empty.index(prev))
+            if TRACE:
+                _stamp(at + _AT_V_RELEASED, on, 4)
             # packed once the P V that reads the previous words is done: ptxas serializes every wgmma
             # where a register one reads is written while it may still run
             p8 = _pack_p(p, BLOCK_N, p_layout, PERMUTED_K)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            if TRACE:
+                _stamp(at + _AT_END, on, 4)
 
         last = (n_blocks - 1) % NUM_STAGES
         p_op = _pv_operand(p8, BLOCK_N, p_layout)
@@ -291,17 +417,24 @@ if GLUON_IMPORT_PROBLEM is None:
         out = acc / l_o[:, None] * v_scale[None, :]     # P's 448 is in both acc and l_i
         ptrs = o_ptr + b * stride_ob + h * stride_oh + rows.to(gl.int64)[:, None] * stride_os + dims[None, :]
         gl.store(ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows < sq)[:, None])
+        if TRACE:
+            _stamp(trace_ptr + trace_base + TRACE_ITERS * _SLOTS + _AT_FINISH, traced, 4)
 
     @gluon.jit
     def _fp8_attention_gluon_kernel(q_desc, k_desc, vt_desc, qs_ptr, ks_ptr, vs_ptr, o_ptr,
                                     heads, kv_heads, sq, sq_pad, sk, sk_pad, stride_qs_bh, stride_ks_bh,
-                                    stride_ob, stride_oh, stride_os,
+                                    stride_ob, stride_oh, stride_os, trace_ptr,
                                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                                     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, SCALE_M: gl.constexpr,
                                     SCALE_N: gl.constexpr, PERMUTED_K: gl.constexpr,
-                                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                                    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                                    TRACE: gl.constexpr = False, TRACED_PROGRAMS: gl.constexpr = 0,
+                                    TRACE_ITERS: gl.constexpr = 0):
         """One program: 64 CONSUMERS query rows of one (batch, query head) against every key of its
-        KV head. Q, K, V^T are 2-D [rows, D] / [D rows, keys] matrices padded to whole scale blocks."""
+        KV head. Q, K, V^T are 2-D [rows, D] / [D rows, keys] matrices padded to whole scale blocks.
+        TRACE: `trace_ptr` is a `trace_buffer` of TRACED_PROGRAMS programs and TRACE_ITERS key blocks
+        (else unused)."""
+        trace_row = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1) if TRACE else 0
         m0 = gl.program_id(0) * (64 * CONSUMERS)
         bh = gl.program_id(1)
         b = (bh // heads).to(gl.int64)
@@ -336,23 +469,25 @@ if GLUON_IMPORT_PROBLEM is None:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
-                             stride_ob, stride_oh, stride_os, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, SCALE_M, SCALE_N,
-                             PINGPONG, PERMUTED_K)),
+                             stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 0, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
-                             stride_ob, stride_oh, stride_os, 1, HEAD_DIM, BLOCK_N, NUM_STAGES, SCALE_M, SCALE_N,
-                             PINGPONG, PERMUTED_K)),
+                             stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 1, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                             v_empty, q_row0, kv_row0, vt_row0, n_blocks, CONSUMERS, BLOCK_N, NUM_STAGES, PERMUTED_K)),
+                             v_empty, q_row0, kv_row0, vt_row0, n_blocks, trace_ptr, trace_row, CONSUMERS, BLOCK_N,
+                             NUM_STAGES, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
             ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
-                             stride_ob, stride_oh, stride_os, 0, HEAD_DIM, BLOCK_N, NUM_STAGES, SCALE_M, SCALE_N,
-                             False, PERMUTED_K)),
+                             stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 0, HEAD_DIM, BLOCK_N, NUM_STAGES,
+                             SCALE_M, SCALE_N, False, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
-                             v_empty, q_row0, kv_row0, vt_row0, n_blocks, CONSUMERS, BLOCK_N, NUM_STAGES, PERMUTED_K)),
+                             v_empty, q_row0, kv_row0, vt_row0, n_blocks, trace_ptr, trace_row, CONSUMERS, BLOCK_N,
+                             NUM_STAGES, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
             ], [1], [PRODUCER_REGS])
 
 
@@ -416,11 +551,14 @@ def fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int
 
 
 def launch_fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, sk: int, heads: int,
-                               dtype: torch.dtype, tiles: GluonTiles | None = None):
-    """`fp8_attention_gluon`, and the compiled kernel it ran (a benchmark reads its registers)."""
+                               dtype: torch.dtype, tiles: GluonTiles | None = None, trace: torch.Tensor | None = None):
+    """`fp8_attention_gluon`, and the compiled kernel it ran (a benchmark reads its registers). With
+    `trace` (a `trace_buffer`), the traced kernel writes its clocks there (see TRACE_POINTS)."""
     tiles = tiles or GLUON_TILES
     problem = (gluon_problem(q8.device) or operands_problem(q8, k8, vt8, tiles)
-               or lengths_problem(q8, k8, vt8, sq, sk, heads))
+               or lengths_problem(q8, k8, vt8, sq, sk, heads) or (trace_problem(trace) if trace is not None else None))
+    if problem is None and trace is not None and trace.device != q8.device:
+        problem = f"the trace buffer is on {trace.device}, the operands on {q8.device}"
     if problem:
         raise RuntimeError(f"fp8_attention_gluon: {problem}")
     B, _, sq_pad, D = q8.shape
@@ -430,11 +568,14 @@ def launch_fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, 
         return out, None
     q_desc, k_desc, vt_desc = _descriptors(q8, k8, vt8, tiles)
     grid = (triton.cdiv(sq, tiles.block_m), B * heads)
+    traced = {} if trace is None else dict(TRACE=True, TRACED_PROGRAMS=trace.shape[0], TRACE_ITERS=trace.shape[2] - 1)
     compiled = _fp8_attention_gluon_kernel[grid](
         q_desc, k_desc, vt_desc, q_scale, k_scale, v_scale, out,
         heads, kv_heads, sq, sq_pad, sk, sk_pad, q_scale.stride(1), k_scale.stride(1),
         out.stride(0), out.stride(2), out.stride(1),
+        trace if trace is not None else torch.empty(1, dtype=torch.int64, device=q8.device),
         HEAD_DIM=D, BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, CONSUMERS=tiles.consumers,
         PINGPONG=tiles.pingpong, SCALE_M=SCALE_M, SCALE_N=SCALE_N, PERMUTED_K=tiles.permuted_k,
-        CONSUMER_REGS=tiles.consumer_regs, PRODUCER_REGS=tiles.producer_regs, num_warps=4, maxnreg=tiles.maxnreg)
+        CONSUMER_REGS=tiles.consumer_regs, PRODUCER_REGS=tiles.producer_regs, num_warps=4, maxnreg=tiles.maxnreg,
+        **traced)
     return out, compiled
