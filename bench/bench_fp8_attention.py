@@ -9,6 +9,11 @@ registers and spills); on sm90 the Gluon kernel (kernels/fp8_attention_gluon.py)
 operands, at its default tiles and its variants (`gluon-*`), against the Triton kernel alone
 (`--kernels-only`: just those rows; a table of both last). Error: relative L2 against SDPA's math in
 float32 on the first 2 query heads; the Gluon rows also against the Triton kernel's output.
+
+Floors (each shape): the two MMAs at the 8-bit tensor cores' dense rate, and the softmax's exp2s (one
+a logit) at the exp2 unit's rate measured here (`_exp2_rate`: MUFU.EX2 in independent chains, the GPU
+full, and with 2 warps a scheduler as the attention kernels run): an 8-bit attention kernel at head
+dim 128 needs about as many exp2 cycles as MMA cycles.
 """
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from bench.harness import Bench, need_cuda, time_ms
 
@@ -43,7 +50,58 @@ def _gluon_variants():
     return {"fp8-kernel-gluon": T, "gluon-stages2": replace(T, num_stages=2),
             "gluon-no-pingpong": replace(T, pingpong=False), "gluon-natural-k": replace(T, permuted_k=False),
             "gluon-1wg": replace(T, consumers=1, pingpong=False, maxnreg=128),
-            "gluon-n64": replace(T, block_n=64)}
+            "gluon-n64": replace(T, block_n=64),
+            "gluon-poly25": replace(T, poly_exp2=1), "gluon-poly50": replace(T, poly_exp2=2)}
+
+
+@triton.jit
+def _exp2_chains(out_ptr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """8 independent exp2 chains a thread (an FMUL each keeps the values in range)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a = (offs % 7).to(tl.float32) * -0.05
+    b, c, d, e, f, g, h = a - 0.01, a - 0.02, a - 0.03, a - 0.04, a - 0.05, a - 0.06, a - 0.07
+    for _ in range(STEPS):
+        a = tl.exp2(a) * -0.5
+        b = tl.exp2(b) * -0.5
+        c = tl.exp2(c) * -0.5
+        d = tl.exp2(d) * -0.5
+        e = tl.exp2(e) * -0.5
+        f = tl.exp2(f) * -0.5
+        g = tl.exp2(g) * -0.5
+        h = tl.exp2(h) * -0.5
+    tl.store(out_ptr + offs, a + b + c + d + e + f + g + h)
+
+
+def _exp2_rate(iters: int) -> dict:
+    """exp2 results a second on this GPU (`_exp2_chains`), with the GPU full (16 warps an SM) and with
+    8 warps an SM (2 a scheduler, as the attention kernels' two consumer warpgroups run)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    steps = 4096
+    rates = {}
+    for label, warps, programs_per_sm in (("full", 8, 2), ("2_warps_a_scheduler", 8, 1)):
+        block = 32 * warps
+        programs = sms * programs_per_sm
+        out = torch.empty(programs * block, device="cuda")
+        fn = lambda: _exp2_chains[(programs,)](out, STEPS=steps, BLOCK=block, num_warps=warps)  # noqa: E731
+        ms = statistics.median(_time(fn, iters))
+        rates[label] = programs * block * steps * 8 / (ms * 1e-3)
+    result = {"exp2_per_s": {k: float(f"{v:.4g}") for k, v in rates.items()}}
+    clock = _sm_clock_hz()
+    if clock:
+        result["sm_clock_mhz"] = round(clock / 1e6)
+        result["exp2_per_clock_per_sm"] = {k: round(v / sms / clock, 2) for k, v in rates.items()}
+    return result
+
+
+def _sm_clock_hz() -> float | None:
+    """The SM clock while the GPU runs (NVML), or None where NVML does not say."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e6
+    except Exception:   # noqa: BLE001 - no NVML: the rate per clock is left out
+        return None
 
 
 def _time(fn, iters):
@@ -77,6 +135,8 @@ def main(argv=None) -> int:
     result = {"what": "attention: FP8 attention vs SDPA bf16", "head_dim": D,
               "default_tiles": _tiles_name(fa.DEFAULT_TILES),
               "long_key_tiles": f"{_tiles_name(fa.LONG_KEY_TILES)} from {fa.LONG_KEYS} keys", "shapes": {}}
+    result["exp2_rate"] = exp2 = _exp2_rate(args.iters)
+    print(f"exp2 rate: {exp2}", flush=True)
     for name in args.shapes.split(","):
         Hq, Hkv, Sq, Sk = SHAPES[name]
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -150,10 +210,20 @@ def main(argv=None) -> int:
                 r["speedup_vs_best_sdpa"] = round(best / r["ms"], 3)
         print(f"{name:7s} speed-up over the best SDPA: " + ", ".join(
             f"{n} {r['speedup_vs_best_sdpa']:.3f}x" for n, r in rows.items() if "speedup_vs_best_sdpa" in r))
-        result["shapes"][name] = {"heads": Hq, "kv_heads": Hkv, "query_rows": Sq, "keys": Sk, "runs": rows}
+        result["shapes"][name] = {"heads": Hq, "kv_heads": Hkv, "query_rows": Sq, "keys": Sk, "runs": rows,
+                                  "floors_ms": _floors_ms(flops, Sq * Sk * Hq, exp2["exp2_per_s"])}
     b.write(result)
     _print_kernel_table(result["shapes"])
     return 0
+
+
+# the 8-bit tensor cores' dense rate (INT8 Q K^T and e4m3 P V alike), H100 / H200 SXM datasheet
+DENSE_8BIT_TFLOPS = 1979.0
+
+
+def _floors_ms(flops: float, logits: int, exp2_per_s: dict) -> dict:
+    return {"mma_8bit": round(flops / DENSE_8BIT_TFLOPS / 1e9, 3),
+            **{f"exp2_{k}": round(logits / v * 1e3, 3) for k, v in exp2_per_s.items()}}
 
 
 def _print_kernel_table(shapes: dict) -> None:
@@ -163,6 +233,7 @@ def _print_kernel_table(shapes: dict) -> None:
     for name, shape in shapes.items():
         runs = shape["runs"]
         tl_ms = runs.get("fp8-kernel", {}).get("ms")
+        print(f"{name:8s} floors (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in shape["floors_ms"].items()))
         for run, r in runs.items():
             if run != "fp8-kernel" and not run.startswith("gluon") and run != "fp8-kernel-gluon":
                 continue

@@ -76,6 +76,7 @@ class GluonTiles:
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168
+    poly_exp2: int = 0           # P's exp2 on the FMA units for 1 in 4 (1) or 1 in 2 (2) logits, not MUFU
 
     @property
     def block_m(self) -> int:
@@ -90,6 +91,8 @@ class GluonTiles:
             return f"Gluon FP8 attention: block_n must be 64 or 128, got {self.block_n}"
         if self.num_stages < 2:
             return f"Gluon FP8 attention needs num_stages >= 2, got {self.num_stages}"
+        if self.poly_exp2 not in (0, 1, 2):
+            return f"Gluon FP8 attention: poly_exp2 is 0, 1 (a quarter of P) or 2 (half), got {self.poly_exp2}"
         return None
 
 
@@ -280,8 +283,36 @@ if GLUON_IMPORT_PROBLEM is None:
         return tile.permute((1, 0))
 
     @gluon.jit
+    def _exp2_fma(x):
+        """2^x on the FMA and integer units: 2^j by the exponent bits, 2^f (|f| <= 1/2) by a degree-2
+        polynomial (relative error 1.7e-3, far under e4m3's rounding of P: 2^-4). x >= -126: smaller
+        values are P's zeros in e4m3 anyway."""
+        x = gl.maximum(x, -126.0)
+        t = x + 12582912.0                      # 1.5 * 2^23: x rounded to an integer j in t's low bits
+        f = x - (t - 12582912.0)
+        p = (0.23842697 * f + 0.70344532) * f + 1.0004431
+        return (p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _exp2_split(x, BLOCK_N: gl.constexpr, POLY_EXP2: gl.constexpr):
+        """2^x with POLY_EXP2 (1: a quarter, 2: half) of the columns on the FMA units, the rest on MUFU:
+        the exp2 unit (16 results a clock an SM) bounds an 8-bit attention kernel; the FMA units idle."""
+        if POLY_EXP2 == 0:
+            return gl.exp2(x)
+        if POLY_EXP2 == 2:
+            x0, x1 = gl.split(gl.reshape(x, [64, BLOCK_N // 2, 2]))
+            y = gl.join(gl.exp2(x0), _exp2_fma(x1))
+        else:   # the columns a thread holds differ in bits 0 and 3 (`_pack_p`): split on both
+            x0, x1 = gl.split(gl.reshape(x, [64, BLOCK_N // 16, 2, 4, 2]))     # [row, g, bit 3, c, bit 0]
+            x00, x01 = gl.split(gl.permute(x0, (0, 1, 3, 2)))
+            y0 = gl.permute(gl.join(gl.exp2(x00), _exp2_fma(x01)), (0, 1, 3, 2))
+            y1 = gl.exp2(x1)
+            y = gl.join(gl.convert_layout(y0, y1.type.layout, assert_trivial=True), y1)
+        return gl.convert_layout(gl.reshape(y, [64, BLOCK_N]), x.type.layout, assert_trivial=True)
+
+    @gluon.jit
     def _softmax(s, m_i, l_i, scale, n0, sk, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                 PERMUTED_K: gl.constexpr):
+                 PERMUTED_K: gl.constexpr, POLY_EXP2: gl.constexpr):
         """One online-softmax step on the int32 logits `s` (offset by the magic bits) of keys
         [n0, n0 + BLOCK_N): -> (P * 448 as float32, the new row max, row sums, the rescale alpha).
         Keys >= sk (the last block only) are masked."""
@@ -290,7 +321,7 @@ if GLUON_IMPORT_PROBLEM is None:
             s = gl.where((_key_of_column(BLOCK_N, s_layout, PERMUTED_K) < sk - n0)[None, :], s, MASKED_BITS)
         m_new = gl.maximum(m_i, (gl.max(s, axis=1) - MAGIC_BITS).to(gl.float32) * scale)
         shift = MAGIC_FLOAT * scale + (m_new - LOG2_FP8_MAX_C)
-        p = gl.exp2(s.to(gl.float32, bitcast=True) * scale - shift[:, None])
+        p = _exp2_split(s.to(gl.float32, bitcast=True) * scale - shift[:, None], BLOCK_N, POLY_EXP2)
         if masked:
             p = gl.where((_key_of_column(BLOCK_N, s_layout, PERMUTED_K) < sk - n0)[None, :], p, 0.0)
         alpha = gl.exp2(m_i - m_new)
@@ -303,8 +334,8 @@ if GLUON_IMPORT_PROBLEM is None:
                   stride_qs_bh, bh, stride_ks_bh, stride_ob, stride_oh, stride_os, trace_ptr, trace_row,
                   WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                   SCALE_M: gl.constexpr, SCALE_N: gl.constexpr, PINGPONG: gl.constexpr,
-                  PERMUTED_K: gl.constexpr, TRACE: gl.constexpr, TRACED_PROGRAMS: gl.constexpr,
-                  TRACE_ITERS: gl.constexpr):
+                  PERMUTED_K: gl.constexpr, POLY_EXP2: gl.constexpr, TRACE: gl.constexpr,
+                  TRACED_PROGRAMS: gl.constexpr, TRACE_ITERS: gl.constexpr):
         """64 query rows (m0 + 64 WG ...) against every key: S_{j+1} = Q K_{j+1}^T issued before
         O += P_j V_j, the softmax of S_{j+1} while that P V runs. Traced: TRACE_POINTS of key blocks
         < TRACE_ITERS into trace row (trace_row, WG, j)."""
@@ -347,7 +378,7 @@ if GLUON_IMPORT_PROBLEM is None:
         if TRACE:
             _stamp(trace_ptr + trace_base + _AT_K_RELEASED, traced, 4)
         scale = q_scale * gl.load(ks_ptr)
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, 0, sk, s_layout, BLOCK_N, PERMUTED_K)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, 0, sk, s_layout, BLOCK_N, PERMUTED_K, POLY_EXP2)
         if TRACE:
             _stamp(trace_ptr + trace_base + _AT_SOFTMAX_DONE, traced, 4)
         p8 = _pack_p(p, BLOCK_N, p_layout, PERMUTED_K)
@@ -385,7 +416,8 @@ if GLUON_IMPORT_PROBLEM is None:
             if TRACE:
                 _stamp(at + _AT_K_RELEASED, on, 4)
             scale = q_scale * gl.load(ks_ptr + (j * BLOCK_N) // SCALE_N)
-            p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, j * BLOCK_N, sk, s_layout, BLOCK_N, PERMUTED_K)
+            p, m_i, l_i, alpha = _softmax(s, m_i, l_i, scale, j * BLOCK_N, sk, s_layout, BLOCK_N, PERMUTED_K,
+                                             POLY_EXP2)
             if TRACE:
                 _stamp(at + _AT_SOFTMAX_DONE, on, 4)
             acc = warpgroup_mma_wait(0, deps=[acc])
@@ -428,8 +460,8 @@ if GLUON_IMPORT_PROBLEM is None:
                                     CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, SCALE_M: gl.constexpr,
                                     SCALE_N: gl.constexpr, PERMUTED_K: gl.constexpr,
                                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                                    TRACE: gl.constexpr = False, TRACED_PROGRAMS: gl.constexpr = 0,
-                                    TRACE_ITERS: gl.constexpr = 0):
+                                    POLY_EXP2: gl.constexpr = 0, TRACE: gl.constexpr = False,
+                                    TRACED_PROGRAMS: gl.constexpr = 0, TRACE_ITERS: gl.constexpr = 0):
         """One program: 64 CONSUMERS query rows of one (batch, query head) against every key of its
         KV head. Q, K, V^T are 2-D [rows, D] / [D rows, keys] matrices padded to whole scale blocks.
         TRACE: `trace_ptr` is a `trace_buffer` of TRACED_PROGRAMS programs and TRACE_ITERS key blocks
@@ -470,11 +502,11 @@ if GLUON_IMPORT_PROBLEM is None:
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
                              stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 0, HEAD_DIM, BLOCK_N, NUM_STAGES,
-                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
+                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, POLY_EXP2, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
                              stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 1, HEAD_DIM, BLOCK_N, NUM_STAGES,
-                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
+                             SCALE_M, SCALE_N, PINGPONG, PERMUTED_K, POLY_EXP2, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
                              v_empty, q_row0, kv_row0, vt_row0, n_blocks, trace_ptr, trace_row, CONSUMERS, BLOCK_N,
                              NUM_STAGES, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
@@ -484,7 +516,7 @@ if GLUON_IMPORT_PROBLEM is None:
                 (_consumer, (q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready, v_empty, turns, qs_ptr, ks_ptr,
                              vs_ptr, o_ptr, n_blocks, sk, m0, sq, kv_bh, b, h, stride_qs_bh, bh, stride_ks_bh,
                              stride_ob, stride_oh, stride_os, trace_ptr, trace_row, 0, HEAD_DIM, BLOCK_N, NUM_STAGES,
-                             SCALE_M, SCALE_N, False, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
+                             SCALE_M, SCALE_N, False, PERMUTED_K, POLY_EXP2, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
                 (_producer, (q_desc, k_desc, vt_desc, q_smem, k_smem, v_smem, q_bars, k_ready, k_empty, v_ready,
                              v_empty, q_row0, kv_row0, vt_row0, n_blocks, trace_ptr, trace_row, CONSUMERS, BLOCK_N,
                              NUM_STAGES, PERMUTED_K, TRACE, TRACED_PROGRAMS, TRACE_ITERS)),
@@ -576,6 +608,6 @@ def launch_fp8_attention_gluon(q8, q_scale, k8, k_scale, vt8, v_scale, sq: int, 
         trace if trace is not None else torch.empty(1, dtype=torch.int64, device=q8.device),
         HEAD_DIM=D, BLOCK_N=tiles.block_n, NUM_STAGES=tiles.num_stages, CONSUMERS=tiles.consumers,
         PINGPONG=tiles.pingpong, SCALE_M=SCALE_M, SCALE_N=SCALE_N, PERMUTED_K=tiles.permuted_k,
-        CONSUMER_REGS=tiles.consumer_regs, PRODUCER_REGS=tiles.producer_regs, num_warps=4, maxnreg=tiles.maxnreg,
-        **traced)
+        CONSUMER_REGS=tiles.consumer_regs, PRODUCER_REGS=tiles.producer_regs, POLY_EXP2=tiles.poly_exp2, num_warps=4,
+        maxnreg=tiles.maxnreg, **traced)
     return out, compiled

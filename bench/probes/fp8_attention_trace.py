@@ -302,7 +302,9 @@ def main(argv=None) -> int:
               "points": list(TRACE_POINTS), "producer_points": list(PRODUCER_POINTS), "meta": list(TRACE_META),
               "phases": {n: list(ab) for n, ab in PHASES.items()}, "variants": {}}
     results = {}
-    for name, tiles in (("pingpong", fg.GLUON_TILES), ("no-pingpong", replace(fg.GLUON_TILES, pingpong=False))):
+    variants = (("pingpong", fg.GLUON_TILES), ("no-pingpong", replace(fg.GLUON_TILES, pingpong=False)),
+                ("poly-exp2-half", replace(fg.GLUON_TILES, poly_exp2=2)))
+    for name, tiles in variants:
         buf = fg.trace_buffer(args.programs, args.iters, "cuda")
 
         def untraced(t=tiles):
