@@ -163,10 +163,11 @@ def _sources() -> Sources:
 
 def _gpu_of(file: str) -> str:
     machine = file.split("/")[0].split("-")[0]
-    if machine.startswith("h200x"):
-        return f"{machine[5:]} x H200"
-    if machine == "h200":
-        return "1 x H200"
+    for gpu in ("h200", "h100"):
+        if machine.startswith(f"{gpu}x"):
+            return f"{machine[5:]} x {gpu.upper()}"
+        if machine == gpu:
+            return f"1 x {gpu.upper()}"
     return "CPU" if machine in ("cpu", "compile") else machine
 
 

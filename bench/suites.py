@@ -106,6 +106,8 @@ SUITES: tuple[Suite, ...] = (
              "the fused kernels"),
         Part("fp8-attention", "bench.bench_fp8_attention", "FP8 attention against SDPA bf16 per backend; "
              "--sweep: tiles; --kernels-only: the Triton and Gluon kernels alone"),
+        Part("fp8-attention-trace", "bench.bench_fp8_attention_trace", "the Gluon FP8 attention kernel's phases "
+             "per warpgroup in SM clocks (a %clock64 trace): where its softmax and MMAs wait, ping-pong on and off"),
         Part("split-kv", "bench.bench_decode_batch", "batched decode attention: balanced split-KV against static "
              "splits and SDPA", ("--parts", "kernel")),
         Part("prologue", "bench.bench_decode_batch", "the fused attention prologue against the separate ops",
@@ -116,6 +118,7 @@ SUITES: tuple[Suite, ...] = (
         Step("moe", "moe", "--out {out}/moe.json", 200),
         Step("grouped_gemm", "grouped-gemm", "--out {out}/grouped_gemm.json", 120),
         Step("fp8_attention", "fp8-attention", "--out {out}/fp8_attention.json", 240),
+        Step("fp8_attention_trace", "fp8-attention-trace", "--out {out}/fp8_attention_trace.json", 120),
         Step("split_kv", "split-kv", "--out {out}/split_kv.json", 120),
         Step("prologue", "prologue", "--out {out}/prologue.json", 120),
         Step("gemv", "gemv", "--out {out}/gemv.json", 120),

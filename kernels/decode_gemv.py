@@ -47,10 +47,11 @@ blocks so that the loads run ahead across tile boundaries and no program idles a
 a tile. `_gemv_stream_kernel` issues each block's 16-byte loads two blocks before its use
 (registers: 2 blocks in flight a program); `kernels.decode_gemv_tma` copies the blocks by TMA
 into a shared-memory ring of num_stages blocks (Gluon, Hopper only). At one row of x both
-accumulate the products elementwise and reduce once a tile. At their first configs both run
-slower than the table's `_gemv_kernel` on one H100 (e4m3, one row: 1.38 and 1.77 TB/s against
-2.24 at 6144 x 4096; `bench/results/h100-2026-12-05-hopper-kernels/gemv_fp8.json`), so no table
-entry picks them; `python -m bench kernels gemv --sweep` times their candidates.
+accumulate the products elementwise and reduce once a tile. Both run slower than the table's
+`_gemv_kernel` on one H100 at every candidate config of `python -m bench kernels gemv --sweep`
+(e4m3, one row, the dense GEMVs of a decode token: the table's 1221 us, the fastest TMA config
+1418, the fastest stream config 1884; at 6144 x 4096 2.25 TB/s against at best 1.97 and 1.43:
+`bench/results/h100-2026-12-05-hopper-profile/gemv_sweep.json`), so no table entry picks them.
 
 Block sizes: `config_for` (a small table, `GEMV_CONFIGS`, keyed by (N, K, weight kind, rows
 class), over per-kind defaults); no autotuning at import or call: the entries are the fastest of a

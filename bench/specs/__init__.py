@@ -1,15 +1,15 @@
 """docs/performance.md and README.md's headline table, as data (rendered by `python -m bench.report`).
 
-`PAGE`: per model and machine, a section of tables (hunyuan.py, wan.py, qwen.py), each row the latest
+`PAGE`: per model and machine, a section of tables (hunyuan.py, wan.py, qwen.py, hopper.py), each row the latest
 measurement of one figure; `NOT_MEASURED`: what the page has no figure for; `HEADLINE`: README.md's
 table (headline.py); `RUNS`: every JSON they read and the command that reproduces it (runs.py). See
 bench/report.py for the cell kinds.
 """
-from bench.specs import hunyuan, qwen, wan
+from bench.specs import hopper, hunyuan, qwen, wan
 from bench.specs.headline import HEADLINE
 from bench.specs.runs import RUNS
 
-PAGE = [*hunyuan.SECTIONS, *wan.SECTIONS, *qwen.SECTIONS]
+PAGE = [*hunyuan.SECTIONS, *wan.SECTIONS, *qwen.SECTIONS, *hopper.SECTIONS]
 TABLES = [table for section in PAGE for table in section.tables] + [HEADLINE]
 
 NOT_MEASURED = [

@@ -32,6 +32,14 @@ GROUPED_GEMM = ("h200-2026-12-01-moe-targets/grouped_gemm_flatten.json",
                 "h200-2026-12-01-moe-targets/grouped_gemm_sweep_flatten.json")
 MOE_DECODE = ("h200-2026-12-01-moe-targets/bench_moe.json", "h200-2026-12-01-moe-targets/bench_moe_decode_profile.json",
               "h200-2026-12-01-moe-targets/bench_moe_decode_profile_t1_rerun.json")
+# ---- FP8 kernels on Hopper, one H100 -----------------------------------------------------------------------
+_HOPPER = "h100-2026-12-05-hopper-profile"
+HOPPER_GEMM = tuple(f"{_HOPPER}/{name}.json" for name in ("grouped_gemm_1", "grouped_gemm_sweep", "grouped_gemm_2"))
+_HOPPER_ATTENTION = tuple(f"{_HOPPER}/fp8_attention_{i}.json" for i in (1, 2, 3, 4))
+# each shape's runs, the last with the floors (the fourth run timed two shapes)
+HOPPER_ATTENTION = {shape: _HOPPER_ATTENTION[:4 if shape in ("1.3B", "hy-t2i") else 3]
+                    for shape in ("1.3B", "14B", "hy-t2i", "hy-ti2i")}
+HOPPER_GEMV = f"{_HOPPER}/gemv_sweep.json"
 # ---- HunyuanImage-3.0, two H200s ------------------------------------------------------------------------
 TP2_32 = "h200x2-2026-11-30-plans/tp2_32.json"
 TP2_16, HYBRID2_16 = "h200x2-2026-11-30-plans/tp2_16.json", "h200x2-2026-11-30-plans/hybrid2_16.json"
@@ -92,6 +100,15 @@ RUNS: dict[str, RunInfo] = {
     MOE_DECODE[1]: RunInfo(f"{MOE} --part decode --decode-tokens 1 16 --profile-decode --out moe_decode.json"),
     MOE_DECODE[2]: RunInfo(f"{MOE} --part decode --decode-tokens 1 --decode-kinds fp8_channels --profile-decode "
                            "--out moe_decode_t1.json"),
+    HOPPER_GEMM[0]: RunInfo("python -m bench kernels grouped-gemm --only scaled-grouped-mm --out grouped_gemm.json"),
+    HOPPER_GEMM[1]: RunInfo("python -m bench kernels grouped-gemm --only scaled-grouped-mm --sweep "
+                            "--out grouped_gemm_sweep.json"),
+    HOPPER_GEMM[2]: RunInfo("python -m bench kernels grouped-gemm --only scaled-grouped-mm --out grouped_gemm.json"),
+    **{f: RunInfo("python -m bench kernels fp8-attention --kernels-only --iters 5 --out fp8_attention.json")
+       for f in _HOPPER_ATTENTION[:3]},
+    _HOPPER_ATTENTION[3]: RunInfo("python -m bench kernels fp8-attention --kernels-only --iters 5 --shapes 1.3B,hy-t2i "
+                                  "--out fp8_attention.json"),
+    HOPPER_GEMV: RunInfo("python -m bench kernels gemv --kinds fp8 --sweep --out gemv_sweep.json"),
     TP2_32: RunInfo("python -m bench run-all e2e:t2i_tp2_32"),
     TP2_16: RunInfo("python -m bench run-all e2e:t2i_tp2_16"),
     HYBRID2_16: RunInfo("python -m bench run-all e2e:t2i_hybrid2_16"),

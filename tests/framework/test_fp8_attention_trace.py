@@ -2,7 +2,7 @@
 
 kernels.fp8_attention_gluon: the public op keeps its signature (the trace goes through
 `launch_fp8_attention_gluon(..., trace=)`), the trace buffer's shape and the one-line refusals of a
-bad one. bench.probes.fp8_attention_trace: its phases, overlap shares, timeline and table on
+bad one. bench.bench_fp8_attention_trace: its phases, overlap shares, timeline and table on
 synthetic stamps laid out as the kernel writes them, and its argument errors (before any GPU).
 """
 import inspect
@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from bench.probes import fp8_attention_trace as probe
+from bench import bench_fp8_attention_trace as probe
 from kernels import fp8_attention as fa
 from kernels import fp8_attention_gluon as fg
 

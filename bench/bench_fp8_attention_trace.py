@@ -1,11 +1,12 @@
 """The Gluon FP8 attention kernel's clock trace, one Hopper GPU: where each consumer warpgroup waits in a
 key block, and whether one warpgroup's softmax overlaps the other's MMAs.
 
-    python -m bench.probes.fp8_attention_trace [--out F] [--programs 8] [--iters 16] [--repeats 5]
+    python -m bench kernels fp8-attention-trace [--out F] [--programs 8] [--iters 16] [--repeats 5]
 
 The operands are bench.bench_fp8_attention's (its --kernels-only rows): Wan 1.3B's self-attention
 (12 heads, 32760 queries and keys, head_dim 128), random bf16 Q, K + 1, V (seed 0) through
-`quantize_qkv`. For ping-pong on and off, the kernel runs untraced and traced (timed: CUDA events,
+`quantize_qkv`. For ping-pong on, off, and with half of P's exp2 on the FMA units (poly_exp2=2),
+the kernel runs untraced and traced (timed: CUDA events,
 median of --repeats after a warm-up: the stamps cost each warp about 56 instructions a key block, some
 10% of the loop's issue slots; the traced output is compared with the untraced one bit for bit), and
 the last traced run's `%clock64` stamps (kernels/fp8_attention_gluon.py, TRACE_POINTS) are read for
@@ -42,7 +43,7 @@ import sys
 
 from kernels.fp8_attention_gluon import PRODUCER_POINTS, TRACE_META, TRACE_POINTS
 
-MODULE = "bench.probes.fp8_attention_trace"
+MODULE = "bench.bench_fp8_attention_trace"
 SHAPE = "1.3B"
 _P = {name: i for i, name in enumerate(TRACE_POINTS)}
 # phase -> (from point, to point) of a consumer's key block
