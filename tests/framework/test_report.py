@@ -179,3 +179,10 @@ def test_the_ledger_is_what_the_page_reads_and_each_command_names_a_suite():
             assert step in {st.name for st in suites[name].steps}, (file, info.command)
         else:
             assert words[4] in {p.name for p in suites[words[3]].parts}, (file, info.command)
+
+
+@pytest.mark.parametrize("folder,gpu", [("h200-2026-12-03", "1 x H200"), ("h200x2-2026-11-30-plans", "2 x H200"),
+                                        ("h100-2026-12-05-hopper-profile", "1 x H100"), ("cpu-2026-12-05", "CPU")])
+def test_a_results_folder_names_its_machine(folder, gpu):
+    from bench.report import _gpu_of
+    assert _gpu_of(f"{folder}/run.json") == gpu
