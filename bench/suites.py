@@ -107,7 +107,8 @@ SUITES: tuple[Suite, ...] = (
         Part("fp8-attention", "bench.bench_fp8_attention", "FP8 attention against SDPA bf16 per backend; "
              "--sweep: tiles; --kernels-only: the Triton and Gluon kernels alone"),
         Part("fp8-attention-trace", "bench.bench_fp8_attention_trace", "the Gluon FP8 attention kernel's phases "
-             "per warpgroup in SM clocks (a %clock64 trace): where its softmax and MMAs wait: ping-pong on, off, half of exp2 on the FMA units"),
+             "per warpgroup in SM clocks (a %clock64 trace): where its softmax and MMAs wait; ping-pong on, off, "
+             "half of exp2 on the FMA units"),
         Part("split-kv", "bench.bench_decode_batch", "batched decode attention: balanced split-KV against static "
              "splits and SDPA", ("--parts", "kernel")),
         Part("prologue", "bench.bench_decode_batch", "the fused attention prologue against the separate ops",
